@@ -1,0 +1,286 @@
+//! Configuration of one entity type's shard system, validated when built.
+
+use std::time::Duration;
+
+use crate::codec::Codec;
+use crate::error::ConfigError;
+use crate::wire::is_valid_entity_type;
+
+/// How the command stream keeps commands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CommandRetention {
+    /// A command is deleted once acknowledged (JetStream work-queue retention).
+    #[default]
+    WorkQueue,
+    /// Commands are kept by the stream's limits after acknowledgement (an audit trail).
+    Limits,
+}
+
+/// The validated configuration of one entity type's shard system.
+///
+/// Built with [`ShardConfig::builder`]; every setting has a default suited to a small cluster.
+#[derive(Clone, Debug)]
+pub struct ShardConfig {
+    pub(crate) entity_type: String,
+    pub(crate) partitions: u32,
+    pub(crate) node_id: String,
+    pub(crate) pin_ttl: Duration,
+    pub(crate) ack_wait: Duration,
+    pub(crate) max_deliver: u32,
+    pub(crate) max_ack_pending: u32,
+    pub(crate) pull_batch: u32,
+    pub(crate) codec: Codec,
+    pub(crate) retention: CommandRetention,
+    pub(crate) replicas: usize,
+    pub(crate) duplicate_window: Duration,
+    pub(crate) passivate_after: Duration,
+    pub(crate) retry_delay: Duration,
+    pub(crate) write_timeout: Duration,
+    pub(crate) max_entity_restarts: u32,
+    pub(crate) restart_window: Duration,
+}
+
+impl ShardConfig {
+    /// Starts a builder for the entity type `entity_type`: a lowercase token (`order`,
+    /// `sensor-reading`) that names its streams, subjects and consumers.
+    pub fn builder(entity_type: impl Into<String>) -> ShardConfigBuilder {
+        ShardConfigBuilder {
+            config: ShardConfig {
+                entity_type: entity_type.into(),
+                partitions: 8,
+                node_id: default_node_id(),
+                pin_ttl: Duration::from_secs(2),
+                ack_wait: Duration::from_secs(10),
+                max_deliver: 5,
+                max_ack_pending: 1024,
+                pull_batch: 256,
+                codec: Codec::default(),
+                retention: CommandRetention::default(),
+                replicas: 1,
+                duplicate_window: Duration::from_secs(10 * 60),
+                passivate_after: Duration::from_secs(5 * 60),
+                retry_delay: Duration::from_millis(250),
+                write_timeout: Duration::from_secs(10),
+                max_entity_restarts: 20,
+                restart_window: Duration::from_secs(10),
+            },
+        }
+    }
+
+    /// The entity type token.
+    pub fn entity_type(&self) -> &str {
+        &self.entity_type
+    }
+
+    /// The number of partitions.
+    pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    /// This process's node id, written into fence records.
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// The codec of commands and events.
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
+
+    /// How long a partition's pin outlives its holder's last pull.
+    pub fn pin_ttl(&self) -> Duration {
+        self.pin_ttl
+    }
+
+    /// How long a pull request waits at the server: a third of the pin TTL, so that a fresh pull
+    /// carrying the pin id reaches the server well before the pin could expire.
+    pub(crate) fn pull_expires(&self) -> Duration {
+        (self.pin_ttl / 3).max(Duration::from_millis(50))
+    }
+}
+
+/// Builds a [`ShardConfig`]; [`build`](Self::build) validates it.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct ShardConfigBuilder {
+    config: ShardConfig,
+}
+
+impl ShardConfigBuilder {
+    /// Number of partitions (1..=4096; default 8). Fixed for the life of the streams.
+    pub fn partitions(mut self, partitions: u32) -> Self {
+        self.config.partitions = partitions;
+        self
+    }
+
+    /// This process's node id (default: `<hostname>-<pid>`); shown in fence records and logs.
+    pub fn node_id(mut self, node_id: impl Into<String>) -> Self {
+        self.config.node_id = node_id.into();
+        self
+    }
+
+    /// Pin TTL: how long after the owner's last pull the server moves a partition to a standby
+    /// (the consumer's `priority_timeout`; default 2 s, at least 300 ms).
+    pub fn pin_ttl(mut self, ttl: Duration) -> Self {
+        self.config.pin_ttl = ttl;
+        self
+    }
+
+    /// Ack wait: how long a delivered command may go unacknowledged before the server
+    /// redelivers it (default 10 s). Owners extend it for commands that wait their turn.
+    pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
+        self.config.ack_wait = ack_wait;
+        self
+    }
+
+    /// How often a command is delivered before it is given up (terminated and dead-lettered)
+    /// (default 5, at least 1).
+    pub fn max_deliver(mut self, max_deliver: u32) -> Self {
+        self.config.max_deliver = max_deliver;
+        self
+    }
+
+    /// Unacknowledged commands a partition may hold at once (default 1024).
+    pub fn max_ack_pending(mut self, max_ack_pending: u32) -> Self {
+        self.config.max_ack_pending = max_ack_pending;
+        self
+    }
+
+    /// Commands asked for in one pull request (default 256).
+    pub fn pull_batch(mut self, batch: u32) -> Self {
+        self.config.pull_batch = batch;
+        self
+    }
+
+    /// The codec of commands and events (default bincode).
+    pub fn codec(mut self, codec: Codec) -> Self {
+        self.config.codec = codec;
+        self
+    }
+
+    /// Retention of the command stream (default work-queue).
+    pub fn command_retention(mut self, retention: CommandRetention) -> Self {
+        self.config.retention = retention;
+        self
+    }
+
+    /// Stream replicas: 1, 3 or 5 (default 1; use 3 on a clustered JetStream).
+    pub fn replicas(mut self, replicas: usize) -> Self {
+        self.config.replicas = replicas;
+        self
+    }
+
+    /// The journal's de-duplication window (default 10 min); must cover a command's whole
+    /// redelivery span, `ack_wait * max_deliver`.
+    pub fn duplicate_window(mut self, window: Duration) -> Self {
+        self.config.duplicate_window = window;
+        self
+    }
+
+    /// An entity with no command for this long leaves memory; its next command revives it from
+    /// the journal (default 5 min).
+    pub fn passivate_after(mut self, idle: Duration) -> Self {
+        self.config.passivate_after = idle;
+        self
+    }
+
+    /// Base delay of a command's retry after a failure (default 250 ms; doubled per delivery).
+    pub fn retry_delay(mut self, delay: Duration) -> Self {
+        self.config.retry_delay = delay;
+        self
+    }
+
+    /// How long a journal write may wait for the server's acknowledgement (default 10 s).
+    pub fn write_timeout(mut self, timeout: Duration) -> Self {
+        self.config.write_timeout = timeout;
+        self
+    }
+
+    /// Escalation: if entity actors of one partition crash more than `restarts` times within
+    /// `window`, the owner gives the partition up (default 20 in 10 s).
+    pub fn max_entity_restarts(mut self, restarts: u32, window: Duration) -> Self {
+        self.config.max_entity_restarts = restarts;
+        self.config.restart_window = window;
+        self
+    }
+
+    /// Validates the settings.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first setting out of range.
+    pub fn build(self) -> Result<ShardConfig, ConfigError> {
+        let c = self.config;
+        let fail = |field, reason: &str| Err(ConfigError { field, reason: reason.to_owned() });
+        if !is_valid_entity_type(&c.entity_type) {
+            return fail(
+                "entity_type",
+                "must be a lowercase token: a letter, then letters, digits, '-' or '_', at most 32",
+            );
+        }
+        if !(1..=4096).contains(&c.partitions) {
+            return fail("partitions", "must be in 1..=4096");
+        }
+        if c.node_id.is_empty() || c.node_id.len() > 128 {
+            return fail("node_id", "must be 1 to 128 bytes");
+        }
+        if c.pin_ttl < Duration::from_millis(300) {
+            return fail("pin_ttl", "must be at least 300 ms");
+        }
+        if c.ack_wait < Duration::from_millis(500) {
+            return fail("ack_wait", "must be at least 500 ms");
+        }
+        if c.max_deliver == 0 {
+            return fail("max_deliver", "must be at least 1");
+        }
+        if c.max_ack_pending == 0 || c.pull_batch == 0 {
+            return fail("max_ack_pending", "max_ack_pending and pull_batch must be at least 1");
+        }
+        if ![1, 3, 5].contains(&c.replicas) {
+            return fail("replicas", "must be 1, 3 or 5");
+        }
+        if c.duplicate_window < c.ack_wait.saturating_mul(c.max_deliver) {
+            return fail("duplicate_window", "must be at least ack_wait * max_deliver");
+        }
+        if c.passivate_after.is_zero() || c.write_timeout.is_zero() || c.restart_window.is_zero() {
+            return fail("passivate_after", "durations must be above zero");
+        }
+        Ok(c)
+    }
+}
+
+fn default_node_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "node".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = ShardConfig::builder("order").build().unwrap();
+        assert_eq!(c.partitions(), 8);
+        assert!(c.pull_expires() < c.pin_ttl() / 2);
+    }
+
+    #[test]
+    fn out_of_range_settings_name_the_field() {
+        let cases = [
+            (ShardConfig::builder("Order"), "entity_type"),
+            (ShardConfig::builder("order").partitions(0), "partitions"),
+            (ShardConfig::builder("order").pin_ttl(Duration::from_millis(10)), "pin_ttl"),
+            (ShardConfig::builder("order").max_deliver(0), "max_deliver"),
+            (ShardConfig::builder("order").replicas(2), "replicas"),
+            (ShardConfig::builder("order").duplicate_window(Duration::from_secs(1)), "duplicate_window"),
+        ];
+        for (builder, field) in cases {
+            assert_eq!(builder.build().unwrap_err().field, field);
+        }
+    }
+}

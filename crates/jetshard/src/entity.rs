@@ -1,0 +1,155 @@
+//! What an application defines: an [`Entity`] type, and the ids of its instances.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::InvalidId;
+
+/// One kind of stateful thing the application runs: an order, an account, a device.
+///
+/// An entity is event-sourced. [`decide`](Entity::decide) turns a command into events against
+/// the current state, without side effects; [`apply`](Entity::apply) folds one event into the
+/// state. jetshard makes the events durable (fenced by the partition's generation) before it
+/// applies them and acknowledges the command, and rebuilds state by applying the journal's
+/// events in order. Both functions are pure, so an entity's rules can be unit-tested without a
+/// server:
+///
+/// ```
+/// use jetshard::Entity;
+/// use serde::{Deserialize, Serialize};
+///
+/// struct Counter;
+///
+/// #[derive(Serialize, Deserialize)]
+/// enum Command { Add(u32) }
+///
+/// #[derive(Serialize, Deserialize)]
+/// enum Event { Added(u32) }
+///
+/// impl Entity for Counter {
+///     type Command = Command;
+///     type Event = Event;
+///     type State = u64;
+///     type Rejection = String;
+///
+///     fn decide(state: &u64, command: Command) -> Result<Vec<Event>, String> {
+///         match command {
+///             Command::Add(0) => Err("nothing to add".into()),
+///             Command::Add(n) if *state + u64::from(n) > 1_000 => Err("over the limit".into()),
+///             Command::Add(n) => Ok(vec![Event::Added(n)]),
+///         }
+///     }
+///
+///     fn apply(state: &mut u64, event: &Event) {
+///         match event {
+///             Event::Added(n) => *state += u64::from(*n),
+///         }
+///     }
+/// }
+///
+/// let mut state = 0;
+/// for event in Counter::decide(&state, Command::Add(5)).unwrap() {
+///     Counter::apply(&mut state, &event);
+/// }
+/// assert_eq!(state, 5);
+/// assert!(Counter::decide(&state, Command::Add(0)).is_err());
+/// ```
+pub trait Entity: Send + Sync + 'static {
+    /// What clients ask of an entity; published to `<type>.cmd.<id>`.
+    type Command: Serialize + DeserializeOwned + Send + 'static;
+    /// What happened to an entity; written to the journal at `<type>.evt.<partition>.<id>`.
+    type Event: Serialize + DeserializeOwned + Send + 'static;
+    /// The entity's state, rebuilt from its events; starts at `Default`.
+    type State: Default + Send + 'static;
+    /// Why [`decide`](Entity::decide) refused a command. A rejected command is acknowledged
+    /// (it is not retried) and writes nothing.
+    type Rejection: fmt::Display + Send + 'static;
+
+    /// Decides the events a command causes, given the entity's state. Must not have side effects:
+    /// it may run again for the same command after a crash.
+    fn decide(state: &Self::State, command: Self::Command) -> Result<Vec<Self::Event>, Self::Rejection>;
+
+    /// Folds one durable event into the state.
+    fn apply(state: &mut Self::State, event: &Self::Event);
+}
+
+/// The longest entity id accepted, in bytes.
+pub const MAX_ID_LEN: usize = 256;
+
+/// The id of one entity: exactly one NATS subject token.
+///
+/// Non-empty, at most [`MAX_ID_LEN`] bytes, printable, no whitespace and none of `.`, `*`, `>`.
+/// Cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EntityId(Arc<str>);
+
+impl EntityId {
+    /// Validates `id` as one subject token.
+    ///
+    /// # Errors
+    /// [`InvalidId`] saying what is wrong with it.
+    pub fn new(id: impl AsRef<str>) -> Result<Self, InvalidId> {
+        let id = id.as_ref();
+        if id.is_empty() {
+            return Err(InvalidId::Empty);
+        }
+        if id.len() > MAX_ID_LEN {
+            return Err(InvalidId::TooLong { len: id.len(), max: MAX_ID_LEN });
+        }
+        if let Some(found) = id
+            .chars()
+            .find(|c| matches!(c, '.' | '*' | '>') || c.is_whitespace() || c.is_control())
+        {
+            return Err(InvalidId::ForbiddenChar { id: id.to_owned(), found });
+        }
+        Ok(Self(Arc::from(id)))
+    }
+
+    /// The id as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for EntityId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for EntityId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl TryFrom<&str> for EntityId {
+    type Error = InvalidId;
+    fn try_from(id: &str) -> Result<Self, InvalidId> {
+        Self::new(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_token_is_a_valid_id() {
+        assert_eq!(EntityId::new("o-17_x:y").unwrap().as_str(), "o-17_x:y");
+    }
+
+    #[test]
+    fn ids_that_are_not_one_token_are_rejected() {
+        assert_eq!(EntityId::new(""), Err(InvalidId::Empty));
+        for bad in ["a.b", "a*", ">", "a b", "a\tb", "a\nb", "\u{7f}"] {
+            assert!(matches!(EntityId::new(bad), Err(InvalidId::ForbiddenChar { .. })), "{bad:?}");
+        }
+        let long = "x".repeat(MAX_ID_LEN + 1);
+        assert_eq!(EntityId::new(&long), Err(InvalidId::TooLong { len: MAX_ID_LEN + 1, max: MAX_ID_LEN }));
+        assert!(EntityId::new("x".repeat(MAX_ID_LEN)).is_ok());
+    }
+}

@@ -1,0 +1,111 @@
+//! Typed errors. Every fallible public call says which of these it returns.
+
+/// A boxed error from a lower layer (async-nats, ractor), kept as the source.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a string is not a valid [`EntityId`](crate::EntityId).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidId {
+    /// The id is empty.
+    #[error("entity id is empty")]
+    Empty,
+    /// The id is longer than [`MAX_ID_LEN`](crate::MAX_ID_LEN).
+    #[error("entity id is {len} bytes long, the limit is {max}")]
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The id holds a character that cannot stand in one subject token.
+    #[error("entity id {id:?} contains {found:?}: an id is one subject token (no '.', '*', '>', whitespace or control characters)")]
+    ForbiddenChar {
+        /// The id.
+        id: String,
+        /// The first offending character.
+        found: char,
+    },
+}
+
+/// A value could not be encoded or decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CodecError {
+    /// Serialization failed.
+    #[error("cannot encode: {0}")]
+    Encode(String),
+    /// The bytes are not a valid encoding.
+    #[error("cannot decode: {0}")]
+    Decode(String),
+}
+
+/// A configuration value is out of range; found when the config is built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration: {field}: {reason}")]
+pub struct ConfigError {
+    /// The builder setting at fault.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Errors of the shard system and of sending commands.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// An entity id is invalid; nothing was published.
+    #[error(transparent)]
+    InvalidId(#[from] InvalidId),
+    /// A command could not be encoded; nothing was published.
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    /// The command stream exists with another partition count than configured.
+    #[error("stream {stream} exists with {existing} partitions but {configured} are configured; the partition count of an entity type cannot change in place")]
+    PartitionMismatch {
+        /// The command stream.
+        stream: String,
+        /// What the stream's subject transform says.
+        existing: String,
+        /// What the configuration says.
+        configured: u32,
+    },
+    /// A stream or consumer exists with a configuration jetshard cannot use.
+    #[error("{what} exists with an incompatible configuration: {detail}")]
+    Incompatible {
+        /// The stream or consumer.
+        what: String,
+        /// The differing setting, with both values.
+        detail: String,
+    },
+    /// A JetStream API call failed (server down, timeout, permission).
+    #[error("JetStream: {context}")]
+    JetStream {
+        /// What was being done.
+        context: String,
+        /// The client's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The actor runtime refused to spawn an actor.
+    #[error("cannot spawn the {what} actor")]
+    Spawn {
+        /// Which actor.
+        what: &'static str,
+        /// ractor's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The shard system has stopped.
+    #[error("the shard system has stopped")]
+    Stopped,
+}
+
+impl Error {
+    pub(crate) fn jetstream(context: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::JetStream { context: context.into(), source: source.into() }
+    }
+}

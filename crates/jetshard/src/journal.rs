@@ -1,0 +1,194 @@
+//! The journal: fenced writes of a partition's events, and replays of them.
+//!
+//! Architecture Invariant: every write of a partition other than its fence record goes through
+//! [`JournalWriter`], which fences it with the writer's generation. A writer whose generation is
+//! no longer the partition's latest gets [`WriteError::Fenced`] from the server, never a stored
+//! message.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use async_nats::jetstream::context::{Context, PublishAckFuture, PublishErrorKind};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::Stream;
+use bytes::Bytes;
+use futures::StreamExt;
+
+use crate::entity::EntityId;
+use crate::error::{BoxError, Error};
+use crate::fence::{Fence, header_u64};
+use crate::wire::{
+    HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_EXPECTED_SUBJECT, HDR_EXPECTED_SUBJECT_SEQ,
+    HDR_GENERATION, HDR_MSG_ID, HDR_REASON, Names,
+};
+
+/// Why a journal write did not happen.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WriteError {
+    /// The partition has a newer generation: this writer is stale and must stop.
+    #[error("fenced: generation {generation} is no longer the partition's latest")]
+    Fenced { generation: u64 },
+    /// The server did not confirm the write (timeout, leader change, connection loss). The
+    /// write may or may not be stored; a retry with the same message ids is safe.
+    #[error("journal write not confirmed: {0}")]
+    Unconfirmed(#[source] BoxError),
+}
+
+/// Writes one partition's records under one generation.
+#[derive(Clone)]
+pub(crate) struct JournalWriter {
+    js: Context,
+    names: Arc<Names>,
+    partition: u32,
+    fence: Fence,
+    fence_subject: Arc<str>,
+}
+
+impl JournalWriter {
+    pub(crate) fn new(js: Context, names: Arc<Names>, partition: u32, fence: Fence) -> Self {
+        let fence_subject = names.fence_subject(partition).into();
+        Self { js, names, partition, fence, fence_subject }
+    }
+
+    pub(crate) fn generation(&self) -> u64 {
+        self.fence.generation
+    }
+
+    /// Makes a command's events durable, fenced, de-duplicated by `<t>:<command seq>:<index>`.
+    ///
+    /// The events are published pipelined and all acknowledgements awaited. The server checks
+    /// each against the fence: once another owner has claimed the partition, every later write
+    /// is rejected.
+    pub(crate) async fn append(
+        &self,
+        entity: &EntityId,
+        command_seq: u64,
+        events: Vec<Vec<u8>>,
+    ) -> Result<(), WriteError> {
+        let subject = self.names.event_subject(self.partition, entity);
+        let mut acks: Vec<PublishAckFuture> = Vec::with_capacity(events.len());
+        for (index, event) in events.into_iter().enumerate() {
+            let mut headers = self.fenced_headers();
+            headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+            headers.insert(HDR_MSG_ID, self.names.event_msg_id(command_seq, index));
+            acks.push(self.send(subject.clone(), headers, event.into()).await?);
+        }
+        for ack in acks {
+            self.confirm(ack).await?;
+        }
+        Ok(())
+    }
+
+    /// Records a command that was given up (undecodable, or failing at every delivery), so an
+    /// operator can see it and replay it: `<t>.dlq.<p>`, the command's payload as body.
+    pub(crate) async fn dead_letter(
+        &self,
+        entity: &str,
+        command_seq: u64,
+        deliveries: u64,
+        reason: &str,
+        payload: Bytes,
+    ) -> Result<(), WriteError> {
+        let mut headers = self.fenced_headers();
+        headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+        headers.insert(HDR_ENTITY, entity);
+        headers.insert(HDR_DELIVERIES, deliveries.to_string());
+        headers.insert(HDR_REASON, sanitize_header(reason));
+        headers.insert(HDR_MSG_ID, format!("{}:dlq:{command_seq}", self.names.entity_type));
+        let subject = self.names.dead_letter_subject(self.partition);
+        let ack = self.send(subject, headers, payload).await?;
+        self.confirm(ack).await
+    }
+
+    fn fenced_headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(HDR_GENERATION, self.fence.generation.to_string());
+        headers.insert(HDR_EXPECTED_SUBJECT_SEQ, self.fence.seq.to_string());
+        headers.insert(HDR_EXPECTED_SUBJECT, &*self.fence_subject);
+        headers
+    }
+
+    async fn send(&self, subject: String, headers: HeaderMap, payload: Bytes) -> Result<PublishAckFuture, WriteError> {
+        self.js
+            .send_publish(subject, PublishMessage::build().payload(payload).headers(headers))
+            .await
+            .map_err(|e| WriteError::Unconfirmed(Box::new(e)))
+    }
+
+    async fn confirm(&self, ack: PublishAckFuture) -> Result<(), WriteError> {
+        match ack.await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                Err(WriteError::Fenced { generation: self.fence.generation })
+            }
+            Err(e) => Err(WriteError::Unconfirmed(Box::new(e))),
+        }
+    }
+}
+
+/// Header values cannot hold line breaks.
+fn sanitize_header(value: &str) -> String {
+    value.chars().map(|c| if c.is_control() { ' ' } else { c }).take(512).collect()
+}
+
+/// One event read back from the journal.
+pub(crate) struct StoredEvent {
+    pub(crate) entity: EntityId,
+    pub(crate) command_seq: u64,
+    pub(crate) payload: Bytes,
+}
+
+/// Reads every event on `filter` (a partition's or one entity's event subject) in journal
+/// order, up to the end of the journal as it is when the replay starts, calling `each` on each.
+///
+/// Returns how many events were read.
+pub(crate) async fn replay(
+    journal: &Stream<()>,
+    filter: String,
+    mut each: impl FnMut(StoredEvent) -> Result<(), Error>,
+) -> Result<u64, Error> {
+    let consumer = journal
+        .create_consumer(pull::OrderedConfig {
+            filter_subject: filter.clone(),
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| Error::jetstream(format!("open a replay of {filter}"), e))?;
+    if consumer.cached_info().num_pending == 0 {
+        return Ok(0);
+    }
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| Error::jetstream(format!("replay {filter}"), e))?;
+    let mut read = 0;
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(30), messages.next())
+            .await
+            .map_err(|e| Error::jetstream(format!("replay {filter}: no message for 30 s"), e))?;
+        let message = match next {
+            Some(Ok(message)) => message,
+            Some(Err(e)) => return Err(Error::jetstream(format!("replay {filter}"), e)),
+            None => return Err(Error::jetstream(format!("replay {filter}"), "the replay ended early")),
+        };
+        let info = message.info().map_err(|e| Error::jetstream(format!("replay {filter}"), e.to_string()))?;
+        let pending = info.pending;
+        let event = stored_event(&message.message)
+            .ok_or_else(|| Error::jetstream(format!("replay {filter}"), format!("malformed journal record at sequence {}", info.stream_sequence)))?;
+        each(event)?;
+        read += 1;
+        if pending == 0 {
+            return Ok(read);
+        }
+    }
+}
+
+fn stored_event(message: &async_nats::Message) -> Option<StoredEvent> {
+    let headers = message.headers.as_ref()?;
+    let entity = EntityId::new(Names::entity_of_subject(&message.subject)?).ok()?;
+    let command_seq = header_u64(headers, HDR_COMMAND_SEQ)?;
+    Some(StoredEvent { entity, command_seq, payload: message.payload.clone() })
+}

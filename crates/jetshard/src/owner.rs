@@ -1,0 +1,708 @@
+//! The shard-owner actor of one partition in one process.
+//!
+//! Every process runs one owner per partition. All of them pull; the server pins one, and that
+//! one owns the partition:
+//!
+//! ```text
+//!            first delivery under a new pin
+//! Standby ─────────────────────────────────▶ Acquiring: claim generation g+1 (fence CAS),
+//!    ▲                                        rebuild from the journal, recover the in-flight
+//!    │                                        window of the previous owner
+//!    │ pin lost (423) · write fenced (10071)          │
+//!    │ pin moved · released · acquisition failed      ▼
+//!    └───────────────────────────────────────── Owning: route commands to entity actors,
+//!                                               ack each once its events are durable
+//! ```
+//!
+//! Architecture Invariant: a partition's state lives in exactly one owner actor (and its entity
+//! actors); the owner is the only place that acknowledges, naks or terminates its commands, and
+//! it does so only while owning under the generation the outcome was produced with.
+
+use std::collections::{HashMap, VecDeque};
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::message::AckKind;
+use async_nats::jetstream::stream::Stream;
+use async_nats::jetstream::{self, Context};
+use bytes::Bytes;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::config::ShardConfig;
+use crate::entity::{Entity, EntityId};
+use crate::entity_actor::{EntityActor, EntityArgs, Outcome, Seed, Verdict, Work, apply_replayed};
+use crate::fence;
+use crate::journal::{self, JournalWriter};
+use crate::pin::{self, Delivery, PinSignal, PullLoop, PullSettings};
+use crate::status::{OwnershipChange, OwnershipEvent, PartitionStatus};
+use crate::wire::{Names, PRIORITY_GROUP};
+
+/// What one entity type's owners share.
+pub(crate) struct Shared {
+    pub(crate) js: Context,
+    pub(crate) names: Arc<Names>,
+    pub(crate) config: ShardConfig,
+    pub(crate) command_stream: Stream<()>,
+    pub(crate) journal_stream: Stream<()>,
+    pub(crate) events: broadcast::Sender<OwnershipEvent>,
+}
+
+/// The owner's messages.
+pub(crate) enum OwnerMsg {
+    /// From the pull loop.
+    Pin(PinSignal),
+    /// From an entity actor.
+    Outcome(Outcome),
+    /// Periodic upkeep: in-progress extension, passivation, stuck retries, release deadline.
+    Tick,
+    /// Graceful stop: finish in-flight commands, release the pin, reply, stop.
+    Release(RpcReplyPort<()>),
+    /// A snapshot for status displays.
+    Status(RpcReplyPort<PartitionStatus>),
+}
+
+pub(crate) struct OwnerArgs {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) partition: u32,
+}
+
+pub(crate) struct OwnerActor<E>(PhantomData<fn() -> E>);
+
+impl<E> OwnerActor<E> {
+    pub(crate) fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+pub(crate) struct OwnerState<E: Entity> {
+    partition: u32,
+    shared: Arc<Shared>,
+    pull: Option<PullLoop>,
+    ticker: JoinHandle<()>,
+    /// A pin under which this owner must not acquire (it was fenced or failed under it).
+    refused_pin: Option<Arc<str>>,
+    role: Role<E>,
+    release: Option<(RpcReplyPort<()>, Instant)>,
+    counters: Counters,
+}
+
+impl<E: Entity> Drop for OwnerState<E> {
+    fn drop(&mut self) {
+        self.ticker.abort();
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct Counters {
+    applied: u64,
+    events_written: u64,
+    rejected: u64,
+    duplicates: u64,
+    dead_lettered: u64,
+    acquisitions: u64,
+}
+
+enum Role<E: Entity> {
+    Standby,
+    Owning(Owning<E>),
+}
+
+struct Owning<E: Entity> {
+    generation: u64,
+    pin: Arc<str>,
+    journal: JournalWriter,
+    /// States rebuilt on acquisition for entities that have no actor yet.
+    dormant: HashMap<EntityId, Seed<E>>,
+    entities: HashMap<EntityId, Slot>,
+    crashes: VecDeque<Instant>,
+}
+
+/// One entity's commands in hand, in the order they are applied.
+struct Slot {
+    actor: Option<ActorRef<Work>>,
+    queue: VecDeque<Pending>,
+    /// Set after a failed command: nothing of this entity runs until that command is delivered
+    /// again (or given up), so later commands cannot overtake it.
+    blocked: Option<(u64, Instant)>,
+    last_active: Instant,
+}
+
+struct Pending {
+    seq: u64,
+    payload: Bytes,
+    /// The delivery to acknowledge; `None` for a command recovered from the stream on
+    /// acquisition (its delivery belongs to the previous owner) or after a nak.
+    message: Option<jetstream::Message>,
+    deliveries: u64,
+    progress_at: Instant,
+}
+
+impl<E: Entity> Actor for OwnerActor<E> {
+    type Msg = OwnerMsg;
+    type State = OwnerState<E>;
+    type Arguments = OwnerArgs;
+
+    async fn pre_start(&self, myself: ActorRef<OwnerMsg>, args: OwnerArgs) -> Result<OwnerState<E>, ActorProcessingErr> {
+        let config = &args.shared.config;
+        let settings = PullSettings { batch: config.pull_batch, expires: config.pull_expires() };
+        let sink = {
+            let myself = myself.clone();
+            move |signal| myself.cast(OwnerMsg::Pin(signal)).is_ok()
+        };
+        let pull = pin::start(
+            args.shared.js.clone(),
+            &args.shared.names.command_stream,
+            &args.shared.names.consumer(args.partition),
+            settings,
+            sink,
+        );
+        let tick = (config.ack_wait / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        let ticker = myself.send_interval(tick, || OwnerMsg::Tick);
+        Ok(OwnerState {
+            partition: args.partition,
+            shared: args.shared,
+            pull: Some(pull),
+            ticker,
+            refused_pin: None,
+            role: Role::Standby,
+            release: None,
+            counters: Counters::default(),
+        })
+    }
+
+    async fn handle(&self, myself: ActorRef<OwnerMsg>, message: OwnerMsg, state: &mut OwnerState<E>) -> Result<(), ActorProcessingErr> {
+        match message {
+            OwnerMsg::Pin(PinSignal::Delivered(delivery)) => state.on_delivery(&myself, delivery).await,
+            OwnerMsg::Pin(PinSignal::Lost { pin }) => {
+                if matches!(&state.role, Role::Owning(o) if o.pin == pin) {
+                    state.step_down(&myself, "pin lost");
+                }
+                Ok(())
+            }
+            OwnerMsg::Outcome(outcome) => state.on_outcome(&myself, outcome).await,
+            OwnerMsg::Tick => state.on_tick(&myself).await,
+            OwnerMsg::Release(reply) => {
+                state.release = Some((reply, Instant::now() + state.shared.config.ack_wait));
+                state.finish_release_if_drained(&myself).await;
+                Ok(())
+            }
+            OwnerMsg::Status(reply) => {
+                let _ = reply.send(state.status());
+                Ok(())
+            }
+        }
+    }
+
+    async fn handle_supervisor_evt(&self, _: ActorRef<OwnerMsg>, event: SupervisionEvent, state: &mut OwnerState<E>) -> Result<(), ActorProcessingErr> {
+        // Entity actors report failures as outcomes and stop themselves; an entity actor that
+        // dies otherwise (a panic outside the guarded calls) loses its slot's actor, and its
+        // commands are retried when they come back.
+        if let SupervisionEvent::ActorFailed(cell, error) = event
+            && let Role::Owning(o) = &mut state.role
+        {
+            for (entity, slot) in &mut o.entities {
+                if slot.actor.as_ref().is_some_and(|a| a.get_id() == cell.get_id()) {
+                    tracing::error!(partition = state.partition, %entity, %error, "entity actor failed");
+                    slot.actor = None;
+                    if let Some(front) = slot.queue.front() {
+                        slot.blocked = Some((front.seq, Instant::now()));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<E: Entity> OwnerState<E> {
+    fn config(&self) -> &ShardConfig {
+        &self.shared.config
+    }
+
+    async fn on_delivery(&mut self, myself: &ActorRef<OwnerMsg>, delivery: Delivery) -> Result<(), ActorProcessingErr> {
+        let Some((seq, deliveries)) = sequence_of(&delivery.message) else {
+            tracing::warn!(partition = self.partition, subject = %delivery.message.subject, "delivery without JetStream metadata");
+            return Ok(());
+        };
+        let Some(entity) = Names::entity_of_subject(&delivery.message.subject).and_then(|id| EntityId::new(id).ok()) else {
+            tracing::warn!(partition = self.partition, subject = %delivery.message.subject, "command subject holds no valid entity id; terminated");
+            let _ = delivery.message.ack_with(AckKind::Term).await;
+            return Ok(());
+        };
+        if self.release.is_some() {
+            // Handing over: let the next owner have it soon.
+            let _ = delivery.message.ack_with(AckKind::Nak(Some(Duration::from_millis(100)))).await;
+            return Ok(());
+        }
+        if let Role::Owning(o) = &self.role
+            && o.pin != delivery.pin
+        {
+            self.step_down(myself, "pin moved");
+        }
+        if matches!(self.role, Role::Standby) {
+            if self.refused_pin.as_ref() == Some(&delivery.pin) {
+                return Ok(());
+            }
+            self.acquire(myself, delivery, entity, seq, deliveries).await;
+            return Ok(());
+        }
+        let pending = Pending {
+            seq,
+            payload: delivery.message.payload.clone(),
+            message: Some(delivery.message),
+            deliveries,
+            progress_at: Instant::now(),
+        };
+        self.route(myself, &entity, pending).await;
+        Ok(())
+    }
+
+    /// Takes the partition: a new generation, the state rebuilt, the previous owner's
+    /// unacknowledged commands recovered in order. `first` is the delivery that showed the pin.
+    async fn acquire(&mut self, myself: &ActorRef<OwnerMsg>, first: Delivery, first_entity: EntityId, first_seq: u64, first_deliveries: u64) {
+        let started = Instant::now();
+        let partition = self.partition;
+        let node = self.config().node_id.clone();
+        let pin = first.pin.clone();
+        let acquired = claim_and_rebuild::<E>(&self.shared, partition).await;
+        let (fence, dormant, rebuilt_events, recovered) = match acquired {
+            Ok(parts) => parts,
+            Err(reason) => {
+                tracing::error!(partition, node = %node, %reason, "cannot take the partition; releasing the pin");
+                self.refused_pin = Some(pin);
+                self.unpin().await;
+                return;
+            }
+        };
+        let journal = JournalWriter::new(self.shared.js.clone(), self.shared.names.clone(), partition, fence);
+        self.role = Role::Owning(Owning {
+            generation: fence.generation,
+            pin,
+            journal,
+            dormant,
+            entities: HashMap::new(),
+            crashes: VecDeque::new(),
+        });
+        self.counters.acquisitions += 1;
+        tracing::info!(
+            partition,
+            generation = fence.generation,
+            node = %node,
+            rebuilt_events,
+            recovered = recovered.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "acquired partition"
+        );
+        let _ = self.shared.events.send(OwnershipEvent {
+            partition,
+            generation: fence.generation,
+            node,
+            change: OwnershipChange::Acquired,
+        });
+
+        // The previous owner's unacknowledged commands, and the first delivery, in stream order.
+        let mut first = Some(Pending {
+            seq: first_seq,
+            payload: first.message.payload.clone(),
+            message: Some(first.message),
+            deliveries: first_deliveries,
+            progress_at: Instant::now(),
+        });
+        for (entity, pending) in recovered.into_iter().filter(|(_, p)| p.seq != first_seq) {
+            if let Some(f) = first.take_if(|f| f.seq < pending.seq) {
+                self.route(myself, &first_entity, f).await;
+            }
+            self.route(myself, &entity, pending).await;
+        }
+        if let Some(f) = first {
+            self.route(myself, &first_entity, f).await;
+        }
+    }
+
+}
+
+/// A claimed fence, the rebuilt states, how many events were replayed, and the recovered
+/// in-flight commands.
+type Acquired<E> = (fence::Fence, HashMap<EntityId, Seed<E>>, u64, Vec<(EntityId, Pending)>);
+
+async fn claim_and_rebuild<E: Entity>(shared: &Shared, partition: u32) -> Result<Acquired<E>, String> {
+    {
+        let fence = fence::claim(&shared.js, &shared.journal_stream, &shared.names, partition, &shared.config.node_id)
+            .await
+            .map_err(|e| format!("claiming a generation: {e}"))?;
+
+        // Every event of this partition precedes our fence record: older owners are fenced.
+        let codec = shared.config.codec;
+        let mut dormant: HashMap<EntityId, Seed<E>> = HashMap::new();
+        let mut failure = None;
+        let rebuilt = journal::replay(&shared.journal_stream, shared.names.partition_events(partition), |stored| {
+            let event: E::Event = codec.decode(&stored.payload)?;
+            let seed = dormant.entry(stored.entity).or_default();
+            if let Err(reason) = apply_replayed::<E>(seed, &event, stored.command_seq) {
+                failure = Some(reason.clone());
+                return Err(crate::Error::jetstream("rebuild", reason));
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| format!("rebuilding generation {}: {}", fence.generation, failure.take().unwrap_or_else(|| e.to_string())))?;
+
+        let recovered = recover_window(shared, partition).await.map_err(|e| format!("recovering in-flight commands: {e}"))?;
+        Ok((fence, dormant, rebuilt, recovered))
+    }
+}
+
+    /// Reads, straight from the command stream, the commands the consumer has delivered but
+    /// that are not acknowledged yet: those the previous owner held. Applying them first keeps
+    /// each entity's commands in order across the takeover; their redeliveries are then
+    /// recognised as already applied.
+async fn recover_window(shared: &Shared, partition: u32) -> Result<Vec<(EntityId, Pending)>, crate::Error> {
+    {
+        let names = &shared.names;
+        let consumer = names.consumer(partition);
+        let info = shared
+            .command_stream
+            .consumer_info(&consumer)
+            .await
+            .map_err(|e| crate::Error::jetstream(format!("read consumer {consumer}"), e))?;
+        let (floor, delivered) = (info.ack_floor.stream_sequence, info.delivered.stream_sequence);
+        let filter = names.partition_commands(partition);
+        let mut recovered = Vec::new();
+        let mut next = floor + 1;
+        while next <= delivered {
+            let found = shared
+                .command_stream
+                .raw_message_builder()
+                .sequence(next)
+                .next_by_subject(filter.clone())
+                .send()
+                .await;
+            let message = match found {
+                Ok(message) => message,
+                Err(e) if e.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => break,
+                Err(e) => return Err(crate::Error::jetstream(format!("read command {next} of {filter}"), e)),
+            };
+            if message.sequence > delivered {
+                break;
+            }
+            next = message.sequence + 1;
+            let Some(entity) = Names::entity_of_subject(&message.subject).and_then(|id| EntityId::new(id).ok()) else {
+                continue;
+            };
+            recovered.push((
+                entity,
+                Pending { seq: message.sequence, payload: message.payload, message: None, deliveries: 0, progress_at: Instant::now() },
+            ));
+        }
+        Ok(recovered)
+    }
+}
+
+impl<E: Entity> OwnerState<E> {
+    /// Queues a command for its entity and, unless the entity waits for a retry, hands it on.
+    async fn route(&mut self, myself: &ActorRef<OwnerMsg>, entity: &EntityId, pending: Pending) {
+        let Role::Owning(o) = &mut self.role else { return };
+        let slot = o.entities.entry(entity.clone()).or_insert_with(|| Slot {
+            actor: None,
+            queue: VecDeque::new(),
+            blocked: None,
+            last_active: Instant::now(),
+        });
+        slot.last_active = Instant::now();
+        if let Some(held) = slot.queue.iter_mut().find(|p| p.seq == pending.seq) {
+            // A redelivery of a command still in hand: keep the newest delivery to acknowledge.
+            if pending.message.is_some() {
+                held.message = pending.message;
+                held.deliveries = pending.deliveries;
+            }
+            held.progress_at = Instant::now();
+            if slot.blocked.is_some_and(|(seq, _)| seq == pending.seq) {
+                slot.blocked = None;
+                dispatch_all::<E>(myself, &self.shared, self.partition, o, entity).await;
+            }
+            return;
+        }
+        let seq = pending.seq;
+        let payload = pending.payload.clone();
+        slot.queue.push_back(pending);
+        if slot.blocked.is_none() {
+            if slot.actor.is_none() {
+                dispatch_all::<E>(myself, &self.shared, self.partition, o, entity).await;
+            } else if let Some(actor) = &slot.actor {
+                let _ = actor.cast(Work { seq, payload });
+            }
+        }
+    }
+
+    async fn on_outcome(&mut self, myself: &ActorRef<OwnerMsg>, outcome: Outcome) -> Result<(), ActorProcessingErr> {
+        let partition = self.partition;
+        let max_deliver = u64::from(self.config().max_deliver);
+        let retry_delay = self.config().retry_delay;
+        let ack_wait = self.config().ack_wait;
+        let (max_restarts, restart_window) = (self.config().max_entity_restarts, self.config().restart_window);
+        let Role::Owning(o) = &mut self.role else { return Ok(()) };
+        if outcome.generation != o.generation {
+            return Ok(());
+        }
+        let Some(slot) = o.entities.get_mut(&outcome.entity) else { return Ok(()) };
+        let Some(position) = slot.queue.iter().position(|p| p.seq == outcome.seq) else { return Ok(()) };
+        slot.last_active = Instant::now();
+        let entity = outcome.entity;
+        match outcome.verdict {
+            Verdict::Applied { .. } | Verdict::Duplicate | Verdict::Rejected(_) => {
+                match &outcome.verdict {
+                    Verdict::Applied { events } => {
+                        self.counters.applied += 1;
+                        self.counters.events_written += *events as u64;
+                    }
+                    Verdict::Duplicate => self.counters.duplicates += 1,
+                    Verdict::Rejected(reason) => {
+                        self.counters.rejected += 1;
+                        tracing::debug!(partition, %entity, cmd_seq = outcome.seq, %reason, "command rejected");
+                    }
+                    _ => {}
+                }
+                if let Some(done) = slot.queue.remove(position)
+                    && let Some(message) = done.message
+                    && let Err(e) = message.ack().await
+                {
+                    tracing::warn!(partition, %entity, cmd_seq = outcome.seq, error = %e, "ack failed; the command will be redelivered and recognised as applied");
+                }
+            }
+            Verdict::Malformed(reason) => {
+                tracing::warn!(partition, %entity, cmd_seq = outcome.seq, %reason, "undecodable command terminated");
+                if let Some(bad) = slot.queue.remove(position) {
+                    self.give_up(myself, &entity, bad, &format!("malformed: {reason}")).await;
+                }
+            }
+            Verdict::Fenced => {
+                self.step_down(myself, "fenced: a newer generation owns the partition");
+            }
+            Verdict::Failed { reason, crashed } => {
+                slot.actor = None;
+                if crashed {
+                    let now = Instant::now();
+                    o.crashes.push_back(now);
+                    while o.crashes.front().is_some_and(|t| now.duration_since(*t) > restart_window) {
+                        o.crashes.pop_front();
+                    }
+                    if o.crashes.len() > max_restarts as usize {
+                        let generation = o.generation;
+                        self.step_down(myself, "entity actors crash too often");
+                        return Err(format!("partition {partition} generation {generation}: more than {max_restarts} entity crashes within {restart_window:?}; last: {reason}").into());
+                    }
+                }
+                let failed = &mut slot.queue[position];
+                tracing::warn!(partition, %entity, cmd_seq = failed.seq, deliveries = failed.deliveries, %reason, "command failed");
+                match failed.message.take() {
+                    Some(message) if failed.deliveries >= max_deliver => {
+                        failed.message = Some(message);
+                        if let Some(bad) = slot.queue.remove(position) {
+                            let reason = format!("failed at each of {} deliveries; last: {reason}", bad.deliveries);
+                            self.give_up(myself, &entity, bad, &reason).await;
+                        }
+                        if let Role::Owning(o) = &mut self.role {
+                            dispatch_all::<E>(myself, &self.shared, partition, o, &entity).await;
+                        }
+                    }
+                    Some(message) => {
+                        let delay = retry_delay.saturating_mul(1 << failed.deliveries.clamp(1, 16).saturating_sub(1)).min(ack_wait);
+                        slot.blocked = Some((failed.seq, Instant::now()));
+                        let _ = message.ack_with(AckKind::Nak(Some(delay))).await;
+                    }
+                    None => slot.blocked = Some((failed.seq, Instant::now())),
+                }
+            }
+        }
+        self.finish_release_if_drained(myself).await;
+        Ok(())
+    }
+
+    /// Terminates a command for good and leaves a dead-letter record of it.
+    async fn give_up(&mut self, myself: &ActorRef<OwnerMsg>, entity: &EntityId, bad: Pending, reason: &str) {
+        let Role::Owning(o) = &self.role else { return };
+        let journal = o.journal.clone();
+        self.counters.dead_lettered += 1;
+        let written = journal.dead_letter(entity.as_str(), bad.seq, bad.deliveries, reason, bad.payload.clone()).await;
+        match written {
+            Ok(()) => {
+                if let Some(message) = bad.message {
+                    let _ = message.ack_with(AckKind::Term).await;
+                }
+            }
+            Err(crate::journal::WriteError::Fenced { .. }) => self.step_down(myself, "fenced while dead-lettering"),
+            Err(e) => tracing::warn!(partition = self.partition, %entity, cmd_seq = bad.seq, error = %e, "dead-letter record not written; the command stays unacknowledged"),
+        }
+    }
+
+    async fn on_tick(&mut self, myself: &ActorRef<OwnerMsg>) -> Result<(), ActorProcessingErr> {
+        let config = self.shared.config.clone();
+        let partition = self.partition;
+        if let Some((_, deadline)) = &self.release
+            && Instant::now() >= *deadline
+        {
+            tracing::warn!(partition, "release deadline passed with commands in flight; they will be redelivered");
+            self.finish_release(myself).await;
+            return Ok(());
+        }
+        let Role::Owning(o) = &mut self.role else { return Ok(()) };
+        let now = Instant::now();
+        let mut idle = Vec::new();
+        let mut stuck = Vec::new();
+        for (entity, slot) in &mut o.entities {
+            for pending in &mut slot.queue {
+                if let Some(message) = &pending.message
+                    && now.duration_since(pending.progress_at) >= config.ack_wait / 2
+                {
+                    pending.progress_at = now;
+                    let _ = message.ack_with(AckKind::Progress).await;
+                }
+            }
+            if let Some((_, since)) = slot.blocked
+                && now.duration_since(since) > config.ack_wait * 2 + Duration::from_secs(1)
+            {
+                stuck.push(entity.clone());
+            }
+            if slot.queue.is_empty() && slot.blocked.is_none() && now.duration_since(slot.last_active) >= config.passivate_after {
+                idle.push(entity.clone());
+            }
+        }
+        for entity in idle {
+            if let Some(slot) = o.entities.remove(&entity)
+                && let Some(actor) = slot.actor
+            {
+                actor.stop(Some("passivated".to_owned()));
+            }
+        }
+        for entity in stuck {
+            // The failed command was never delivered again (its delivery limit was reached
+            // under an earlier owner): give it up so the entity can go on.
+            let Role::Owning(o) = &mut self.role else { break };
+            let Some(slot) = o.entities.get_mut(&entity) else { continue };
+            slot.blocked = None;
+            if let Some(bad) = slot.queue.pop_front() {
+                self.give_up(myself, &entity, bad, "not redelivered after failing").await;
+            }
+            if let Role::Owning(o) = &mut self.role {
+                dispatch_all::<E>(myself, &self.shared, partition, o, &entity).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn finish_release_if_drained(&mut self, myself: &ActorRef<OwnerMsg>) {
+        if self.release.is_none() {
+            return;
+        }
+        let drained = match &self.role {
+            Role::Standby => true,
+            Role::Owning(o) => o.entities.values().all(|s| s.queue.is_empty()),
+        };
+        if drained {
+            self.finish_release(myself).await;
+        }
+    }
+
+    async fn finish_release(&mut self, myself: &ActorRef<OwnerMsg>) {
+        if matches!(self.role, Role::Owning(_)) {
+            self.unpin().await;
+            self.step_down(myself, "released");
+        }
+        self.pull = None;
+        if let Some((reply, _)) = self.release.take() {
+            let _ = reply.send(());
+        }
+        myself.stop(Some("released".to_owned()));
+    }
+
+    /// Asks the server to move the pin at once instead of after the TTL.
+    async fn unpin(&mut self) {
+        let consumer = self.shared.names.consumer(self.partition);
+        if let Err(e) = self.shared.command_stream.unpin_consumer(&consumer, PRIORITY_GROUP).await {
+            tracing::warn!(partition = self.partition, error = %e, "unpin failed; the pin will expire after its TTL");
+        }
+    }
+
+    /// Stops owning: entity actors stopped, state dropped, nothing acknowledged any more under
+    /// this generation. Commands in hand stay unacknowledged for the next owner.
+    fn step_down(&mut self, myself: &ActorRef<OwnerMsg>, reason: &str) {
+        let Role::Owning(o) = std::mem::replace(&mut self.role, Role::Standby) else { return };
+        myself.stop_children(Some(reason.to_owned()));
+        if reason != "released" {
+            self.refused_pin = Some(o.pin.clone());
+        }
+        let node = self.config().node_id.clone();
+        tracing::info!(partition = self.partition, generation = o.generation, node = %node, reason, "stepped down");
+        let _ = self.shared.events.send(OwnershipEvent {
+            partition: self.partition,
+            generation: o.generation,
+            node,
+            change: OwnershipChange::Released { reason: reason.to_owned() },
+        });
+    }
+
+    fn status(&self) -> PartitionStatus {
+        let (generation, resident, in_hand) = match &self.role {
+            Role::Standby => (None, 0, 0),
+            Role::Owning(o) => (
+                Some(o.generation),
+                o.entities.values().filter(|s| s.actor.is_some()).count(),
+                o.entities.values().map(|s| s.queue.len()).sum(),
+            ),
+        };
+        PartitionStatus {
+            partition: self.partition,
+            generation,
+            resident_entities: resident,
+            commands_in_hand: in_hand,
+            applied: self.counters.applied,
+            events_written: self.counters.events_written,
+            rejected: self.counters.rejected,
+            duplicates: self.counters.duplicates,
+            dead_lettered: self.counters.dead_lettered,
+            acquisitions: self.counters.acquisitions,
+        }
+    }
+}
+
+/// (Re)starts an entity's actor if needed and hands it every command in hand, in order.
+async fn dispatch_all<E: Entity>(myself: &ActorRef<OwnerMsg>, shared: &Arc<Shared>, partition: u32, o: &mut Owning<E>, entity: &EntityId) {
+    let Some(slot) = o.entities.get_mut(entity) else { return };
+    if slot.queue.is_empty() || slot.blocked.is_some() {
+        return;
+    }
+    if slot.actor.is_none() {
+        let seed = o.dormant.remove(entity);
+        let args = EntityArgs {
+            id: entity.clone(),
+            partition,
+            journal: o.journal.clone(),
+            journal_stream: shared.journal_stream.clone(),
+            names: shared.names.clone(),
+            codec: shared.config.codec,
+            owner: myself.clone(),
+        };
+        match Actor::spawn_linked(None, EntityActor::<E>::new(), (args, seed), myself.get_cell()).await {
+            Ok((actor, _)) => slot.actor = Some(actor),
+            Err(e) => {
+                tracing::error!(partition, %entity, error = %e, "cannot spawn entity actor");
+                return;
+            }
+        }
+    }
+    if let Some(actor) = &slot.actor {
+        for pending in &slot.queue {
+            let _ = actor.cast(Work { seq: pending.seq, payload: pending.payload.clone() });
+        }
+    }
+}
+
+/// The stream sequence and delivery count of a delivered command.
+fn sequence_of(message: &jetstream::Message) -> Option<(u64, u64)> {
+    let info = message.info().ok()?;
+    Some((info.stream_sequence, info.delivered.max(0) as u64))
+}

@@ -1,0 +1,187 @@
+//! The pinned pull loop of one partition in one process.
+//!
+//! async-nats's pull streams track a pin but hide the moments it is gained and lost, so this loop
+//! speaks the pull protocol on the core client. It keeps pull requests outstanding for the
+//! partition's consumer in the `owners` priority group, carrying the pin id once the server has
+//! pinned this process, and reports to the owner:
+//! - every delivered command, tagged with the pin it was delivered under;
+//! - the loss of the pin (a `423` answer to a pull carrying the id).
+//!
+//! A pinned client keeps its pin only by pulling: deliveries and acks do not refresh it. So a new
+//! pull request goes out whenever the newest one is `expires` old (a third of the pin TTL), busy
+//! or not, besides those that keep `batch` commands requested.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, Context};
+use async_nats::{Client, StatusCode};
+use futures::StreamExt;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::wire::{HDR_PIN_ID, PRIORITY_GROUP};
+
+/// A command delivered to this process, with the pin it came under.
+pub(crate) struct Delivery {
+    pub(crate) pin: Arc<str>,
+    pub(crate) message: jetstream::Message,
+}
+
+/// What the pull loop tells its owner.
+pub(crate) enum PinSignal {
+    /// A command was delivered.
+    Delivered(Delivery),
+    /// The server refused a pull carrying `pin`: another process holds the partition now.
+    Lost { pin: Arc<str> },
+}
+
+/// How the loop pulls.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PullSettings {
+    pub(crate) batch: u32,
+    pub(crate) expires: Duration,
+}
+
+/// A running pull loop; dropping it stops the loop and its subscription.
+pub(crate) struct PullLoop {
+    task: JoinHandle<()>,
+}
+
+impl Drop for PullLoop {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts pulling `consumer` on `stream`. `sink` receives the signals; when it returns `false`
+/// (the owner is gone) the loop ends.
+pub(crate) fn start(
+    js: Context,
+    stream: &str,
+    consumer: &str,
+    settings: PullSettings,
+    sink: impl Fn(PinSignal) -> bool + Send + 'static,
+) -> PullLoop {
+    let request_subject = format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}");
+    let consumer = consumer.to_owned();
+    let task = tokio::spawn(async move {
+        if let Err(e) = run(js, request_subject, settings, sink).await {
+            tracing::error!(consumer = %consumer, error = %e, "pull loop stopped");
+        }
+    });
+    PullLoop { task }
+}
+
+/// A pull request still open at the server, as far as this loop knows.
+struct OpenPull {
+    sent: Instant,
+    remaining: u32,
+}
+
+async fn run(
+    js: Context,
+    request_subject: String,
+    settings: PullSettings,
+    sink: impl Fn(PinSignal) -> bool,
+) -> Result<(), async_nats::Error> {
+    let client: Client = js.client();
+    let inbox = client.new_inbox();
+    let mut subscription = client.subscribe(inbox.clone()).await?;
+    let expires = settings.expires;
+    // A pull the server has not answered by then was lost with a connection: forget it.
+    let forget_after = expires + Duration::from_secs(1);
+    let mut pin: Option<Arc<str>> = None;
+    let mut open: VecDeque<OpenPull> = VecDeque::new();
+
+    loop {
+        let now = Instant::now();
+        while open.front().is_some_and(|p| now >= p.sent + forget_after) {
+            open.pop_front();
+        }
+        let requested: u32 = open.iter().map(|p| p.remaining).sum();
+        let newest_is_fresh = open.back().is_some_and(|p| now < p.sent + expires);
+        if requested <= settings.batch / 2 || !newest_is_fresh {
+            let body = pull_request(settings.batch, expires, pin.as_deref());
+            client.publish_with_reply(request_subject.clone(), inbox.clone(), body.into()).await?;
+            open.push_back(OpenPull { sent: now, remaining: settings.batch });
+        }
+        let refresh_at = open.back().map_or(now, |p| p.sent + expires);
+
+        let message = tokio::select! {
+            message = subscription.next() => match message {
+                Some(message) => message,
+                None => return Ok(()),
+            },
+            () = tokio::time::sleep_until(refresh_at) => continue,
+        };
+        match message.status {
+            None | Some(StatusCode::OK) => {
+                if let Some(front) = open.front_mut() {
+                    front.remaining = front.remaining.saturating_sub(1);
+                    if front.remaining == 0 {
+                        open.pop_front();
+                    }
+                }
+                let delivered_pin = message.headers.as_ref().and_then(|h| h.get(HDR_PIN_ID)).map(|v| v.as_str());
+                if let Some(delivered_pin) = delivered_pin
+                    && pin.as_deref() != Some(delivered_pin)
+                {
+                    tracing::debug!(pin = delivered_pin, "pinned");
+                    pin = Some(Arc::from(delivered_pin));
+                }
+                let delivery = Delivery {
+                    pin: pin.clone().unwrap_or_else(|| Arc::from("")),
+                    message: jetstream::Message { message, context: js.clone() },
+                };
+                if !sink(PinSignal::Delivered(delivery)) {
+                    return Ok(());
+                }
+            }
+            Some(StatusCode::IDLE_HEARTBEAT) => {}
+            Some(StatusCode::PIN_ID_MISMATCH) => {
+                open.pop_front();
+                if let Some(lost) = pin.take() {
+                    tracing::debug!(pin = %lost, "pin lost");
+                    if !sink(PinSignal::Lost { pin: lost }) {
+                        return Ok(());
+                    }
+                }
+            }
+            Some(StatusCode::TIMEOUT) | Some(StatusCode::NOT_FOUND) => {
+                open.pop_front();
+            }
+            Some(status) => {
+                open.pop_front();
+                tracing::warn!(%status, description = ?message.description, "pull request ended");
+            }
+        }
+    }
+}
+
+fn pull_request(batch: u32, expires: Duration, pin: Option<&str>) -> String {
+    let expires = expires.as_nanos();
+    match pin {
+        Some(pin) => format!(r#"{{"batch":{batch},"expires":{expires},"group":"{PRIORITY_GROUP}","id":"{pin}"}}"#),
+        None => format!(r#"{{"batch":{batch},"expires":{expires},"group":"{PRIORITY_GROUP}"}}"#),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pull_requests_carry_the_group_and_the_pin_once_pinned() {
+        let standby: serde_json::Value =
+            serde_json::from_str(&pull_request(10, Duration::from_millis(500), None)).unwrap();
+        assert_eq!(standby["group"], "owners");
+        assert_eq!(standby["expires"], 500_000_000);
+        assert!(standby.get("id").is_none());
+        let pinned: serde_json::Value =
+            serde_json::from_str(&pull_request(10, Duration::from_millis(500), Some("abc"))).unwrap();
+        assert_eq!(pinned["id"], "abc");
+        assert_eq!(pinned["batch"], 10);
+    }
+}

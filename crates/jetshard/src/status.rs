@@ -1,0 +1,53 @@
+//! What a running shard system reports: ownership changes and per-partition status.
+
+/// A partition changed hands in this process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnershipEvent {
+    /// The partition.
+    pub partition: u32,
+    /// The generation acquired or left.
+    pub generation: u64,
+    /// This process's node id.
+    pub node: String,
+    /// What happened.
+    pub change: OwnershipChange,
+}
+
+/// The kind of an [`OwnershipEvent`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OwnershipChange {
+    /// This process took the partition: its generation is claimed, its state rebuilt.
+    Acquired,
+    /// This process stopped owning the partition.
+    Released {
+        /// Why: pin lost, fenced, released on shutdown, ...
+        reason: String,
+    },
+}
+
+/// A snapshot of one partition in this process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PartitionStatus {
+    /// The partition.
+    pub partition: u32,
+    /// The generation this process owns it under, if it does.
+    pub generation: Option<u64>,
+    /// Entities with a live actor.
+    pub resident_entities: usize,
+    /// Commands received and not yet acknowledged.
+    pub commands_in_hand: usize,
+    /// Commands applied (events durable) since this process started.
+    pub applied: u64,
+    /// Events written to the journal by those commands.
+    pub events_written: u64,
+    /// Commands the entity rejected.
+    pub rejected: u64,
+    /// Redelivered commands recognised as applied before.
+    pub duplicates: u64,
+    /// Commands given up: terminated with a dead-letter record.
+    pub dead_lettered: u64,
+    /// How often this process acquired the partition.
+    pub acquisitions: u64,
+}

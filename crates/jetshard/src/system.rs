@@ -1,0 +1,244 @@
+//! The shard system: one entity type's partitions in this process, under one supervisor.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::Client;
+use async_nats::jetstream;
+use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::config::ShardConfig;
+use crate::entity::Entity;
+use crate::error::Error;
+use crate::owner::{OwnerActor, OwnerArgs, OwnerMsg, Shared};
+use crate::status::{OwnershipEvent, PartitionStatus};
+use crate::topology;
+use crate::wire::Names;
+
+/// Owner failures tolerated within [`FAILURE_WINDOW`] before the system itself fails.
+const MAX_OWNER_FAILURES: usize = 10;
+const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+const RESPAWN_DELAY: Duration = Duration::from_secs(1);
+
+/// A running shard system: this process's part in running one entity type.
+///
+/// Start one per entity type in every process; the processes share the partitions between them
+/// through the server's pinning, and take over each other's when one dies or stalls.
+///
+/// ```no_run
+/// # use jetshard::{Entity, ShardConfig, ShardSystem};
+/// # async fn run<Order: Entity>(client: async_nats::Client) -> Result<(), jetshard::Error> {
+/// let config = ShardConfig::builder("order").partitions(8).build()?;
+/// let system = ShardSystem::start::<Order>(client, config).await?;
+/// // ... until the process is asked to stop:
+/// system.shutdown().await?;
+/// # Ok(()) }
+/// ```
+pub struct ShardSystem {
+    actor: ActorRef<SystemMsg>,
+    join: JoinHandle<()>,
+    events: broadcast::Sender<OwnershipEvent>,
+    config: ShardConfig,
+}
+
+impl ShardSystem {
+    /// Creates or validates the entity type's streams and consumers, then starts an owner for
+    /// every partition. Standalone: nothing supervises the system.
+    ///
+    /// # Errors
+    /// [`Error::PartitionMismatch`] or [`Error::Incompatible`] if the streams exist with other
+    /// settings; [`Error::JetStream`] if the server cannot be reached; [`Error::Spawn`].
+    pub async fn start<E: Entity>(client: Client, config: ShardConfig) -> Result<Self, Error> {
+        Self::spawn::<E>(client, config, None).await
+    }
+
+    /// Like [`start`](Self::start), but linked under `supervisor` in the application's actor
+    /// tree: if the system fails (its owners fail too often), the supervisor receives
+    /// `SupervisionEvent::ActorFailed` for [`actor`](Self::actor).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub async fn start_linked<E: Entity>(client: Client, config: ShardConfig, supervisor: ActorCell) -> Result<Self, Error> {
+        Self::spawn::<E>(client, config, Some(supervisor)).await
+    }
+
+    async fn spawn<E: Entity>(client: Client, config: ShardConfig, supervisor: Option<ActorCell>) -> Result<Self, Error> {
+        let js = jetstream::ContextBuilder::new().timeout(config.write_timeout).build(client);
+        let names = Arc::new(Names::new(&config.entity_type));
+        topology::provision(&js, &names, &config).await?;
+        let command_stream = js
+            .get_stream_no_info(&names.command_stream)
+            .await
+            .map_err(|e| Error::jetstream(format!("open stream {}", names.command_stream), e))?;
+        let journal_stream = js
+            .get_stream_no_info(&names.journal_stream)
+            .await
+            .map_err(|e| Error::jetstream(format!("open stream {}", names.journal_stream), e))?;
+        let (events, _) = broadcast::channel(1024);
+        let shared = Arc::new(Shared {
+            js,
+            names,
+            config: config.clone(),
+            command_stream,
+            journal_stream,
+            events: events.clone(),
+        });
+        let actor = SystemActor::<E>(std::marker::PhantomData);
+        let spawned = match supervisor {
+            Some(supervisor) => Actor::spawn_linked(None, actor, shared, supervisor).await,
+            None => Actor::spawn(None, actor, shared).await,
+        };
+        let (actor, join) = spawned.map_err(|e| Error::Spawn { what: "shard system", source: Box::new(e) })?;
+        Ok(Self { actor, join, events, config })
+    }
+
+    /// The system's actor, for linking and monitoring in an application's supervision tree.
+    pub fn actor(&self) -> ActorCell {
+        self.actor.get_cell()
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &ShardConfig {
+        &self.config
+    }
+
+    /// Ownership changes in this process from now on.
+    pub fn ownership_events(&self) -> broadcast::Receiver<OwnershipEvent> {
+        self.events.subscribe()
+    }
+
+    /// A snapshot of every partition in this process.
+    ///
+    /// # Errors
+    /// [`Error::Stopped`] if the system is no longer running.
+    pub async fn status(&self) -> Result<Vec<PartitionStatus>, Error> {
+        match self.actor.call(SystemMsg::Status, Some(Duration::from_secs(10))).await {
+            Ok(ractor::rpc::CallResult::Success(status)) => Ok(status),
+            _ => Err(Error::Stopped),
+        }
+    }
+
+    /// Stops gracefully: every owner finishes and acknowledges the commands in hand (within the
+    /// ack wait), releases its pin so a standby takes over at once, and stops.
+    ///
+    /// # Errors
+    /// [`Error::Stopped`] if the system had already stopped.
+    pub async fn shutdown(self) -> Result<(), Error> {
+        let timeout = self.config.ack_wait + Duration::from_secs(5);
+        let result = self.actor.call(SystemMsg::Shutdown, Some(timeout)).await;
+        let _ = self.join.await;
+        match result {
+            Ok(ractor::rpc::CallResult::Success(())) => Ok(()),
+            _ => Err(Error::Stopped),
+        }
+    }
+}
+
+pub(crate) enum SystemMsg {
+    Status(RpcReplyPort<Vec<PartitionStatus>>),
+    Shutdown(RpcReplyPort<()>),
+    Respawn(u32),
+}
+
+struct SystemActor<E>(std::marker::PhantomData<fn() -> E>);
+
+struct SystemState {
+    shared: Arc<Shared>,
+    owners: Vec<Option<ActorRef<OwnerMsg>>>,
+    partition_of: HashMap<ActorId, u32>,
+    failures: VecDeque<Instant>,
+    stopping: bool,
+}
+
+impl<E: Entity> Actor for SystemActor<E> {
+    type Msg = SystemMsg;
+    type State = SystemState;
+    type Arguments = Arc<Shared>;
+
+    async fn pre_start(&self, myself: ActorRef<SystemMsg>, shared: Arc<Shared>) -> Result<SystemState, ActorProcessingErr> {
+        let partitions = shared.config.partitions;
+        let mut state = SystemState {
+            shared,
+            owners: vec![None; partitions as usize],
+            partition_of: HashMap::new(),
+            failures: VecDeque::new(),
+            stopping: false,
+        };
+        for partition in 0..partitions {
+            spawn_owner::<E>(&myself, &mut state, partition).await?;
+        }
+        tracing::info!(
+            entity_type = %state.shared.config.entity_type,
+            partitions,
+            node = %state.shared.config.node_id,
+            "shard system started"
+        );
+        Ok(state)
+    }
+
+    async fn handle(&self, myself: ActorRef<SystemMsg>, message: SystemMsg, state: &mut SystemState) -> Result<(), ActorProcessingErr> {
+        match message {
+            SystemMsg::Status(reply) => {
+                let mut all = Vec::with_capacity(state.owners.len());
+                for owner in state.owners.iter().flatten() {
+                    if let Ok(ractor::rpc::CallResult::Success(status)) = owner.call(OwnerMsg::Status, Some(Duration::from_secs(5))).await {
+                        all.push(status);
+                    }
+                }
+                let _ = reply.send(all);
+            }
+            SystemMsg::Shutdown(reply) => {
+                state.stopping = true;
+                let timeout = Some(state.shared.config.ack_wait + Duration::from_secs(1));
+                let releases = state.owners.iter().flatten().map(|owner| owner.call(OwnerMsg::Release, timeout));
+                futures::future::join_all(releases).await;
+                tracing::info!(entity_type = %state.shared.config.entity_type, node = %state.shared.config.node_id, "shard system stopped");
+                let _ = reply.send(());
+                myself.stop(Some("shutdown".to_owned()));
+            }
+            SystemMsg::Respawn(partition) => {
+                if !state.stopping && state.owners[partition as usize].is_none() {
+                    spawn_owner::<E>(&myself, state, partition).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(&self, myself: ActorRef<SystemMsg>, event: SupervisionEvent, state: &mut SystemState) -> Result<(), ActorProcessingErr> {
+        let (cell, failure) = match event {
+            SupervisionEvent::ActorFailed(cell, error) => (cell, Some(error.to_string())),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => (cell, reason.filter(|r| r != "released").map(|r| format!("stopped: {r}"))),
+            _ => return Ok(()),
+        };
+        let Some(partition) = state.partition_of.remove(&cell.get_id()) else { return Ok(()) };
+        state.owners[partition as usize] = None;
+        if state.stopping {
+            return Ok(());
+        }
+        let reason = failure.unwrap_or_else(|| "stopped".to_owned());
+        tracing::error!(partition, %reason, "partition owner ended; restarting it as a standby");
+        let now = Instant::now();
+        state.failures.push_back(now);
+        while state.failures.front().is_some_and(|t| now.duration_since(*t) > FAILURE_WINDOW) {
+            state.failures.pop_front();
+        }
+        if state.failures.len() > MAX_OWNER_FAILURES {
+            return Err(format!("{} partition owners failed within {FAILURE_WINDOW:?}; last: partition {partition}: {reason}", state.failures.len()).into());
+        }
+        myself.send_after(RESPAWN_DELAY, move || SystemMsg::Respawn(partition));
+        Ok(())
+    }
+}
+
+async fn spawn_owner<E: Entity>(myself: &ActorRef<SystemMsg>, state: &mut SystemState, partition: u32) -> Result<(), ActorProcessingErr> {
+    let args = OwnerArgs { shared: state.shared.clone(), partition };
+    let (owner, _) = Actor::spawn_linked(None, OwnerActor::<E>::new(), args, myself.get_cell()).await?;
+    state.partition_of.insert(owner.get_id(), partition);
+    state.owners[partition as usize] = Some(owner);
+    Ok(())
+}

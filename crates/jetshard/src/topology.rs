@@ -1,0 +1,226 @@
+//! Streams and consumers of one entity type: created if missing, validated if present.
+//!
+//! Architecture Invariant: only this module creates or changes streams and consumers. A stream
+//! that exists with another partition count, or a consumer with other settings, is an error at
+//! start, never a silent change.
+
+use async_nats::jetstream::consumer::{AckPolicy, PriorityPolicy, pull};
+use async_nats::jetstream::stream::{self, RetentionPolicy, StorageType, SubjectTransform};
+use async_nats::jetstream::{self, Context};
+
+use crate::config::{CommandRetention, ShardConfig};
+use crate::error::Error;
+use crate::wire::{Names, PRIORITY_GROUP};
+
+/// Creates or validates both streams and every partition consumer.
+pub(crate) async fn provision(js: &Context, names: &Names, config: &ShardConfig) -> Result<(), Error> {
+    ensure_stream(js, command_stream_config(names, config), |existing| {
+        check_command_stream(names, config, existing)
+    })
+    .await?;
+    ensure_stream(js, journal_stream_config(names, config), |existing| {
+        check_journal_stream(names, existing)
+    })
+    .await?;
+    let commands = js
+        .get_stream_no_info(&names.command_stream)
+        .await
+        .map_err(|e| Error::jetstream(format!("open stream {}", names.command_stream), e))?;
+    for partition in 0..config.partitions {
+        ensure_consumer(&commands, consumer_config(names, config, partition)).await?;
+    }
+    Ok(())
+}
+
+fn command_stream_config(names: &Names, config: &ShardConfig) -> stream::Config {
+    stream::Config {
+        name: names.command_stream.clone(),
+        subjects: vec![names.command_subjects()],
+        subject_transform: Some(SubjectTransform {
+            source: names.command_subjects(),
+            destination: names.command_transform_dest(config.partitions),
+        }),
+        retention: match config.retention {
+            CommandRetention::WorkQueue => RetentionPolicy::WorkQueue,
+            CommandRetention::Limits => RetentionPolicy::Limits,
+        },
+        storage: StorageType::File,
+        num_replicas: config.replicas,
+        allow_direct: true,
+        ..Default::default()
+    }
+}
+
+fn journal_stream_config(names: &Names, config: &ShardConfig) -> stream::Config {
+    stream::Config {
+        name: names.journal_stream.clone(),
+        subjects: names.journal_subjects(),
+        retention: RetentionPolicy::Limits,
+        storage: StorageType::File,
+        num_replicas: config.replicas,
+        duplicate_window: config.duplicate_window,
+        allow_direct: true,
+        allow_atomic_publish: true,
+        ..Default::default()
+    }
+}
+
+pub(crate) fn consumer_config(names: &Names, config: &ShardConfig, partition: u32) -> pull::Config {
+    pull::Config {
+        durable_name: Some(names.consumer(partition)),
+        filter_subject: names.partition_commands(partition),
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: config.ack_wait,
+        max_deliver: i64::from(config.max_deliver),
+        max_ack_pending: i64::from(config.max_ack_pending),
+        priority_policy: PriorityPolicy::PinnedClient,
+        priority_groups: vec![PRIORITY_GROUP.to_owned()],
+        priority_timeout: config.pin_ttl,
+        num_replicas: config.replicas,
+        ..Default::default()
+    }
+}
+
+async fn ensure_stream(
+    js: &Context,
+    wanted: stream::Config,
+    check: impl FnOnce(&stream::Config) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let name = wanted.name.clone();
+    match js.get_stream(&name).await {
+        Ok(mut existing) => {
+            let info = existing
+                .info()
+                .await
+                .map_err(|e| Error::jetstream(format!("read stream {name}"), e))?;
+            check(&info.config)
+        }
+        Err(e) => match e.kind() {
+            jetstream::context::GetStreamErrorKind::JetStream(err)
+                if err.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
+            {
+                create_stream(js, wanted, check).await
+            }
+            _ => Err(Error::jetstream(format!("look up stream {name}"), e)),
+        },
+    }
+}
+
+async fn create_stream(
+    js: &Context,
+    wanted: stream::Config,
+    check: impl FnOnce(&stream::Config) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let name = wanted.name.clone();
+    // Another process may create it at the same moment; `get_or_create` then returns theirs,
+    // which is validated like any existing stream.
+    let mut created = js
+        .get_or_create_stream(wanted)
+        .await
+        .map_err(|e| Error::jetstream(format!("create stream {name}"), e))?;
+    let info = created
+        .info()
+        .await
+        .map_err(|e| Error::jetstream(format!("read stream {name}"), e))?;
+    check(&info.config)
+}
+
+fn check_command_stream(names: &Names, config: &ShardConfig, existing: &stream::Config) -> Result<(), Error> {
+    let dest = existing.subject_transform.as_ref().map(|t| t.destination.as_str());
+    if dest != Some(names.command_transform_dest(config.partitions).as_str()) {
+        return Err(Error::PartitionMismatch {
+            stream: names.command_stream.clone(),
+            existing: dest.map_or_else(|| "no partition transform".to_owned(), partition_count_of),
+            configured: config.partitions,
+        });
+    }
+    let wanted_retention = match config.retention {
+        CommandRetention::WorkQueue => RetentionPolicy::WorkQueue,
+        CommandRetention::Limits => RetentionPolicy::Limits,
+    };
+    if existing.retention != wanted_retention {
+        return Err(Error::Incompatible {
+            what: format!("stream {}", names.command_stream),
+            detail: format!("retention is {:?}, configured {:?}", existing.retention, wanted_retention),
+        });
+    }
+    Ok(())
+}
+
+fn check_journal_stream(names: &Names, existing: &stream::Config) -> Result<(), Error> {
+    let what = || format!("stream {}", names.journal_stream);
+    for subject in names.journal_subjects() {
+        if !existing.subjects.contains(&subject) {
+            return Err(Error::Incompatible { what: what(), detail: format!("subject {subject} is missing") });
+        }
+    }
+    if existing.retention != RetentionPolicy::Limits {
+        return Err(Error::Incompatible { what: what(), detail: "retention must be limits".to_owned() });
+    }
+    if !existing.allow_atomic_publish {
+        return Err(Error::Incompatible { what: what(), detail: "allow_atomic must be true".to_owned() });
+    }
+    Ok(())
+}
+
+/// `order.cmd.{{partition(8,1)}}.{{wildcard(1)}}` -> "8".
+fn partition_count_of(dest: &str) -> String {
+    dest.split_once("partition(")
+        .and_then(|(_, rest)| rest.split_once(','))
+        .map_or_else(|| format!("an unknown transform ({dest})"), |(n, _)| n.to_owned())
+}
+
+async fn ensure_consumer(commands: &jetstream::stream::Stream<()>, wanted: pull::Config) -> Result<(), Error> {
+    let name = wanted.durable_name.clone().unwrap_or_default();
+    let what = || format!("consumer {name}");
+    match commands.consumer_info(&name).await {
+        Ok(info) => check_consumer(&info.config, &wanted).map_err(|detail| Error::Incompatible { what: what(), detail }),
+        Err(_) => {
+            // Missing (or unreadable): create. An identical concurrent create succeeds; a
+            // different one fails and is reported.
+            commands
+                .create_consumer(wanted.clone())
+                .await
+                .map_err(|e| Error::jetstream(format!("create {}", what()), e))?;
+            Ok(())
+        }
+    }
+}
+
+fn check_consumer(existing: &jetstream::consumer::Config, wanted: &pull::Config) -> Result<(), String> {
+    let differs = |field: &str, have: String, want: String| Err(format!("{field} is {have}, configured {want}"));
+    if existing.filter_subject != wanted.filter_subject {
+        return differs("filter_subject", existing.filter_subject.clone(), wanted.filter_subject.clone());
+    }
+    if existing.priority_policy != wanted.priority_policy || existing.priority_groups != wanted.priority_groups {
+        return differs(
+            "priority policy",
+            format!("{:?} {:?}", existing.priority_policy, existing.priority_groups),
+            format!("{:?} {:?}", wanted.priority_policy, wanted.priority_groups),
+        );
+    }
+    if existing.ack_policy != AckPolicy::Explicit {
+        return differs("ack_policy", format!("{:?}", existing.ack_policy), "Explicit".to_owned());
+    }
+    if existing.priority_timeout != wanted.priority_timeout {
+        return differs("priority_timeout (pin TTL)", format!("{:?}", existing.priority_timeout), format!("{:?}", wanted.priority_timeout));
+    }
+    if existing.ack_wait != wanted.ack_wait {
+        return differs("ack_wait", format!("{:?}", existing.ack_wait), format!("{:?}", wanted.ack_wait));
+    }
+    if existing.max_deliver != wanted.max_deliver {
+        return differs("max_deliver", existing.max_deliver.to_string(), wanted.max_deliver.to_string());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_partition_count_is_read_back_from_a_transform() {
+        assert_eq!(partition_count_of("order.cmd.{{partition(8,1)}}.{{wildcard(1)}}"), "8");
+        assert!(partition_count_of("order.cmd.x").contains("unknown"));
+    }
+}

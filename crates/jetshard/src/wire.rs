@@ -1,0 +1,149 @@
+//! The wire contract (docs/WIRE.md): stream, subject, consumer and header names.
+//!
+//! Architecture Invariant: every name jetshard puts on the wire is spelled here and nowhere else.
+
+use crate::entity::EntityId;
+
+/// The priority group every partition consumer uses.
+pub(crate) const PRIORITY_GROUP: &str = "owners";
+
+/// Header on every journal write: the writer's generation.
+pub(crate) const HDR_GENERATION: &str = "Jetshard-Generation";
+/// Header on every event: the stream sequence of the command that caused it.
+pub(crate) const HDR_COMMAND_SEQ: &str = "Jetshard-Command-Seq";
+/// Header on a dead-letter record: the entity id.
+pub(crate) const HDR_ENTITY: &str = "Jetshard-Entity";
+/// Header on a dead-letter record: why the command was given up.
+pub(crate) const HDR_REASON: &str = "Jetshard-Reason";
+/// Header on a dead-letter record: how often the command had been delivered.
+pub(crate) const HDR_DELIVERIES: &str = "Jetshard-Deliveries";
+/// Server header naming the pin of a delivered message.
+pub(crate) const HDR_PIN_ID: &str = "Nats-Pin-Id";
+/// Server header of the compare-and-set: the expected last sequence of a subject.
+pub(crate) const HDR_EXPECTED_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
+/// Server header of the compare-and-set: the subject whose last sequence is checked.
+pub(crate) const HDR_EXPECTED_SUBJECT: &str = "Nats-Expected-Last-Subject-Sequence-Subject";
+/// Server header for de-duplication.
+pub(crate) const HDR_MSG_ID: &str = "Nats-Msg-Id";
+
+/// All names of one entity type, computed once.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
+    /// `<t>`: the lowercase entity type token.
+    pub(crate) entity_type: String,
+    /// `<T>_CMD`.
+    pub(crate) command_stream: String,
+    /// `<T>_JOURNAL`.
+    pub(crate) journal_stream: String,
+}
+
+impl Names {
+    pub(crate) fn new(entity_type: &str) -> Self {
+        let upper = entity_type.to_ascii_uppercase().replace('-', "_");
+        Self {
+            entity_type: entity_type.to_owned(),
+            command_stream: format!("{upper}_CMD"),
+            journal_stream: format!("{upper}_JOURNAL"),
+        }
+    }
+
+    /// Where clients publish a command: `<t>.cmd.<id>`.
+    pub(crate) fn command_subject(&self, id: &EntityId) -> String {
+        format!("{}.cmd.{id}", self.entity_type)
+    }
+
+    /// The command stream's subjects: `<t>.cmd.*`.
+    pub(crate) fn command_subjects(&self) -> String {
+        format!("{}.cmd.*", self.entity_type)
+    }
+
+    /// The subject transform's destination for `n` partitions.
+    pub(crate) fn command_transform_dest(&self, partitions: u32) -> String {
+        format!("{}.cmd.{{{{partition({partitions},1)}}}}.{{{{wildcard(1)}}}}", self.entity_type)
+    }
+
+    /// A partition's stored commands: `<t>.cmd.<p>.*`.
+    pub(crate) fn partition_commands(&self, partition: u32) -> String {
+        format!("{}.cmd.{partition}.*", self.entity_type)
+    }
+
+    /// A partition's durable consumer: `<t>-p<p>`.
+    pub(crate) fn consumer(&self, partition: u32) -> String {
+        format!("{}-p{partition}", self.entity_type)
+    }
+
+    /// The journal stream's subjects.
+    pub(crate) fn journal_subjects(&self) -> Vec<String> {
+        let t = &self.entity_type;
+        vec![format!("{t}.evt.*.*"), format!("{t}.fence.*"), format!("{t}.dlq.*")]
+    }
+
+    /// An entity's events: `<t>.evt.<p>.<id>`.
+    pub(crate) fn event_subject(&self, partition: u32, id: &EntityId) -> String {
+        format!("{}.evt.{partition}.{id}", self.entity_type)
+    }
+
+    /// All events of a partition: `<t>.evt.<p>.*`.
+    pub(crate) fn partition_events(&self, partition: u32) -> String {
+        format!("{}.evt.{partition}.*", self.entity_type)
+    }
+
+    /// A partition's fence records: `<t>.fence.<p>`.
+    pub(crate) fn fence_subject(&self, partition: u32) -> String {
+        format!("{}.fence.{partition}", self.entity_type)
+    }
+
+    /// A partition's dead letters: `<t>.dlq.<p>`.
+    pub(crate) fn dead_letter_subject(&self, partition: u32) -> String {
+        format!("{}.dlq.{partition}", self.entity_type)
+    }
+
+    /// `Nats-Msg-Id` of the `index`th event of the command at `command_seq`.
+    pub(crate) fn event_msg_id(&self, command_seq: u64, index: usize) -> String {
+        format!("{}:{command_seq}:{index}", self.entity_type)
+    }
+
+    /// The entity id at the end of a stored command or event subject.
+    pub(crate) fn entity_of_subject(subject: &str) -> Option<&str> {
+        subject.rsplit('.').next()
+    }
+}
+
+/// Whether `s` is a valid entity type token: lowercase ASCII letters, digits, `-` and `_`,
+/// starting with a letter, at most 32 bytes.
+pub(crate) fn is_valid_entity_type(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase())
+        && s.len() <= 32
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_wire_contract() {
+        let n = Names::new("order");
+        let id = EntityId::new("o-1").unwrap();
+        assert_eq!(n.command_stream, "ORDER_CMD");
+        assert_eq!(n.journal_stream, "ORDER_JOURNAL");
+        assert_eq!(n.command_subject(&id), "order.cmd.o-1");
+        assert_eq!(n.command_transform_dest(8), "order.cmd.{{partition(8,1)}}.{{wildcard(1)}}");
+        assert_eq!(n.partition_commands(3), "order.cmd.3.*");
+        assert_eq!(n.consumer(3), "order-p3");
+        assert_eq!(n.event_subject(3, &id), "order.evt.3.o-1");
+        assert_eq!(n.fence_subject(3), "order.fence.3");
+        assert_eq!(n.event_msg_id(42, 1), "order:42:1");
+        assert_eq!(Names::entity_of_subject("order.evt.3.o-1"), Some("o-1"));
+    }
+
+    #[test]
+    fn entity_types_are_lowercase_tokens() {
+        assert!(is_valid_entity_type("order"));
+        assert!(is_valid_entity_type("sensor-2_b"));
+        for bad in ["", "Order", "2x", "a.b", "a b", "a*"] {
+            assert!(!is_valid_entity_type(bad), "{bad:?}");
+        }
+    }
+}
