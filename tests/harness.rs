@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_nats::RequestErrorKind;
 use async_nats::connection::State;
-use async_nats::jetstream::{self, context::Publish, stream};
+use async_nats::jetstream::{self, message::PublishMessage, stream};
 use jetshard_testkit::{NatsCluster, NatsServer, TcpProxy, wait_until};
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -164,7 +164,9 @@ async fn a_three_node_cluster_keeps_a_replicated_stream_through_losing_its_leade
         .timeout(Duration::from_secs(1))
         .build(cluster.connect().await?);
     let mut stream = jetstream.create_stream(orders_stream(3)).await?;
-    let first = Publish::build().payload("first".into()).message_id("first");
+    let first = PublishMessage::build()
+        .payload("first".into())
+        .message_id("first");
     jetstream.send_publish("orders.1", first).await?.await?;
     let old_leader = stream
         .info()
@@ -184,7 +186,7 @@ async fn a_three_node_cluster_keeps_a_replicated_stream_through_losing_its_leade
         Duration::from_secs(30),
         "a publish accepted by a new stream leader",
         || async {
-            let second = Publish::build()
+            let second = PublishMessage::build()
                 .payload("second".into())
                 .message_id("second");
             match jetstream.send_publish("orders.2", second).await {

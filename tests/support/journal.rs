@@ -98,3 +98,27 @@ pub fn commands_by_entity(records: &[Record]) -> BTreeMap<String, Vec<u64>> {
     }
     by_entity
 }
+
+/// Per entity, the `n` of each `Appended` event of the ledger, in journal order.
+pub fn ledger_values(records: &[Record]) -> BTreeMap<String, Vec<u64>> {
+    let mut by_entity: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.kind == "evt") {
+        let crate::ledger::LedgerEvt::Appended { n } = serde_json::from_slice(&r.payload).expect("ledger event");
+        by_entity.entry(r.entity.clone().unwrap_or_default()).or_default().push(n);
+    }
+    by_entity
+}
+
+/// Waits (bounded) until the journal holds at least `events` events, and returns it.
+pub async fn wait_for_events(js: &jetstream::Context, entity_type: &str, events: usize, within: Duration) -> Vec<Record> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let records = read_journal(js, entity_type).await;
+        let found = records.iter().filter(|r| r.kind == "evt").count();
+        if found >= events {
+            return records;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "journal holds {found} of {events} events after {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -15,6 +15,8 @@ pub enum LedgerCmd {
     Append { n: u64 },
     /// Append `count` numbers from `from` at once (several events for one command).
     AppendMany { from: u64, count: u64 },
+    /// Append `n` without checking the order, so a doubled command shows as two events.
+    Push { n: u64 },
     /// Panics in `decide`, at every delivery.
     Panic,
     /// Always rejected.
@@ -35,6 +37,9 @@ impl Entity for Ledger {
     type Rejection = String;
 
     fn decide(state: &Vec<u64>, command: LedgerCmd) -> Result<Vec<LedgerEvt>, String> {
+        if let Some(delay) = faults().decide_delay {
+            std::thread::sleep(delay);
+        }
         let next = state.len() as u64;
         match command {
             LedgerCmd::Append { n } if n == next => Ok(vec![LedgerEvt::Appended { n }]),
@@ -43,14 +48,41 @@ impl Entity for Ledger {
                 Ok((from..from + count).map(|n| LedgerEvt::Appended { n }).collect())
             }
             LedgerCmd::AppendMany { from, .. } => Err(format!("expected {next}, got {from}")),
+            LedgerCmd::Push { n } => Ok(vec![LedgerEvt::Appended { n }]),
             LedgerCmd::Panic => panic!("ledger told to panic"),
             LedgerCmd::Refuse => Err("refused".to_owned()),
         }
     }
 
     fn apply(state: &mut Vec<u64>, event: &LedgerEvt) {
+        if let (Some(at), LedgerEvt::Appended { n }) = (faults().abort_on_apply, event)
+            && *n == at
+        {
+            // Dies between the durable write and the acknowledgement of its command.
+            std::process::abort();
+        }
         match event {
             LedgerEvt::Appended { n } => state.push(*n),
         }
     }
+}
+
+/// Faults a test injects into a child node process through its environment.
+struct Faults {
+    /// `LEDGER_DECIDE_DELAY_MS`: every `decide` takes this long (the handler is busy).
+    decide_delay: Option<std::time::Duration>,
+    /// `LEDGER_ABORT_ON_APPLY`: the process aborts when it applies `Appended { n }` with this
+    /// `n` live (the write is durable, the command not yet acknowledged).
+    abort_on_apply: Option<u64>,
+}
+
+fn faults() -> &'static Faults {
+    static FAULTS: std::sync::OnceLock<Faults> = std::sync::OnceLock::new();
+    FAULTS.get_or_init(|| Faults {
+        decide_delay: std::env::var("LEDGER_DECIDE_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(std::time::Duration::from_millis),
+        abort_on_apply: std::env::var("LEDGER_ABORT_ON_APPLY").ok().and_then(|v| v.parse().ok()),
+    })
 }

@@ -16,6 +16,7 @@ pub fn init_tracing() {
 
 pub mod journal;
 pub mod ledger;
+pub mod node;
 
 use std::time::Duration;
 

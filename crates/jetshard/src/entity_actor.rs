@@ -170,6 +170,7 @@ async fn process<E: Entity>(state: &mut EntityState<E>, seq: u64, payload: Bytes
         Ok(()) => {}
         Err(WriteError::Fenced { .. }) => return Verdict::Fenced,
         Err(e @ WriteError::Unconfirmed(_)) => return Verdict::Failed { reason: e.to_string(), crashed: false },
+        Err(e @ WriteError::TooManyEvents { .. }) => return Verdict::Failed { reason: e.to_string(), crashed: true },
     }
     seed.last_command_seq = seq;
     let applied = catch_unwind(AssertUnwindSafe(|| {

@@ -21,7 +21,7 @@ use crate::error::{BoxError, Error};
 use crate::fence::{Fence, header_u64};
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_EXPECTED_SUBJECT, HDR_EXPECTED_SUBJECT_SEQ,
-    HDR_GENERATION, HDR_MSG_ID, HDR_REASON, Names,
+    HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE, HDR_GENERATION, HDR_MSG_ID, HDR_REASON, Names,
 };
 
 /// Why a journal write did not happen.
@@ -34,6 +34,30 @@ pub(crate) enum WriteError {
     /// write may or may not be stored; a retry with the same message ids is safe.
     #[error("journal write not confirmed: {0}")]
     Unconfirmed(#[source] BoxError),
+    /// More events than one atomic batch can hold.
+    #[error("a command decided {events} events; at most {MAX_EVENTS_PER_COMMAND} fit one atomic write")]
+    TooManyEvents { events: usize },
+}
+
+/// The server's limit on messages in one atomic batch.
+pub(crate) const MAX_EVENTS_PER_COMMAND: usize = 1000;
+
+/// The server's error code for a batch whose message ids were committed before.
+const BATCH_DUPLICATE_CODE: u64 = 10201;
+
+/// The JetStream error code behind a publish error, if the server answered with one.
+fn server_error_code(error: &async_nats::jetstream::context::PublishError) -> Option<u64> {
+    std::error::Error::source(error)?
+        .downcast_ref::<async_nats::jetstream::Error>()
+        .map(|e| e.error_code().0)
+}
+
+/// A unique token for batch ids: the process id, a clock reading and a counter.
+fn nuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("{:x}{:x}{:x}", std::process::id(), nanos, COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
 /// Writes one partition's records under one generation.
@@ -58,25 +82,42 @@ impl JournalWriter {
 
     /// Makes a command's events durable, fenced, de-duplicated by `<t>:<command seq>:<index>`.
     ///
-    /// The events are published pipelined and all acknowledgements awaited. The server checks
-    /// each against the fence: once another owner has claimed the partition, every later write
-    /// is rejected.
+    /// One event is one publish; several are one atomic batch, so a command's events are stored
+    /// all or none (a fence moved mid-way must not leave half a command in the journal). The
+    /// server checks each message against the fence: once another owner has claimed the
+    /// partition, every later write is rejected.
     pub(crate) async fn append(
         &self,
         entity: &EntityId,
         command_seq: u64,
         events: Vec<Vec<u8>>,
     ) -> Result<(), WriteError> {
+        if events.len() > MAX_EVENTS_PER_COMMAND {
+            return Err(WriteError::TooManyEvents { events: events.len() });
+        }
         let subject = self.names.event_subject(self.partition, entity);
-        let mut acks: Vec<PublishAckFuture> = Vec::with_capacity(events.len());
+        let last = events.len().saturating_sub(1);
+        let batch_id = (last > 0).then(|| format!("{}-{command_seq}-{}", self.names.entity_type, nuid_like()));
         for (index, event) in events.into_iter().enumerate() {
             let mut headers = self.fenced_headers();
             headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
             headers.insert(HDR_MSG_ID, self.names.event_msg_id(command_seq, index));
-            acks.push(self.send(subject.clone(), headers, event.into()).await?);
-        }
-        for ack in acks {
-            self.confirm(ack).await?;
+            if let Some(batch_id) = &batch_id {
+                headers.insert(HDR_BATCH_ID, batch_id.as_str());
+                headers.insert(HDR_BATCH_SEQUENCE, (index + 1).to_string());
+                if index < last {
+                    // Staged by the server; only the commit is acknowledged.
+                    self.js
+                        .client()
+                        .publish_with_headers(subject.clone(), headers, event.into())
+                        .await
+                        .map_err(|e| WriteError::Unconfirmed(Box::new(e)))?;
+                    continue;
+                }
+                headers.insert(HDR_BATCH_COMMIT, "1");
+            }
+            let ack = self.send(subject.clone(), headers, event.into()).await?;
+            return self.confirm(ack).await;
         }
         Ok(())
     }
@@ -123,6 +164,9 @@ impl JournalWriter {
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
                 Err(WriteError::Fenced { generation: self.fence.generation })
             }
+            // A batch retried after a lost acknowledgement: its message ids are known, so the
+            // earlier attempt committed (batches are all or nothing).
+            Err(e) if server_error_code(&e) == Some(BATCH_DUPLICATE_CODE) => Ok(()),
             Err(e) => Err(WriteError::Unconfirmed(Box::new(e))),
         }
     }

@@ -23,6 +23,10 @@ pub(crate) const HDR_PIN_ID: &str = "Nats-Pin-Id";
 pub(crate) const HDR_EXPECTED_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 /// Server header of the compare-and-set: the subject whose last sequence is checked.
 pub(crate) const HDR_EXPECTED_SUBJECT: &str = "Nats-Expected-Last-Subject-Sequence-Subject";
+/// Server headers of an atomic batch (a command's several events).
+pub(crate) const HDR_BATCH_ID: &str = "Nats-Batch-Id";
+pub(crate) const HDR_BATCH_SEQUENCE: &str = "Nats-Batch-Sequence";
+pub(crate) const HDR_BATCH_COMMIT: &str = "Nats-Batch-Commit";
 /// Server header for de-duplication.
 pub(crate) const HDR_MSG_ID: &str = "Nats-Msg-Id";
 

@@ -1,0 +1,557 @@
+//! One `nats-server` process with JetStream, owned by the test that started it.
+
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::io::Write as _;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_nats::ConnectOptions;
+
+use crate::process::{self, Signal};
+use crate::{Error, binary};
+
+/// How long [`NatsServer::start`] and [`NatsServer::restart`] wait for a server by default.
+pub(crate) const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long [`NatsServer::stop`] waits after SIGTERM before it sends SIGKILL.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long one readiness probe (connect + JetStream account info) may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The pause between two readiness probes and between two looks at an exiting process.
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// How many lines of the server's log go into errors and panic output.
+const LOG_TAIL_LINES: usize = 40;
+
+/// How often a server start is retried when its freshly picked port was taken meanwhile.
+pub(crate) const START_ATTEMPTS: usize = 3;
+
+/// Builds a [`NatsServer`] with more than the defaults; see [`NatsServer::builder`].
+#[derive(Clone, Debug)]
+pub struct NatsServerBuilder {
+    name: Option<String>,
+    config: Option<String>,
+    args: Vec<OsString>,
+    ready_timeout: Duration,
+    connect_options: ConnectOptions,
+}
+
+impl Default for NatsServerBuilder {
+    fn default() -> Self {
+        NatsServerBuilder {
+            name: None,
+            config: None,
+            args: Vec::new(),
+            ready_timeout: DEFAULT_READY_TIMEOUT,
+            connect_options: ConnectOptions::new(),
+        }
+    }
+}
+
+impl NatsServerBuilder {
+    /// Sets the server name (`-n`), which JetStream reports e.g. as a stream's leader.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Starts the server with this configuration file content (written next to the store and
+    /// passed with `-c`). The testkit's own flags (`-js`, `-sd`, `-a`, `-p`) take precedence.
+    ///
+    /// A configuration that requires authentication also needs
+    /// [`connect_options`](Self::connect_options) with credentials, or the readiness probe
+    /// cannot get in.
+    pub fn config(mut self, contents: impl Into<String>) -> Self {
+        self.config = Some(contents.into());
+        self
+    }
+
+    /// Appends one command-line argument for `nats-server`.
+    pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// How long [`start`](Self::start) and [`NatsServer::restart`] wait for the server to
+    /// answer (default 10 s).
+    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
+        self.ready_timeout = timeout;
+        self
+    }
+
+    /// The client options the readiness probe and [`NatsServer::connect`] use (default:
+    /// `ConnectOptions::new()`).
+    pub fn connect_options(mut self, options: ConnectOptions) -> Self {
+        self.connect_options = options;
+        self
+    }
+
+    /// Starts the server on a free loopback port and waits until JetStream answers.
+    ///
+    /// # Errors
+    ///
+    /// No suitable binary ([`Error::BinaryNotFound`] and friends), a process that exits
+    /// ([`Error::Exited`]) or does not answer in time ([`Error::NotReady`]); both carry the
+    /// tail of the server's log. A port taken between picking and binding it is retried.
+    pub async fn start(self) -> Result<NatsServer, Error> {
+        let mut attempt = 1;
+        loop {
+            let port = free_ports(1)?[0];
+            let server = self.spawn(port)?;
+            match server.wait_ready().await {
+                Ok(()) => return Ok(server),
+                Err(error) if error.is_address_in_use() && attempt < START_ATTEMPTS => {
+                    tracing::debug!(port, "port taken before nats-server bound it; retrying");
+                    attempt += 1;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// Creates the server's directory and starts its process on `port`, without waiting.
+    pub(crate) fn spawn(&self, port: u16) -> Result<NatsServer, Error> {
+        let binary = binary::nats_server_binary()?;
+        let dir = tempfile::Builder::new()
+            .prefix("jetshard-nats-")
+            .tempdir()
+            .map_err(|source| Error::io("create a temporary directory", source))?;
+        let store_dir = dir.path().join("store");
+        let log_path = dir.path().join("nats-server.log");
+
+        let mut args: Vec<OsString> = Vec::new();
+        if let Some(config) = &self.config {
+            let config_path = dir.path().join("nats-server.conf");
+            std::fs::write(&config_path, config)
+                .map_err(|source| Error::io(format!("write {}", config_path.display()), source))?;
+            args.extend(["-c".into(), config_path.into_os_string()]);
+        }
+        if let Some(name) = &self.name {
+            args.extend(["-n".into(), name.into()]);
+        }
+        args.extend([
+            "-js".into(),
+            "-sd".into(),
+            store_dir.clone().into_os_string(),
+            "-a".into(),
+            Ipv4Addr::LOCALHOST.to_string().into(),
+            "-p".into(),
+            port.to_string().into(),
+        ]);
+        args.extend(self.args.iter().cloned());
+
+        let server = NatsServer {
+            binary,
+            args,
+            name: self.name.clone(),
+            port,
+            store_dir,
+            log_path,
+            ready_timeout: self.ready_timeout,
+            connect_options: self.connect_options.clone(),
+            child: Mutex::new(None),
+            _dir: dir,
+        };
+        server.start_process()?;
+        Ok(server)
+    }
+}
+
+/// A `nats-server` with JetStream on a loopback port, its file store in a temporary
+/// directory that lives as long as this value.
+///
+/// Dropping it SIGKILLs and reaps the process (a paused one too), so no test leaks a server;
+/// when the drop happens during a panic, the tail of the server's log is printed to stderr,
+/// where the test harness shows it with the failure. On Linux the process is also killed when
+/// the test process dies.
+///
+/// Methods take `&self`: the handle can be shared (e.g. in an `Arc`) between the code under
+/// test and a task that injects faults. They are not meant to race each other.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// use jetshard_testkit::NatsServer;
+///
+/// let server = NatsServer::start().await?;
+/// let client = server.connect().await?;
+/// server.kill()?;
+/// server.restart().await?; // same port, same store
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct NatsServer {
+    binary: PathBuf,
+    args: Vec<OsString>,
+    name: Option<String>,
+    port: u16,
+    store_dir: PathBuf,
+    log_path: PathBuf,
+    ready_timeout: Duration,
+    connect_options: ConnectOptions,
+    /// `None` once the process has been reaped (stopped, killed, or found exited).
+    child: Mutex<Option<Child>>,
+    /// Holds the store, the log and the config. Removed after `Drop::drop` has reaped the
+    /// process, as fields drop after it.
+    _dir: tempfile::TempDir,
+}
+
+impl NatsServer {
+    /// Starts a server with the defaults and waits until JetStream answers.
+    ///
+    /// # Errors
+    ///
+    /// As [`NatsServerBuilder::start`].
+    pub async fn start() -> Result<NatsServer, Error> {
+        NatsServer::builder().start().await
+    }
+
+    /// A builder for a server with a name, a configuration file, extra arguments, other
+    /// client options or another readiness timeout.
+    pub fn builder() -> NatsServerBuilder {
+        NatsServerBuilder::default()
+    }
+
+    /// The client URL, `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://{}", self.addr())
+    }
+
+    /// The client port; it stays the same across [`restart`](Self::restart).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The client address, e.g. for a [`TcpProxy`](crate::TcpProxy) in front of the server.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// The server name given with [`NatsServerBuilder::name`] (cluster nodes are `s0`, `s1`...).
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// The JetStream store directory (`-sd`); it survives [`restart`](Self::restart).
+    pub fn store_dir(&self) -> &Path {
+        &self.store_dir
+    }
+
+    /// The file that receives the server's stdout and stderr, across restarts.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// The last lines of the server's log, for a failing test to print.
+    pub fn log_tail(&self) -> String {
+        match std::fs::read(&self.log_path) {
+            Ok(bytes) => {
+                let text = String::from_utf8_lossy(&bytes);
+                let lines: Vec<&str> = text.lines().collect();
+                lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
+            }
+            Err(error) => format!("(could not read {}: {error})", self.log_path.display()),
+        }
+    }
+
+    /// The process id, or `None` when the process is not running (stopped, killed, crashed).
+    pub fn pid(&self) -> Option<u32> {
+        let mut child = self.lock_child();
+        let running = child
+            .as_mut()
+            .map(|child| matches!(child.try_wait(), Ok(None)));
+        match running {
+            Some(true) => child.as_ref().map(Child::id),
+            Some(false) => {
+                // Exited by itself: reap it now so its pid cannot be reused under our feet.
+                *child = None;
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Connects a client with the server's [`connect_options`](NatsServerBuilder::connect_options).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Connect`] when the server does not accept the connection.
+    pub async fn connect(&self) -> Result<async_nats::Client, Error> {
+        let url = self.url();
+        self.connect_options
+            .clone()
+            .connect(&url)
+            .await
+            .map_err(|source| Error::Connect { url, source })
+    }
+
+    /// Shuts the server down gracefully: SIGTERM, then SIGKILL if it has not exited within
+    /// 10 s. A paused server is resumed so that it can act on the SIGTERM. Stopping a server
+    /// that is not running does nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Signal`] or [`Error::Io`] when the process cannot be signalled or reaped.
+    pub async fn stop(&self) -> Result<(), Error> {
+        {
+            let child = self.lock_child();
+            let Some(child) = child.as_ref() else {
+                return Ok(());
+            };
+            self.signal(child, Signal::Term)?;
+            self.signal(child, Signal::Cont)?;
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            if self.reap_if_exited()?.is_some() || self.lock_child().is_none() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(server = %self.describe(), "no exit within {STOP_TIMEOUT:?} of SIGTERM; sending SIGKILL");
+                return self.kill();
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// Kills the server with SIGKILL and reaps it: a crash, as far as the store and the
+    /// clients can tell. Killing a server that is not running does nothing.
+    ///
+    /// Blocks until the process is reaped, which takes a moment after SIGKILL.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Signal`] or [`Error::Io`] when the process cannot be killed or reaped.
+    pub fn kill(&self) -> Result<(), Error> {
+        let mut slot = self.lock_child();
+        let Some(child) = slot.as_mut() else {
+            return Ok(());
+        };
+        child.kill().map_err(|source| Error::Signal {
+            signal: "SIGKILL",
+            server: self.describe(),
+            source,
+        })?;
+        child
+            .wait()
+            .map_err(|source| Error::io(format!("reap {}", self.describe()), source))?;
+        *slot = None;
+        Ok(())
+    }
+
+    /// Freezes the process with SIGSTOP: connections stay open, nothing is answered, as with a
+    /// stalled machine. Undo with [`resume`](Self::resume).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotRunning`] or [`Error::Signal`].
+    pub fn pause(&self) -> Result<(), Error> {
+        self.signal_running(Signal::Stop)
+    }
+
+    /// Lets a [`pause`](Self::pause)d process run again (SIGCONT).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotRunning`] or [`Error::Signal`].
+    pub fn resume(&self) -> Result<(), Error> {
+        self.signal_running(Signal::Cont)
+    }
+
+    /// Stops the server if it still runs (as [`stop`](Self::stop)), starts it again with the
+    /// same port, name, arguments and store, and waits until JetStream answers.
+    ///
+    /// For a cluster node, "answers" means it reaches the meta leader; its streams' replicas
+    /// may still be catching up.
+    ///
+    /// # Errors
+    ///
+    /// As [`stop`](Self::stop), then [`Error::Exited`] or [`Error::NotReady`] (e.g. when
+    /// another process took the port meanwhile).
+    pub async fn restart(&self) -> Result<(), Error> {
+        self.stop().await?;
+        self.start_process()?;
+        self.wait_ready().await
+    }
+
+    /// A name for messages: `nats-server s1 on 127.0.0.1:4222`.
+    pub(crate) fn describe(&self) -> String {
+        match &self.name {
+            Some(name) => format!("nats-server {name} on {}", self.addr()),
+            None => format!("nats-server on {}", self.addr()),
+        }
+    }
+
+    /// Starts the process, its output appended to the log; does not wait for readiness.
+    fn start_process(&self) -> Result<(), Error> {
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .map_err(|source| Error::io(format!("open {}", self.log_path.display()), source))?;
+        let log_error = |source| Error::io(format!("write {}", self.log_path.display()), source);
+        let command_line = std::iter::once(self.binary.as_os_str())
+            .chain(self.args.iter().map(OsString::as_os_str))
+            .map(|arg| arg.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ");
+        writeln!(log, "---- jetshard-testkit: {command_line}").map_err(log_error)?;
+        let stderr: File = log.try_clone().map_err(log_error)?;
+
+        let mut command = Command::new(&self.binary);
+        command
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(stderr));
+        let child = process::spawn(command)
+            .map_err(|source| Error::io(format!("start {}", self.binary.display()), source))?;
+        tracing::debug!(server = %self.describe(), pid = child.id(), "started nats-server");
+        *self.lock_child() = Some(child);
+        Ok(())
+    }
+
+    /// Waits until the client port accepts and JetStream answers an account info request,
+    /// for at most the ready timeout.
+    pub(crate) async fn wait_ready(&self) -> Result<(), Error> {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.reap_if_exited()? {
+                return Err(Error::Exited {
+                    server: self.describe(),
+                    status,
+                    log_tail: self.log_tail_for_error(),
+                });
+            }
+            if self.lock_child().is_none() {
+                return Err(Error::NotRunning {
+                    server: self.describe(),
+                });
+            }
+            let last_error = match tokio::time::timeout(PROBE_TIMEOUT, self.probe()).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(error)) => error,
+                Err(elapsed) => elapsed.into(),
+            };
+            if started.elapsed() >= self.ready_timeout {
+                return Err(Error::NotReady {
+                    server: self.describe(),
+                    after: self.ready_timeout,
+                    log_tail: self.log_tail_for_error(),
+                    last_error: Some(last_error),
+                });
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// One readiness probe: a TCP connect (cheap, fails fast while the port is closed), then
+    /// a NATS client and a JetStream account info request.
+    async fn probe(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        tokio::net::TcpStream::connect(self.addr()).await?;
+        let client = self
+            .connect_options
+            .clone()
+            .connection_timeout(PROBE_TIMEOUT)
+            .connect(self.url())
+            .await?;
+        async_nats::jetstream::new(client).query_account().await?;
+        Ok(())
+    }
+
+    /// The log tail with a heading, as errors carry it.
+    pub(crate) fn log_tail_for_error(&self) -> String {
+        format!(
+            "last lines of {}:\n{}",
+            self.log_path.display(),
+            self.log_tail()
+        )
+    }
+
+    /// Reaps the process if it has exited, returning how it exited.
+    fn reap_if_exited(&self) -> Result<Option<ExitStatus>, Error> {
+        let mut slot = self.lock_child();
+        let Some(child) = slot.as_mut() else {
+            return Ok(None);
+        };
+        let status = child
+            .try_wait()
+            .map_err(|source| Error::io(format!("wait for {}", self.describe()), source))?;
+        if status.is_some() {
+            *slot = None;
+        }
+        Ok(status)
+    }
+
+    fn signal_running(&self, signal: Signal) -> Result<(), Error> {
+        let child = self.lock_child();
+        let Some(child) = child.as_ref() else {
+            return Err(Error::NotRunning {
+                server: self.describe(),
+            });
+        };
+        self.signal(child, signal)
+    }
+
+    fn signal(&self, child: &Child, signal: Signal) -> Result<(), Error> {
+        process::send(child, signal).map_err(|source| Error::Signal {
+            signal: signal.name(),
+            server: self.describe(),
+            source,
+        })
+    }
+
+    /// The process slot; a panic elsewhere while it was held leaves nothing half-done in it.
+    fn lock_child(&self) -> MutexGuard<'_, Option<Child>> {
+        self.child.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let child = self
+            .child
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(mut child) = child {
+            // Errors cannot be returned from drop; a failed kill of our own child is not
+            // expected, and the process would still die with the test process (Linux).
+            if let Err(error) = child.kill().and_then(|()| child.wait().map(drop)) {
+                tracing::warn!(server = %self.describe(), %error, "could not kill nats-server");
+            }
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "---- {} (dropped during a panic); {}\n----",
+                self.describe(),
+                self.log_tail_for_error()
+            );
+        }
+    }
+}
+
+/// Picks `count` distinct free loopback ports by binding them all at once, then closing them.
+///
+/// Another process can take a port before the server binds it; callers retry on
+/// [`Error::is_address_in_use`].
+pub(crate) fn free_ports(count: usize) -> Result<Vec<u16>, Error> {
+    let action = "bind a free loopback port";
+    let listeners: Vec<TcpListener> = (0..count)
+        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .collect::<Result<_, _>>()
+        .map_err(|source| Error::io(action, source))?;
+    listeners
+        .iter()
+        .map(|listener| listener.local_addr().map(|addr| addr.port()))
+        .collect::<Result<_, _>>()
+        .map_err(|source| Error::io(action, source))
+}
