@@ -420,26 +420,19 @@ impl NatsServer {
     }
 
     /// Waits until the client port accepts and JetStream answers an account info request,
-    /// for at most the ready timeout.
+    /// for at most the ready timeout. A process that exits meanwhile ends the wait at once,
+    /// even while a probe hangs (e.g. on a port another process holds).
     pub(crate) async fn wait_ready(&self) -> Result<(), Error> {
         let started = Instant::now();
         loop {
-            if let Some(status) = self.reap_if_exited()? {
-                return Err(Error::Exited {
-                    server: self.describe(),
-                    status,
-                    log_tail: self.log_tail_for_error(),
-                });
-            }
-            if self.lock_child().is_none() {
-                return Err(Error::NotRunning {
-                    server: self.describe(),
-                });
-            }
-            let last_error = match tokio::time::timeout(PROBE_TIMEOUT, self.probe()).await {
-                Ok(Ok(())) => return Ok(()),
-                Ok(Err(error)) => error,
-                Err(elapsed) => elapsed.into(),
+            let probe = tokio::time::timeout(PROBE_TIMEOUT, self.probe());
+            let last_error = tokio::select! {
+                probed = probe => match probed {
+                    Ok(Ok(())) => return Ok(()),
+                    Ok(Err(error)) => error,
+                    Err(elapsed) => elapsed.into(),
+                },
+                exited = self.exit() => return Err(exited?),
             };
             if started.elapsed() >= self.ready_timeout {
                 return Err(Error::NotReady {
@@ -447,6 +440,25 @@ impl NatsServer {
                     after: self.ready_timeout,
                     log_tail: self.log_tail_for_error(),
                     last_error: Some(last_error),
+                });
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// Resolves once the process is gone, with the error that says so; pending while it runs.
+    async fn exit(&self) -> Result<Error, Error> {
+        loop {
+            if let Some(status) = self.reap_if_exited()? {
+                return Ok(Error::Exited {
+                    server: self.describe(),
+                    status,
+                    log_tail: self.log_tail_for_error(),
+                });
+            }
+            if self.lock_child().is_none() {
+                return Ok(Error::NotRunning {
+                    server: self.describe(),
                 });
             }
             tokio::time::sleep(POLL_INTERVAL).await;
@@ -554,4 +566,22 @@ pub(crate) fn free_ports(count: usize) -> Result<Vec<u16>, Error> {
         .map(|listener| listener.local_addr().map(|addr| addr.port()))
         .collect::<Result<_, _>>()
         .map_err(|source| Error::io(action, source))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The retry in `start` depends on recognising this failure from the server's log.
+    #[tokio::test]
+    async fn a_taken_port_is_recognised_as_address_in_use() {
+        let holder = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+        let port = holder.local_addr().expect("addr").port();
+
+        let server = NatsServer::builder().spawn(port).expect("spawn");
+        let error = server.wait_ready().await.unwrap_err();
+
+        assert!(error.is_address_in_use(), "{error:?}");
+        assert!(matches!(error, Error::Exited { .. }), "{error:?}");
+    }
 }
