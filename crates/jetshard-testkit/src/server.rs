@@ -264,18 +264,10 @@ impl NatsServer {
 
     /// The process id, or `None` when the process is not running (stopped, killed, crashed).
     pub fn pid(&self) -> Option<u32> {
-        let mut child = self.lock_child();
-        let running = child
-            .as_mut()
-            .map(|child| matches!(child.try_wait(), Ok(None)));
-        match running {
-            Some(true) => child.as_ref().map(Child::id),
-            Some(false) => {
-                // Exited by itself: reap it now so its pid cannot be reused under our feet.
-                *child = None;
-                None
-            }
-            None => None,
+        // A process that exited by itself is reaped here, so its pid is never reused under us.
+        match self.reap_if_exited() {
+            Ok(Some(_)) => None,
+            _ => self.lock_child().as_ref().map(Child::id),
         }
     }
 
@@ -415,7 +407,11 @@ impl NatsServer {
         let child = process::spawn(command)
             .map_err(|source| Error::io(format!("start {}", self.binary.display()), source))?;
         tracing::debug!(server = %self.describe(), pid = child.id(), "started nats-server");
-        *self.lock_child() = Some(child);
+        if let Some(mut previous) = self.lock_child().replace(child) {
+            // Only a racing restart gets here; never leave a process without an owner.
+            let _ = previous.kill();
+            let _ = previous.wait();
+        }
         Ok(())
     }
 
@@ -432,7 +428,7 @@ impl NatsServer {
                     Ok(Err(error)) => error,
                     Err(elapsed) => elapsed.into(),
                 },
-                exited = self.exit() => return Err(exited?),
+                exited = self.exit() => return Err(exited),
             };
             if started.elapsed() >= self.ready_timeout {
                 return Err(Error::NotReady {
@@ -446,20 +442,24 @@ impl NatsServer {
         }
     }
 
-    /// Resolves once the process is gone, with the error that says so; pending while it runs.
-    async fn exit(&self) -> Result<Error, Error> {
+    /// Resolves once the process is gone (or cannot be watched), with the error that says so.
+    async fn exit(&self) -> Error {
         loop {
-            if let Some(status) = self.reap_if_exited()? {
-                return Ok(Error::Exited {
-                    server: self.describe(),
-                    status,
-                    log_tail: self.log_tail_for_error(),
-                });
+            match self.reap_if_exited() {
+                Err(error) => return error,
+                Ok(Some(status)) => {
+                    return Error::Exited {
+                        server: self.describe(),
+                        status,
+                        log_tail: self.log_tail_for_error(),
+                    };
+                }
+                Ok(None) => {}
             }
             if self.lock_child().is_none() {
-                return Ok(Error::NotRunning {
+                return Error::NotRunning {
                     server: self.describe(),
-                });
+                };
             }
             tokio::time::sleep(POLL_INTERVAL).await;
         }

@@ -20,6 +20,7 @@
 //! [`CommandSender`] or any NATS client (see `docs/WIRE.md`).
 #![deny(missing_docs)]
 
+pub mod admin;
 mod codec;
 mod command;
 mod config;
