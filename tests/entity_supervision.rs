@@ -28,29 +28,55 @@ async fn a_panicking_handler_is_retried_then_dead_lettered_while_other_entities_
     let server = NatsServer::start().await.unwrap();
     let client = server.connect().await.unwrap();
     let config = ledger_config(1, "n1").max_deliver(3).build().unwrap();
-    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone()).await.unwrap();
+    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone())
+        .await
+        .unwrap();
     let sender = CommandSender::<Ledger>::new(client.clone(), &config);
 
     sender.send("bad", &LedgerCmd::Panic).await.unwrap();
     // Held back behind the failing command, then applied once it is given up.
-    sender.send("bad", &LedgerCmd::Append { n: 0 }).await.unwrap();
+    sender
+        .send("bad", &LedgerCmd::Append { n: 0 })
+        .await
+        .unwrap();
     for n in 0..20 {
         sender.send("good", &LedgerCmd::Append { n }).await.unwrap();
     }
-    wait_until(Duration::from_secs(10), "good applied while bad retries", || async { totals(&system).await.0 >= 20 }).await.unwrap();
-    wait_until(Duration::from_secs(20), "bad dead-lettered and its next command applied", || async {
-        let (applied, dead, _, _) = totals(&system).await;
-        applied == 21 && dead == 1
-    })
+    wait_until(
+        Duration::from_secs(10),
+        "good applied while bad retries",
+        || async { totals(&system).await.0 >= 20 },
+    )
     .await
     .unwrap();
-    assert_eq!(totals(&system).await.2, 0, "no command rejected: order kept behind the retried one");
+    wait_until(
+        Duration::from_secs(20),
+        "bad dead-lettered and its next command applied",
+        || async {
+            let (applied, dead, _, _) = totals(&system).await;
+            applied == 21 && dead == 1
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        totals(&system).await.2,
+        0,
+        "no command rejected: order kept behind the retried one"
+    );
 
-    let letters = Admin::new(client.clone(), "ledger").dead_letters().await.unwrap();
+    let letters = Admin::new(client.clone(), "ledger")
+        .dead_letters()
+        .await
+        .unwrap();
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(letters[0].entity, "bad");
     assert_eq!(letters[0].deliveries, 3);
-    assert!(letters[0].reason.contains("panicked"), "{}", letters[0].reason);
+    assert!(
+        letters[0].reason.contains("panicked"),
+        "{}",
+        letters[0].reason
+    );
     let js = async_nats::jetstream::new(client);
     let records = read_journal(&js, "ledger").await;
     check_fencing(&records).unwrap();
@@ -64,26 +90,54 @@ async fn an_undecodable_payload_is_terminated_and_does_not_block_its_entity() {
     let server = NatsServer::start().await.unwrap();
     let client = server.connect().await.unwrap();
     let config = ledger_config(2, "n1").build().unwrap();
-    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone()).await.unwrap();
+    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone())
+        .await
+        .unwrap();
     let sender = CommandSender::<Ledger>::new(client.clone(), &config);
     let js = async_nats::jetstream::new(client.clone());
 
-    js.publish("ledger.cmd.p", "{not a command".into()).await.unwrap().await.unwrap();
+    js.publish("ledger.cmd.p", "{not a command".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
     sender.send("p", &LedgerCmd::Append { n: 0 }).await.unwrap();
-    wait_until(Duration::from_secs(10), "poison terminated, next applied", || async {
-        let (applied, dead, _, _) = totals(&system).await;
-        applied == 1 && dead == 1
-    })
+    wait_until(
+        Duration::from_secs(10),
+        "poison terminated, next applied",
+        || async {
+            let (applied, dead, _, _) = totals(&system).await;
+            applied == 1 && dead == 1
+        },
+    )
     .await
     .unwrap();
-    let letters = Admin::new(client.clone(), "ledger").dead_letters().await.unwrap();
+    let letters = Admin::new(client.clone(), "ledger")
+        .dead_letters()
+        .await
+        .unwrap();
     assert_eq!(letters.len(), 1);
-    assert_eq!(letters[0].deliveries, 1, "terminated at its first delivery, not retried");
+    assert_eq!(
+        letters[0].deliveries, 1,
+        "terminated at its first delivery, not retried"
+    );
     assert_eq!(&letters[0].payload[..], b"{not a command");
-    assert!(letters[0].reason.starts_with("malformed"), "{}", letters[0].reason);
+    assert!(
+        letters[0].reason.starts_with("malformed"),
+        "{}",
+        letters[0].reason
+    );
     // Nothing is left in the work queue: the poison is terminated, not parked.
     wait_until(Duration::from_secs(5), "queue drained", || async {
-        js.get_stream("LEDGER_CMD").await.unwrap().info().await.unwrap().state.messages == 0
+        js.get_stream("LEDGER_CMD")
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .state
+            .messages
+            == 0
     })
     .await
     .unwrap();
@@ -95,20 +149,50 @@ async fn idle_entities_are_passivated_and_revived_from_the_journal() {
     init_tracing();
     let server = NatsServer::start().await.unwrap();
     let client = server.connect().await.unwrap();
-    let config = ledger_config(2, "n1").passivate_after(Duration::from_millis(300)).build().unwrap();
-    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone()).await.unwrap();
+    let config = ledger_config(2, "n1")
+        .passivate_after(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone())
+        .await
+        .unwrap();
     let sender = CommandSender::<Ledger>::new(client.clone(), &config);
     for e in 0..10 {
-        sender.send(&format!("e{e}"), &LedgerCmd::AppendMany { from: 0, count: 3 }).await.unwrap();
+        sender
+            .send(
+                &format!("e{e}"),
+                &LedgerCmd::AppendMany { from: 0, count: 3 },
+            )
+            .await
+            .unwrap();
     }
-    wait_until(Duration::from_secs(10), "applied", || async { totals(&system).await.0 == 10 }).await.unwrap();
-    wait_until(Duration::from_secs(10), "all passivated", || async { totals(&system).await.3 == 0 }).await.unwrap();
+    wait_until(Duration::from_secs(10), "applied", || async {
+        totals(&system).await.0 == 10
+    })
+    .await
+    .unwrap();
+    wait_until(Duration::from_secs(10), "all passivated", || async {
+        totals(&system).await.3 == 0
+    })
+    .await
+    .unwrap();
     // Revived from the journal: the next index must follow on from the three events.
     for e in 0..10 {
-        sender.send(&format!("e{e}"), &LedgerCmd::Append { n: 3 }).await.unwrap();
+        sender
+            .send(&format!("e{e}"), &LedgerCmd::Append { n: 3 })
+            .await
+            .unwrap();
     }
-    wait_until(Duration::from_secs(10), "applied after revival", || async { totals(&system).await.0 == 20 }).await.unwrap();
-    assert_eq!(totals(&system).await.2, 0, "a revived entity lost its state");
+    wait_until(Duration::from_secs(10), "applied after revival", || async {
+        totals(&system).await.0 == 20
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        totals(&system).await.2,
+        0,
+        "a revived entity lost its state"
+    );
     system.shutdown().await.unwrap();
     let js = async_nats::jetstream::new(client);
     let records = read_journal(&js, "ledger").await;

@@ -11,7 +11,12 @@ use jetshard_tests::node::{Node, NodeSpec, now_ms};
 use jetshard_tests::{init_tracing, ledger_config};
 
 fn spec(partitions: u32) -> NodeSpec {
-    NodeSpec { partitions, pin_ttl: Duration::from_millis(1000), ack_wait: Duration::from_millis(3000), env: vec![] }
+    NodeSpec {
+        partitions,
+        pin_ttl: Duration::from_millis(1000),
+        ack_wait: Duration::from_millis(3000),
+        env: vec![],
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -26,9 +31,18 @@ async fn a_killed_owner_is_replaced_and_nothing_acknowledged_is_lost() {
 
     let mut a = Node::start(&server.url(), "a", &spec).await;
     for e in 0..entities {
-        sender.send(&format!("e{e}"), &LedgerCmd::Append { n: 0 }).await.unwrap();
+        sender
+            .send(&format!("e{e}"), &LedgerCmd::Append { n: 0 })
+            .await
+            .unwrap();
     }
-    wait_until(Duration::from_secs(20), "a owns both partitions", || async { a.owned().len() == 2 }).await.unwrap();
+    wait_until(
+        Duration::from_secs(20),
+        "a owns both partitions",
+        || async { a.owned().len() == 2 },
+    )
+    .await
+    .unwrap();
     let b = Node::start(&server.url(), "b", &spec).await;
 
     let rounds = 30;
@@ -39,11 +53,20 @@ async fn a_killed_owner_is_replaced_and_nothing_acknowledged_is_lost() {
             killed_at = now_ms();
         }
         for e in 0..entities {
-            sender.send(&format!("e{e}"), &LedgerCmd::Append { n }).await.unwrap();
+            sender
+                .send(&format!("e{e}"), &LedgerCmd::Append { n })
+                .await
+                .unwrap();
         }
     }
     let js = async_nats::jetstream::new(client);
-    let records = wait_for_events(&js, "ledger", (entities * rounds) as usize, Duration::from_secs(60)).await;
+    let records = wait_for_events(
+        &js,
+        "ledger",
+        (entities * rounds) as usize,
+        Duration::from_secs(60),
+    )
+    .await;
     check_fencing(&records).unwrap();
     for (entity, values) in ledger_values(&records) {
         assert_eq!(values, (0..rounds).collect::<Vec<_>>(), "{entity}");
@@ -51,7 +74,9 @@ async fn a_killed_owner_is_replaced_and_nothing_acknowledged_is_lost() {
     for partition in 0..2 {
         let taken = b.acquired_after(partition, killed_at).expect("b took over");
         let takeover_ms = taken.at_ms - killed_at;
-        eprintln!("partition {partition}: taken over {takeover_ms} ms after the kill (pin TTL 1000 ms)");
+        eprintln!(
+            "partition {partition}: taken over {takeover_ms} ms after the kill (pin TTL 1000 ms)"
+        );
         assert!(takeover_ms < 1000 + 3000, "takeover took {takeover_ms} ms");
         assert_eq!(taken.generation, 2);
     }
@@ -67,10 +92,20 @@ async fn a_command_written_before_its_owner_crashed_is_not_applied_again() {
     let sender = CommandSender::<Ledger>::new(client.clone(), &config);
 
     // `a` dies in the gap between the durable write of `Appended { n: 5 }` and the ack.
-    let a_spec = NodeSpec { env: vec![("LEDGER_ABORT_ON_APPLY".into(), "5".into())], ..spec.clone() };
+    let a_spec = NodeSpec {
+        env: vec![("LEDGER_ABORT_ON_APPLY".into(), "5".into())],
+        ..spec.clone()
+    };
     let a = Node::start(&server.url(), "a", &a_spec).await;
-    sender.send("warmup", &LedgerCmd::Push { n: 100 }).await.unwrap();
-    wait_until(Duration::from_secs(20), "a owns the partition", || async { a.owned() == vec![0] }).await.unwrap();
+    sender
+        .send("warmup", &LedgerCmd::Push { n: 100 })
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(20), "a owns the partition", || async {
+        a.owned() == vec![0]
+    })
+    .await
+    .unwrap();
     let b = Node::start(&server.url(), "b", &spec).await;
 
     for n in 0..10 {
@@ -78,7 +113,11 @@ async fn a_command_written_before_its_owner_crashed_is_not_applied_again() {
     }
     let js = async_nats::jetstream::new(client);
     let records = wait_for_events(&js, "ledger", 11, Duration::from_secs(30)).await;
-    wait_until(Duration::from_secs(10), "b took over", || async { b.owned() == vec![0] }).await.unwrap();
+    wait_until(Duration::from_secs(10), "b took over", || async {
+        b.owned() == vec![0]
+    })
+    .await
+    .unwrap();
     check_fencing(&records).unwrap();
     // Push is not idempotent: a second application of command 5 would leave a second 5.
     assert_eq!(ledger_values(&records)["x"], (0..10).collect::<Vec<_>>());

@@ -15,30 +15,58 @@ async fn every_command_is_applied_once_in_order_and_state_survives_a_restart() {
     let server = NatsServer::start().await.unwrap();
     let client = server.connect().await.unwrap();
     let config = ledger_config(4, "n1").build().unwrap();
-    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone()).await.unwrap();
+    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone())
+        .await
+        .unwrap();
     let sender = CommandSender::<Ledger>::new(client.clone(), &config);
 
     let entities = 40;
     let rounds = 5;
     for n in 0..rounds {
         for e in 0..entities {
-            sender.send(&format!("e{e}"), &LedgerCmd::Append { n }).await.unwrap();
+            sender
+                .send(&format!("e{e}"), &LedgerCmd::Append { n })
+                .await
+                .unwrap();
         }
     }
     let total = entities * rounds;
-    wait_until(Duration::from_secs(30), "all commands applied", || async { applied(&system).await >= total }).await.unwrap();
+    wait_until(Duration::from_secs(30), "all commands applied", || async {
+        applied(&system).await >= total
+    })
+    .await
+    .unwrap();
     let status = system.status().await.unwrap();
-    assert_eq!(status.iter().map(|p| p.rejected).sum::<u64>(), 0, "{status:?}");
+    assert_eq!(
+        status.iter().map(|p| p.rejected).sum::<u64>(),
+        0,
+        "{status:?}"
+    );
     system.shutdown().await.unwrap();
 
     // A new process rebuilds every entity from the journal: the next Append must follow on.
-    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone()).await.unwrap();
+    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone())
+        .await
+        .unwrap();
     for e in 0..entities {
-        sender.send(&format!("e{e}"), &LedgerCmd::Append { n: rounds }).await.unwrap();
+        sender
+            .send(&format!("e{e}"), &LedgerCmd::Append { n: rounds })
+            .await
+            .unwrap();
     }
-    wait_until(Duration::from_secs(30), "commands after restart applied", || async { applied(&system).await >= entities }).await.unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "commands after restart applied",
+        || async { applied(&system).await >= entities },
+    )
+    .await
+    .unwrap();
     let status = system.status().await.unwrap();
-    assert_eq!(status.iter().map(|p| p.rejected).sum::<u64>(), 0, "state was not rebuilt: {status:?}");
+    assert_eq!(
+        status.iter().map(|p| p.rejected).sum::<u64>(),
+        0,
+        "state was not rebuilt: {status:?}"
+    );
     system.shutdown().await.unwrap();
 
     let js = async_nats::jetstream::new(client);
@@ -48,7 +76,10 @@ async fn every_command_is_applied_once_in_order_and_state_survives_a_restart() {
     assert_eq!(by_entity.len(), entities as usize);
     for (entity, seqs) in by_entity {
         assert_eq!(seqs.len() as u64, rounds + 1, "{entity}: {seqs:?}");
-        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{entity} out of command order: {seqs:?}");
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "{entity} out of command order: {seqs:?}"
+        );
     }
 }
 
@@ -58,7 +89,9 @@ async fn rejected_commands_are_acknowledged_and_write_nothing() {
     let server = NatsServer::start().await.unwrap();
     let client = server.connect().await.unwrap();
     let config = ledger_config(2, "n1").build().unwrap();
-    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone()).await.unwrap();
+    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone())
+        .await
+        .unwrap();
     let sender = CommandSender::<Ledger>::new(client.clone(), &config);
     sender.send("a", &LedgerCmd::Refuse).await.unwrap();
     sender.send("a", &LedgerCmd::Append { n: 7 }).await.unwrap();
@@ -73,7 +106,11 @@ async fn rejected_commands_are_acknowledged_and_write_nothing() {
     assert_eq!(status.iter().map(|p| p.rejected).sum::<u64>(), 2);
     system.shutdown().await.unwrap();
     let js = async_nats::jetstream::new(client);
-    let events: Vec<_> = read_journal(&js, "ledger").await.into_iter().filter(|r| r.kind == "evt").collect();
+    let events: Vec<_> = read_journal(&js, "ledger")
+        .await
+        .into_iter()
+        .filter(|r| r.kind == "evt")
+        .collect();
     assert_eq!(events.len(), 1);
     // Acknowledged: nothing left in the work queue.
     let mut stream = js.get_stream("LEDGER_CMD").await.unwrap();
@@ -87,7 +124,10 @@ async fn ids_that_are_not_one_subject_token_are_refused_before_publishing() {
     let config = ledger_config(2, "n1").build().unwrap();
     let sender = CommandSender::<Ledger>::new(client, &config);
     for bad in ["", "a.b", "a b", "*", ">", &"x".repeat(300)] {
-        let error = sender.send(bad, &LedgerCmd::Append { n: 0 }).await.unwrap_err();
+        let error = sender
+            .send(bad, &LedgerCmd::Append { n: 0 })
+            .await
+            .unwrap_err();
         assert!(matches!(error, Error::InvalidId(_)), "{bad:?}: {error}");
     }
 }

@@ -18,9 +18,15 @@ async fn partition_placement_matches_the_server_for_2000_ids() {
     let client = server.connect().await.unwrap();
     let partitions = 13;
     // Streams exactly as the shard system creates them.
-    let system = ShardSystem::start::<Ledger>(client.clone(), ledger_config(partitions, "n1").command_retention(jetshard::CommandRetention::Limits).build().unwrap())
-        .await
-        .unwrap();
+    let system = ShardSystem::start::<Ledger>(
+        client.clone(),
+        ledger_config(partitions, "n1")
+            .command_retention(jetshard::CommandRetention::Limits)
+            .build()
+            .unwrap(),
+    )
+    .await
+    .unwrap();
     system.shutdown().await.unwrap();
     let js = async_nats::jetstream::new(client);
     let mut ids = Vec::new();
@@ -31,15 +37,30 @@ async fn partition_placement_matches_the_server_for_2000_ids() {
             2 => format!("Ünïcødé-{i}"),
             _ => format!("{:x}", i * 2654435761u64),
         };
-        js.publish(format!("ledger.cmd.{id}"), "{}".into()).await.unwrap();
+        js.publish(format!("ledger.cmd.{id}"), "{}".into())
+            .await
+            .unwrap();
         ids.push(id);
     }
-    js.publish("ledger.cmd.end", "{}".into()).await.unwrap().await.unwrap();
+    js.publish("ledger.cmd.end", "{}".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
     let stream = js.get_stream("LEDGER_CMD").await.unwrap();
-    let consumer = stream.create_consumer(pull::OrderedConfig { filter_subject: "ledger.cmd.*.*".into(), ..Default::default() }).await.unwrap();
+    let consumer = stream
+        .create_consumer(pull::OrderedConfig {
+            filter_subject: "ledger.cmd.*.*".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     let mut messages = consumer.messages().await.unwrap().take(ids.len() + 1);
     let mut stored: HashMap<String, u32> = HashMap::new();
-    while let Some(message) = tokio::time::timeout(Duration::from_secs(10), messages.next()).await.unwrap() {
+    while let Some(message) = tokio::time::timeout(Duration::from_secs(10), messages.next())
+        .await
+        .unwrap()
+    {
         let message = message.unwrap();
         let tokens: Vec<&str> = message.subject.split('.').collect();
         stored.insert(tokens[3].to_owned(), tokens[2].parse().unwrap());
@@ -58,14 +79,26 @@ async fn a_partition_count_mismatch_with_existing_streams_is_a_clear_error() {
     init_tracing();
     let server = NatsServer::start().await.unwrap();
     let client = server.connect().await.unwrap();
-    let system = ShardSystem::start::<Ledger>(client.clone(), ledger_config(8, "n1").build().unwrap()).await.unwrap();
+    let system =
+        ShardSystem::start::<Ledger>(client.clone(), ledger_config(8, "n1").build().unwrap())
+            .await
+            .unwrap();
     system.shutdown().await.unwrap();
-    let error = match ShardSystem::start::<Ledger>(client.clone(), ledger_config(16, "n1").build().unwrap()).await {
+    let error = match ShardSystem::start::<Ledger>(
+        client.clone(),
+        ledger_config(16, "n1").build().unwrap(),
+    )
+    .await
+    {
         Ok(_) => panic!("started with 16 partitions over streams made for 8"),
         Err(error) => error,
     };
     match &error {
-        Error::PartitionMismatch { existing, configured, .. } => {
+        Error::PartitionMismatch {
+            existing,
+            configured,
+            ..
+        } => {
             assert_eq!(existing, "8");
             assert_eq!(*configured, 16);
         }
@@ -73,7 +106,9 @@ async fn a_partition_count_mismatch_with_existing_streams_is_a_clear_error() {
     }
     assert!(error.to_string().contains("8 partitions but 16"), "{error}");
     // The streams are untouched: the old count still starts.
-    let system = ShardSystem::start::<Ledger>(client, ledger_config(8, "n1").build().unwrap()).await.unwrap();
+    let system = ShardSystem::start::<Ledger>(client, ledger_config(8, "n1").build().unwrap())
+        .await
+        .unwrap();
     system.shutdown().await.unwrap();
 }
 
@@ -82,10 +117,19 @@ async fn a_consumer_with_other_settings_is_a_clear_error() {
     init_tracing();
     let server = NatsServer::start().await.unwrap();
     let client = server.connect().await.unwrap();
-    let system = ShardSystem::start::<Ledger>(client.clone(), ledger_config(2, "n1").build().unwrap()).await.unwrap();
+    let system =
+        ShardSystem::start::<Ledger>(client.clone(), ledger_config(2, "n1").build().unwrap())
+            .await
+            .unwrap();
     system.shutdown().await.unwrap();
-    let other = ledger_config(2, "n1").ack_wait(Duration::from_secs(9)).build().unwrap();
-    let error = ShardSystem::start::<Ledger>(client, other).await.err().expect("must refuse");
+    let other = ledger_config(2, "n1")
+        .ack_wait(Duration::from_secs(9))
+        .build()
+        .unwrap();
+    let error = ShardSystem::start::<Ledger>(client, other)
+        .await
+        .err()
+        .expect("must refuse");
     assert!(matches!(error, Error::Incompatible { .. }), "{error}");
     assert!(error.to_string().contains("ack_wait"), "{error}");
 }
@@ -93,9 +137,25 @@ async fn a_consumer_with_other_settings_is_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_is_down_at_start_is_a_jetstream_error() {
     let server = NatsServer::start().await.unwrap();
-    let client = async_nats::ConnectOptions::new().retry_on_initial_connect().connect(server.url()).await.unwrap();
+    let client = async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect(server.url())
+        .await
+        .unwrap();
     server.kill().unwrap();
-    let config = ShardConfig::builder("ledger").write_timeout(Duration::from_secs(1)).build().unwrap();
-    let started = tokio::time::timeout(Duration::from_secs(30), ShardSystem::start::<Ledger>(client, config)).await.expect("start must not hang");
-    assert!(matches!(started, Err(Error::JetStream { .. })), "{:?}", started.err());
+    let config = ShardConfig::builder("ledger")
+        .write_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let started = tokio::time::timeout(
+        Duration::from_secs(30),
+        ShardSystem::start::<Ledger>(client, config),
+    )
+    .await
+    .expect("start must not hang");
+    assert!(
+        matches!(started, Err(Error::JetStream { .. })),
+        "{:?}",
+        started.err()
+    );
 }

@@ -15,7 +15,10 @@ use tokio::signal::unix::{SignalKind, signal};
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "jetshard=info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "jetshard=info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let args: Vec<String> = std::env::args().collect();
@@ -30,10 +33,14 @@ async fn main() {
         .expect("connect");
     let config = ledger_config(partitions.parse().expect("partitions"), node)
         .pin_ttl(Duration::from_millis(pin_ttl_ms.parse().expect("pin ttl")))
-        .ack_wait(Duration::from_millis(ack_wait_ms.parse().expect("ack wait")))
+        .ack_wait(Duration::from_millis(
+            ack_wait_ms.parse().expect("ack wait"),
+        ))
         .build()
         .expect("config");
-    let system = ShardSystem::start::<Ledger>(client, config).await.expect("start");
+    let system = ShardSystem::start::<Ledger>(client, config)
+        .await
+        .expect("start");
     let mut events = system.ownership_events();
     let mut terminate = signal(SignalKind::terminate()).expect("signal");
     println!("READY");

@@ -32,7 +32,10 @@ pub async fn read_journal(js: &jetstream::Context, entity_type: &str) -> Vec<Rec
     let stream_name = format!("{}_JOURNAL", entity_type.to_ascii_uppercase());
     let stream = js.get_stream(&stream_name).await.expect("journal stream");
     let consumer = stream
-        .create_consumer(pull::OrderedConfig { filter_subject: format!("{entity_type}.>"), ..Default::default() })
+        .create_consumer(pull::OrderedConfig {
+            filter_subject: format!("{entity_type}.>"),
+            ..Default::default()
+        })
         .await
         .expect("ordered consumer");
     let mut records = Vec::new();
@@ -49,7 +52,11 @@ pub async fn read_journal(js: &jetstream::Context, entity_type: &str) -> Vec<Rec
         let info = message.info().expect("info");
         let (seq, pending) = (info.stream_sequence, info.pending);
         let headers = message.headers.clone().unwrap_or_default();
-        let header = |name: &str| headers.get(name).and_then(|v| v.as_str().parse::<u64>().ok());
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.as_str().parse::<u64>().ok())
+        };
         let tokens: Vec<&str> = message.subject.split('.').collect();
         records.push(Record {
             seq,
@@ -57,7 +64,8 @@ pub async fn read_journal(js: &jetstream::Context, entity_type: &str) -> Vec<Rec
             kind: tokens[1].to_owned(),
             partition: tokens[2].parse().expect("partition token"),
             entity: (tokens[1] == "evt").then(|| tokens[3].to_owned()),
-            generation: header("Jetshard-Generation").expect("every journal record carries its generation"),
+            generation: header("Jetshard-Generation")
+                .expect("every journal record carries its generation"),
             command_seq: header("Jetshard-Command-Seq"),
             payload: message.payload.clone(),
         });
@@ -76,13 +84,19 @@ pub fn check_fencing(records: &[Record]) -> Result<(), String> {
             "fence" => {
                 let previous = latest.insert(r.partition, r.generation).unwrap_or(0);
                 if r.generation != previous + 1 {
-                    return Err(format!("partition {} fence at {} jumps from generation {previous} to {}", r.partition, r.seq, r.generation));
+                    return Err(format!(
+                        "partition {} fence at {} jumps from generation {previous} to {}",
+                        r.partition, r.seq, r.generation
+                    ));
                 }
             }
             _ => {
                 let fence = latest.get(&r.partition).copied().unwrap_or(0);
                 if r.generation != fence {
-                    return Err(format!("{} at seq {} has generation {} but the partition's latest fence is {fence}", r.subject, r.seq, r.generation));
+                    return Err(format!(
+                        "{} at seq {} has generation {} but the partition's latest fence is {fence}",
+                        r.subject, r.seq, r.generation
+                    ));
                 }
             }
         }
@@ -94,7 +108,10 @@ pub fn check_fencing(records: &[Record]) -> Result<(), String> {
 pub fn commands_by_entity(records: &[Record]) -> BTreeMap<String, Vec<u64>> {
     let mut by_entity: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for r in records.iter().filter(|r| r.kind == "evt") {
-        by_entity.entry(r.entity.clone().unwrap_or_default()).or_default().push(r.command_seq.unwrap_or(0));
+        by_entity
+            .entry(r.entity.clone().unwrap_or_default())
+            .or_default()
+            .push(r.command_seq.unwrap_or(0));
     }
     by_entity
 }
@@ -103,14 +120,23 @@ pub fn commands_by_entity(records: &[Record]) -> BTreeMap<String, Vec<u64>> {
 pub fn ledger_values(records: &[Record]) -> BTreeMap<String, Vec<u64>> {
     let mut by_entity: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for r in records.iter().filter(|r| r.kind == "evt") {
-        let crate::ledger::LedgerEvt::Appended { n } = serde_json::from_slice(&r.payload).expect("ledger event");
-        by_entity.entry(r.entity.clone().unwrap_or_default()).or_default().push(n);
+        let crate::ledger::LedgerEvt::Appended { n } =
+            serde_json::from_slice(&r.payload).expect("ledger event");
+        by_entity
+            .entry(r.entity.clone().unwrap_or_default())
+            .or_default()
+            .push(n);
     }
     by_entity
 }
 
 /// Waits (bounded) until the journal holds at least `events` events, and returns it.
-pub async fn wait_for_events(js: &jetstream::Context, entity_type: &str, events: usize, within: Duration) -> Vec<Record> {
+pub async fn wait_for_events(
+    js: &jetstream::Context,
+    entity_type: &str,
+    events: usize,
+    within: Duration,
+) -> Vec<Record> {
     let deadline = tokio::time::Instant::now() + within;
     loop {
         let records = read_journal(js, entity_type).await;
@@ -118,7 +144,10 @@ pub async fn wait_for_events(js: &jetstream::Context, entity_type: &str, events:
         if found >= events {
             return records;
         }
-        assert!(tokio::time::Instant::now() < deadline, "journal holds {found} of {events} events after {within:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "journal holds {found} of {events} events after {within:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -44,9 +44,9 @@ impl Entity for Ledger {
         match command {
             LedgerCmd::Append { n } if n == next => Ok(vec![LedgerEvt::Appended { n }]),
             LedgerCmd::Append { n } => Err(format!("expected {next}, got {n}")),
-            LedgerCmd::AppendMany { from, count } if from == next => {
-                Ok((from..from + count).map(|n| LedgerEvt::Appended { n }).collect())
-            }
+            LedgerCmd::AppendMany { from, count } if from == next => Ok((from..from + count)
+                .map(|n| LedgerEvt::Appended { n })
+                .collect()),
             LedgerCmd::AppendMany { from, .. } => Err(format!("expected {next}, got {from}")),
             LedgerCmd::Push { n } => Ok(vec![LedgerEvt::Appended { n }]),
             LedgerCmd::Panic => panic!("ledger told to panic"),
@@ -83,6 +83,8 @@ fn faults() -> &'static Faults {
             .ok()
             .and_then(|v| v.parse().ok())
             .map(std::time::Duration::from_millis),
-        abort_on_apply: std::env::var("LEDGER_ABORT_ON_APPLY").ok().and_then(|v| v.parse().ok()),
+        abort_on_apply: std::env::var("LEDGER_ABORT_ON_APPLY")
+            .ok()
+            .and_then(|v| v.parse().ok()),
     })
 }

@@ -35,5 +35,9 @@ pub fn ledger_config(partitions: u32, node: &str) -> jetshard::ShardConfigBuilde
 
 /// How many commands this system has applied, over all partitions.
 pub async fn applied(system: &ShardSystem) -> u64 {
-    system.status().await.map(|s| s.iter().map(|p| p.applied + p.duplicates).sum()).unwrap_or(0)
+    system
+        .status()
+        .await
+        .map(|s| s.iter().map(|p| p.applied + p.duplicates).sum())
+        .unwrap_or(0)
 }

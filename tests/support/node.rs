@@ -70,10 +70,16 @@ impl Node {
                 sink.lock().unwrap().push(parsed);
             }
         });
-        let node = Node { id: id.to_owned(), child, lines };
-        jetshard_testkit::wait_until(Duration::from_secs(20), "node ready", || async { node.printed("READY") })
-            .await
-            .expect("node did not start");
+        let node = Node {
+            id: id.to_owned(),
+            child,
+            lines,
+        };
+        jetshard_testkit::wait_until(Duration::from_secs(20), "node ready", || async {
+            node.printed("READY")
+        })
+        .await
+        .expect("node did not start");
         node
     }
 
@@ -105,7 +111,9 @@ impl Node {
 
     /// The first acquisition of `partition` at or after `since_ms`.
     pub fn acquired_after(&self, partition: u32, since_ms: u128) -> Option<Line> {
-        self.lines().into_iter().find(|l| l.what == "ACQUIRED" && l.partition == partition && l.at_ms >= since_ms)
+        self.lines()
+            .into_iter()
+            .find(|l| l.what == "ACQUIRED" && l.partition == partition && l.at_ms >= since_ms)
     }
 
     fn signal(&self, signal: i32) {
@@ -140,7 +148,10 @@ impl Node {
 
 /// Unix time in milliseconds.
 pub fn now_ms() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
 }
 
 /// The `ledger-node` binary cargo built beside the running test (`target/<profile>/`).
@@ -149,6 +160,9 @@ fn node_binary() -> std::path::PathBuf {
         return path.into();
     }
     let exe = std::env::current_exe().expect("current exe");
-    let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("target dir");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir");
     profile_dir.join("ledger-node")
 }

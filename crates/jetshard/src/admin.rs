@@ -10,7 +10,9 @@ use futures::StreamExt;
 
 use crate::error::Error;
 use crate::fence;
-use crate::wire::{HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_GENERATION, HDR_REASON, Names, PRIORITY_GROUP};
+use crate::wire::{
+    HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_GENERATION, HDR_REASON, Names, PRIORITY_GROUP,
+};
 
 /// One partition as the server sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,14 +70,23 @@ pub struct Admin {
 impl Admin {
     /// Administration of `entity_type` over `client`.
     pub fn new(client: Client, entity_type: &str) -> Self {
-        Self { js: jetstream::new(client), names: Names::new(entity_type) }
+        Self {
+            js: jetstream::new(client),
+            names: Names::new(entity_type),
+        }
     }
 
     async fn streams(&self) -> Result<(Stream<()>, Stream<()>), Error> {
         let open = |name: String| async move {
-            self.js.get_stream_no_info(&name).await.map_err(|e| Error::jetstream(format!("open stream {name}"), e))
+            self.js
+                .get_stream_no_info(&name)
+                .await
+                .map_err(|e| Error::jetstream(format!("open stream {name}"), e))
         };
-        Ok((open(self.names.command_stream.clone()).await?, open(self.names.journal_stream.clone()).await?))
+        Ok((
+            open(self.names.command_stream.clone()).await?,
+            open(self.names.journal_stream.clone()).await?,
+        ))
     }
 
     /// Every partition, as the server sees it now.
@@ -87,20 +98,32 @@ impl Admin {
         let mut overview = Vec::new();
         for partition in 0.. {
             let consumer = self.names.consumer(partition);
-            let Ok(info) = commands.consumer_info(&consumer).await else { break };
+            let Ok(info) = commands.consumer_info(&consumer).await else {
+                break;
+            };
             let latest = fence::latest(&journal, &self.names, partition)
                 .await
-                .map_err(|e| Error::jetstream(format!("read fence of partition {partition}"), e.to_string()))?;
+                .map_err(|e| {
+                    Error::jetstream(
+                        format!("read fence of partition {partition}"),
+                        e.to_string(),
+                    )
+                })?;
             overview.push(PartitionOverview {
                 partition,
                 generation: latest.as_ref().map_or(0, |(_, r)| r.generation),
                 owner: latest.map(|(_, r)| r.node),
-                pinned: info.priority_groups.iter().any(|g| g.pinned_client_id.is_some()),
+                pinned: info
+                    .priority_groups
+                    .iter()
+                    .any(|g| g.pinned_client_id.is_some()),
                 pending: info.num_pending,
                 ack_pending: info.num_ack_pending,
                 redelivered: info.num_redelivered,
                 waiting: info.num_waiting,
-                paused: info.paused.then(|| info.pause_remaining.unwrap_or_default()),
+                paused: info
+                    .paused
+                    .then(|| info.pause_remaining.unwrap_or_default()),
             });
         }
         Ok(overview)
@@ -155,23 +178,43 @@ impl Admin {
         let (_, journal) = self.streams().await?;
         let filter = format!("{}.dlq.*", self.names.entity_type);
         let consumer = journal
-            .create_consumer(jetstream::consumer::pull::OrderedConfig { filter_subject: filter.clone(), ..Default::default() })
+            .create_consumer(jetstream::consumer::pull::OrderedConfig {
+                filter_subject: filter.clone(),
+                ..Default::default()
+            })
             .await
             .map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
         let mut letters = Vec::new();
         if consumer.cached_info().num_pending == 0 {
             return Ok(letters);
         }
-        let mut messages = consumer.messages().await.map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
-        while let Ok(Some(next)) = tokio::time::timeout(Duration::from_secs(10), messages.next()).await {
+        let mut messages = consumer
+            .messages()
+            .await
+            .map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
+        while let Ok(Some(next)) =
+            tokio::time::timeout(Duration::from_secs(10), messages.next()).await
+        {
             let message = next.map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
-            let info = message.info().map_err(|e| Error::jetstream(format!("read {filter}"), e.to_string()))?;
+            let info = message
+                .info()
+                .map_err(|e| Error::jetstream(format!("read {filter}"), e.to_string()))?;
             let (seq, pending) = (info.stream_sequence, info.pending);
             let headers = message.headers.clone().unwrap_or_default();
-            let text = |name: &str| headers.get(name).map(|v| v.as_str().to_owned()).unwrap_or_default();
+            let text = |name: &str| {
+                headers
+                    .get(name)
+                    .map(|v| v.as_str().to_owned())
+                    .unwrap_or_default()
+            };
             letters.push(DeadLetter {
                 seq,
-                partition: message.subject.rsplit('.').next().and_then(|p| p.parse().ok()).unwrap_or(0),
+                partition: message
+                    .subject
+                    .rsplit('.')
+                    .next()
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(0),
                 entity: text(HDR_ENTITY),
                 command_seq: fence::header_u64(&headers, HDR_COMMAND_SEQ).unwrap_or(0),
                 deliveries: fence::header_u64(&headers, HDR_DELIVERIES).unwrap_or(0),

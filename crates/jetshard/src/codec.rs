@@ -50,7 +50,9 @@ impl Codec {
                 }
                 Ok(value)
             }
-            Codec::Json => serde_json::from_slice(bytes).map_err(|e| CodecError::Decode(e.to_string())),
+            Codec::Json => {
+                serde_json::from_slice(bytes).map_err(|e| CodecError::Decode(e.to_string()))
+            }
         }
     }
 }
@@ -69,7 +71,13 @@ mod tests {
     #[test]
     fn both_codecs_round_trip() {
         for codec in [Codec::Bincode, Codec::Json] {
-            for value in [Cmd::Add { sku: "x".into(), qty: 3 }, Cmd::Ship] {
+            for value in [
+                Cmd::Add {
+                    sku: "x".into(),
+                    qty: 3,
+                },
+                Cmd::Ship,
+            ] {
                 let bytes = codec.encode(&value).unwrap();
                 assert_eq!(codec.decode::<Cmd>(&bytes).unwrap(), value);
             }
@@ -80,7 +88,10 @@ mod tests {
     fn garbage_is_a_decode_error_not_a_panic() {
         for codec in [Codec::Bincode, Codec::Json] {
             for bytes in [&b""[..], b"\xff\xff\xff\xff\xff", b"{not json", b"\x07"] {
-                assert!(matches!(codec.decode::<Cmd>(bytes), Err(CodecError::Decode(_))));
+                assert!(matches!(
+                    codec.decode::<Cmd>(bytes),
+                    Err(CodecError::Decode(_))
+                ));
             }
         }
         let mut bytes = Codec::Bincode.encode(&Cmd::Ship).unwrap();

@@ -24,14 +24,24 @@ pub struct CommandSender<E: Entity> {
 
 impl<E: Entity> Clone for CommandSender<E> {
     fn clone(&self) -> Self {
-        Self { js: self.js.clone(), names: self.names.clone(), codec: self.codec, _entity: PhantomData }
+        Self {
+            js: self.js.clone(),
+            names: self.names.clone(),
+            codec: self.codec,
+            _entity: PhantomData,
+        }
     }
 }
 
 impl<E: Entity> CommandSender<E> {
     /// A sender for the entity type and codec of `config`.
     pub fn new(client: Client, config: &ShardConfig) -> Self {
-        Self { js: jetstream::new(client), names: Names::new(&config.entity_type), codec: config.codec, _entity: PhantomData }
+        Self {
+            js: jetstream::new(client),
+            names: Names::new(&config.entity_type),
+            codec: config.codec,
+            _entity: PhantomData,
+        }
     }
 
     /// Publishes `command` for the entity `id` and waits until the command stream has stored

@@ -39,6 +39,8 @@ pub struct ShardConfig {
     pub(crate) write_timeout: Duration,
     pub(crate) max_entity_restarts: u32,
     pub(crate) restart_window: Duration,
+    pub(crate) max_owner_restarts: u32,
+    pub(crate) owner_restart_window: Duration,
 }
 
 impl ShardConfig {
@@ -64,6 +66,8 @@ impl ShardConfig {
                 write_timeout: Duration::from_secs(10),
                 max_entity_restarts: 20,
                 restart_window: Duration::from_secs(10),
+                max_owner_restarts: 10,
+                owner_restart_window: Duration::from_secs(60),
             },
         }
     }
@@ -205,13 +209,27 @@ impl ShardConfigBuilder {
         self
     }
 
+    /// Escalation: if partition owners of this system fail more than `restarts` times within
+    /// `window`, the system itself fails, which its supervisor sees (default 10 in 60 s).
+    /// Each failed owner is restarted as a standby after a second.
+    pub fn max_owner_restarts(mut self, restarts: u32, window: Duration) -> Self {
+        self.config.max_owner_restarts = restarts;
+        self.config.owner_restart_window = window;
+        self
+    }
+
     /// Validates the settings.
     ///
     /// # Errors
     /// [`ConfigError`] naming the first setting out of range.
     pub fn build(self) -> Result<ShardConfig, ConfigError> {
         let c = self.config;
-        let fail = |field, reason: &str| Err(ConfigError { field, reason: reason.to_owned() });
+        let fail = |field, reason: &str| {
+            Err(ConfigError {
+                field,
+                reason: reason.to_owned(),
+            })
+        };
         if !is_valid_entity_type(&c.entity_type) {
             return fail(
                 "entity_type",
@@ -234,15 +252,25 @@ impl ShardConfigBuilder {
             return fail("max_deliver", "must be at least 1");
         }
         if c.max_ack_pending == 0 || c.pull_batch == 0 {
-            return fail("max_ack_pending", "max_ack_pending and pull_batch must be at least 1");
+            return fail(
+                "max_ack_pending",
+                "max_ack_pending and pull_batch must be at least 1",
+            );
         }
         if ![1, 3, 5].contains(&c.replicas) {
             return fail("replicas", "must be 1, 3 or 5");
         }
         if c.duplicate_window < c.ack_wait.saturating_mul(c.max_deliver) {
-            return fail("duplicate_window", "must be at least ack_wait * max_deliver");
+            return fail(
+                "duplicate_window",
+                "must be at least ack_wait * max_deliver",
+            );
         }
-        if c.passivate_after.is_zero() || c.write_timeout.is_zero() || c.restart_window.is_zero() {
+        if c.passivate_after.is_zero()
+            || c.write_timeout.is_zero()
+            || c.restart_window.is_zero()
+            || c.owner_restart_window.is_zero()
+        {
             return fail("passivate_after", "durations must be above zero");
         }
         Ok(c)
@@ -274,10 +302,16 @@ mod tests {
         let cases = [
             (ShardConfig::builder("Order"), "entity_type"),
             (ShardConfig::builder("order").partitions(0), "partitions"),
-            (ShardConfig::builder("order").pin_ttl(Duration::from_millis(10)), "pin_ttl"),
+            (
+                ShardConfig::builder("order").pin_ttl(Duration::from_millis(10)),
+                "pin_ttl",
+            ),
             (ShardConfig::builder("order").max_deliver(0), "max_deliver"),
             (ShardConfig::builder("order").replicas(2), "replicas"),
-            (ShardConfig::builder("order").duplicate_window(Duration::from_secs(1)), "duplicate_window"),
+            (
+                ShardConfig::builder("order").duplicate_window(Duration::from_secs(1)),
+                "duplicate_window",
+            ),
         ];
         for (builder, field) in cases {
             assert_eq!(builder.build().unwrap_err().field, field);

@@ -70,7 +70,10 @@ pub trait Entity: Send + Sync + 'static {
 
     /// Decides the events a command causes, given the entity's state. Must not have side effects:
     /// it may run again for the same command after a crash.
-    fn decide(state: &Self::State, command: Self::Command) -> Result<Vec<Self::Event>, Self::Rejection>;
+    fn decide(
+        state: &Self::State,
+        command: Self::Command,
+    ) -> Result<Vec<Self::Event>, Self::Rejection>;
 
     /// Folds one durable event into the state.
     fn apply(state: &mut Self::State, event: &Self::Event);
@@ -97,13 +100,19 @@ impl EntityId {
             return Err(InvalidId::Empty);
         }
         if id.len() > MAX_ID_LEN {
-            return Err(InvalidId::TooLong { len: id.len(), max: MAX_ID_LEN });
+            return Err(InvalidId::TooLong {
+                len: id.len(),
+                max: MAX_ID_LEN,
+            });
         }
         if let Some(found) = id
             .chars()
             .find(|c| matches!(c, '.' | '*' | '>') || c.is_whitespace() || c.is_control())
         {
-            return Err(InvalidId::ForbiddenChar { id: id.to_owned(), found });
+            return Err(InvalidId::ForbiddenChar {
+                id: id.to_owned(),
+                found,
+            });
         }
         Ok(Self(Arc::from(id)))
     }
@@ -146,10 +155,19 @@ mod tests {
     fn ids_that_are_not_one_token_are_rejected() {
         assert_eq!(EntityId::new(""), Err(InvalidId::Empty));
         for bad in ["a.b", "a*", ">", "a b", "a\tb", "a\nb", "\u{7f}"] {
-            assert!(matches!(EntityId::new(bad), Err(InvalidId::ForbiddenChar { .. })), "{bad:?}");
+            assert!(
+                matches!(EntityId::new(bad), Err(InvalidId::ForbiddenChar { .. })),
+                "{bad:?}"
+            );
         }
         let long = "x".repeat(MAX_ID_LEN + 1);
-        assert_eq!(EntityId::new(&long), Err(InvalidId::TooLong { len: MAX_ID_LEN + 1, max: MAX_ID_LEN }));
+        assert_eq!(
+            EntityId::new(&long),
+            Err(InvalidId::TooLong {
+                len: MAX_ID_LEN + 1,
+                max: MAX_ID_LEN
+            })
+        );
         assert!(EntityId::new("x".repeat(MAX_ID_LEN)).is_ok());
     }
 }

@@ -28,7 +28,10 @@ pub(crate) struct Seed<E: Entity> {
 
 impl<E: Entity> Default for Seed<E> {
     fn default() -> Self {
-        Self { state: E::State::default(), last_command_seq: 0 }
+        Self {
+            state: E::State::default(),
+            last_command_seq: 0,
+        }
     }
 }
 
@@ -96,11 +99,24 @@ impl<E: Entity> Actor for EntityActor<E> {
     /// The seed is `None` for an entity to revive from the journal.
     type Arguments = (EntityArgs, Option<Seed<E>>);
 
-    async fn pre_start(&self, _: ActorRef<Work>, (args, seed): Self::Arguments) -> Result<EntityState<E>, ActorProcessingErr> {
-        Ok(EntityState { args, seed, broken: false })
+    async fn pre_start(
+        &self,
+        _: ActorRef<Work>,
+        (args, seed): Self::Arguments,
+    ) -> Result<EntityState<E>, ActorProcessingErr> {
+        Ok(EntityState {
+            args,
+            seed,
+            broken: false,
+        })
     }
 
-    async fn handle(&self, myself: ActorRef<Work>, work: Work, state: &mut EntityState<E>) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        myself: ActorRef<Work>,
+        work: Work,
+        state: &mut EntityState<E>,
+    ) -> Result<(), ActorProcessingErr> {
         if state.broken {
             return Ok(());
         }
@@ -111,7 +127,9 @@ impl<E: Entity> Actor for EntityActor<E> {
             generation = state.args.journal.generation(),
             cmd_seq = work.seq,
         );
-        let verdict = process(state, work.seq, work.payload).instrument(span).await;
+        let verdict = process(state, work.seq, work.payload)
+            .instrument(span)
+            .await;
         let stops = matches!(verdict, Verdict::Fenced | Verdict::Failed { .. });
         let outcome = Outcome {
             entity: state.args.id.clone(),
@@ -133,11 +151,19 @@ async fn process<E: Entity>(state: &mut EntityState<E>, seq: u64, payload: Bytes
     if state.seed.is_none() {
         match revive::<E>(&state.args).await {
             Ok(seed) => state.seed = Some(seed),
-            Err(reason) => return Verdict::Failed { reason, crashed: false },
+            Err(reason) => {
+                return Verdict::Failed {
+                    reason,
+                    crashed: false,
+                };
+            }
         }
     }
     let Some(seed) = state.seed.as_mut() else {
-        return Verdict::Failed { reason: "entity state missing".to_owned(), crashed: false };
+        return Verdict::Failed {
+            reason: "entity state missing".to_owned(),
+            crashed: false,
+        };
     };
     if seq <= seed.last_command_seq {
         tracing::debug!(last = seed.last_command_seq, "already applied");
@@ -150,7 +176,12 @@ async fn process<E: Entity>(state: &mut EntityState<E>, seq: u64, payload: Bytes
     };
     let decided = match catch_unwind(AssertUnwindSafe(|| E::decide(&seed.state, command))) {
         Ok(decided) => decided,
-        Err(panic) => return Verdict::Failed { reason: format!("decide panicked: {}", panic_message(&*panic)), crashed: true },
+        Err(panic) => {
+            return Verdict::Failed {
+                reason: format!("decide panicked: {}", panic_message(&*panic)),
+                crashed: true,
+            };
+        }
     };
     let events = match decided {
         Ok(events) => events,
@@ -163,14 +194,34 @@ async fn process<E: Entity>(state: &mut EntityState<E>, seq: u64, payload: Bytes
     for event in &events {
         match codec.encode(event) {
             Ok(bytes) => encoded.push(bytes),
-            Err(e) => return Verdict::Failed { reason: e.to_string(), crashed: true },
+            Err(e) => {
+                return Verdict::Failed {
+                    reason: e.to_string(),
+                    crashed: true,
+                };
+            }
         }
     }
-    match state.args.journal.append(&state.args.id, seq, encoded).await {
+    match state
+        .args
+        .journal
+        .append(&state.args.id, seq, encoded)
+        .await
+    {
         Ok(()) => {}
         Err(WriteError::Fenced { .. }) => return Verdict::Fenced,
-        Err(e @ WriteError::Unconfirmed(_)) => return Verdict::Failed { reason: e.to_string(), crashed: false },
-        Err(e @ WriteError::TooManyEvents { .. }) => return Verdict::Failed { reason: e.to_string(), crashed: true },
+        Err(e @ WriteError::Unconfirmed(_)) => {
+            return Verdict::Failed {
+                reason: e.to_string(),
+                crashed: false,
+            };
+        }
+        Err(e @ WriteError::TooManyEvents { .. }) => {
+            return Verdict::Failed {
+                reason: e.to_string(),
+                crashed: true,
+            };
+        }
     }
     seed.last_command_seq = seq;
     let applied = catch_unwind(AssertUnwindSafe(|| {
@@ -181,10 +232,15 @@ async fn process<E: Entity>(state: &mut EntityState<E>, seq: u64, payload: Bytes
     if let Err(panic) = applied {
         // The events are durable, so the command is done; the state in memory is not to be
         // trusted. Drop it: the next command revives the entity from the journal.
-        tracing::error!(panic = panic_message(&*panic), "apply panicked after the events were written");
+        tracing::error!(
+            panic = panic_message(&*panic),
+            "apply panicked after the events were written"
+        );
         state.seed = None;
     }
-    Verdict::Applied { events: events.len() }
+    Verdict::Applied {
+        events: events.len(),
+    }
 }
 
 /// Rebuilds one entity from its events in the journal.
@@ -194,7 +250,8 @@ async fn revive<E: Entity>(args: &EntityArgs) -> Result<Seed<E>, String> {
     let filter = args.names.event_subject(args.partition, &args.id);
     journal::replay(&args.journal_stream, filter, |stored| {
         let event: E::Event = codec.decode(&stored.payload).map_err(crate::Error::from)?;
-        apply_replayed::<E>(&mut seed, &event, stored.command_seq).map_err(|reason| crate::Error::jetstream("revive", reason))
+        apply_replayed::<E>(&mut seed, &event, stored.command_seq)
+            .map_err(|reason| crate::Error::jetstream("revive", reason))
     })
     .await
     .map_err(|e| format!("cannot revive {} from the journal: {e}", args.id))?;
@@ -202,9 +259,17 @@ async fn revive<E: Entity>(args: &EntityArgs) -> Result<Seed<E>, String> {
 }
 
 /// Applies one replayed event, catching a panicking `apply`.
-pub(crate) fn apply_replayed<E: Entity>(seed: &mut Seed<E>, event: &E::Event, command_seq: u64) -> Result<(), String> {
-    catch_unwind(AssertUnwindSafe(|| E::apply(&mut seed.state, event)))
-        .map_err(|panic| format!("apply panicked on a journal event of command {command_seq}: {}", panic_message(&*panic)))?;
+pub(crate) fn apply_replayed<E: Entity>(
+    seed: &mut Seed<E>,
+    event: &E::Event,
+    command_seq: u64,
+) -> Result<(), String> {
+    catch_unwind(AssertUnwindSafe(|| E::apply(&mut seed.state, event))).map_err(|panic| {
+        format!(
+            "apply panicked on a journal event of command {command_seq}: {}",
+            panic_message(&*panic)
+        )
+    })?;
     seed.last_command_seq = seed.last_command_seq.max(command_seq);
     Ok(())
 }

@@ -19,7 +19,9 @@ pub enum InvalidId {
         max: usize,
     },
     /// The id holds a character that cannot stand in one subject token.
-    #[error("entity id {id:?} contains {found:?}: an id is one subject token (no '.', '*', '>', whitespace or control characters)")]
+    #[error(
+        "entity id {id:?} contains {found:?}: an id is one subject token (no '.', '*', '>', whitespace or control characters)"
+    )]
     ForbiddenChar {
         /// The id.
         id: String,
@@ -64,7 +66,9 @@ pub enum Error {
     #[error(transparent)]
     Codec(#[from] CodecError),
     /// The command stream exists with another partition count than configured.
-    #[error("stream {stream} exists with {existing} partitions but {configured} are configured; the partition count of an entity type cannot change in place")]
+    #[error(
+        "stream {stream} exists with {existing} partitions but {configured} are configured; the partition count of an entity type cannot change in place"
+    )]
     PartitionMismatch {
         /// The command stream.
         stream: String,
@@ -106,6 +110,9 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn jetstream(context: impl Into<String>, source: impl Into<BoxError>) -> Self {
-        Error::JetStream { context: context.into(), source: source.into() }
+        Error::JetStream {
+            context: context.into(),
+            source: source.into(),
+        }
     }
 }

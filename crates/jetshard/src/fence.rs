@@ -64,7 +64,10 @@ impl FenceRecord {
             serde_json::from_slice(body).map_err(|e| FenceRecordError::Body(e.to_string()))?;
         let header = header_u64(headers, HDR_GENERATION).ok_or(FenceRecordError::Header)?;
         if header != record.generation {
-            return Err(FenceRecordError::Mismatch { header, body: record.generation });
+            return Err(FenceRecordError::Mismatch {
+                header,
+                body: record.generation,
+            });
         }
         Ok(record)
     }
@@ -72,7 +75,9 @@ impl FenceRecord {
 
 /// Reads a header as a decimal `u64`.
 pub(crate) fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
-    headers.get(name).and_then(|v| v.as_str().trim().parse().ok())
+    headers
+        .get(name)
+        .and_then(|v| v.as_str().trim().parse().ok())
 }
 
 /// Why a claim failed.
@@ -98,12 +103,19 @@ pub(crate) async fn latest(
     let subject = names.fence_subject(partition);
     match journal.get_last_raw_message_by_subject(&subject).await {
         Ok(message) => {
-            let record = FenceRecord::decode(&message.headers, &message.payload)
-                .map_err(|source| ClaimError::Corrupt { seq: message.sequence, source })?;
+            let record =
+                FenceRecord::decode(&message.headers, &message.payload).map_err(|source| {
+                    ClaimError::Corrupt {
+                        seq: message.sequence,
+                        source,
+                    }
+                })?;
             Ok(Some((message.sequence, record)))
         }
         Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-        Err(e) => Err(Error::jetstream(format!("read the last fence record on {subject}"), e).into()),
+        Err(e) => {
+            Err(Error::jetstream(format!("read the last fence record on {subject}"), e).into())
+        }
     }
 }
 
@@ -123,22 +135,33 @@ pub(crate) async fn claim(
             None => (0, 0),
         };
         let generation = previous_generation + 1;
-        let record = FenceRecord { partition, generation, node: node.to_owned() };
-        let body = serde_json::to_vec(&record).map_err(|e| Error::jetstream("encode a fence record", e))?;
+        let record = FenceRecord {
+            partition,
+            generation,
+            node: node.to_owned(),
+        };
+        let body = serde_json::to_vec(&record)
+            .map_err(|e| Error::jetstream("encode a fence record", e))?;
         let publish = PublishMessage::build()
             .payload(body.into())
             .header(HDR_GENERATION, generation.to_string())
             .expected_last_subject_sequence(previous_seq);
-        let result = async {
-            js.send_publish(subject.clone(), publish).await?.await
-        }
-        .await;
+        let result = async { js.send_publish(subject.clone(), publish).await?.await }.await;
         match result {
-            Ok(ack) => return Ok(Fence { generation, seq: ack.sequence }),
+            Ok(ack) => {
+                return Ok(Fence {
+                    generation,
+                    seq: ack.sequence,
+                });
+            }
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => continue,
             Err(e) => {
                 let source: BoxError = Box::new(e);
-                return Err(Error::JetStream { context: format!("publish fence record {generation} on {subject}"), source }.into());
+                return Err(Error::JetStream {
+                    context: format!("publish fence record {generation} on {subject}"),
+                    source,
+                }
+                .into());
             }
         }
     }
@@ -157,7 +180,11 @@ mod tests {
 
     #[test]
     fn a_fence_record_round_trips() {
-        let record = FenceRecord { partition: 3, generation: 7, node: "n1".into() };
+        let record = FenceRecord {
+            partition: 3,
+            generation: 7,
+            node: "n1".into(),
+        };
         let body = serde_json::to_vec(&record).unwrap();
         assert_eq!(FenceRecord::decode(&headers("7"), &body).unwrap(), record);
     }
@@ -165,15 +192,30 @@ mod tests {
     #[test]
     fn unknown_fields_are_ignored() {
         let body = br#"{"partition":1,"generation":2,"node":"n","claimed_at":"x"}"#;
-        assert_eq!(FenceRecord::decode(&headers("2"), body).unwrap().generation, 2);
+        assert_eq!(
+            FenceRecord::decode(&headers("2"), body).unwrap().generation,
+            2
+        );
     }
 
     #[test]
     fn malformed_fence_records_are_typed_errors() {
         let body = br#"{"partition":1,"generation":2,"node":"n"}"#;
-        assert!(matches!(FenceRecord::decode(&HeaderMap::new(), body), Err(FenceRecordError::Header)));
-        assert!(matches!(FenceRecord::decode(&headers("x"), body), Err(FenceRecordError::Header)));
-        assert!(matches!(FenceRecord::decode(&headers("3"), body), Err(FenceRecordError::Mismatch { header: 3, body: 2 })));
-        assert!(matches!(FenceRecord::decode(&headers("2"), b"{"), Err(FenceRecordError::Body(_))));
+        assert!(matches!(
+            FenceRecord::decode(&HeaderMap::new(), body),
+            Err(FenceRecordError::Header)
+        ));
+        assert!(matches!(
+            FenceRecord::decode(&headers("x"), body),
+            Err(FenceRecordError::Header)
+        ));
+        assert!(matches!(
+            FenceRecord::decode(&headers("3"), body),
+            Err(FenceRecordError::Mismatch { header: 3, body: 2 })
+        ));
+        assert!(matches!(
+            FenceRecord::decode(&headers("2"), b"{"),
+            Err(FenceRecordError::Body(_))
+        ));
     }
 }

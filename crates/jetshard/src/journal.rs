@@ -20,8 +20,9 @@ use crate::entity::EntityId;
 use crate::error::{BoxError, Error};
 use crate::fence::{Fence, header_u64};
 use crate::wire::{
-    HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_EXPECTED_SUBJECT, HDR_EXPECTED_SUBJECT_SEQ,
-    HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE, HDR_GENERATION, HDR_MSG_ID, HDR_REASON, Names,
+    HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE, HDR_COMMAND_SEQ, HDR_DELIVERIES,
+    HDR_ENTITY, HDR_EXPECTED_SUBJECT, HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_MSG_ID,
+    HDR_REASON, Names,
 };
 
 /// Why a journal write did not happen.
@@ -35,7 +36,9 @@ pub(crate) enum WriteError {
     #[error("journal write not confirmed: {0}")]
     Unconfirmed(#[source] BoxError),
     /// More events than one atomic batch can hold.
-    #[error("a command decided {events} events; at most {MAX_EVENTS_PER_COMMAND} fit one atomic write")]
+    #[error(
+        "a command decided {events} events; at most {MAX_EVENTS_PER_COMMAND} fit one atomic write"
+    )]
     TooManyEvents { events: usize },
 }
 
@@ -56,8 +59,15 @@ fn server_error_code(error: &async_nats::jetstream::context::PublishError) -> Op
 fn nuid_like() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    format!("{:x}{:x}{:x}", std::process::id(), nanos, COUNTER.fetch_add(1, Ordering::Relaxed))
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{:x}{:x}{:x}",
+        std::process::id(),
+        nanos,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Writes one partition's records under one generation.
@@ -73,7 +83,13 @@ pub(crate) struct JournalWriter {
 impl JournalWriter {
     pub(crate) fn new(js: Context, names: Arc<Names>, partition: u32, fence: Fence) -> Self {
         let fence_subject = names.fence_subject(partition).into();
-        Self { js, names, partition, fence, fence_subject }
+        Self {
+            js,
+            names,
+            partition,
+            fence,
+            fence_subject,
+        }
     }
 
     pub(crate) fn generation(&self) -> u64 {
@@ -93,11 +109,14 @@ impl JournalWriter {
         events: Vec<Vec<u8>>,
     ) -> Result<(), WriteError> {
         if events.len() > MAX_EVENTS_PER_COMMAND {
-            return Err(WriteError::TooManyEvents { events: events.len() });
+            return Err(WriteError::TooManyEvents {
+                events: events.len(),
+            });
         }
         let subject = self.names.event_subject(self.partition, entity);
         let last = events.len().saturating_sub(1);
-        let batch_id = (last > 0).then(|| format!("{}-{command_seq}-{}", self.names.entity_type, nuid_like()));
+        let batch_id =
+            (last > 0).then(|| format!("{}-{command_seq}-{}", self.names.entity_type, nuid_like()));
         for (index, event) in events.into_iter().enumerate() {
             let mut headers = self.fenced_headers();
             headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
@@ -137,7 +156,10 @@ impl JournalWriter {
         headers.insert(HDR_ENTITY, entity);
         headers.insert(HDR_DELIVERIES, deliveries.to_string());
         headers.insert(HDR_REASON, sanitize_header(reason));
-        headers.insert(HDR_MSG_ID, format!("{}:dlq:{command_seq}", self.names.entity_type));
+        headers.insert(
+            HDR_MSG_ID,
+            format!("{}:dlq:{command_seq}", self.names.entity_type),
+        );
         let subject = self.names.dead_letter_subject(self.partition);
         let ack = self.send(subject, headers, payload).await?;
         self.confirm(ack).await
@@ -151,9 +173,17 @@ impl JournalWriter {
         headers
     }
 
-    async fn send(&self, subject: String, headers: HeaderMap, payload: Bytes) -> Result<PublishAckFuture, WriteError> {
+    async fn send(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<PublishAckFuture, WriteError> {
         self.js
-            .send_publish(subject, PublishMessage::build().payload(payload).headers(headers))
+            .send_publish(
+                subject,
+                PublishMessage::build().payload(payload).headers(headers),
+            )
             .await
             .map_err(|e| WriteError::Unconfirmed(Box::new(e)))
     }
@@ -161,9 +191,9 @@ impl JournalWriter {
     async fn confirm(&self, ack: PublishAckFuture) -> Result<(), WriteError> {
         match ack.await {
             Ok(_) => Ok(()),
-            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
-                Err(WriteError::Fenced { generation: self.fence.generation })
-            }
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Err(WriteError::Fenced {
+                generation: self.fence.generation,
+            }),
             // A batch retried after a lost acknowledgement: its message ids are known, so the
             // earlier attempt committed (batches are all or nothing).
             Err(e) if server_error_code(&e) == Some(BATCH_DUPLICATE_CODE) => Ok(()),
@@ -174,7 +204,11 @@ impl JournalWriter {
 
 /// Header values cannot hold line breaks.
 fn sanitize_header(value: &str) -> String {
-    value.chars().map(|c| if c.is_control() { ' ' } else { c }).take(512).collect()
+    value
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(512)
+        .collect()
 }
 
 /// One event read back from the journal.
@@ -216,12 +250,26 @@ pub(crate) async fn replay(
         let message = match next {
             Some(Ok(message)) => message,
             Some(Err(e)) => return Err(Error::jetstream(format!("replay {filter}"), e)),
-            None => return Err(Error::jetstream(format!("replay {filter}"), "the replay ended early")),
+            None => {
+                return Err(Error::jetstream(
+                    format!("replay {filter}"),
+                    "the replay ended early",
+                ));
+            }
         };
-        let info = message.info().map_err(|e| Error::jetstream(format!("replay {filter}"), e.to_string()))?;
+        let info = message
+            .info()
+            .map_err(|e| Error::jetstream(format!("replay {filter}"), e.to_string()))?;
         let pending = info.pending;
-        let event = stored_event(&message.message)
-            .ok_or_else(|| Error::jetstream(format!("replay {filter}"), format!("malformed journal record at sequence {}", info.stream_sequence)))?;
+        let event = stored_event(&message.message).ok_or_else(|| {
+            Error::jetstream(
+                format!("replay {filter}"),
+                format!(
+                    "malformed journal record at sequence {}",
+                    info.stream_sequence
+                ),
+            )
+        })?;
         each(event)?;
         read += 1;
         if pending == 0 {
@@ -234,5 +282,9 @@ fn stored_event(message: &async_nats::Message) -> Option<StoredEvent> {
     let headers = message.headers.as_ref()?;
     let entity = EntityId::new(Names::entity_of_subject(&message.subject)?).ok()?;
     let command_seq = header_u64(headers, HDR_COMMAND_SEQ)?;
-    Some(StoredEvent { entity, command_seq, payload: message.payload.clone() })
+    Some(StoredEvent {
+        entity,
+        command_seq,
+        payload: message.payload.clone(),
+    })
 }

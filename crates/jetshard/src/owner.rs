@@ -23,9 +23,10 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::jetstream::Context;
 use async_nats::jetstream::message::AckKind;
 use async_nats::jetstream::stream::Stream;
-use async_nats::jetstream::{self, Context};
+use async_nats::{Client, Subject};
 use bytes::Bytes;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::broadcast;
@@ -44,6 +45,7 @@ use crate::wire::{Names, PRIORITY_GROUP};
 /// What one entity type's owners share.
 pub(crate) struct Shared {
     pub(crate) js: Context,
+    pub(crate) client: Client,
     pub(crate) names: Arc<Names>,
     pub(crate) config: ShardConfig,
     pub(crate) command_stream: Stream<()>,
@@ -108,7 +110,7 @@ struct Counters {
 
 enum Role<E: Entity> {
     Standby,
-    Owning(Owning<E>),
+    Owning(Box<Owning<E>>),
 }
 
 struct Owning<E: Entity> {
@@ -136,7 +138,7 @@ struct Pending {
     payload: Bytes,
     /// The delivery to acknowledge; `None` for a command recovered from the stream on
     /// acquisition (its delivery belongs to the previous owner) or after a nak.
-    message: Option<jetstream::Message>,
+    reply: Option<Subject>,
     deliveries: u64,
     progress_at: Instant,
 }
@@ -146,9 +148,16 @@ impl<E: Entity> Actor for OwnerActor<E> {
     type State = OwnerState<E>;
     type Arguments = OwnerArgs;
 
-    async fn pre_start(&self, myself: ActorRef<OwnerMsg>, args: OwnerArgs) -> Result<OwnerState<E>, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        myself: ActorRef<OwnerMsg>,
+        args: OwnerArgs,
+    ) -> Result<OwnerState<E>, ActorProcessingErr> {
         let config = &args.shared.config;
-        let settings = PullSettings { batch: config.pull_batch, expires: config.pull_expires() };
+        let settings = PullSettings {
+            batch: config.pull_batch,
+            expires: config.pull_expires(),
+        };
         let sink = {
             let myself = myself.clone();
             move |signal| myself.cast(OwnerMsg::Pin(signal)).is_ok()
@@ -174,9 +183,16 @@ impl<E: Entity> Actor for OwnerActor<E> {
         })
     }
 
-    async fn handle(&self, myself: ActorRef<OwnerMsg>, message: OwnerMsg, state: &mut OwnerState<E>) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        myself: ActorRef<OwnerMsg>,
+        message: OwnerMsg,
+        state: &mut OwnerState<E>,
+    ) -> Result<(), ActorProcessingErr> {
         match message {
-            OwnerMsg::Pin(PinSignal::Delivered(delivery)) => state.on_delivery(&myself, delivery).await,
+            OwnerMsg::Pin(PinSignal::Delivered(delivery)) => {
+                state.on_delivery(&myself, delivery).await
+            }
             OwnerMsg::Pin(PinSignal::Lost { pin }) => {
                 if matches!(&state.role, Role::Owning(o) if o.pin == pin) {
                     state.step_down(&myself, "pin lost");
@@ -197,7 +213,12 @@ impl<E: Entity> Actor for OwnerActor<E> {
         }
     }
 
-    async fn handle_supervisor_evt(&self, _: ActorRef<OwnerMsg>, event: SupervisionEvent, state: &mut OwnerState<E>) -> Result<(), ActorProcessingErr> {
+    async fn handle_supervisor_evt(
+        &self,
+        _: ActorRef<OwnerMsg>,
+        event: SupervisionEvent,
+        state: &mut OwnerState<E>,
+    ) -> Result<(), ActorProcessingErr> {
         // Entity actors report failures as outcomes and stop themselves; an entity actor that
         // dies otherwise (a panic outside the guarded calls) loses its slot's actor, and its
         // commands are retried when they come back.
@@ -205,7 +226,11 @@ impl<E: Entity> Actor for OwnerActor<E> {
             && let Role::Owning(o) = &mut state.role
         {
             for (entity, slot) in &mut o.entities {
-                if slot.actor.as_ref().is_some_and(|a| a.get_id() == cell.get_id()) {
+                if slot
+                    .actor
+                    .as_ref()
+                    .is_some_and(|a| a.get_id() == cell.get_id())
+                {
                     tracing::error!(partition = state.partition, %entity, %error, "entity actor failed");
                     slot.actor = None;
                     if let Some(front) = slot.queue.front() {
@@ -223,19 +248,29 @@ impl<E: Entity> OwnerState<E> {
         &self.shared.config
     }
 
-    async fn on_delivery(&mut self, myself: &ActorRef<OwnerMsg>, delivery: Delivery) -> Result<(), ActorProcessingErr> {
-        let Some((seq, deliveries)) = sequence_of(&delivery.message) else {
-            tracing::warn!(partition = self.partition, subject = %delivery.message.subject, "delivery without JetStream metadata");
-            return Ok(());
-        };
-        let Some(entity) = Names::entity_of_subject(&delivery.message.subject).and_then(|id| EntityId::new(id).ok()) else {
-            tracing::warn!(partition = self.partition, subject = %delivery.message.subject, "command subject holds no valid entity id; terminated");
-            let _ = delivery.message.ack_with(AckKind::Term).await;
+    async fn on_delivery(
+        &mut self,
+        myself: &ActorRef<OwnerMsg>,
+        delivery: Delivery,
+    ) -> Result<(), ActorProcessingErr> {
+        let Some(entity) =
+            Names::entity_of_subject(&delivery.subject).and_then(|id| EntityId::new(id).ok())
+        else {
+            tracing::warn!(partition = self.partition, subject = %delivery.subject, "command subject holds no valid entity id; terminated");
+            acknowledge(
+                &self.shared.client,
+                self.partition,
+                delivery.reply,
+                AckKind::Term,
+            )
+            .await;
             return Ok(());
         };
         if self.release.is_some() {
             // Handing over: let the next owner have it soon.
-            let _ = delivery.message.ack_with(AckKind::Nak(Some(Duration::from_millis(100)))).await;
+            let delay = Duration::from_millis(100);
+            let nak = AckKind::Nak(Some(delay));
+            acknowledge(&self.shared.client, self.partition, delivery.reply, nak).await;
             return Ok(());
         }
         if let Role::Owning(o) = &self.role
@@ -247,23 +282,23 @@ impl<E: Entity> OwnerState<E> {
             if self.refused_pin.as_ref() == Some(&delivery.pin) {
                 return Ok(());
             }
-            self.acquire(myself, delivery, entity, seq, deliveries).await;
+            self.acquire(myself, delivery, entity).await;
             return Ok(());
         }
-        let pending = Pending {
-            seq,
-            payload: delivery.message.payload.clone(),
-            message: Some(delivery.message),
-            deliveries,
-            progress_at: Instant::now(),
-        };
-        self.route(myself, &entity, pending).await;
+        self.route(myself, &entity, Pending::delivered(delivery))
+            .await;
         Ok(())
     }
 
     /// Takes the partition: a new generation, the state rebuilt, the previous owner's
     /// unacknowledged commands recovered in order. `first` is the delivery that showed the pin.
-    async fn acquire(&mut self, myself: &ActorRef<OwnerMsg>, first: Delivery, first_entity: EntityId, first_seq: u64, first_deliveries: u64) {
+    async fn acquire(
+        &mut self,
+        myself: &ActorRef<OwnerMsg>,
+        first: Delivery,
+        first_entity: EntityId,
+    ) {
+        let first_seq = first.seq;
         let started = Instant::now();
         let partition = self.partition;
         let node = self.config().node_id.clone();
@@ -278,15 +313,20 @@ impl<E: Entity> OwnerState<E> {
                 return;
             }
         };
-        let journal = JournalWriter::new(self.shared.js.clone(), self.shared.names.clone(), partition, fence);
-        self.role = Role::Owning(Owning {
+        let journal = JournalWriter::new(
+            self.shared.js.clone(),
+            self.shared.names.clone(),
+            partition,
+            fence,
+        );
+        self.role = Role::Owning(Box::new(Owning {
             generation: fence.generation,
             pin,
             journal,
             dormant,
             entities: HashMap::new(),
             crashes: VecDeque::new(),
-        });
+        }));
         self.counters.acquisitions += 1;
         tracing::info!(
             partition,
@@ -305,13 +345,7 @@ impl<E: Entity> OwnerState<E> {
         });
 
         // The previous owner's unacknowledged commands, and the first delivery, in stream order.
-        let mut first = Some(Pending {
-            seq: first_seq,
-            payload: first.message.payload.clone(),
-            message: Some(first.message),
-            deliveries: first_deliveries,
-            progress_at: Instant::now(),
-        });
+        let mut first = Some(Pending::delivered(first));
         for (entity, pending) in recovered.into_iter().filter(|(_, p)| p.seq != first_seq) {
             if let Some(f) = first.take_if(|f| f.seq < pending.seq) {
                 self.route(myself, &first_entity, f).await;
@@ -322,45 +356,73 @@ impl<E: Entity> OwnerState<E> {
             self.route(myself, &first_entity, f).await;
         }
     }
-
 }
 
 /// A claimed fence, the rebuilt states, how many events were replayed, and the recovered
 /// in-flight commands.
-type Acquired<E> = (fence::Fence, HashMap<EntityId, Seed<E>>, u64, Vec<(EntityId, Pending)>);
+type Acquired<E> = (
+    fence::Fence,
+    HashMap<EntityId, Seed<E>>,
+    u64,
+    Vec<(EntityId, Pending)>,
+);
 
-async fn claim_and_rebuild<E: Entity>(shared: &Shared, partition: u32) -> Result<Acquired<E>, String> {
+async fn claim_and_rebuild<E: Entity>(
+    shared: &Shared,
+    partition: u32,
+) -> Result<Acquired<E>, String> {
     {
-        let fence = fence::claim(&shared.js, &shared.journal_stream, &shared.names, partition, &shared.config.node_id)
-            .await
-            .map_err(|e| format!("claiming a generation: {e}"))?;
+        let fence = fence::claim(
+            &shared.js,
+            &shared.journal_stream,
+            &shared.names,
+            partition,
+            &shared.config.node_id,
+        )
+        .await
+        .map_err(|e| format!("claiming a generation: {e}"))?;
 
         // Every event of this partition precedes our fence record: older owners are fenced.
         let codec = shared.config.codec;
         let mut dormant: HashMap<EntityId, Seed<E>> = HashMap::new();
         let mut failure = None;
-        let rebuilt = journal::replay(&shared.journal_stream, shared.names.partition_events(partition), |stored| {
-            let event: E::Event = codec.decode(&stored.payload)?;
-            let seed = dormant.entry(stored.entity).or_default();
-            if let Err(reason) = apply_replayed::<E>(seed, &event, stored.command_seq) {
-                failure = Some(reason.clone());
-                return Err(crate::Error::jetstream("rebuild", reason));
-            }
-            Ok(())
-        })
+        let rebuilt = journal::replay(
+            &shared.journal_stream,
+            shared.names.partition_events(partition),
+            |stored| {
+                let event: E::Event = codec.decode(&stored.payload)?;
+                let seed = dormant.entry(stored.entity).or_default();
+                if let Err(reason) = apply_replayed::<E>(seed, &event, stored.command_seq) {
+                    failure = Some(reason.clone());
+                    return Err(crate::Error::jetstream("rebuild", reason));
+                }
+                Ok(())
+            },
+        )
         .await
-        .map_err(|e| format!("rebuilding generation {}: {}", fence.generation, failure.take().unwrap_or_else(|| e.to_string())))?;
+        .map_err(|e| {
+            format!(
+                "rebuilding generation {}: {}",
+                fence.generation,
+                failure.take().unwrap_or_else(|| e.to_string())
+            )
+        })?;
 
-        let recovered = recover_window(shared, partition).await.map_err(|e| format!("recovering in-flight commands: {e}"))?;
+        let recovered = recover_window(shared, partition)
+            .await
+            .map_err(|e| format!("recovering in-flight commands: {e}"))?;
         Ok((fence, dormant, rebuilt, recovered))
     }
 }
 
-    /// Reads, straight from the command stream, the commands the consumer has delivered but
-    /// that are not acknowledged yet: those the previous owner held. Applying them first keeps
-    /// each entity's commands in order across the takeover; their redeliveries are then
-    /// recognised as already applied.
-async fn recover_window(shared: &Shared, partition: u32) -> Result<Vec<(EntityId, Pending)>, crate::Error> {
+/// Reads, straight from the command stream, the commands the consumer has delivered but
+/// that are not acknowledged yet: those the previous owner held. Applying them first keeps
+/// each entity's commands in order across the takeover; their redeliveries are then
+/// recognised as already applied.
+async fn recover_window(
+    shared: &Shared,
+    partition: u32,
+) -> Result<Vec<(EntityId, Pending)>, crate::Error> {
     {
         let names = &shared.names;
         let consumer = names.consumer(partition);
@@ -369,7 +431,10 @@ async fn recover_window(shared: &Shared, partition: u32) -> Result<Vec<(EntityId
             .consumer_info(&consumer)
             .await
             .map_err(|e| crate::Error::jetstream(format!("read consumer {consumer}"), e))?;
-        let (floor, delivered) = (info.ack_floor.stream_sequence, info.delivered.stream_sequence);
+        let (floor, delivered) = (
+            info.ack_floor.stream_sequence,
+            info.delivered.stream_sequence,
+        );
         let filter = names.partition_commands(partition);
         let mut recovered = Vec::new();
         let mut next = floor + 1;
@@ -390,12 +455,20 @@ async fn recover_window(shared: &Shared, partition: u32) -> Result<Vec<(EntityId
                 break;
             }
             next = message.sequence + 1;
-            let Some(entity) = Names::entity_of_subject(&message.subject).and_then(|id| EntityId::new(id).ok()) else {
+            let Some(entity) =
+                Names::entity_of_subject(&message.subject).and_then(|id| EntityId::new(id).ok())
+            else {
                 continue;
             };
             recovered.push((
                 entity,
-                Pending { seq: message.sequence, payload: message.payload, message: None, deliveries: 0, progress_at: Instant::now() },
+                Pending {
+                    seq: message.sequence,
+                    payload: message.payload,
+                    reply: None,
+                    deliveries: 0,
+                    progress_at: Instant::now(),
+                },
             ));
         }
         Ok(recovered)
@@ -405,7 +478,9 @@ async fn recover_window(shared: &Shared, partition: u32) -> Result<Vec<(EntityId
 impl<E: Entity> OwnerState<E> {
     /// Queues a command for its entity and, unless the entity waits for a retry, hands it on.
     async fn route(&mut self, myself: &ActorRef<OwnerMsg>, entity: &EntityId, pending: Pending) {
-        let Role::Owning(o) = &mut self.role else { return };
+        let Role::Owning(o) = &mut self.role else {
+            return;
+        };
         let slot = o.entities.entry(entity.clone()).or_insert_with(|| Slot {
             actor: None,
             queue: VecDeque::new(),
@@ -415,8 +490,8 @@ impl<E: Entity> OwnerState<E> {
         slot.last_active = Instant::now();
         if let Some(held) = slot.queue.iter_mut().find(|p| p.seq == pending.seq) {
             // A redelivery of a command still in hand: keep the newest delivery to acknowledge.
-            if pending.message.is_some() {
-                held.message = pending.message;
+            if pending.reply.is_some() {
+                held.reply = pending.reply;
                 held.deliveries = pending.deliveries;
             }
             held.progress_at = Instant::now();
@@ -438,18 +513,32 @@ impl<E: Entity> OwnerState<E> {
         }
     }
 
-    async fn on_outcome(&mut self, myself: &ActorRef<OwnerMsg>, outcome: Outcome) -> Result<(), ActorProcessingErr> {
+    async fn on_outcome(
+        &mut self,
+        myself: &ActorRef<OwnerMsg>,
+        outcome: Outcome,
+    ) -> Result<(), ActorProcessingErr> {
         let partition = self.partition;
         let max_deliver = u64::from(self.config().max_deliver);
         let retry_delay = self.config().retry_delay;
         let ack_wait = self.config().ack_wait;
-        let (max_restarts, restart_window) = (self.config().max_entity_restarts, self.config().restart_window);
-        let Role::Owning(o) = &mut self.role else { return Ok(()) };
+        let (max_restarts, restart_window) = (
+            self.config().max_entity_restarts,
+            self.config().restart_window,
+        );
+        let shared = Arc::clone(&self.shared);
+        let Role::Owning(o) = &mut self.role else {
+            return Ok(());
+        };
         if outcome.generation != o.generation {
             return Ok(());
         }
-        let Some(slot) = o.entities.get_mut(&outcome.entity) else { return Ok(()) };
-        let Some(position) = slot.queue.iter().position(|p| p.seq == outcome.seq) else { return Ok(()) };
+        let Some(slot) = o.entities.get_mut(&outcome.entity) else {
+            return Ok(());
+        };
+        let Some(position) = slot.queue.iter().position(|p| p.seq == outcome.seq) else {
+            return Ok(());
+        };
         slot.last_active = Instant::now();
         let entity = outcome.entity;
         match outcome.verdict {
@@ -467,16 +556,16 @@ impl<E: Entity> OwnerState<E> {
                     _ => {}
                 }
                 if let Some(done) = slot.queue.remove(position)
-                    && let Some(message) = done.message
-                    && let Err(e) = message.ack().await
+                    && let Some(reply) = done.reply
                 {
-                    tracing::warn!(partition, %entity, cmd_seq = outcome.seq, error = %e, "ack failed; the command will be redelivered and recognised as applied");
+                    acknowledge(&shared.client, partition, reply, AckKind::Ack).await;
                 }
             }
             Verdict::Malformed(reason) => {
                 tracing::warn!(partition, %entity, cmd_seq = outcome.seq, %reason, "undecodable command terminated");
                 if let Some(bad) = slot.queue.remove(position) {
-                    self.give_up(myself, &entity, bad, &format!("malformed: {reason}")).await;
+                    self.give_up(myself, &entity, bad, &format!("malformed: {reason}"))
+                        .await;
                 }
             }
             Verdict::Fenced => {
@@ -487,32 +576,44 @@ impl<E: Entity> OwnerState<E> {
                 if crashed {
                     let now = Instant::now();
                     o.crashes.push_back(now);
-                    while o.crashes.front().is_some_and(|t| now.duration_since(*t) > restart_window) {
+                    while o
+                        .crashes
+                        .front()
+                        .is_some_and(|t| now.duration_since(*t) > restart_window)
+                    {
                         o.crashes.pop_front();
                     }
                     if o.crashes.len() > max_restarts as usize {
                         let generation = o.generation;
+                        // Give the partition up at once: another process may fare better.
+                        self.unpin().await;
                         self.step_down(myself, "entity actors crash too often");
                         return Err(format!("partition {partition} generation {generation}: more than {max_restarts} entity crashes within {restart_window:?}; last: {reason}").into());
                     }
                 }
                 let failed = &mut slot.queue[position];
                 tracing::warn!(partition, %entity, cmd_seq = failed.seq, deliveries = failed.deliveries, %reason, "command failed");
-                match failed.message.take() {
-                    Some(message) if failed.deliveries >= max_deliver => {
-                        failed.message = Some(message);
+                match failed.reply.take() {
+                    Some(reply) if failed.deliveries >= max_deliver => {
+                        failed.reply = Some(reply);
                         if let Some(bad) = slot.queue.remove(position) {
-                            let reason = format!("failed at each of {} deliveries; last: {reason}", bad.deliveries);
+                            let reason = format!(
+                                "failed at each of {} deliveries; last: {reason}",
+                                bad.deliveries
+                            );
                             self.give_up(myself, &entity, bad, &reason).await;
                         }
                         if let Role::Owning(o) = &mut self.role {
                             dispatch_all::<E>(myself, &self.shared, partition, o, &entity).await;
                         }
                     }
-                    Some(message) => {
-                        let delay = retry_delay.saturating_mul(1 << failed.deliveries.clamp(1, 16).saturating_sub(1)).min(ack_wait);
+                    Some(reply) => {
+                        let delay = retry_delay
+                            .saturating_mul(1 << failed.deliveries.clamp(1, 16).saturating_sub(1))
+                            .min(ack_wait);
                         slot.blocked = Some((failed.seq, Instant::now()));
-                        let _ = message.ack_with(AckKind::Nak(Some(delay))).await;
+                        let nak = AckKind::Nak(Some(delay));
+                        acknowledge(&shared.client, partition, reply, nak).await;
                     }
                     None => slot.blocked = Some((failed.seq, Instant::now())),
                 }
@@ -523,19 +624,37 @@ impl<E: Entity> OwnerState<E> {
     }
 
     /// Terminates a command for good and leaves a dead-letter record of it.
-    async fn give_up(&mut self, myself: &ActorRef<OwnerMsg>, entity: &EntityId, bad: Pending, reason: &str) {
+    async fn give_up(
+        &mut self,
+        myself: &ActorRef<OwnerMsg>,
+        entity: &EntityId,
+        bad: Pending,
+        reason: &str,
+    ) {
         let Role::Owning(o) = &self.role else { return };
         let journal = o.journal.clone();
         self.counters.dead_lettered += 1;
-        let written = journal.dead_letter(entity.as_str(), bad.seq, bad.deliveries, reason, bad.payload.clone()).await;
+        let written = journal
+            .dead_letter(
+                entity.as_str(),
+                bad.seq,
+                bad.deliveries,
+                reason,
+                bad.payload.clone(),
+            )
+            .await;
         match written {
             Ok(()) => {
-                if let Some(message) = bad.message {
-                    let _ = message.ack_with(AckKind::Term).await;
+                if let Some(reply) = bad.reply {
+                    acknowledge(&self.shared.client, self.partition, reply, AckKind::Term).await;
                 }
             }
-            Err(crate::journal::WriteError::Fenced { .. }) => self.step_down(myself, "fenced while dead-lettering"),
-            Err(e) => tracing::warn!(partition = self.partition, %entity, cmd_seq = bad.seq, error = %e, "dead-letter record not written; the command stays unacknowledged"),
+            Err(crate::journal::WriteError::Fenced { .. }) => {
+                self.step_down(myself, "fenced while dead-lettering")
+            }
+            Err(e) => {
+                tracing::warn!(partition = self.partition, %entity, cmd_seq = bad.seq, error = %e, "dead-letter record not written; the command stays unacknowledged")
+            }
         }
     }
 
@@ -545,21 +664,28 @@ impl<E: Entity> OwnerState<E> {
         if let Some((_, deadline)) = &self.release
             && Instant::now() >= *deadline
         {
-            tracing::warn!(partition, "release deadline passed with commands in flight; they will be redelivered");
+            tracing::warn!(
+                partition,
+                "release deadline passed with commands in flight; they will be redelivered"
+            );
             self.finish_release(myself).await;
             return Ok(());
         }
-        let Role::Owning(o) = &mut self.role else { return Ok(()) };
+        let shared = Arc::clone(&self.shared);
+        let Role::Owning(o) = &mut self.role else {
+            return Ok(());
+        };
         let now = Instant::now();
         let mut idle = Vec::new();
         let mut stuck = Vec::new();
         for (entity, slot) in &mut o.entities {
             for pending in &mut slot.queue {
-                if let Some(message) = &pending.message
+                if let Some(reply) = &pending.reply
                     && now.duration_since(pending.progress_at) >= config.ack_wait / 2
                 {
+                    // Still in hand (waiting its turn, or slow): not to be redelivered yet.
                     pending.progress_at = now;
-                    let _ = message.ack_with(AckKind::Progress).await;
+                    acknowledge(&shared.client, partition, reply.clone(), AckKind::Progress).await;
                 }
             }
             if let Some((_, since)) = slot.blocked
@@ -567,7 +693,10 @@ impl<E: Entity> OwnerState<E> {
             {
                 stuck.push(entity.clone());
             }
-            if slot.queue.is_empty() && slot.blocked.is_none() && now.duration_since(slot.last_active) >= config.passivate_after {
+            if slot.queue.is_empty()
+                && slot.blocked.is_none()
+                && now.duration_since(slot.last_active) >= config.passivate_after
+            {
                 idle.push(entity.clone());
             }
         }
@@ -581,11 +710,16 @@ impl<E: Entity> OwnerState<E> {
         for entity in stuck {
             // The failed command was never delivered again (its delivery limit was reached
             // under an earlier owner): give it up so the entity can go on.
-            let Role::Owning(o) = &mut self.role else { break };
-            let Some(slot) = o.entities.get_mut(&entity) else { continue };
+            let Role::Owning(o) = &mut self.role else {
+                break;
+            };
+            let Some(slot) = o.entities.get_mut(&entity) else {
+                continue;
+            };
             slot.blocked = None;
             if let Some(bad) = slot.queue.pop_front() {
-                self.give_up(myself, &entity, bad, "not redelivered after failing").await;
+                self.give_up(myself, &entity, bad, "not redelivered after failing")
+                    .await;
             }
             if let Role::Owning(o) = &mut self.role {
                 dispatch_all::<E>(myself, &self.shared, partition, o, &entity).await;
@@ -622,7 +756,12 @@ impl<E: Entity> OwnerState<E> {
     /// Asks the server to move the pin at once instead of after the TTL.
     async fn unpin(&mut self) {
         let consumer = self.shared.names.consumer(self.partition);
-        if let Err(e) = self.shared.command_stream.unpin_consumer(&consumer, PRIORITY_GROUP).await {
+        if let Err(e) = self
+            .shared
+            .command_stream
+            .unpin_consumer(&consumer, PRIORITY_GROUP)
+            .await
+        {
             tracing::warn!(partition = self.partition, error = %e, "unpin failed; the pin will expire after its TTL");
         }
     }
@@ -630,7 +769,9 @@ impl<E: Entity> OwnerState<E> {
     /// Stops owning: entity actors stopped, state dropped, nothing acknowledged any more under
     /// this generation. Commands in hand stay unacknowledged for the next owner.
     fn step_down(&mut self, myself: &ActorRef<OwnerMsg>, reason: &str) {
-        let Role::Owning(o) = std::mem::replace(&mut self.role, Role::Standby) else { return };
+        let Role::Owning(o) = std::mem::replace(&mut self.role, Role::Standby) else {
+            return;
+        };
         myself.stop_children(Some(reason.to_owned()));
         if reason != "released" {
             self.refused_pin = Some(o.pin.clone());
@@ -641,7 +782,9 @@ impl<E: Entity> OwnerState<E> {
             partition: self.partition,
             generation: o.generation,
             node,
-            change: OwnershipChange::Released { reason: reason.to_owned() },
+            change: OwnershipChange::Released {
+                reason: reason.to_owned(),
+            },
         });
     }
 
@@ -670,8 +813,16 @@ impl<E: Entity> OwnerState<E> {
 }
 
 /// (Re)starts an entity's actor if needed and hands it every command in hand, in order.
-async fn dispatch_all<E: Entity>(myself: &ActorRef<OwnerMsg>, shared: &Arc<Shared>, partition: u32, o: &mut Owning<E>, entity: &EntityId) {
-    let Some(slot) = o.entities.get_mut(entity) else { return };
+async fn dispatch_all<E: Entity>(
+    myself: &ActorRef<OwnerMsg>,
+    shared: &Arc<Shared>,
+    partition: u32,
+    o: &mut Owning<E>,
+    entity: &EntityId,
+) {
+    let Some(slot) = o.entities.get_mut(entity) else {
+        return;
+    };
     if slot.queue.is_empty() || slot.blocked.is_some() {
         return;
     }
@@ -686,7 +837,14 @@ async fn dispatch_all<E: Entity>(myself: &ActorRef<OwnerMsg>, shared: &Arc<Share
             codec: shared.config.codec,
             owner: myself.clone(),
         };
-        match Actor::spawn_linked(None, EntityActor::<E>::new(), (args, seed), myself.get_cell()).await {
+        match Actor::spawn_linked(
+            None,
+            EntityActor::<E>::new(),
+            (args, seed),
+            myself.get_cell(),
+        )
+        .await
+        {
             Ok((actor, _)) => slot.actor = Some(actor),
             Err(e) => {
                 tracing::error!(partition, %entity, error = %e, "cannot spawn entity actor");
@@ -696,13 +854,29 @@ async fn dispatch_all<E: Entity>(myself: &ActorRef<OwnerMsg>, shared: &Arc<Share
     }
     if let Some(actor) = &slot.actor {
         for pending in &slot.queue {
-            let _ = actor.cast(Work { seq: pending.seq, payload: pending.payload.clone() });
+            let _ = actor.cast(Work {
+                seq: pending.seq,
+                payload: pending.payload.clone(),
+            });
         }
     }
 }
 
-/// The stream sequence and delivery count of a delivered command.
-fn sequence_of(message: &jetstream::Message) -> Option<(u64, u64)> {
-    let info = message.info().ok()?;
-    Some((info.stream_sequence, info.delivered.max(0) as u64))
+impl Pending {
+    fn delivered(delivery: Delivery) -> Self {
+        Pending {
+            seq: delivery.seq,
+            payload: delivery.payload,
+            reply: Some(delivery.reply),
+            deliveries: delivery.deliveries,
+            progress_at: Instant::now(),
+        }
+    }
+}
+
+/// Sends an acknowledgement of any kind for one delivery: a core publish to its reply subject.
+async fn acknowledge(client: &Client, partition: u32, reply: Subject, kind: AckKind) {
+    if let Err(e) = client.publish(reply, kind.into()).await {
+        tracing::warn!(partition, error = %e, "acknowledgement not sent; the server will redeliver");
+    }
 }

@@ -15,8 +15,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, Context};
-use async_nats::{Client, StatusCode};
+use async_nats::jetstream::Context;
+use async_nats::{Client, StatusCode, Subject};
+use bytes::Bytes;
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -26,7 +27,30 @@ use crate::wire::{HDR_PIN_ID, PRIORITY_GROUP};
 /// A command delivered to this process, with the pin it came under.
 pub(crate) struct Delivery {
     pub(crate) pin: Arc<str>,
-    pub(crate) message: jetstream::Message,
+    /// The stored subject, `<t>.cmd.<p>.<id>`.
+    pub(crate) subject: Subject,
+    /// Where acknowledgements go (`$JS.ACK...`).
+    pub(crate) reply: Subject,
+    pub(crate) payload: Bytes,
+    /// The command's sequence in the command stream.
+    pub(crate) seq: u64,
+    /// How often it has been delivered, this time included.
+    pub(crate) deliveries: u64,
+}
+
+/// Reads the stream sequence and delivery count from a `$JS.ACK` reply subject, in either
+/// layout (ADR-15): `<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>`,
+/// or with `<domain>.<account hash>.` in front and optional tokens after.
+pub(crate) fn ack_info(reply: &str) -> Option<(u64, u64)> {
+    let tokens: Vec<&str> = reply.strip_prefix("$JS.ACK.")?.split('.').collect();
+    let first = match tokens.len() {
+        7 => 2,
+        n if n >= 9 => 4,
+        _ => return None,
+    };
+    let delivered = tokens[first].parse().ok()?;
+    let stream_seq = tokens[first + 1].parse().ok()?;
+    Some((stream_seq, delivered))
 }
 
 /// What the pull loop tells its owner.
@@ -104,8 +128,13 @@ async fn run(
         let newest_is_fresh = open.back().is_some_and(|p| now < p.sent + expires);
         if requested <= settings.batch / 2 || !newest_is_fresh {
             let body = pull_request(settings.batch, expires, pin.as_deref());
-            client.publish_with_reply(request_subject.clone(), inbox.clone(), body.into()).await?;
-            open.push_back(OpenPull { sent: now, remaining: settings.batch });
+            client
+                .publish_with_reply(request_subject.clone(), inbox.clone(), body.into())
+                .await?;
+            open.push_back(OpenPull {
+                sent: now,
+                remaining: settings.batch,
+            });
         }
         let refresh_at = open.back().map_or(now, |p| p.sent + expires);
 
@@ -124,16 +153,29 @@ async fn run(
                         open.pop_front();
                     }
                 }
-                let delivered_pin = message.headers.as_ref().and_then(|h| h.get(HDR_PIN_ID)).map(|v| v.as_str());
+                let delivered_pin = message
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(HDR_PIN_ID))
+                    .map(|v| v.as_str());
                 if let Some(delivered_pin) = delivered_pin
                     && pin.as_deref() != Some(delivered_pin)
                 {
                     tracing::debug!(pin = delivered_pin, "pinned");
                     pin = Some(Arc::from(delivered_pin));
                 }
+                let Some(reply) = message.reply else { continue };
+                let Some((seq, deliveries)) = ack_info(&reply) else {
+                    tracing::warn!(%reply, "delivery with an unreadable ack subject");
+                    continue;
+                };
                 let delivery = Delivery {
                     pin: pin.clone().unwrap_or_else(|| Arc::from("")),
-                    message: jetstream::Message { message, context: js.clone() },
+                    subject: message.subject,
+                    reply,
+                    payload: message.payload,
+                    seq,
+                    deliveries,
                 };
                 if !sink(PinSignal::Delivered(delivery)) {
                     return Ok(());
@@ -163,7 +205,9 @@ async fn run(
 fn pull_request(batch: u32, expires: Duration, pin: Option<&str>) -> String {
     let expires = expires.as_nanos();
     match pin {
-        Some(pin) => format!(r#"{{"batch":{batch},"expires":{expires},"group":"{PRIORITY_GROUP}","id":"{pin}"}}"#),
+        Some(pin) => format!(
+            r#"{{"batch":{batch},"expires":{expires},"group":"{PRIORITY_GROUP}","id":"{pin}"}}"#
+        ),
         None => format!(r#"{{"batch":{batch},"expires":{expires},"group":"{PRIORITY_GROUP}"}}"#),
     }
 }
@@ -173,6 +217,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn ack_subjects_of_both_layouts_are_read() {
+        assert_eq!(
+            ack_info("$JS.ACK.C.p0.1.15.5.1795319414023821828.9"),
+            Some((15, 1))
+        );
+        assert_eq!(
+            ack_info("$JS.ACK.C.p0.3.15.5.1795319414023821828.0"),
+            Some((15, 3))
+        );
+        assert_eq!(
+            ack_info("$JS.ACK._.ACCHASH.C.p0.2.16.5.1795319414023821828.0.tok"),
+            Some((16, 2))
+        );
+        assert_eq!(
+            ack_info("$JS.ACK._.ACCHASH.C.p0.2.16.5.1795319414023821828.0"),
+            Some((16, 2))
+        );
+        for bad in [
+            "",
+            "$JS.ACK.",
+            "$JS.ACK.C.p0.x.15.5.1.0",
+            "other.C.p0.1.15.5.1.0",
+            "$JS.ACK.a.b.c",
+        ] {
+            assert_eq!(ack_info(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
     fn pull_requests_carry_the_group_and_the_pin_once_pinned() {
         let standby: serde_json::Value =
             serde_json::from_str(&pull_request(10, Duration::from_millis(500), None)).unwrap();
@@ -180,7 +253,8 @@ mod tests {
         assert_eq!(standby["expires"], 500_000_000);
         assert!(standby.get("id").is_none());
         let pinned: serde_json::Value =
-            serde_json::from_str(&pull_request(10, Duration::from_millis(500), Some("abc"))).unwrap();
+            serde_json::from_str(&pull_request(10, Duration::from_millis(500), Some("abc")))
+                .unwrap();
         assert_eq!(pinned["id"], "abc");
         assert_eq!(pinned["batch"], 10);
     }

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use async_nats::Client;
 use async_nats::jetstream;
-use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
+};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -19,9 +21,6 @@ use crate::status::{OwnershipEvent, PartitionStatus};
 use crate::topology;
 use crate::wire::Names;
 
-/// Owner failures tolerated within [`FAILURE_WINDOW`] before the system itself fails.
-const MAX_OWNER_FAILURES: usize = 10;
-const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 const RESPAWN_DELAY: Duration = Duration::from_secs(1);
 
 /// A running shard system: this process's part in running one entity type.
@@ -62,12 +61,22 @@ impl ShardSystem {
     ///
     /// # Errors
     /// As [`start`](Self::start).
-    pub async fn start_linked<E: Entity>(client: Client, config: ShardConfig, supervisor: ActorCell) -> Result<Self, Error> {
+    pub async fn start_linked<E: Entity>(
+        client: Client,
+        config: ShardConfig,
+        supervisor: ActorCell,
+    ) -> Result<Self, Error> {
         Self::spawn::<E>(client, config, Some(supervisor)).await
     }
 
-    async fn spawn<E: Entity>(client: Client, config: ShardConfig, supervisor: Option<ActorCell>) -> Result<Self, Error> {
-        let js = jetstream::ContextBuilder::new().timeout(config.write_timeout).build(client);
+    async fn spawn<E: Entity>(
+        client: Client,
+        config: ShardConfig,
+        supervisor: Option<ActorCell>,
+    ) -> Result<Self, Error> {
+        let js = jetstream::ContextBuilder::new()
+            .timeout(config.write_timeout)
+            .build(client);
         let names = Arc::new(Names::new(&config.entity_type));
         topology::provision(&js, &names, &config).await?;
         let command_stream = js
@@ -80,6 +89,7 @@ impl ShardSystem {
             .map_err(|e| Error::jetstream(format!("open stream {}", names.journal_stream), e))?;
         let (events, _) = broadcast::channel(1024);
         let shared = Arc::new(Shared {
+            client: js.client(),
             js,
             names,
             config: config.clone(),
@@ -92,8 +102,16 @@ impl ShardSystem {
             Some(supervisor) => Actor::spawn_linked(None, actor, shared, supervisor).await,
             None => Actor::spawn(None, actor, shared).await,
         };
-        let (actor, join) = spawned.map_err(|e| Error::Spawn { what: "shard system", source: Box::new(e) })?;
-        Ok(Self { actor, join, events, config })
+        let (actor, join) = spawned.map_err(|e| Error::Spawn {
+            what: "shard system",
+            source: Box::new(e),
+        })?;
+        Ok(Self {
+            actor,
+            join,
+            events,
+            config,
+        })
     }
 
     /// The system's actor, for linking and monitoring in an application's supervision tree.
@@ -116,7 +134,11 @@ impl ShardSystem {
     /// # Errors
     /// [`Error::Stopped`] if the system is no longer running.
     pub async fn status(&self) -> Result<Vec<PartitionStatus>, Error> {
-        match self.actor.call(SystemMsg::Status, Some(Duration::from_secs(10))).await {
+        match self
+            .actor
+            .call(SystemMsg::Status, Some(Duration::from_secs(10)))
+            .await
+        {
             Ok(ractor::rpc::CallResult::Success(status)) => Ok(status),
             _ => Err(Error::Stopped),
         }
@@ -159,7 +181,11 @@ impl<E: Entity> Actor for SystemActor<E> {
     type State = SystemState;
     type Arguments = Arc<Shared>;
 
-    async fn pre_start(&self, myself: ActorRef<SystemMsg>, shared: Arc<Shared>) -> Result<SystemState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SystemMsg>,
+        shared: Arc<Shared>,
+    ) -> Result<SystemState, ActorProcessingErr> {
         let partitions = shared.config.partitions;
         let mut state = SystemState {
             shared,
@@ -180,12 +206,20 @@ impl<E: Entity> Actor for SystemActor<E> {
         Ok(state)
     }
 
-    async fn handle(&self, myself: ActorRef<SystemMsg>, message: SystemMsg, state: &mut SystemState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        myself: ActorRef<SystemMsg>,
+        message: SystemMsg,
+        state: &mut SystemState,
+    ) -> Result<(), ActorProcessingErr> {
         match message {
             SystemMsg::Status(reply) => {
                 let mut all = Vec::with_capacity(state.owners.len());
                 for owner in state.owners.iter().flatten() {
-                    if let Ok(ractor::rpc::CallResult::Success(status)) = owner.call(OwnerMsg::Status, Some(Duration::from_secs(5))).await {
+                    if let Ok(ractor::rpc::CallResult::Success(status)) = owner
+                        .call(OwnerMsg::Status, Some(Duration::from_secs(5)))
+                        .await
+                    {
                         all.push(status);
                     }
                 }
@@ -194,7 +228,11 @@ impl<E: Entity> Actor for SystemActor<E> {
             SystemMsg::Shutdown(reply) => {
                 state.stopping = true;
                 let timeout = Some(state.shared.config.ack_wait + Duration::from_secs(1));
-                let releases = state.owners.iter().flatten().map(|owner| owner.call(OwnerMsg::Release, timeout));
+                let releases = state
+                    .owners
+                    .iter()
+                    .flatten()
+                    .map(|owner| owner.call(OwnerMsg::Release, timeout));
                 futures::future::join_all(releases).await;
                 tracing::info!(entity_type = %state.shared.config.entity_type, node = %state.shared.config.node_id, "shard system stopped");
                 let _ = reply.send(());
@@ -209,13 +247,35 @@ impl<E: Entity> Actor for SystemActor<E> {
         Ok(())
     }
 
-    async fn handle_supervisor_evt(&self, myself: ActorRef<SystemMsg>, event: SupervisionEvent, state: &mut SystemState) -> Result<(), ActorProcessingErr> {
+    async fn post_stop(
+        &self,
+        myself: ActorRef<SystemMsg>,
+        state: &mut SystemState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.stopping = true;
+        myself.stop_children(Some("shard system stopped".to_owned()));
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<SystemMsg>,
+        event: SupervisionEvent,
+        state: &mut SystemState,
+    ) -> Result<(), ActorProcessingErr> {
         let (cell, failure) = match event {
             SupervisionEvent::ActorFailed(cell, error) => (cell, Some(error.to_string())),
-            SupervisionEvent::ActorTerminated(cell, _, reason) => (cell, reason.filter(|r| r != "released").map(|r| format!("stopped: {r}"))),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => (
+                cell,
+                reason
+                    .filter(|r| r != "released")
+                    .map(|r| format!("stopped: {r}")),
+            ),
             _ => return Ok(()),
         };
-        let Some(partition) = state.partition_of.remove(&cell.get_id()) else { return Ok(()) };
+        let Some(partition) = state.partition_of.remove(&cell.get_id()) else {
+            return Ok(());
+        };
         state.owners[partition as usize] = None;
         if state.stopping {
             return Ok(());
@@ -224,20 +284,38 @@ impl<E: Entity> Actor for SystemActor<E> {
         tracing::error!(partition, %reason, "partition owner ended; restarting it as a standby");
         let now = Instant::now();
         state.failures.push_back(now);
-        while state.failures.front().is_some_and(|t| now.duration_since(*t) > FAILURE_WINDOW) {
+        let config = &state.shared.config;
+        let window = config.owner_restart_window;
+        while state
+            .failures
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > window)
+        {
             state.failures.pop_front();
         }
-        if state.failures.len() > MAX_OWNER_FAILURES {
-            return Err(format!("{} partition owners failed within {FAILURE_WINDOW:?}; last: partition {partition}: {reason}", state.failures.len()).into());
+        if state.failures.len() > config.max_owner_restarts as usize {
+            // ractor does not stop the children of a failed actor: stop the owners here, so
+            // the partitions' pins lapse and other processes take them.
+            state.stopping = true;
+            myself.stop_children(Some("shard system failed".to_owned()));
+            return Err(format!("{} partition owners failed within {window:?}; last: partition {partition}: {reason}", state.failures.len()).into());
         }
         myself.send_after(RESPAWN_DELAY, move || SystemMsg::Respawn(partition));
         Ok(())
     }
 }
 
-async fn spawn_owner<E: Entity>(myself: &ActorRef<SystemMsg>, state: &mut SystemState, partition: u32) -> Result<(), ActorProcessingErr> {
-    let args = OwnerArgs { shared: state.shared.clone(), partition };
-    let (owner, _) = Actor::spawn_linked(None, OwnerActor::<E>::new(), args, myself.get_cell()).await?;
+async fn spawn_owner<E: Entity>(
+    myself: &ActorRef<SystemMsg>,
+    state: &mut SystemState,
+    partition: u32,
+) -> Result<(), ActorProcessingErr> {
+    let args = OwnerArgs {
+        shared: state.shared.clone(),
+        partition,
+    };
+    let (owner, _) =
+        Actor::spawn_linked(None, OwnerActor::<E>::new(), args, myself.get_cell()).await?;
     state.partition_of.insert(owner.get_id(), partition);
     state.owners[partition as usize] = Some(owner);
     Ok(())

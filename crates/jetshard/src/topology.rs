@@ -13,7 +13,11 @@ use crate::error::Error;
 use crate::wire::{Names, PRIORITY_GROUP};
 
 /// Creates or validates both streams and every partition consumer.
-pub(crate) async fn provision(js: &Context, names: &Names, config: &ShardConfig) -> Result<(), Error> {
+pub(crate) async fn provision(
+    js: &Context,
+    names: &Names,
+    config: &ShardConfig,
+) -> Result<(), Error> {
     ensure_stream(js, command_stream_config(names, config), |existing| {
         check_command_stream(names, config, existing)
     })
@@ -125,8 +129,15 @@ async fn create_stream(
     check(&info.config)
 }
 
-fn check_command_stream(names: &Names, config: &ShardConfig, existing: &stream::Config) -> Result<(), Error> {
-    let dest = existing.subject_transform.as_ref().map(|t| t.destination.as_str());
+fn check_command_stream(
+    names: &Names,
+    config: &ShardConfig,
+    existing: &stream::Config,
+) -> Result<(), Error> {
+    let dest = existing
+        .subject_transform
+        .as_ref()
+        .map(|t| t.destination.as_str());
     if dest != Some(names.command_transform_dest(config.partitions).as_str()) {
         return Err(Error::PartitionMismatch {
             stream: names.command_stream.clone(),
@@ -141,7 +152,10 @@ fn check_command_stream(names: &Names, config: &ShardConfig, existing: &stream::
     if existing.retention != wanted_retention {
         return Err(Error::Incompatible {
             what: format!("stream {}", names.command_stream),
-            detail: format!("retention is {:?}, configured {:?}", existing.retention, wanted_retention),
+            detail: format!(
+                "retention is {:?}, configured {:?}",
+                existing.retention, wanted_retention
+            ),
         });
     }
     Ok(())
@@ -151,14 +165,23 @@ fn check_journal_stream(names: &Names, existing: &stream::Config) -> Result<(), 
     let what = || format!("stream {}", names.journal_stream);
     for subject in names.journal_subjects() {
         if !existing.subjects.contains(&subject) {
-            return Err(Error::Incompatible { what: what(), detail: format!("subject {subject} is missing") });
+            return Err(Error::Incompatible {
+                what: what(),
+                detail: format!("subject {subject} is missing"),
+            });
         }
     }
     if existing.retention != RetentionPolicy::Limits {
-        return Err(Error::Incompatible { what: what(), detail: "retention must be limits".to_owned() });
+        return Err(Error::Incompatible {
+            what: what(),
+            detail: "retention must be limits".to_owned(),
+        });
     }
     if !existing.allow_atomic_publish {
-        return Err(Error::Incompatible { what: what(), detail: "allow_atomic must be true".to_owned() });
+        return Err(Error::Incompatible {
+            what: what(),
+            detail: "allow_atomic must be true".to_owned(),
+        });
     }
     Ok(())
 }
@@ -167,14 +190,23 @@ fn check_journal_stream(names: &Names, existing: &stream::Config) -> Result<(), 
 fn partition_count_of(dest: &str) -> String {
     dest.split_once("partition(")
         .and_then(|(_, rest)| rest.split_once(','))
-        .map_or_else(|| format!("an unknown transform ({dest})"), |(n, _)| n.to_owned())
+        .map_or_else(
+            || format!("an unknown transform ({dest})"),
+            |(n, _)| n.to_owned(),
+        )
 }
 
-async fn ensure_consumer(commands: &jetstream::stream::Stream<()>, wanted: pull::Config) -> Result<(), Error> {
+async fn ensure_consumer(
+    commands: &jetstream::stream::Stream<()>,
+    wanted: pull::Config,
+) -> Result<(), Error> {
     let name = wanted.durable_name.clone().unwrap_or_default();
     let what = || format!("consumer {name}");
     match commands.consumer_info(&name).await {
-        Ok(info) => check_consumer(&info.config, &wanted).map_err(|detail| Error::Incompatible { what: what(), detail }),
+        Ok(info) => check_consumer(&info.config, &wanted).map_err(|detail| Error::Incompatible {
+            what: what(),
+            detail,
+        }),
         Err(_) => {
             // Missing (or unreadable): create. An identical concurrent create succeeds; a
             // different one fails and is reported.
@@ -187,29 +219,59 @@ async fn ensure_consumer(commands: &jetstream::stream::Stream<()>, wanted: pull:
     }
 }
 
-fn check_consumer(existing: &jetstream::consumer::Config, wanted: &pull::Config) -> Result<(), String> {
-    let differs = |field: &str, have: String, want: String| Err(format!("{field} is {have}, configured {want}"));
+fn check_consumer(
+    existing: &jetstream::consumer::Config,
+    wanted: &pull::Config,
+) -> Result<(), String> {
+    let differs = |field: &str, have: String, want: String| {
+        Err(format!("{field} is {have}, configured {want}"))
+    };
     if existing.filter_subject != wanted.filter_subject {
-        return differs("filter_subject", existing.filter_subject.clone(), wanted.filter_subject.clone());
+        return differs(
+            "filter_subject",
+            existing.filter_subject.clone(),
+            wanted.filter_subject.clone(),
+        );
     }
-    if existing.priority_policy != wanted.priority_policy || existing.priority_groups != wanted.priority_groups {
+    if existing.priority_policy != wanted.priority_policy
+        || existing.priority_groups != wanted.priority_groups
+    {
         return differs(
             "priority policy",
-            format!("{:?} {:?}", existing.priority_policy, existing.priority_groups),
+            format!(
+                "{:?} {:?}",
+                existing.priority_policy, existing.priority_groups
+            ),
             format!("{:?} {:?}", wanted.priority_policy, wanted.priority_groups),
         );
     }
     if existing.ack_policy != AckPolicy::Explicit {
-        return differs("ack_policy", format!("{:?}", existing.ack_policy), "Explicit".to_owned());
+        return differs(
+            "ack_policy",
+            format!("{:?}", existing.ack_policy),
+            "Explicit".to_owned(),
+        );
     }
     if existing.priority_timeout != wanted.priority_timeout {
-        return differs("priority_timeout (pin TTL)", format!("{:?}", existing.priority_timeout), format!("{:?}", wanted.priority_timeout));
+        return differs(
+            "priority_timeout (pin TTL)",
+            format!("{:?}", existing.priority_timeout),
+            format!("{:?}", wanted.priority_timeout),
+        );
     }
     if existing.ack_wait != wanted.ack_wait {
-        return differs("ack_wait", format!("{:?}", existing.ack_wait), format!("{:?}", wanted.ack_wait));
+        return differs(
+            "ack_wait",
+            format!("{:?}", existing.ack_wait),
+            format!("{:?}", wanted.ack_wait),
+        );
     }
     if existing.max_deliver != wanted.max_deliver {
-        return differs("max_deliver", existing.max_deliver.to_string(), wanted.max_deliver.to_string());
+        return differs(
+            "max_deliver",
+            existing.max_deliver.to_string(),
+            wanted.max_deliver.to_string(),
+        );
     }
     Ok(())
 }
@@ -220,7 +282,10 @@ mod tests {
 
     #[test]
     fn the_partition_count_is_read_back_from_a_transform() {
-        assert_eq!(partition_count_of("order.cmd.{{partition(8,1)}}.{{wildcard(1)}}"), "8");
+        assert_eq!(
+            partition_count_of("order.cmd.{{partition(8,1)}}.{{wildcard(1)}}"),
+            "8"
+        );
         assert!(partition_count_of("order.cmd.x").contains("unknown"));
     }
 }

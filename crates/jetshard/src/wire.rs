@@ -63,7 +63,10 @@ impl Names {
 
     /// The subject transform's destination for `n` partitions.
     pub(crate) fn command_transform_dest(&self, partitions: u32) -> String {
-        format!("{}.cmd.{{{{partition({partitions},1)}}}}.{{{{wildcard(1)}}}}", self.entity_type)
+        format!(
+            "{}.cmd.{{{{partition({partitions},1)}}}}.{{{{wildcard(1)}}}}",
+            self.entity_type
+        )
     }
 
     /// A partition's stored commands: `<t>.cmd.<p>.*`.
@@ -79,7 +82,11 @@ impl Names {
     /// The journal stream's subjects.
     pub(crate) fn journal_subjects(&self) -> Vec<String> {
         let t = &self.entity_type;
-        vec![format!("{t}.evt.*.*"), format!("{t}.fence.*"), format!("{t}.dlq.*")]
+        vec![
+            format!("{t}.evt.*.*"),
+            format!("{t}.fence.*"),
+            format!("{t}.dlq.*"),
+        ]
     }
 
     /// An entity's events: `<t>.evt.<p>.<id>`.
@@ -133,7 +140,10 @@ mod tests {
         assert_eq!(n.command_stream, "ORDER_CMD");
         assert_eq!(n.journal_stream, "ORDER_JOURNAL");
         assert_eq!(n.command_subject(&id), "order.cmd.o-1");
-        assert_eq!(n.command_transform_dest(8), "order.cmd.{{partition(8,1)}}.{{wildcard(1)}}");
+        assert_eq!(
+            n.command_transform_dest(8),
+            "order.cmd.{{partition(8,1)}}.{{wildcard(1)}}"
+        );
         assert_eq!(n.partition_commands(3), "order.cmd.3.*");
         assert_eq!(n.consumer(3), "order-p3");
         assert_eq!(n.event_subject(3, &id), "order.evt.3.o-1");
