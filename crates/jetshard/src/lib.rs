@@ -46,3 +46,8 @@ pub use fence::{FenceRecord, FenceRecordError};
 pub use partition::{fnv1a_32, partition_of};
 pub use status::{OwnershipChange, OwnershipEvent, PartitionStatus};
 pub use system::ShardSystem;
+
+/// The README's code, compiled as a doctest so that it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctest;
