@@ -200,3 +200,44 @@ async fn idle_entities_are_passivated_and_revived_from_the_journal() {
         assert_eq!(values, vec![0, 1, 2, 3], "{entity}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_resident_entity_cap_holds_and_evicted_entities_come_back_whole() {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let config = ledger_config(2, "n1")
+        .max_resident_entities(10)
+        .build()
+        .unwrap();
+    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone())
+        .await
+        .unwrap();
+    let sender = CommandSender::<Ledger>::new(client.clone(), &config);
+    let entities = 60;
+    for round in 0..2 {
+        for e in 0..entities {
+            sender
+                .send(&format!("e{e}"), &LedgerCmd::Append { n: round })
+                .await
+                .unwrap();
+        }
+        let expected = entities * (round + 1);
+        wait_until(Duration::from_secs(20), "applied", || async {
+            totals(&system).await.0 == expected
+        })
+        .await
+        .unwrap();
+        let resident = totals(&system).await.3;
+        assert!(
+            resident <= 10,
+            "{resident} entities resident over a cap of 10"
+        );
+    }
+    assert_eq!(
+        totals(&system).await.2,
+        0,
+        "an evicted entity lost its state"
+    );
+    system.shutdown().await.unwrap();
+}

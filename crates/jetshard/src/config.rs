@@ -35,6 +35,7 @@ pub struct ShardConfig {
     pub(crate) replicas: usize,
     pub(crate) duplicate_window: Duration,
     pub(crate) passivate_after: Duration,
+    pub(crate) max_resident_entities: Option<usize>,
     pub(crate) retry_delay: Duration,
     pub(crate) write_timeout: Duration,
     pub(crate) max_entity_restarts: u32,
@@ -62,6 +63,7 @@ impl ShardConfig {
                 replicas: 1,
                 duplicate_window: Duration::from_secs(10 * 60),
                 passivate_after: Duration::from_secs(5 * 60),
+                max_resident_entities: None,
                 retry_delay: Duration::from_millis(250),
                 write_timeout: Duration::from_secs(10),
                 max_entity_restarts: 20,
@@ -189,6 +191,15 @@ impl ShardConfigBuilder {
         self
     }
 
+    /// A cap on live entity actors in this process, over all its partitions (default none).
+    /// Past it, the least recently active idle entities are passivated (down to 90 % of the
+    /// cap); an entity with commands in hand is never passivated, so the cap can be exceeded by
+    /// the entities busy at once.
+    pub fn max_resident_entities(mut self, cap: usize) -> Self {
+        self.config.max_resident_entities = Some(cap);
+        self
+    }
+
     /// Base delay of a command's retry after a failure (default 250 ms; doubled per delivery).
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.config.retry_delay = delay;
@@ -250,6 +261,9 @@ impl ShardConfigBuilder {
         }
         if c.max_deliver == 0 {
             return fail("max_deliver", "must be at least 1");
+        }
+        if c.max_resident_entities == Some(0) {
+            return fail("max_resident_entities", "must be at least 1");
         }
         if c.max_ack_pending == 0 || c.pull_batch == 0 {
             return fail(

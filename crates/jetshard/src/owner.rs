@@ -21,6 +21,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::Context;
@@ -51,6 +52,30 @@ pub(crate) struct Shared {
     pub(crate) command_stream: Stream<()>,
     pub(crate) journal_stream: Stream<()>,
     pub(crate) events: broadcast::Sender<OwnershipEvent>,
+    /// Live entity actors over all partitions of this system (for the resident cap).
+    pub(crate) resident: Arc<AtomicUsize>,
+}
+
+/// A live entity actor, counted in [`Shared::resident`] while it is held.
+struct Resident {
+    actor: ActorRef<Work>,
+    count: Arc<AtomicUsize>,
+}
+
+impl Resident {
+    fn new(actor: ActorRef<Work>, count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self {
+            actor,
+            count: Arc::clone(count),
+        }
+    }
+}
+
+impl Drop for Resident {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The owner's messages.
@@ -125,7 +150,7 @@ struct Owning<E: Entity> {
 
 /// One entity's commands in hand, in the order they are applied.
 struct Slot {
-    actor: Option<ActorRef<Work>>,
+    actor: Option<Resident>,
     queue: VecDeque<Pending>,
     /// Set after a failed command: nothing of this entity runs until that command is delivered
     /// again (or given up), so later commands cannot overtake it.
@@ -229,7 +254,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 if slot
                     .actor
                     .as_ref()
-                    .is_some_and(|a| a.get_id() == cell.get_id())
+                    .is_some_and(|r| r.actor.get_id() == cell.get_id())
                 {
                     tracing::error!(partition = state.partition, %entity, %error, "entity actor failed");
                     slot.actor = None;
@@ -507,8 +532,8 @@ impl<E: Entity> OwnerState<E> {
         if slot.blocked.is_none() {
             if slot.actor.is_none() {
                 dispatch_all::<E>(myself, &self.shared, self.partition, o, entity).await;
-            } else if let Some(actor) = &slot.actor {
-                let _ = actor.cast(Work { seq, payload });
+            } else if let Some(resident) = &slot.actor {
+                let _ = resident.actor.cast(Work { seq, payload });
             }
         }
     }
@@ -701,11 +726,7 @@ impl<E: Entity> OwnerState<E> {
             }
         }
         for entity in idle {
-            if let Some(slot) = o.entities.remove(&entity)
-                && let Some(actor) = slot.actor
-            {
-                actor.stop(Some("passivated".to_owned()));
-            }
+            passivate(o, &entity);
         }
         for entity in stuck {
             // The failed command was never delivered again (its delivery limit was reached
@@ -845,20 +866,58 @@ async fn dispatch_all<E: Entity>(
         )
         .await
         {
-            Ok((actor, _)) => slot.actor = Some(actor),
+            Ok((actor, _)) => slot.actor = Some(Resident::new(actor, &shared.resident)),
             Err(e) => {
                 tracing::error!(partition, %entity, error = %e, "cannot spawn entity actor");
                 return;
             }
         }
+        if let Some(cap) = shared.config.max_resident_entities
+            && shared.resident.load(Ordering::Relaxed) > cap
+        {
+            evict_idle(o, shared.resident.load(Ordering::Relaxed) - cap * 9 / 10);
+        }
     }
-    if let Some(actor) = &slot.actor {
+    let Some(slot) = o.entities.get_mut(entity) else {
+        return;
+    };
+    if let Some(resident) = &slot.actor {
         for pending in &slot.queue {
-            let _ = actor.cast(Work {
+            let _ = resident.actor.cast(Work {
                 seq: pending.seq,
                 payload: pending.payload.clone(),
             });
         }
+    }
+}
+
+/// Stops an idle entity's actor and forgets it; its next command revives it from the journal.
+fn passivate<E: Entity>(o: &mut Owning<E>, entity: &EntityId) {
+    if let Some(slot) = o.entities.remove(entity)
+        && let Some(resident) = slot.actor
+    {
+        resident.actor.stop(Some("passivated".to_owned()));
+    }
+}
+
+/// Passivates up to `count` of this partition's idle resident entities, least recently active
+/// first: the resident cap is over.
+fn evict_idle<E: Entity>(o: &mut Owning<E>, count: usize) {
+    let mut idle: Vec<(Instant, EntityId)> = o
+        .entities
+        .iter()
+        .filter(|(_, s)| s.actor.is_some() && s.queue.is_empty() && s.blocked.is_none())
+        .map(|(id, s)| (s.last_active, id.clone()))
+        .collect();
+    let count = count.min(idle.len());
+    if count == 0 {
+        return;
+    }
+    if count < idle.len() {
+        idle.select_nth_unstable_by_key(count - 1, |(at, _)| *at);
+    }
+    for (_, entity) in idle.into_iter().take(count) {
+        passivate(o, &entity);
     }
 }
 

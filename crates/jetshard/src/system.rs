@@ -96,6 +96,7 @@ impl ShardSystem {
             command_stream,
             journal_stream,
             events: events.clone(),
+            resident: Arc::default(),
         });
         let actor = SystemActor::<E>(std::marker::PhantomData);
         let spawned = match supervisor {
