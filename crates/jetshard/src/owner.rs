@@ -111,10 +111,40 @@ pub(crate) struct OwnerState<E: Entity> {
     pull: Option<PullLoop>,
     ticker: JoinHandle<()>,
     /// A pin under which this owner must not acquire (it was fenced or failed under it).
-    refused_pin: Option<Arc<str>>,
+    refused_pin: Option<Refused>,
     role: Role<E>,
     release: Option<(RpcReplyPort<()>, Instant)>,
     counters: Counters,
+}
+
+/// A pin under which this owner must not acquire again: it stepped down or failed under it.
+struct Refused {
+    pin: Arc<str>,
+    since: Instant,
+    /// When a delivery under this pin last came in.
+    last_delivery: Option<Instant>,
+    /// Whether the pin has been released at the server.
+    unpinned: bool,
+}
+
+impl Refused {
+    fn new(pin: Arc<str>, unpinned: bool) -> Self {
+        Self {
+            pin,
+            since: Instant::now(),
+            last_delivery: None,
+            unpinned,
+        }
+    }
+
+    /// Deliveries still arrive under the refused pin long after the refusal: the server still
+    /// pins this process (it was fenced by a claimant that is not pinned), so the partition
+    /// would stall. Release the pin.
+    fn still_pinned(&self, pin_ttl: Duration) -> bool {
+        !self.unpinned
+            && self.since.elapsed() > pin_ttl * 2
+            && self.last_delivery.is_some_and(|at| at.elapsed() < pin_ttl)
+    }
 }
 
 impl<E: Entity> Drop for OwnerState<E> {
@@ -304,7 +334,13 @@ impl<E: Entity> OwnerState<E> {
             self.step_down(myself, "pin moved");
         }
         if matches!(self.role, Role::Standby) {
-            if self.refused_pin.as_ref() == Some(&delivery.pin) {
+            if let Some(refused) = &mut self.refused_pin
+                && refused.pin == delivery.pin
+            {
+                // Not ours to process; back to the server soon for whoever owns it.
+                refused.last_delivery = Some(Instant::now());
+                let nak = AckKind::Nak(Some(self.shared.config.retry_delay));
+                acknowledge(&self.shared.client, self.partition, delivery.reply, nak).await;
                 return Ok(());
             }
             self.acquire(myself, delivery, entity).await;
@@ -333,7 +369,7 @@ impl<E: Entity> OwnerState<E> {
             Ok(parts) => parts,
             Err(reason) => {
                 tracing::error!(partition, node = %node, %reason, "cannot take the partition; releasing the pin");
-                self.refused_pin = Some(pin);
+                self.refused_pin = Some(Refused::new(pin, true));
                 self.unpin().await;
                 return;
             }
@@ -696,6 +732,20 @@ impl<E: Entity> OwnerState<E> {
             self.finish_release(myself).await;
             return Ok(());
         }
+        if self
+            .refused_pin
+            .as_ref()
+            .is_some_and(|r| r.still_pinned(config.pin_ttl))
+        {
+            tracing::warn!(
+                partition,
+                "still pinned under a pin this process stepped down from; releasing it"
+            );
+            self.unpin().await;
+            if let Some(refused) = &mut self.refused_pin {
+                refused.unpinned = true;
+            }
+        }
         let shared = Arc::clone(&self.shared);
         let Role::Owning(o) = &mut self.role else {
             return Ok(());
@@ -795,7 +845,7 @@ impl<E: Entity> OwnerState<E> {
         };
         myself.stop_children(Some(reason.to_owned()));
         if reason != "released" {
-            self.refused_pin = Some(o.pin.clone());
+            self.refused_pin = Some(Refused::new(o.pin.clone(), false));
         }
         let node = self.config().node_id.clone();
         tracing::info!(partition = self.partition, generation = o.generation, node = %node, reason, "stepped down");
