@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use jetshard::{CommandSender, Error, ShardSystem};
+use jetshard::{CommandOutcome, CommandSender, Error, ShardSystem};
 use jetshard_testkit::{NatsServer, wait_until};
 use jetshard_tests::journal::{check_fencing, commands_by_entity, read_journal};
 use jetshard_tests::ledger::{Ledger, LedgerCmd};
@@ -130,4 +130,56 @@ async fn ids_that_are_not_one_subject_token_are_refused_before_publishing() {
             .unwrap_err();
         assert!(matches!(error, Error::InvalidId(_)), "{bad:?}: {error}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_can_wait_for_the_outcome_of_its_command() {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let config = ledger_config(2, "n1").max_deliver(1).build().unwrap();
+    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone())
+        .await
+        .unwrap();
+    let sender = CommandSender::<Ledger>::new(client.clone(), &config);
+    let within = Duration::from_secs(10);
+
+    let applied = sender
+        .request("r", &LedgerCmd::AppendMany { from: 0, count: 3 }, within)
+        .await
+        .unwrap();
+    assert!(
+        matches!(applied, CommandOutcome::Applied { events: 3, .. }),
+        "{applied:?}"
+    );
+    let rejected = sender
+        .request("r", &LedgerCmd::Append { n: 9 }, within)
+        .await
+        .unwrap();
+    assert_eq!(
+        rejected,
+        CommandOutcome::Rejected {
+            command_seq: 2,
+            reason: "expected 3, got 9".into()
+        }
+    );
+    let dead = sender
+        .request("r", &LedgerCmd::Panic, within)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&dead, CommandOutcome::DeadLettered { reason, .. } if reason.contains("panicked")),
+        "{dead:?}"
+    );
+    system.shutdown().await.unwrap();
+
+    // Nobody runs the entity type now: the command is stored, the outcome does not come.
+    let error = sender
+        .request("r", &LedgerCmd::Append { n: 3 }, Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, Error::NoOutcome { command_seq: 4, .. }),
+        "{error}"
+    );
 }

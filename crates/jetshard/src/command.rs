@@ -4,15 +4,52 @@
 //! validation and encoding.
 
 use std::marker::PhantomData;
+use std::time::Duration;
 
-use async_nats::Client;
 use async_nats::jetstream::{self, Context};
+use async_nats::{Client, HeaderMap};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
 
 use crate::codec::Codec;
 use crate::config::ShardConfig;
 use crate::entity::{Entity, EntityId};
 use crate::error::Error;
-use crate::wire::Names;
+use crate::wire::{HDR_REPLY_TO, Names};
+
+/// What became of a command, as told to a client that asked (`Jetshard-Reply-To`; JSON with an
+/// `outcome` tag, see docs/WIRE.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CommandOutcome {
+    /// Its events are durable.
+    Applied {
+        /// The command's stream sequence.
+        command_seq: u64,
+        /// How many events it wrote.
+        events: usize,
+    },
+    /// The entity refused it; nothing was written.
+    Rejected {
+        /// The command's stream sequence.
+        command_seq: u64,
+        /// The entity's reason.
+        reason: String,
+    },
+    /// It had been applied before (this was a redelivery).
+    Duplicate {
+        /// The command's stream sequence.
+        command_seq: u64,
+    },
+    /// It was given up: undecodable, or failing at every delivery.
+    DeadLettered {
+        /// The command's stream sequence.
+        command_seq: u64,
+        /// Why.
+        reason: String,
+    },
+}
 
 /// Publishes commands for one entity type.
 pub struct CommandSender<E: Entity> {
@@ -51,12 +88,54 @@ impl<E: Entity> CommandSender<E> {
     /// [`Error::InvalidId`] or [`Error::Codec`] before anything is published; [`Error::JetStream`]
     /// if the stream did not confirm (then the command may or may not be stored).
     pub async fn send(&self, id: &str, command: &E::Command) -> Result<u64, Error> {
+        self.publish(id, command, HeaderMap::new()).await
+    }
+
+    /// Publishes `command` and waits for its outcome: applied (events durable), rejected, a
+    /// duplicate, or dead-lettered. The command's owner answers on a reply subject named in the
+    /// `Jetshard-Reply-To` header.
+    ///
+    /// # Errors
+    /// As [`send`](Self::send); [`Error::NoOutcome`] if no outcome came within `timeout` (the
+    /// command is stored and will still be applied).
+    pub async fn request(
+        &self,
+        id: &str,
+        command: &E::Command,
+        timeout: Duration,
+    ) -> Result<CommandOutcome, Error> {
+        let client = self.js.client();
+        let inbox = client.new_inbox();
+        let mut answers = client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| Error::jetstream("subscribe for the outcome", e))?;
+        let mut headers = HeaderMap::new();
+        headers.insert(HDR_REPLY_TO, inbox.as_str());
+        let command_seq = self.publish(id, command, headers).await?;
+        let answer = tokio::time::timeout(timeout, answers.next())
+            .await
+            .ok()
+            .flatten()
+            .ok_or(Error::NoOutcome {
+                command_seq,
+                waited: timeout,
+            })?;
+        serde_json::from_slice(&answer.payload).map_err(|e| Error::jetstream("read the outcome", e))
+    }
+
+    async fn publish(
+        &self,
+        id: &str,
+        command: &E::Command,
+        headers: HeaderMap,
+    ) -> Result<u64, Error> {
         let id = EntityId::new(id)?;
         let payload = self.codec.encode(command)?;
         let subject = self.names.command_subject(&id);
         let ack = self
             .js
-            .publish(subject.clone(), payload.into())
+            .publish_with_headers(subject.clone(), headers, payload.into())
             .await
             .map_err(|e| Error::jetstream(format!("publish to {subject}"), e))?
             .await

@@ -103,6 +103,14 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+    /// A command was stored but its outcome did not arrive in time; it will still be applied.
+    #[error("command {command_seq} is stored, but no outcome arrived within {waited:?}")]
+    NoOutcome {
+        /// The command's stream sequence.
+        command_seq: u64,
+        /// How long the sender waited.
+        waited: std::time::Duration,
+    },
     /// The shard system has stopped.
     #[error("the shard system has stopped")]
     Stopped,

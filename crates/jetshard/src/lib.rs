@@ -38,7 +38,7 @@ mod topology;
 mod wire;
 
 pub use codec::Codec;
-pub use command::CommandSender;
+pub use command::{CommandOutcome, CommandSender};
 pub use config::{CommandRetention, ShardConfig, ShardConfigBuilder};
 pub use entity::{Entity, EntityId, MAX_ID_LEN};
 pub use error::{CodecError, ConfigError, Error, InvalidId};

@@ -34,6 +34,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::command::CommandOutcome;
 use crate::config::ShardConfig;
 use crate::entity::{Entity, EntityId};
 use crate::entity_actor::{EntityActor, EntityArgs, Outcome, Seed, Verdict, Work, apply_replayed};
@@ -196,6 +197,8 @@ struct Pending {
     reply: Option<Subject>,
     deliveries: u64,
     progress_at: Instant,
+    /// Where the client wants the outcome.
+    respond_to: Option<Subject>,
 }
 
 impl<E: Entity> Actor for OwnerActor<E> {
@@ -525,10 +528,11 @@ async fn recover_window(
                 entity,
                 Pending {
                     seq: message.sequence,
-                    payload: message.payload,
                     reply: None,
                     deliveries: 0,
                     progress_at: Instant::now(),
+                    respond_to: pin::respond_to(Some(&message.headers)),
+                    payload: message.payload,
                 },
             ));
         }
@@ -616,10 +620,25 @@ impl<E: Entity> OwnerState<E> {
                     }
                     _ => {}
                 }
-                if let Some(done) = slot.queue.remove(position)
-                    && let Some(reply) = done.reply
-                {
-                    acknowledge(&shared.client, partition, reply, AckKind::Ack).await;
+                if let Some(done) = slot.queue.remove(position) {
+                    if let Some(reply) = done.reply {
+                        acknowledge(&shared.client, partition, reply, AckKind::Ack).await;
+                    }
+                    if let Some(to) = done.respond_to {
+                        let seq = done.seq;
+                        let answer = match outcome.verdict {
+                            Verdict::Applied { events } => CommandOutcome::Applied {
+                                command_seq: seq,
+                                events,
+                            },
+                            Verdict::Rejected(reason) => CommandOutcome::Rejected {
+                                command_seq: seq,
+                                reason,
+                            },
+                            _ => CommandOutcome::Duplicate { command_seq: seq },
+                        };
+                        respond(&shared.client, to, &answer).await;
+                    }
                 }
             }
             Verdict::Malformed(reason) => {
@@ -708,6 +727,14 @@ impl<E: Entity> OwnerState<E> {
             Ok(()) => {
                 if let Some(reply) = bad.reply {
                     acknowledge(&self.shared.client, self.partition, reply, AckKind::Term).await;
+                }
+                if let Some(to) = bad.respond_to {
+                    let reason = reason.to_owned();
+                    let answer = CommandOutcome::DeadLettered {
+                        command_seq: bad.seq,
+                        reason,
+                    };
+                    respond(&self.shared.client, to, &answer).await;
                 }
             }
             Err(crate::journal::WriteError::Fenced { .. }) => {
@@ -979,7 +1006,18 @@ impl Pending {
             reply: Some(delivery.reply),
             deliveries: delivery.deliveries,
             progress_at: Instant::now(),
+            respond_to: delivery.respond_to,
         }
+    }
+}
+
+/// Tells a client the outcome of its command (best effort: the outcome is in the journal).
+async fn respond(client: &Client, to: Subject, outcome: &CommandOutcome) {
+    let Ok(body) = serde_json::to_vec(outcome) else {
+        return;
+    };
+    if let Err(e) = client.publish(to, body.into()).await {
+        tracing::debug!(error = %e, "outcome reply not sent");
     }
 }
 

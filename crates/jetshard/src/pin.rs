@@ -22,7 +22,7 @@ use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::wire::{HDR_PIN_ID, PRIORITY_GROUP};
+use crate::wire::{HDR_PIN_ID, HDR_REPLY_TO, PRIORITY_GROUP};
 
 /// A command delivered to this process, with the pin it came under.
 pub(crate) struct Delivery {
@@ -36,6 +36,15 @@ pub(crate) struct Delivery {
     pub(crate) seq: u64,
     /// How often it has been delivered, this time included.
     pub(crate) deliveries: u64,
+    /// Where the client wants the outcome (`Jetshard-Reply-To`).
+    pub(crate) respond_to: Option<Subject>,
+}
+
+/// The `Jetshard-Reply-To` subject of a command, if it has a valid one.
+pub(crate) fn respond_to(headers: Option<&async_nats::HeaderMap>) -> Option<Subject> {
+    let subject = headers?.get(HDR_REPLY_TO)?.as_str();
+    let valid = !subject.is_empty() && !subject.contains(['*', '>', ' ', '\t', '\r', '\n']);
+    valid.then(|| Subject::from(subject))
 }
 
 /// Reads the stream sequence and delivery count from a `$JS.ACK` reply subject, in either
@@ -169,7 +178,9 @@ async fn run(
                     tracing::warn!(%reply, "delivery with an unreadable ack subject");
                     continue;
                 };
+                let respond_to = respond_to(message.headers.as_ref());
                 let delivery = Delivery {
+                    respond_to,
                     pin: pin.clone().unwrap_or_else(|| Arc::from("")),
                     subject: message.subject,
                     reply,

@@ -17,6 +17,8 @@ pub(crate) const HDR_ENTITY: &str = "Jetshard-Entity";
 pub(crate) const HDR_REASON: &str = "Jetshard-Reason";
 /// Header on a dead-letter record: how often the command had been delivered.
 pub(crate) const HDR_DELIVERIES: &str = "Jetshard-Deliveries";
+/// Header a client may set on a command: where to send its outcome (a `CommandOutcome`, JSON).
+pub(crate) const HDR_REPLY_TO: &str = "Jetshard-Reply-To";
 /// Server header naming the pin of a delivered message.
 pub(crate) const HDR_PIN_ID: &str = "Nats-Pin-Id";
 /// Server header of the compare-and-set: the expected last sequence of a subject.
