@@ -183,10 +183,21 @@ struct Owning<E: Entity> {
 struct Slot {
     actor: Option<Resident>,
     queue: VecDeque<Pending>,
-    /// Set after a failed command: nothing of this entity runs until that command is delivered
-    /// again (or given up), so later commands cannot overtake it.
-    blocked: Option<(u64, Instant)>,
+    /// Set after a failed command: nothing of this entity runs until that command is retried,
+    /// so later commands cannot overtake it.
+    blocked: Option<Blocked>,
     last_active: Instant,
+}
+
+/// Why an entity waits, and for what.
+#[derive(Clone, Copy)]
+enum Blocked {
+    /// The handler failed on `seq`, which was nak'd (or, recovered from the stream, was never
+    /// ours to nak): wait for the server to deliver it again.
+    Redelivery { seq: u64, since: Instant },
+    /// The journal did not confirm a write (leader change, lost connection): keep the
+    /// delivery (in-progress acks hold it) and retry here at `at`, without spending a delivery.
+    Retry { at: Instant },
 }
 
 struct Pending {
@@ -196,6 +207,8 @@ struct Pending {
     /// acquisition (its delivery belongs to the previous owner) or after a nak.
     reply: Option<Subject>,
     deliveries: u64,
+    /// Local retries after unconfirmed writes.
+    attempts: u32,
     progress_at: Instant,
     /// Where the client wants the outcome.
     respond_to: Option<Subject>,
@@ -273,31 +286,39 @@ impl<E: Entity> Actor for OwnerActor<E> {
 
     async fn handle_supervisor_evt(
         &self,
-        _: ActorRef<OwnerMsg>,
+        myself: ActorRef<OwnerMsg>,
         event: SupervisionEvent,
         state: &mut OwnerState<E>,
     ) -> Result<(), ActorProcessingErr> {
-        // Entity actors report failures as outcomes and stop themselves; an entity actor that
-        // dies otherwise (a panic outside the guarded calls) loses its slot's actor, and its
-        // commands are retried when they come back.
-        if let SupervisionEvent::ActorFailed(cell, error) = event
-            && let Role::Owning(o) = &mut state.role
-        {
-            for (entity, slot) in &mut o.entities {
-                if slot
-                    .actor
-                    .as_ref()
-                    .is_some_and(|r| r.actor.get_id() == cell.get_id())
-                {
-                    tracing::error!(partition = state.partition, %entity, %error, "entity actor failed");
-                    slot.actor = None;
-                    if let Some(front) = slot.queue.front() {
-                        slot.blocked = Some((front.seq, Instant::now()));
-                    }
-                }
-            }
-        }
-        Ok(())
+        // Entity actors report failures as outcomes and stop themselves. One that dies
+        // otherwise (a panic outside the guarded calls) fails the command it was working on,
+        // the first in its queue, like any other failure.
+        let SupervisionEvent::ActorFailed(cell, error) = event else {
+            return Ok(());
+        };
+        let Role::Owning(o) = &state.role else {
+            return Ok(());
+        };
+        let failed = o.entities.iter().find_map(|(entity, slot)| {
+            let resident = slot.actor.as_ref()?;
+            (resident.actor.get_id() == cell.get_id())
+                .then(|| Some((entity.clone(), slot.queue.front()?.seq)))
+                .flatten()
+        });
+        let Some((entity, seq)) = failed else {
+            return Ok(());
+        };
+        tracing::error!(partition = state.partition, %entity, cmd_seq = seq, %error, "entity actor failed");
+        let outcome = Outcome {
+            entity,
+            seq,
+            generation: o.generation,
+            verdict: Verdict::Failed {
+                reason: error.to_string(),
+                crashed: true,
+            },
+        };
+        state.on_outcome(&myself, outcome).await
     }
 }
 
@@ -530,6 +551,7 @@ async fn recover_window(
                     seq: message.sequence,
                     reply: None,
                     deliveries: 0,
+                    attempts: 0,
                     progress_at: Instant::now(),
                     respond_to: pin::respond_to(Some(&message.headers)),
                     payload: message.payload,
@@ -560,7 +582,7 @@ impl<E: Entity> OwnerState<E> {
                 held.deliveries = pending.deliveries;
             }
             held.progress_at = Instant::now();
-            if slot.blocked.is_some_and(|(seq, _)| seq == pending.seq) {
+            if matches!(slot.blocked, Some(Blocked::Redelivery { seq, .. }) if seq == pending.seq) {
                 slot.blocked = None;
                 dispatch_all::<E>(myself, &self.shared, self.partition, o, entity).await;
             }
@@ -673,6 +695,21 @@ impl<E: Entity> OwnerState<E> {
                 }
                 let failed = &mut slot.queue[position];
                 tracing::warn!(partition, %entity, cmd_seq = failed.seq, deliveries = failed.deliveries, %reason, "command failed");
+                if !crashed {
+                    failed.attempts += 1;
+                    let delay = retry_delay
+                        .saturating_mul(1 << failed.attempts.min(5))
+                        .min(Duration::from_secs(5));
+                    slot.blocked = Some(Blocked::Retry {
+                        at: Instant::now() + delay,
+                    });
+                    self.finish_release_if_drained(myself).await;
+                    return Ok(());
+                }
+                let blocked = Some(Blocked::Redelivery {
+                    seq: failed.seq,
+                    since: Instant::now(),
+                });
                 match failed.reply.take() {
                     Some(reply) if failed.deliveries >= max_deliver => {
                         failed.reply = Some(reply);
@@ -691,11 +728,11 @@ impl<E: Entity> OwnerState<E> {
                         let delay = retry_delay
                             .saturating_mul(1 << failed.deliveries.clamp(1, 16).saturating_sub(1))
                             .min(ack_wait);
-                        slot.blocked = Some((failed.seq, Instant::now()));
+                        slot.blocked = blocked;
                         let nak = AckKind::Nak(Some(delay));
                         acknowledge(&shared.client, partition, reply, nak).await;
                     }
-                    None => slot.blocked = Some((failed.seq, Instant::now())),
+                    None => slot.blocked = blocked,
                 }
             }
         }
@@ -780,6 +817,7 @@ impl<E: Entity> OwnerState<E> {
         let now = Instant::now();
         let mut idle = Vec::new();
         let mut stuck = Vec::new();
+        let mut due = Vec::new();
         for (entity, slot) in &mut o.entities {
             for pending in &mut slot.queue {
                 if let Some(reply) = &pending.reply
@@ -790,10 +828,14 @@ impl<E: Entity> OwnerState<E> {
                     acknowledge(&shared.client, partition, reply.clone(), AckKind::Progress).await;
                 }
             }
-            if let Some((_, since)) = slot.blocked
-                && now.duration_since(since) > config.ack_wait * 2 + Duration::from_secs(1)
-            {
-                stuck.push(entity.clone());
+            match slot.blocked {
+                Some(Blocked::Redelivery { since, .. })
+                    if now.duration_since(since) > config.ack_wait * 2 + Duration::from_secs(1) =>
+                {
+                    stuck.push(entity.clone());
+                }
+                Some(Blocked::Retry { at }) if now >= at => due.push(entity.clone()),
+                _ => {}
             }
             if slot.queue.is_empty()
                 && slot.blocked.is_none()
@@ -804,6 +846,12 @@ impl<E: Entity> OwnerState<E> {
         }
         for entity in idle {
             passivate(o, &entity);
+        }
+        for entity in due {
+            if let Some(slot) = o.entities.get_mut(&entity) {
+                slot.blocked = None;
+            }
+            dispatch_all::<E>(myself, &shared, partition, o, &entity).await;
         }
         for entity in stuck {
             // The failed command was never delivered again (its delivery limit was reached
@@ -1005,6 +1053,7 @@ impl Pending {
             payload: delivery.payload,
             reply: Some(delivery.reply),
             deliveries: delivery.deliveries,
+            attempts: 0,
             progress_at: Instant::now(),
             respond_to: delivery.respond_to,
         }
