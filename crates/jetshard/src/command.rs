@@ -85,7 +85,8 @@ impl<E: Entity> CommandSender<E> {
     /// it. Returns the command's stream sequence.
     ///
     /// # Errors
-    /// [`Error::InvalidId`] or [`Error::Codec`] before anything is published; [`Error::JetStream`]
+    /// [`Error::InvalidId`], [`Error::Codec`] or [`Error::PayloadTooLarge`] before anything is
+    /// published; [`Error::JetStream`]
     /// if the stream did not confirm (then the command may or may not be stored).
     pub async fn send(&self, id: &str, command: &E::Command) -> Result<u64, Error> {
         self.publish(id, command, HeaderMap::new()).await
@@ -132,6 +133,13 @@ impl<E: Entity> CommandSender<E> {
     ) -> Result<u64, Error> {
         let id = EntityId::new(id)?;
         let payload = self.codec.encode(command)?;
+        let max = self.js.client().server_info().max_payload;
+        if max > 0 && payload.len() > max {
+            return Err(Error::PayloadTooLarge {
+                size: payload.len(),
+                max,
+            });
+        }
         let subject = self.names.command_subject(&id);
         let ack = self
             .js

@@ -77,6 +77,14 @@ pub enum Error {
         /// What the configuration says.
         configured: u32,
     },
+    /// An encoded command is larger than the server accepts; nothing was published.
+    #[error("the encoded command is {size} bytes, the server accepts at most {max}")]
+    PayloadTooLarge {
+        /// The encoded size.
+        size: usize,
+        /// The server's `max_payload`.
+        max: usize,
+    },
     /// A stream or consumer exists with a configuration jetshard cannot use.
     #[error("{what} exists with an incompatible configuration: {detail}")]
     Incompatible {
