@@ -135,6 +135,12 @@ impl fmt::Debug for EntityId {
     }
 }
 
+impl std::borrow::Borrow<str> for EntityId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl TryFrom<&str> for EntityId {
     type Error = InvalidId;
     fn try_from(id: &str) -> Result<Self, InvalidId> {

@@ -249,7 +249,7 @@ async fn revive<E: Entity>(args: &EntityArgs) -> Result<Seed<E>, String> {
     let codec = args.codec;
     let filter = args.names.event_subject(args.partition, &args.id);
     journal::replay(&args.journal_stream, filter, |stored| {
-        let event: E::Event = codec.decode(&stored.payload).map_err(crate::Error::from)?;
+        let event: E::Event = codec.decode(stored.payload).map_err(crate::Error::from)?;
         apply_replayed::<E>(&mut seed, &event, stored.command_seq)
             .map_err(|reason| crate::Error::jetstream("revive", reason))
     })

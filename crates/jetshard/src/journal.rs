@@ -212,10 +212,11 @@ fn sanitize_header(value: &str) -> String {
 }
 
 /// One event read back from the journal.
-pub(crate) struct StoredEvent {
-    pub(crate) entity: EntityId,
+pub(crate) struct StoredEvent<'a> {
+    /// The entity id, from the subject (a valid token: the stream only takes one).
+    pub(crate) entity: &'a str,
     pub(crate) command_seq: u64,
-    pub(crate) payload: Bytes,
+    pub(crate) payload: &'a Bytes,
 }
 
 /// Reads every event on `filter` (a partition's or one entity's event subject) in journal
@@ -225,7 +226,7 @@ pub(crate) struct StoredEvent {
 pub(crate) async fn replay(
     journal: &Stream<()>,
     filter: String,
-    mut each: impl FnMut(StoredEvent) -> Result<(), Error>,
+    mut each: impl FnMut(StoredEvent<'_>) -> Result<(), Error>,
 ) -> Result<u64, Error> {
     let consumer = journal
         .create_consumer(pull::OrderedConfig {
@@ -261,30 +262,31 @@ pub(crate) async fn replay(
             .info()
             .map_err(|e| Error::jetstream(format!("replay {filter}"), e.to_string()))?;
         let pending = info.pending;
-        let event = stored_event(&message.message).ok_or_else(|| {
-            Error::jetstream(
-                format!("replay {filter}"),
-                format!(
-                    "malformed journal record at sequence {}",
-                    info.stream_sequence
-                ),
-            )
-        })?;
-        each(event)?;
-        read += 1;
+        match stored_event(&message.message) {
+            Some(event) => {
+                each(event)?;
+                read += 1;
+            }
+            // Not written by jetshard (no generation or command header): never part of any
+            // entity's state. Whoever can publish there should not be able to (docs/SECURITY.md).
+            None => tracing::warn!(
+                subject = %message.subject,
+                seq = info.stream_sequence,
+                "journal record without jetshard headers ignored"
+            ),
+        }
         if pending == 0 {
             return Ok(read);
         }
     }
 }
 
-fn stored_event(message: &async_nats::Message) -> Option<StoredEvent> {
+fn stored_event(message: &async_nats::Message) -> Option<StoredEvent<'_>> {
     let headers = message.headers.as_ref()?;
-    let entity = EntityId::new(Names::entity_of_subject(&message.subject)?).ok()?;
-    let command_seq = header_u64(headers, HDR_COMMAND_SEQ)?;
+    header_u64(headers, HDR_GENERATION)?;
     Some(StoredEvent {
-        entity,
-        command_seq,
-        payload: message.payload.clone(),
+        entity: Names::entity_of_subject(&message.subject)?,
+        command_seq: header_u64(headers, HDR_COMMAND_SEQ)?,
+        payload: &message.payload,
     })
 }

@@ -475,8 +475,13 @@ async fn claim_and_rebuild<E: Entity>(
             &shared.journal_stream,
             shared.names.partition_events(partition),
             |stored| {
-                let event: E::Event = codec.decode(&stored.payload)?;
-                let seed = dormant.entry(stored.entity).or_default();
+                let event: E::Event = codec.decode(stored.payload)?;
+                // Most events belong to entities seen before: look up by `&str`, and make an
+                // `EntityId` only for a new one.
+                let seed = match dormant.get_mut(stored.entity) {
+                    Some(seed) => seed,
+                    None => dormant.entry(EntityId::new(stored.entity)?).or_default(),
+                };
                 if let Err(reason) = apply_replayed::<E>(seed, &event, stored.command_seq) {
                     failure = Some(reason.clone());
                     return Err(crate::Error::jetstream("rebuild", reason));
