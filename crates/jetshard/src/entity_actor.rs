@@ -248,13 +248,17 @@ async fn revive<E: Entity>(args: &EntityArgs) -> Result<Seed<E>, String> {
     let mut seed = Seed::<E>::default();
     let codec = args.codec;
     let filter = args.names.event_subject(args.partition, &args.id);
-    journal::replay(&args.journal_stream, filter, |stored| {
+    let fail = |e: crate::Error| format!("cannot revive {} from the journal: {e}", args.id);
+    let upto = journal::last_sequence(&args.journal_stream, &filter)
+        .await
+        .map_err(fail)?;
+    journal::replay(&args.journal_stream, vec![filter], upto, |stored| {
         let event: E::Event = codec.decode(stored.payload).map_err(crate::Error::from)?;
         apply_replayed::<E>(&mut seed, &event, stored.command_seq)
             .map_err(|reason| crate::Error::jetstream("revive", reason))
     })
     .await
-    .map_err(|e| format!("cannot revive {} from the journal: {e}", args.id))?;
+    .map_err(fail)?;
     Ok(seed)
 }
 

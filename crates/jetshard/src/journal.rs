@@ -12,7 +12,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use async_nats::jetstream::context::{Context, PublishAckFuture, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::stream::Stream;
+use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 use bytes::Bytes;
 use futures::StreamExt;
 
@@ -219,65 +219,89 @@ pub(crate) struct StoredEvent<'a> {
     pub(crate) payload: &'a Bytes,
 }
 
-/// Reads every event on `filter` (a partition's or one entity's event subject) in journal
-/// order, up to the end of the journal as it is when the replay starts, calling `each` on each.
+/// Reads, in journal order, every record on `filters` up to and including journal sequence
+/// `upto`, calling `each` on each event (records that are not events, such as fence records,
+/// only mark progress).
 ///
-/// Returns how many events were read.
+/// The end is a sequence, not "nothing pending": a replica serving the replay may lag behind
+/// the stream leader, and waiting for `upto` makes the replay see every record written before
+/// it. Returns how many events were read.
 pub(crate) async fn replay(
     journal: &Stream<()>,
-    filter: String,
+    filters: Vec<String>,
+    upto: u64,
     mut each: impl FnMut(StoredEvent<'_>) -> Result<(), Error>,
 ) -> Result<u64, Error> {
+    if upto == 0 {
+        return Ok(0);
+    }
+    let what = filters.join(", ");
     let consumer = journal
         .create_consumer(pull::OrderedConfig {
-            filter_subject: filter.clone(),
+            filter_subjects: filters,
             deliver_policy: DeliverPolicy::All,
             ..Default::default()
         })
         .await
-        .map_err(|e| Error::jetstream(format!("open a replay of {filter}"), e))?;
-    if consumer.cached_info().num_pending == 0 {
-        return Ok(0);
-    }
+        .map_err(|e| Error::jetstream(format!("open a replay of {what}"), e))?;
     let mut messages = consumer
         .messages()
         .await
-        .map_err(|e| Error::jetstream(format!("replay {filter}"), e))?;
+        .map_err(|e| Error::jetstream(format!("replay {what}"), e))?;
     let mut read = 0;
     loop {
         let next = tokio::time::timeout(Duration::from_secs(30), messages.next())
             .await
-            .map_err(|e| Error::jetstream(format!("replay {filter}: no message for 30 s"), e))?;
+            .map_err(|e| Error::jetstream(format!("replay {what}: no message for 30 s"), e))?;
         let message = match next {
             Some(Ok(message)) => message,
-            Some(Err(e)) => return Err(Error::jetstream(format!("replay {filter}"), e)),
+            Some(Err(e)) => return Err(Error::jetstream(format!("replay {what}"), e)),
             None => {
                 return Err(Error::jetstream(
-                    format!("replay {filter}"),
+                    format!("replay {what}"),
                     "the replay ended early",
                 ));
             }
         };
-        let info = message
+        let seq = message
             .info()
-            .map_err(|e| Error::jetstream(format!("replay {filter}"), e.to_string()))?;
-        let pending = info.pending;
+            .map_err(|e| Error::jetstream(format!("replay {what}"), e.to_string()))?
+            .stream_sequence;
+        if seq > upto {
+            return Ok(read);
+        }
+        let is_event = message.subject.split('.').nth(1) == Some("evt");
         match stored_event(&message.message) {
-            Some(event) => {
+            Some(event) if is_event => {
                 each(event)?;
                 read += 1;
             }
+            Some(_) => {}
             // Not written by jetshard (no generation or command header): never part of any
             // entity's state. Whoever can publish there should not be able to (docs/SECURITY.md).
-            None => tracing::warn!(
+            None if is_event => tracing::warn!(
                 subject = %message.subject,
-                seq = info.stream_sequence,
+                seq,
                 "journal record without jetshard headers ignored"
             ),
+            None => {}
         }
-        if pending == 0 {
+        if seq == upto {
             return Ok(read);
         }
+    }
+}
+
+/// The journal sequence of the last record on `subject`, 0 if there is none (asked of the
+/// stream leader).
+pub(crate) async fn last_sequence(journal: &Stream<()>, subject: &str) -> Result<u64, Error> {
+    match journal.get_last_raw_message_by_subject(subject).await {
+        Ok(message) => Ok(message.sequence),
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(0),
+        Err(e) => Err(Error::jetstream(
+            format!("read the last record on {subject}"),
+            e,
+        )),
     }
 }
 

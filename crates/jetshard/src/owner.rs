@@ -471,24 +471,25 @@ async fn claim_and_rebuild<E: Entity>(
         let codec = shared.config.codec;
         let mut dormant: HashMap<EntityId, Seed<E>> = HashMap::new();
         let mut failure = None;
-        let rebuilt = journal::replay(
-            &shared.journal_stream,
+        // Up to our own fence record: everything older owners wrote comes before it.
+        let filters = vec![
             shared.names.partition_events(partition),
-            |stored| {
-                let event: E::Event = codec.decode(stored.payload)?;
-                // Most events belong to entities seen before: look up by `&str`, and make an
-                // `EntityId` only for a new one.
-                let seed = match dormant.get_mut(stored.entity) {
-                    Some(seed) => seed,
-                    None => dormant.entry(EntityId::new(stored.entity)?).or_default(),
-                };
-                if let Err(reason) = apply_replayed::<E>(seed, &event, stored.command_seq) {
-                    failure = Some(reason.clone());
-                    return Err(crate::Error::jetstream("rebuild", reason));
-                }
-                Ok(())
-            },
-        )
+            shared.names.fence_subject(partition),
+        ];
+        let rebuilt = journal::replay(&shared.journal_stream, filters, fence.seq, |stored| {
+            let event: E::Event = codec.decode(stored.payload)?;
+            // Most events belong to entities seen before: look up by `&str`, and make an
+            // `EntityId` only for a new one.
+            let seed = match dormant.get_mut(stored.entity) {
+                Some(seed) => seed,
+                None => dormant.entry(EntityId::new(stored.entity)?).or_default(),
+            };
+            if let Err(reason) = apply_replayed::<E>(seed, &event, stored.command_seq) {
+                failure = Some(reason.clone());
+                return Err(crate::Error::jetstream("rebuild", reason));
+            }
+            Ok(())
+        })
         .await
         .map_err(|e| {
             format!(
