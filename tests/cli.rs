@@ -75,3 +75,12 @@ async fn the_admin_command_shows_owners_pauses_resumes_and_lists_dead_letters() 
     );
     system.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_of_an_entity_type_that_was_never_started_is_an_error() {
+    let server = NatsServer::start().await.unwrap();
+    let mut out = Vec::new();
+    let argv = ["jetshard", "--nats-url", &server.url(), "status", "nothing"];
+    let error = jetshard_cli::run(argv, &mut out).await.unwrap_err();
+    assert!(format!("{error:#}").contains("NOTHING_CMD"), "{error:#}");
+}

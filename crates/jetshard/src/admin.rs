@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use async_nats::Client;
+use async_nats::jetstream::context::ConsumerInfoErrorKind;
 use async_nats::jetstream::stream::Stream;
 use async_nats::jetstream::{self, Context};
 use futures::StreamExt;
@@ -78,6 +79,12 @@ impl Admin {
 
     async fn streams(&self) -> Result<(Stream<()>, Stream<()>), Error> {
         let open = |name: String| async move {
+            // `get_stream` (with info) fails for a stream that does not exist, so an entity
+            // type that was never started is an error rather than an empty overview.
+            self.js
+                .get_stream(&name)
+                .await
+                .map_err(|e| Error::jetstream(format!("open stream {name}"), e))?;
             self.js
                 .get_stream_no_info(&name)
                 .await
@@ -98,8 +105,11 @@ impl Admin {
         let mut overview = Vec::new();
         for partition in 0.. {
             let consumer = self.names.consumer(partition);
-            let Ok(info) = commands.consumer_info(&consumer).await else {
-                break;
+            let info = match commands.consumer_info(&consumer).await {
+                Ok(info) => info,
+                // Past the last partition.
+                Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => break,
+                Err(e) => return Err(Error::jetstream(format!("read consumer {consumer}"), e)),
             };
             let latest = fence::latest(&journal, &self.names, partition)
                 .await

@@ -99,6 +99,26 @@ impl ShardConfig {
         self.pin_ttl
     }
 
+    /// How long a delivered command may stay unacknowledged before it is redelivered.
+    pub fn ack_wait(&self) -> Duration {
+        self.ack_wait
+    }
+
+    /// How often a command is delivered before it is given up.
+    pub fn max_deliver(&self) -> u32 {
+        self.max_deliver
+    }
+
+    /// The command stream's retention.
+    pub fn command_retention(&self) -> CommandRetention {
+        self.retention
+    }
+
+    /// The names of this entity type's streams, subjects and consumers.
+    pub fn names(&self) -> crate::wire::Names {
+        crate::wire::Names::new(&self.entity_type)
+    }
+
     /// How long a pull request waits at the server: a third of the pin TTL, so that a fresh pull
     /// carrying the pin id reaches the server well before the pin could expire.
     pub(crate) fn pull_expires(&self) -> Duration {

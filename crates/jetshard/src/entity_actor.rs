@@ -253,7 +253,10 @@ async fn revive<E: Entity>(args: &EntityArgs) -> Result<Seed<E>, String> {
         .await
         .map_err(fail)?;
     journal::replay(&args.journal_stream, vec![filter], upto, |stored| {
-        let event: E::Event = codec.decode(stored.payload).map_err(crate::Error::from)?;
+        let Some(payload) = stored.payload else {
+            return Ok(());
+        };
+        let event: E::Event = codec.decode(payload).map_err(crate::Error::from)?;
         apply_replayed::<E>(&mut seed, &event, stored.command_seq)
             .map_err(|reason| crate::Error::jetstream("revive", reason))
     })

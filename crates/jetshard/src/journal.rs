@@ -211,17 +211,17 @@ fn sanitize_header(value: &str) -> String {
         .collect()
 }
 
-/// One event read back from the journal.
+/// One record of an entity read back from the journal.
 pub(crate) struct StoredEvent<'a> {
-    /// The entity id, from the subject (a valid token: the stream only takes one).
+    /// The entity id (a valid token: the stream only takes one).
     pub(crate) entity: &'a str,
     pub(crate) command_seq: u64,
-    pub(crate) payload: &'a Bytes,
+    /// The event, or `None` for a dead letter: a command given up, which counts as processed.
+    pub(crate) payload: Option<&'a Bytes>,
 }
 
 /// Reads, in journal order, every record on `filters` up to and including journal sequence
-/// `upto`, calling `each` on each event (records that are not events, such as fence records,
-/// only mark progress).
+/// `upto`, calling `each` on each event and dead letter (fence records only mark progress).
 ///
 /// The end is a sequence, not "nothing pending": a replica serving the replay may lag behind
 /// the stream leader, and waiting for `upto` makes the replay see every record written before
@@ -270,16 +270,14 @@ pub(crate) async fn replay(
         if seq > upto {
             return Ok(read);
         }
-        let is_event = message.subject.split('.').nth(1) == Some("evt");
-        match stored_event(&message.message) {
-            Some(event) if is_event => {
-                each(event)?;
-                read += 1;
+        match stored_record(&message.message) {
+            Some(record) => {
+                read += u64::from(record.payload.is_some());
+                each(record)?;
             }
-            Some(_) => {}
             // Not written by jetshard (no generation or command header): never part of any
             // entity's state. Whoever can publish there should not be able to (docs/SECURITY.md).
-            None if is_event => tracing::warn!(
+            None if !message.subject.contains(".fence.") => tracing::warn!(
                 subject = %message.subject,
                 seq,
                 "journal record without jetshard headers ignored"
@@ -305,12 +303,21 @@ pub(crate) async fn last_sequence(journal: &Stream<()>, subject: &str) -> Result
     }
 }
 
-fn stored_event(message: &async_nats::Message) -> Option<StoredEvent<'_>> {
+fn stored_record(message: &async_nats::Message) -> Option<StoredEvent<'_>> {
     let headers = message.headers.as_ref()?;
     header_u64(headers, HDR_GENERATION)?;
-    Some(StoredEvent {
-        entity: Names::entity_of_subject(&message.subject)?,
-        command_seq: header_u64(headers, HDR_COMMAND_SEQ)?,
-        payload: &message.payload,
-    })
+    let command_seq = header_u64(headers, HDR_COMMAND_SEQ)?;
+    match message.subject.split('.').nth(1)? {
+        "evt" => Some(StoredEvent {
+            entity: Names::entity_of_subject(&message.subject)?,
+            command_seq,
+            payload: Some(&message.payload),
+        }),
+        "dlq" => Some(StoredEvent {
+            entity: headers.get(HDR_ENTITY)?.as_str(),
+            command_seq,
+            payload: None,
+        }),
+        _ => None,
+    }
 }

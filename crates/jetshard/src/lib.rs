@@ -35,7 +35,7 @@ mod pin;
 mod status;
 mod system;
 mod topology;
-mod wire;
+pub mod wire;
 
 pub use codec::Codec;
 pub use command::{CommandOutcome, CommandSender};

@@ -474,16 +474,22 @@ async fn claim_and_rebuild<E: Entity>(
         // Up to our own fence record: everything older owners wrote comes before it.
         let filters = vec![
             shared.names.partition_events(partition),
+            shared.names.dead_letter_subject(partition),
             shared.names.fence_subject(partition),
         ];
         let rebuilt = journal::replay(&shared.journal_stream, filters, fence.seq, |stored| {
-            let event: E::Event = codec.decode(stored.payload)?;
-            // Most events belong to entities seen before: look up by `&str`, and make an
+            // Most records belong to entities seen before: look up by `&str`, and make an
             // `EntityId` only for a new one.
             let seed = match dormant.get_mut(stored.entity) {
                 Some(seed) => seed,
                 None => dormant.entry(EntityId::new(stored.entity)?).or_default(),
             };
+            let Some(payload) = stored.payload else {
+                // A dead letter: that command is done with.
+                seed.last_command_seq = seed.last_command_seq.max(stored.command_seq);
+                return Ok(());
+            };
+            let event: E::Event = codec.decode(payload)?;
             if let Err(reason) = apply_replayed::<E>(seed, &event, stored.command_seq) {
                 failure = Some(reason.clone());
                 return Err(crate::Error::jetstream("rebuild", reason));

@@ -1,40 +1,43 @@
-//! The wire contract (docs/WIRE.md): stream, subject, consumer and header names.
+//! The wire contract (docs/WIRE.md): stream, subject, consumer and header names, for tools and
+//! tests that read what jetshard writes.
 //!
 //! Architecture Invariant: every name jetshard puts on the wire is spelled here and nowhere else.
 
 use crate::entity::EntityId;
 
 /// The priority group every partition consumer uses.
-pub(crate) const PRIORITY_GROUP: &str = "owners";
+pub const PRIORITY_GROUP: &str = "owners";
 
 /// Header on every journal write: the writer's generation.
-pub(crate) const HDR_GENERATION: &str = "Jetshard-Generation";
+pub const HDR_GENERATION: &str = "Jetshard-Generation";
 /// Header on every event: the stream sequence of the command that caused it.
-pub(crate) const HDR_COMMAND_SEQ: &str = "Jetshard-Command-Seq";
+pub const HDR_COMMAND_SEQ: &str = "Jetshard-Command-Seq";
 /// Header on a dead-letter record: the entity id.
-pub(crate) const HDR_ENTITY: &str = "Jetshard-Entity";
+pub const HDR_ENTITY: &str = "Jetshard-Entity";
 /// Header on a dead-letter record: why the command was given up.
-pub(crate) const HDR_REASON: &str = "Jetshard-Reason";
+pub const HDR_REASON: &str = "Jetshard-Reason";
 /// Header on a dead-letter record: how often the command had been delivered.
-pub(crate) const HDR_DELIVERIES: &str = "Jetshard-Deliveries";
+pub const HDR_DELIVERIES: &str = "Jetshard-Deliveries";
 /// Header a client may set on a command: where to send its outcome (a `CommandOutcome`, JSON).
-pub(crate) const HDR_REPLY_TO: &str = "Jetshard-Reply-To";
+pub const HDR_REPLY_TO: &str = "Jetshard-Reply-To";
 /// Server header naming the pin of a delivered message.
-pub(crate) const HDR_PIN_ID: &str = "Nats-Pin-Id";
+pub const HDR_PIN_ID: &str = "Nats-Pin-Id";
 /// Server header of the compare-and-set: the expected last sequence of a subject.
-pub(crate) const HDR_EXPECTED_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
+pub const HDR_EXPECTED_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 /// Server header of the compare-and-set: the subject whose last sequence is checked.
-pub(crate) const HDR_EXPECTED_SUBJECT: &str = "Nats-Expected-Last-Subject-Sequence-Subject";
-/// Server headers of an atomic batch (a command's several events).
-pub(crate) const HDR_BATCH_ID: &str = "Nats-Batch-Id";
-pub(crate) const HDR_BATCH_SEQUENCE: &str = "Nats-Batch-Sequence";
-pub(crate) const HDR_BATCH_COMMIT: &str = "Nats-Batch-Commit";
+pub const HDR_EXPECTED_SUBJECT: &str = "Nats-Expected-Last-Subject-Sequence-Subject";
+/// Server header of an atomic batch (a command's several events): the batch id.
+pub const HDR_BATCH_ID: &str = "Nats-Batch-Id";
+/// Server header of an atomic batch: the message's place in it, from 1.
+pub const HDR_BATCH_SEQUENCE: &str = "Nats-Batch-Sequence";
+/// Server header of an atomic batch: set to `1` on its last message.
+pub const HDR_BATCH_COMMIT: &str = "Nats-Batch-Commit";
 /// Server header for de-duplication.
-pub(crate) const HDR_MSG_ID: &str = "Nats-Msg-Id";
+pub const HDR_MSG_ID: &str = "Nats-Msg-Id";
 
 /// All names of one entity type, computed once.
 #[derive(Debug, Clone)]
-pub(crate) struct Names {
+pub struct Names {
     /// `<t>`: the lowercase entity type token.
     pub(crate) entity_type: String,
     /// `<T>_CMD`.
@@ -44,7 +47,9 @@ pub(crate) struct Names {
 }
 
 impl Names {
-    pub(crate) fn new(entity_type: &str) -> Self {
+    /// The names of entity type `entity_type` (not validated here: see
+    /// [`ShardConfig::builder`](crate::ShardConfig::builder)).
+    pub fn new(entity_type: &str) -> Self {
         let upper = entity_type.to_ascii_uppercase().replace('-', "_");
         Self {
             entity_type: entity_type.to_owned(),
@@ -53,18 +58,33 @@ impl Names {
         }
     }
 
+    /// The entity type token, `<t>`.
+    pub fn entity_type(&self) -> &str {
+        &self.entity_type
+    }
+
+    /// The command stream, `<T>_CMD`.
+    pub fn command_stream(&self) -> &str {
+        &self.command_stream
+    }
+
+    /// The journal stream, `<T>_JOURNAL`.
+    pub fn journal_stream(&self) -> &str {
+        &self.journal_stream
+    }
+
     /// Where clients publish a command: `<t>.cmd.<id>`.
-    pub(crate) fn command_subject(&self, id: &EntityId) -> String {
+    pub fn command_subject(&self, id: &EntityId) -> String {
         format!("{}.cmd.{id}", self.entity_type)
     }
 
     /// The command stream's subjects: `<t>.cmd.*`.
-    pub(crate) fn command_subjects(&self) -> String {
+    pub fn command_subjects(&self) -> String {
         format!("{}.cmd.*", self.entity_type)
     }
 
     /// The subject transform's destination for `n` partitions.
-    pub(crate) fn command_transform_dest(&self, partitions: u32) -> String {
+    pub fn command_transform_dest(&self, partitions: u32) -> String {
         format!(
             "{}.cmd.{{{{partition({partitions},1)}}}}.{{{{wildcard(1)}}}}",
             self.entity_type
@@ -72,17 +92,17 @@ impl Names {
     }
 
     /// A partition's stored commands: `<t>.cmd.<p>.*`.
-    pub(crate) fn partition_commands(&self, partition: u32) -> String {
+    pub fn partition_commands(&self, partition: u32) -> String {
         format!("{}.cmd.{partition}.*", self.entity_type)
     }
 
     /// A partition's durable consumer: `<t>-p<p>`.
-    pub(crate) fn consumer(&self, partition: u32) -> String {
+    pub fn consumer(&self, partition: u32) -> String {
         format!("{}-p{partition}", self.entity_type)
     }
 
     /// The journal stream's subjects.
-    pub(crate) fn journal_subjects(&self) -> Vec<String> {
+    pub fn journal_subjects(&self) -> Vec<String> {
         let t = &self.entity_type;
         vec![
             format!("{t}.evt.*.*"),
@@ -92,32 +112,32 @@ impl Names {
     }
 
     /// An entity's events: `<t>.evt.<p>.<id>`.
-    pub(crate) fn event_subject(&self, partition: u32, id: &EntityId) -> String {
+    pub fn event_subject(&self, partition: u32, id: &EntityId) -> String {
         format!("{}.evt.{partition}.{id}", self.entity_type)
     }
 
     /// All events of a partition: `<t>.evt.<p>.*`.
-    pub(crate) fn partition_events(&self, partition: u32) -> String {
+    pub fn partition_events(&self, partition: u32) -> String {
         format!("{}.evt.{partition}.*", self.entity_type)
     }
 
     /// A partition's fence records: `<t>.fence.<p>`.
-    pub(crate) fn fence_subject(&self, partition: u32) -> String {
+    pub fn fence_subject(&self, partition: u32) -> String {
         format!("{}.fence.{partition}", self.entity_type)
     }
 
     /// A partition's dead letters: `<t>.dlq.<p>`.
-    pub(crate) fn dead_letter_subject(&self, partition: u32) -> String {
+    pub fn dead_letter_subject(&self, partition: u32) -> String {
         format!("{}.dlq.{partition}", self.entity_type)
     }
 
     /// `Nats-Msg-Id` of the `index`th event of the command at `command_seq`.
-    pub(crate) fn event_msg_id(&self, command_seq: u64, index: usize) -> String {
+    pub fn event_msg_id(&self, command_seq: u64, index: usize) -> String {
         format!("{}:{command_seq}:{index}", self.entity_type)
     }
 
     /// The entity id at the end of a stored command or event subject.
-    pub(crate) fn entity_of_subject(subject: &str) -> Option<&str> {
+    pub fn entity_of_subject(subject: &str) -> Option<&str> {
         subject.rsplit('.').next()
     }
 }
