@@ -1,1 +1,254 @@
-fn main() {}
+//! `order-processor`: the jetshard example's command line. See the library docs
+//! (`src/lib.rs`) for what each command shows.
+
+use std::io::IsTerminal as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use order_processor::{demo, load, node, nodes, status, verify};
+
+#[derive(Parser)]
+#[command(
+    name = "order-processor",
+    about = "jetshard example: an order processor on several nodes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs one node until SIGINT or SIGTERM (then drains, acknowledges and unpins).
+    Node {
+        /// The NATS server.
+        #[arg(long)]
+        nats_url: String,
+        /// This node's id, shown in fence records and logs [default: <hostname>-<pid>].
+        #[arg(long)]
+        node_id: Option<String>,
+        /// Partitions; every node must agree.
+        #[arg(long, default_value_t = 8)]
+        partitions: u32,
+        /// Pin TTL in milliseconds; every node must agree.
+        #[arg(long, default_value_t = 2000)]
+        pin_ttl_ms: u64,
+        /// Ack wait in milliseconds; every node must agree.
+        #[arg(long, default_value_t = 5000)]
+        ack_wait_ms: u64,
+        /// How often the node logs its status, in milliseconds.
+        #[arg(long, default_value_t = 5000)]
+        report_every_ms: u64,
+    },
+    /// Publishes a realistic mix of commands for N orders, with a progress bar.
+    Load {
+        /// The NATS server.
+        #[arg(long)]
+        nats_url: String,
+        /// How many orders.
+        #[arg(long)]
+        orders: u32,
+        /// Commands per second over all orders [default: as fast as the server confirms].
+        #[arg(long)]
+        rate: Option<u32>,
+        /// Orders in flight at once.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// Seed of the order scripts.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Prefix of the order ids [default: a new one per run].
+        #[arg(long)]
+        prefix: Option<String>,
+    },
+    /// Prints, per partition: owner node, generation, pending, ack pending, paused.
+    Status {
+        /// The NATS server.
+        #[arg(long)]
+        nats_url: String,
+    },
+    /// Checks the journal against every command sent; exits 1 on a violation.
+    Verify {
+        /// The NATS server.
+        #[arg(long)]
+        nats_url: String,
+        /// How long to wait for the partitions to drain before checking, in seconds.
+        #[arg(long, default_value_t = 30)]
+        settle_secs: u64,
+    },
+    /// Starts a server and three nodes, loads orders, kills a node, verifies.
+    Demo {
+        /// Orders to load.
+        #[arg(long, default_value_t = 800)]
+        orders: u32,
+        /// Commands per second.
+        #[arg(long, default_value_t = 400)]
+        rate: u32,
+        /// Partitions.
+        #[arg(long, default_value_t = 8)]
+        partitions: u32,
+        /// Pin TTL in milliseconds.
+        #[arg(long, default_value_t = 2000)]
+        pin_ttl_ms: u64,
+        /// Ack wait in milliseconds.
+        #[arg(long, default_value_t = 5000)]
+        ack_wait_ms: u64,
+        /// What happens to the node owning the most partitions.
+        #[arg(long, value_enum, default_value_t = demo::Fault::Kill)]
+        fault: demo::Fault,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_filter = match cli.command {
+        Command::Node { .. } => "info",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    match run(cli.command).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn connect(url: &str) -> anyhow::Result<async_nats::Client> {
+    async_nats::connect(url)
+        .await
+        .with_context(|| format!("connect to {url}"))
+}
+
+async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Node {
+            nats_url,
+            node_id,
+            partitions,
+            pin_ttl_ms,
+            ack_wait_ms,
+            report_every_ms,
+        } => {
+            let node_id = match node_id {
+                Some(id) => id,
+                None => order_processor::order::shard_config()
+                    .build()?
+                    .node_id()
+                    .to_owned(),
+            };
+            node::run(node::NodeOptions {
+                nats_url,
+                node_id,
+                partitions,
+                pin_ttl: Duration::from_millis(pin_ttl_ms),
+                ack_wait: Duration::from_millis(ack_wait_ms),
+                report_every: Duration::from_millis(report_every_ms.max(100)),
+            })
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Load {
+            nats_url,
+            orders,
+            rate,
+            concurrency,
+            seed,
+            prefix,
+        } => {
+            let client = connect(&nats_url).await?;
+            let options = load::LoadOptions {
+                orders,
+                rate,
+                concurrency,
+                seed,
+                prefix: prefix.unwrap_or_else(load::run_prefix),
+            };
+            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template("{bar:40} {pos}/{len} commands {per_sec} {eta}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            let report = load::run(client, &options, &bar).await?;
+            bar.finish_and_clear();
+            println!(
+                "published {} commands for {} orders ({} malformed bodies) in {:.1} s; {} unconfirmed, {} skipped; order ids {}-*",
+                report.published,
+                report.orders,
+                report.malformed,
+                report.elapsed.as_secs_f64(),
+                report.failed,
+                report.skipped,
+                options.prefix
+            );
+            Ok(if report.failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Status { nats_url } => {
+            let client = connect(&nats_url).await?;
+            print!("{}", status::run(client).await?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Verify {
+            nats_url,
+            settle_secs,
+        } => {
+            let client = connect(&nats_url).await?;
+            let options = verify::VerifyOptions {
+                settle: Duration::from_secs(settle_secs),
+            };
+            let report = verify::run(client, &options).await?;
+            println!("{report}");
+            Ok(if report.violations.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Demo {
+            orders,
+            rate,
+            partitions,
+            pin_ttl_ms,
+            ack_wait_ms,
+            fault,
+        } => {
+            let options = demo::DemoOptions {
+                orders,
+                rate,
+                settings: nodes::NodeSettings {
+                    partitions,
+                    pin_ttl: Duration::from_millis(pin_ttl_ms),
+                    ack_wait: Duration::from_millis(ack_wait_ms),
+                },
+                fault_at_percent: 35,
+                fault,
+            };
+            // Interrupted, the demo is dropped: its node processes and its server are killed.
+            let outcome = tokio::select! {
+                outcome = demo::run(options) => outcome?,
+                _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),
+            };
+            Ok(if outcome.report.violations.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! `demo`: failover, shown end to end on one machine in well under a minute.
+//!
+//! 1. Starts its own `nats-server` (JetStream, store in a temporary directory), found as the
+//!    tests find it (`NATS_SERVER_BIN`, the repository's `.tools/`, `PATH`).
+//! 2. Starts three `order-processor node` child processes (this same binary).
+//! 3. Loads orders at a steady rate. Part way through, strikes the node that owns the most
+//!    partitions with a [`Fault`] (SIGKILL by default), and shows which node took which
+//!    partition, under which generation, and how long after the fault.
+//! 4. Lets the load finish, runs [`verify`], prints a summary, and stops the
+//!    remaining nodes gracefully. Exits non-zero on any violation.
+//!
+//! Every wait is bounded, and every child is killed when the demo ends, however it ends.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use indicatif::{ProgressBar, ProgressStyle};
+use jetshard_testkit::NatsServer;
+
+use crate::load::{self, LoadOptions, LoadReport};
+use crate::nodes::{NodeProcess, NodeSettings, unix_ms};
+use crate::verify::{self, VerifyOptions};
+
+/// What happens to the node that owns the most partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fault {
+    /// SIGKILL: a crash. The others take over once its pins lapse (the pin TTL).
+    Kill,
+    /// SIGSTOP, then SIGCONT once the others took over: a stalled process (GC pause, frozen
+    /// VM) that comes back believing it still owns its partitions, and must be fenced.
+    Stop,
+    /// SIGTERM: a graceful shutdown. It drains, acknowledges and unpins, so the others take
+    /// over at once.
+    Term,
+}
+
+impl Fault {
+    fn signal(self) -> &'static str {
+        match self {
+            Fault::Kill => "SIGKILL",
+            Fault::Stop => "SIGSTOP",
+            Fault::Term => "SIGTERM",
+        }
+    }
+}
+
+/// How the demo runs.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Orders to load.
+    pub orders: u32,
+    /// Commands per second.
+    pub rate: u32,
+    /// The node settings.
+    pub settings: NodeSettings,
+    /// The share of the load published before the fault, in percent.
+    pub fault_at_percent: u64,
+    /// The fault.
+    pub fault: Fault,
+}
+
+/// What the demo measured.
+#[derive(Debug, Clone)]
+pub struct DemoOutcome {
+    /// The verification report.
+    pub report: verify::Report,
+    /// Per partition taken over after the fault: (new node, generation, time from the fault).
+    pub takeovers: BTreeMap<u32, (String, u64, Duration)>,
+}
+
+/// Where the node logs of a demo go; kept after the demo for reading.
+pub fn logs_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("order-processor-demo-{}", std::process::id()))
+}
+
+/// When something happened, from the demo's start.
+struct Clock(Instant);
+
+impl Clock {
+    fn stamp(&self) -> String {
+        format!("[{:>5.1}s]", self.0.elapsed().as_secs_f64())
+    }
+}
+
+/// The fault as it was done.
+struct Struck {
+    victim: usize,
+    at_ms: u128,
+    partitions: Vec<u32>,
+}
+
+/// Runs the demo and prints its story on stdout.
+///
+/// # Errors
+/// If the server or a node cannot be started, or a bounded wait runs out. Violations are in
+/// the outcome's report, not errors.
+pub async fn run(options: DemoOptions) -> anyhow::Result<DemoOutcome> {
+    let clock = Clock(Instant::now());
+    let settings = &options.settings;
+    println!(
+        "jetshard demo: 3 nodes, {} partitions, pin TTL {} ms, ack wait {} ms, fault {}",
+        settings.partitions,
+        settings.pin_ttl.as_millis(),
+        settings.ack_wait.as_millis(),
+        options.fault.signal()
+    );
+
+    let server = NatsServer::start()
+        .await
+        .context("start nats-server (run scripts/install-nats-server, or set NATS_SERVER_BIN)")?;
+    let client = server.connect().await?;
+    println!("{} nats-server on {}", clock.stamp(), server.url());
+
+    let logs = logs_dir();
+    std::fs::create_dir_all(&logs).with_context(|| format!("create {}", logs.display()))?;
+    let exe = std::env::current_exe().context("find this program")?;
+    let mut nodes = Vec::new();
+    for id in ["node-a", "node-b", "node-c"] {
+        let log = logs.join(format!("{id}.log"));
+        nodes.push(NodeProcess::spawn(&exe, &server.url(), id, settings, &log)?);
+    }
+    for node in &mut nodes {
+        node.wait_ready(Duration::from_secs(30)).await?;
+    }
+    println!(
+        "{} node-a, node-b, node-c ready (their logs: {}/node-*.log)",
+        clock.stamp(),
+        logs.display()
+    );
+
+    let load_options = LoadOptions {
+        orders: options.orders,
+        rate: Some(options.rate),
+        concurrency: 64,
+        seed: 1,
+        prefix: load::run_prefix(),
+    };
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} commands {per_sec}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let say = |line: String| bar.suspend(|| println!("{line}"));
+    say(format!(
+        "{} loading {} orders at {} commands/s",
+        clock.stamp(),
+        options.orders,
+        options.rate
+    ));
+    let mut loading = {
+        let (client, load_options, bar) = (client.clone(), load_options.clone(), bar.clone());
+        tokio::spawn(async move { load::run(client, &load_options, &bar).await })
+    };
+
+    let mut struck: Option<Struck> = None;
+    let mut thawed = false;
+    let mut releases_shown = 0;
+    let mut takeovers = BTreeMap::new();
+    let mut load_report: Option<LoadReport> = None;
+    let mut load_done_at = None;
+    let bound = settings.pin_ttl + settings.ack_wait + Duration::from_secs(20);
+    loop {
+        tokio::select! {
+            done = &mut loading, if load_report.is_none() => {
+                load_report = Some(done.context("load task")??);
+                load_done_at = Some(Instant::now());
+            }
+            _ = tokio::time::sleep(Duration::from_millis(25)) => {}
+        }
+        if load_done_at.is_some_and(|t| t.elapsed() > bound) {
+            bar.finish_and_clear();
+            anyhow::bail!("no takeover within {bound:?} after the load ended");
+        }
+        let Some(fault) = &struck else {
+            let published = bar.position();
+            let length = bar.length().unwrap_or(0);
+            let owners: Vec<Vec<u32>> = nodes.iter().map(NodeProcess::owned).collect();
+            let owned: usize = owners.iter().map(Vec::len).sum();
+            let due = length > 0 && published * 100 >= length * options.fault_at_percent;
+            if !(due && owned as u32 >= settings.partitions) && load_report.is_none() {
+                continue;
+            }
+            let listing: Vec<String> = nodes
+                .iter()
+                .zip(&owners)
+                .map(|(n, o)| format!("{} {o:?}", n.id))
+                .collect();
+            say(format!("{} owners: {}", clock.stamp(), listing.join(", ")));
+            let victim = (0..nodes.len())
+                .max_by_key(|i| (owners[*i].len(), std::cmp::Reverse(*i)))
+                .unwrap_or(0);
+            let at_ms = unix_ms();
+            match options.fault {
+                Fault::Kill => nodes[victim].kill().await?,
+                Fault::Stop => nodes[victim].freeze()?,
+                Fault::Term => nodes[victim].request_stop()?,
+            }
+            say(format!(
+                "{} {} {} (owner of partitions {:?}) after {published} of {length} commands",
+                clock.stamp(),
+                options.fault.signal(),
+                nodes[victim].id,
+                owners[victim]
+            ));
+            struck = Some(Struck {
+                victim,
+                at_ms,
+                partitions: owners[victim].clone(),
+            });
+            continue;
+        };
+        for node in nodes.iter().filter(|n| n.id != nodes[fault.victim].id) {
+            for (partition, generation, at_ms) in node.acquired_since(fault.at_ms) {
+                if !fault.partitions.contains(&partition) || takeovers.contains_key(&partition) {
+                    continue;
+                }
+                let after = Duration::from_millis(at_ms.saturating_sub(fault.at_ms) as u64);
+                say(format!(
+                    "{} partition {partition} taken over by {} as generation {generation}, {:.2} s after the {}",
+                    clock.stamp(),
+                    node.id,
+                    after.as_secs_f64(),
+                    options.fault.signal()
+                ));
+                takeovers.insert(partition, (node.id.clone(), generation, after));
+            }
+        }
+        let all_taken = takeovers.len() == fault.partitions.len();
+        if options.fault == Fault::Stop && all_taken && !thawed {
+            nodes[fault.victim].thaw()?;
+            thawed = true;
+            say(format!(
+                "{} SIGCONT {}: it resumes with the commands it held, as the owner it no longer is",
+                clock.stamp(),
+                nodes[fault.victim].id
+            ));
+        }
+        let mut stepped_down = true;
+        if thawed {
+            let released = nodes[fault.victim].released();
+            for (partition, generation, reason) in released.iter().skip(releases_shown) {
+                say(format!(
+                    "{} {} stepped down from partition {partition} generation {generation}: {reason}",
+                    clock.stamp(),
+                    nodes[fault.victim].id
+                ));
+            }
+            releases_shown = released.len();
+            stepped_down = fault
+                .partitions
+                .iter()
+                .all(|p| released.iter().any(|(r, _, _)| r == p));
+        }
+        if let Some(report) = &load_report
+            && all_taken
+            && stepped_down
+        {
+            bar.finish_and_clear();
+            println!(
+                "{} load done: {} commands published ({} malformed bodies, {} unconfirmed) in {:.1} s",
+                clock.stamp(),
+                report.published,
+                report.malformed,
+                report.failed,
+                report.elapsed.as_secs_f64()
+            );
+            break;
+        }
+    }
+
+    println!(
+        "{} verifying: waiting for every partition to drain, then reading both streams",
+        clock.stamp()
+    );
+    let settle = settings.ack_wait * 2 + Duration::from_secs(20);
+    let report = verify::run(client, &VerifyOptions { settle }).await?;
+    println!("{report}");
+
+    let mut stopped = Vec::new();
+    for (i, node) in nodes.iter_mut().enumerate() {
+        if options.fault == Fault::Kill && struck.as_ref().is_some_and(|s| s.victim == i) {
+            continue;
+        }
+        let graceful = node.terminate(Duration::from_secs(20)).await;
+        let how = if graceful {
+            "stopped gracefully"
+        } else {
+            "killed"
+        };
+        stopped.push(format!("{} {how}", node.id));
+    }
+    println!("{} {}", clock.stamp(), stopped.join(", "));
+
+    let load_report = load_report.unwrap_or_default();
+    let times: Vec<Duration> = takeovers.values().map(|(_, _, t)| *t).collect();
+    println!();
+    println!("summary");
+    println!(
+        "  commands:          {} published ({} malformed), {} checked",
+        load_report.published, load_report.malformed, report.commands
+    );
+    println!(
+        "  outcomes:          {} events, {} dead letters",
+        report.events.values().sum::<usize>(),
+        report.dead_letters
+    );
+    if let Some(fault) = &struck {
+        println!(
+            "  fault:             {} {} (partitions {:?})",
+            options.fault.signal(),
+            nodes[fault.victim].id,
+            fault.partitions
+        );
+    }
+    println!(
+        "  takeovers:         {} after the fault ({} generations claimed in all)",
+        takeovers.len(),
+        report.generations.values().map(Vec::len).sum::<usize>()
+    );
+    if let (Some(min), Some(max)) = (times.iter().min(), times.iter().max()) {
+        println!(
+            "  time to take over: {:.2} s to {:.2} s after the {} (pin TTL {:.2} s)",
+            min.as_secs_f64(),
+            max.as_secs_f64(),
+            options.fault.signal(),
+            settings.pin_ttl.as_secs_f64()
+        );
+    }
+    println!("  violations:        {}", report.violations.len());
+    println!("  node logs:         {}", logs.display());
+    drop(server);
+    Ok(DemoOutcome { report, takeovers })
+}

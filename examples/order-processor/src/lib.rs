@@ -1,0 +1,37 @@
+//! # order-processor: jetshard by example
+//!
+//! An actor-based order processor that runs on several nodes. Each order is a jetshard
+//! [`Entity`](jetshard::Entity) ([`order`]): its commands are decided one at a time by the
+//! actor of that order, inside the partition owned by exactly one node; when a node dies or
+//! stalls, another takes its partitions over, fenced so that the stale one cannot write.
+//!
+//! The binary, `order-processor`, has one subcommand per module:
+//!
+//! | command | module | what it does |
+//! |---|---|---|
+//! | `node` | [`node`] | runs one node: the shard system embedded in a ractor supervision tree |
+//! | `load` | [`load`] | publishes a realistic mix of commands for many orders |
+//! | `status` | [`status`] | prints who owns which partition, backlogs, pauses |
+//! | `verify` | [`verify`] | checks the journal against every command and the rules |
+//! | `demo` | [`demo`] | a server, three nodes, a load, a SIGKILL, a takeover, a verification |
+//!
+//! Run the demo with `scripts/demo` from the repository root (it installs `nats-server` first).
+//! By hand, with a server on `nats://127.0.0.1:4222`:
+//!
+//! ```text
+//! cargo run --release -p order-processor -- node --nats-url nats://127.0.0.1:4222 --node-id a
+//! cargo run --release -p order-processor -- node --nats-url nats://127.0.0.1:4222 --node-id b
+//! cargo run --release -p order-processor -- load --nats-url nats://127.0.0.1:4222 --orders 1000
+//! cargo run --release -p order-processor -- status --nats-url nats://127.0.0.1:4222
+//! cargo run --release -p order-processor -- verify --nats-url nats://127.0.0.1:4222
+//! ```
+//!
+//! [`nodes`] drives node processes from outside (the demo and the integration test use it).
+
+pub mod demo;
+pub mod load;
+pub mod node;
+pub mod nodes;
+pub mod order;
+pub mod status;
+pub mod verify;

@@ -1,0 +1,558 @@
+//! `node`: one process running the order shard system, embedded in an application's
+//! supervision tree.
+//!
+//! ```text
+//!   Root (application supervisor)
+//!    ├── jetshard shard system   ShardSystem::start_linked(.., root)
+//!    │    └── partition owners ── entity actors      (jetshard's own subtree)
+//!    └── Reporter                logs ownership changes and, every few seconds, the status
+//! ```
+//!
+//! The root reacts to its children's supervision events: a failed reporter is restarted; a
+//! failed shard system (jetshard escalates when its partition owners fail too often) is
+//! restarted after a pause, at most [`MAX_SYSTEM_RESTARTS`] times in
+//! [`SYSTEM_RESTART_WINDOW`]; beyond that the node exits non-zero so that whatever runs it
+//! (systemd, Kubernetes) can decide. SIGINT or SIGTERM shuts down gracefully: the shard system
+//! finishes and acknowledges the commands in hand and releases its pins, so the other nodes
+//! take over at once instead of after the pin TTL.
+//!
+//! Ownership changes go to the log (stderr) and, one line each, to stdout for programs that
+//! watch the node (the demo, the tests): see [`NodeLine`].
+
+use std::collections::{BTreeSet, VecDeque};
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use async_nats::Client;
+use jetshard::{OwnershipChange, OwnershipEvent, PartitionStatus, ShardConfig, ShardSystem};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::nodes::{NodeLine, unix_ms};
+use crate::order::{self, Order};
+
+/// How often the shard system may fail within [`SYSTEM_RESTART_WINDOW`] and be restarted.
+pub const MAX_SYSTEM_RESTARTS: usize = 3;
+/// The window of [`MAX_SYSTEM_RESTARTS`].
+pub const SYSTEM_RESTART_WINDOW: Duration = Duration::from_secs(60);
+/// The pause before a failed shard system is started again.
+const SYSTEM_RESTART_DELAY: Duration = Duration::from_secs(2);
+
+/// How a node runs.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// The server.
+    pub nats_url: String,
+    /// This node's id, written into fence records.
+    pub node_id: String,
+    /// Partitions (every node must agree).
+    pub partitions: u32,
+    /// Pin TTL (every node must agree).
+    pub pin_ttl: Duration,
+    /// Ack wait (every node must agree).
+    pub ack_wait: Duration,
+    /// How often the reporter logs the status.
+    pub report_every: Duration,
+}
+
+impl NodeOptions {
+    /// The shard configuration of this node.
+    ///
+    /// # Errors
+    /// If a setting is out of range.
+    pub fn shard_config(&self) -> anyhow::Result<ShardConfig> {
+        Ok(order::shard_config()
+            .node_id(&self.node_id)
+            .partitions(self.partitions)
+            .pin_ttl(self.pin_ttl)
+            .ack_wait(self.ack_wait)
+            .build()?)
+    }
+}
+
+/// Runs a node until SIGINT or SIGTERM (then shuts down gracefully and returns `Ok`), or
+/// until its shard system has failed too often (then returns the error).
+///
+/// # Errors
+/// If the configuration is invalid, the server cannot be reached, the shard system cannot
+/// start (e.g. the streams exist with other settings), or it fails beyond its restart budget.
+pub async fn run(options: NodeOptions) -> anyhow::Result<()> {
+    let config = options.shard_config()?;
+    let client = async_nats::ConnectOptions::new()
+        .name(format!("order-processor {}", options.node_id))
+        .connect(options.nats_url.as_str())
+        .await
+        .with_context(|| format!("connect to {}", options.nats_url))?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+
+    let (exit, mut failed) = oneshot::channel();
+    let args = RootArgs {
+        client,
+        config: config.clone(),
+        report_every: options.report_every,
+        exit,
+    };
+    let (root, root_done) = Actor::spawn(None, Root, args).await.map_err(|e| match e {
+        // The root's start failed: its error says why (e.g. the streams exist with
+        // other settings), better than the spawn error's wording.
+        SpawnErr::StartupFailed(cause) => anyhow::anyhow!("cannot start the node: {cause}"),
+        other => anyhow::anyhow!("cannot start the node: {other}"),
+    })?;
+    say(&NodeLine::Ready {
+        node: options.node_id.clone(),
+    });
+
+    let failure = tokio::select! {
+        _ = interrupt.recv() => None,
+        _ = terminate.recv() => None,
+        reason = &mut failed => Some(reason.unwrap_or_else(|_| "the root actor ended".to_owned())),
+    };
+    if let Some(reason) = failure {
+        let _ = root_done.await;
+        anyhow::bail!("node {} gave up: {reason}", options.node_id);
+    }
+    tracing::info!(node = %options.node_id, "shutting down: draining, acknowledging, unpinning");
+    // jetshard's own bound is the ack wait plus 5 s; allow a margin over it.
+    let grace = options.ack_wait + Duration::from_secs(10);
+    let stopped = root.call(RootMsg::Shutdown, Some(grace)).await;
+    if !matches!(stopped, Ok(ractor::rpc::CallResult::Success(()))) {
+        tracing::warn!(node = %options.node_id, "graceful shutdown did not finish in {grace:?}");
+        root.stop(Some("shutdown timed out".to_owned()));
+    }
+    let _ = root_done.await;
+    say(&NodeLine::Stopped {
+        node: options.node_id,
+    });
+    Ok(())
+}
+
+/// Prints one line for watchers on stdout, at once.
+fn say(line: &NodeLine) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// The application's root supervisor.
+struct Root;
+
+struct RootArgs {
+    client: Client,
+    config: ShardConfig,
+    report_every: Duration,
+    exit: oneshot::Sender<String>,
+}
+
+enum RootMsg {
+    /// The shard system's status, for the reporter.
+    Status(RpcReplyPort<Vec<PartitionStatus>>),
+    /// Graceful shutdown; replies when done.
+    Shutdown(RpcReplyPort<()>),
+    /// Start the shard system again after it failed.
+    RestartSystem,
+}
+
+struct RootState {
+    client: Client,
+    config: ShardConfig,
+    report_every: Duration,
+    system: Option<ShardSystem>,
+    reporter: ActorRef<ReporterMsg>,
+    /// Forwards the system's ownership events to the reporter.
+    forwarder: Option<Forwarder>,
+    failures: VecDeque<Instant>,
+    stopping: bool,
+    exit: Option<oneshot::Sender<String>>,
+}
+
+impl Actor for Root {
+    type Msg = RootMsg;
+    type State = RootState;
+    type Arguments = RootArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<RootMsg>,
+        args: RootArgs,
+    ) -> Result<RootState, ActorProcessingErr> {
+        let reporter = spawn_reporter(&myself, &args.config, args.report_every).await?;
+        let mut state = RootState {
+            client: args.client,
+            config: args.config,
+            report_every: args.report_every,
+            system: None,
+            reporter,
+            forwarder: None,
+            failures: VecDeque::new(),
+            stopping: false,
+            exit: Some(args.exit),
+        };
+        start_system(&myself, &mut state).await?;
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<RootMsg>,
+        message: RootMsg,
+        state: &mut RootState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            RootMsg::Status(reply) => {
+                let status = match &state.system {
+                    Some(system) => system.status().await.unwrap_or_default(),
+                    None => Vec::new(),
+                };
+                let _ = reply.send(status);
+            }
+            RootMsg::Shutdown(reply) => {
+                state.stopping = true;
+                if let Some(system) = state.system.take()
+                    && let Err(e) = system.shutdown().await
+                {
+                    tracing::warn!(error = %e, "shard system shutdown");
+                }
+                // Every release is in the channel by now: pass them on, then make sure the
+                // reporter printed them (it answers a flush after what was queued before).
+                if let Some(forwarder) = state.forwarder.take() {
+                    forwarder.finish().await;
+                }
+                let _ = state
+                    .reporter
+                    .call(ReporterMsg::Flush, Some(Duration::from_secs(2)))
+                    .await;
+                let _ = reply.send(());
+                myself.stop(Some("shutdown".to_owned()));
+            }
+            RootMsg::RestartSystem => {
+                if state.stopping || state.system.is_some() {
+                    return Ok(());
+                }
+                if let Err(e) = start_system(&myself, state).await {
+                    tracing::error!(error = %e, "shard system did not start again");
+                    system_failed(&myself, state, e.to_string());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<RootMsg>,
+        event: SupervisionEvent,
+        state: &mut RootState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, reason) = match event {
+            SupervisionEvent::ActorFailed(cell, error) => (cell, error.to_string()),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                (cell, reason.unwrap_or_else(|| "stopped".to_owned()))
+            }
+            _ => return Ok(()),
+        };
+        if state.stopping {
+            return Ok(());
+        }
+        let id = cell.get_id();
+        if id == state.reporter.get_id() {
+            tracing::warn!(%reason, "reporter ended; restarting it");
+            state.reporter = spawn_reporter(&myself, &state.config, state.report_every).await?;
+            if let Some(system) = &state.system {
+                state.forwarder = Some(Forwarder::start(system, state.reporter.clone()));
+            }
+            return Ok(());
+        }
+        if state
+            .system
+            .as_ref()
+            .is_some_and(|s| s.actor().get_id() == id)
+        {
+            tracing::error!(node = %state.config.node_id(), %reason, "shard system failed");
+            // Its partition owners are gone, so its pins lapse and the other nodes take over.
+            state.system = None;
+            state.forwarder = None;
+            system_failed(&myself, state, reason);
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<RootMsg>,
+        state: &mut RootState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.stopping = true;
+        state.forwarder = None;
+        myself.stop_children(Some("node stopped".to_owned()));
+        Ok(())
+    }
+}
+
+/// Decides what a failure of the shard system leads to: a restart after a pause, or, past
+/// the restart budget, the end of the node.
+fn system_failed(myself: &ActorRef<RootMsg>, state: &mut RootState, reason: String) {
+    let now = Instant::now();
+    state.failures.push_back(now);
+    while state
+        .failures
+        .front()
+        .is_some_and(|t| now.duration_since(*t) > SYSTEM_RESTART_WINDOW)
+    {
+        state.failures.pop_front();
+    }
+    if state.failures.len() > MAX_SYSTEM_RESTARTS {
+        tracing::error!(
+            failures = state.failures.len(),
+            "shard system failed more than {MAX_SYSTEM_RESTARTS} times in {SYSTEM_RESTART_WINDOW:?}; giving up"
+        );
+        state.stopping = true;
+        if let Some(exit) = state.exit.take() {
+            let _ = exit.send(reason);
+        }
+        myself.stop(Some("shard system failed too often".to_owned()));
+        return;
+    }
+    tracing::warn!(
+        failures = state.failures.len(),
+        "restarting the shard system in {SYSTEM_RESTART_DELAY:?}"
+    );
+    myself.send_after(SYSTEM_RESTART_DELAY, || RootMsg::RestartSystem);
+}
+
+async fn start_system(
+    myself: &ActorRef<RootMsg>,
+    state: &mut RootState,
+) -> Result<(), ActorProcessingErr> {
+    let system = ShardSystem::start_linked::<Order>(
+        state.client.clone(),
+        state.config.clone(),
+        myself.get_cell(),
+    )
+    .await?;
+    state.forwarder = Some(Forwarder::start(&system, state.reporter.clone()));
+    state.system = Some(system);
+    Ok(())
+}
+
+/// Forwards the system's ownership events to the reporter, stamped with the time they were
+/// seen. Dropping it ends the task after it has passed on what was already sent.
+struct Forwarder {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl Forwarder {
+    fn start(system: &ShardSystem, reporter: ActorRef<ReporterMsg>) -> Forwarder {
+        let mut events = system.ownership_events();
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let forward = |event| {
+                reporter
+                    .cast(ReporterMsg::Ownership(event, unix_ms()))
+                    .is_ok()
+            };
+            loop {
+                tokio::select! {
+                    biased;
+                    received = events.recv() => match received {
+                        Ok(event) => {
+                            if !forward(event) {
+                                return;
+                            }
+                        }
+                        Err(RecvError::Lagged(missed)) => {
+                            tracing::warn!(missed, "ownership events missed");
+                        }
+                        Err(RecvError::Closed) => return,
+                    },
+                    // Stopped, or the handle dropped: pass on what is queued, then end.
+                    _ = &mut stopped => {
+                        loop {
+                            match events.try_recv() {
+                                Ok(event) => {
+                                    if !forward(event) {
+                                        return;
+                                    }
+                                }
+                                Err(TryRecvError::Lagged(_)) => {}
+                                Err(_) => return,
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Forwarder {
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Passes on every event sent so far, then ends.
+    async fn finish(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let task = &mut self.task;
+        if tokio::time::timeout(Duration::from_secs(2), task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("ownership events not passed on within 2 s");
+        }
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        // Dropping `stop` ends the task once it has passed on what is queued; it needs no
+        // abort, and must not be left running past its system.
+        if self.task.is_finished() {
+            return;
+        }
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn spawn_reporter(
+    root: &ActorRef<RootMsg>,
+    config: &ShardConfig,
+    every: Duration,
+) -> Result<ActorRef<ReporterMsg>, ActorProcessingErr> {
+    let args = ReporterArgs {
+        root: root.clone(),
+        node: config.node_id().to_owned(),
+        every,
+    };
+    let (reporter, _) = Actor::spawn_linked(None, Reporter, args, root.get_cell()).await?;
+    Ok(reporter)
+}
+
+/// Logs ownership changes as they happen, and the node's status every few seconds.
+struct Reporter;
+
+struct ReporterArgs {
+    root: ActorRef<RootMsg>,
+    node: String,
+    every: Duration,
+}
+
+enum ReporterMsg {
+    /// An ownership change, stamped with the unix time it was seen.
+    Ownership(OwnershipEvent, u128),
+    /// Time to log the status.
+    Tick,
+    /// Replies once every message queued before it is handled.
+    Flush(RpcReplyPort<()>),
+}
+
+struct ReporterState {
+    root: ActorRef<RootMsg>,
+    node: String,
+    owned: BTreeSet<u32>,
+    ticker: JoinHandle<()>,
+}
+
+impl Actor for Reporter {
+    type Msg = ReporterMsg;
+    type State = ReporterState;
+    type Arguments = ReporterArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ReporterMsg>,
+        args: ReporterArgs,
+    ) -> Result<ReporterState, ActorProcessingErr> {
+        let ticker = myself.send_interval(args.every, || ReporterMsg::Tick);
+        Ok(ReporterState {
+            root: args.root,
+            node: args.node,
+            owned: BTreeSet::new(),
+            ticker,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<ReporterMsg>,
+        message: ReporterMsg,
+        state: &mut ReporterState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            ReporterMsg::Ownership(event, at_ms) => {
+                let (partition, generation, node) =
+                    (event.partition, event.generation, event.node.clone());
+                let line = match event.change {
+                    OwnershipChange::Acquired => {
+                        state.owned.insert(partition);
+                        tracing::info!(partition, generation, node = %node, "ACQUIRED");
+                        NodeLine::Acquired {
+                            partition,
+                            generation,
+                            at_ms,
+                            node,
+                        }
+                    }
+                    OwnershipChange::Released { reason } => {
+                        state.owned.remove(&partition);
+                        tracing::info!(partition, generation, node = %node, %reason, "RELEASED");
+                        NodeLine::Released {
+                            partition,
+                            generation,
+                            at_ms,
+                            node,
+                            reason,
+                        }
+                    }
+                    other => {
+                        tracing::info!(partition, generation, node = %node, change = ?other, "ownership changed");
+                        return Ok(());
+                    }
+                };
+                say(&line);
+            }
+            ReporterMsg::Flush(reply) => {
+                let _ = reply.send(());
+            }
+            ReporterMsg::Tick => {
+                let status = state
+                    .root
+                    .call(RootMsg::Status, Some(Duration::from_secs(15)))
+                    .await;
+                let Ok(ractor::rpc::CallResult::Success(status)) = status else {
+                    tracing::warn!(node = %state.node, "no status from the shard system");
+                    return Ok(());
+                };
+                let sum = |f: fn(&PartitionStatus) -> u64| status.iter().map(f).sum::<u64>();
+                tracing::info!(
+                    node = %state.node,
+                    owned = ?state.owned,
+                    resident_entities = status.iter().map(|p| p.resident_entities).sum::<usize>(),
+                    in_hand = status.iter().map(|p| p.commands_in_hand).sum::<usize>(),
+                    applied = sum(|p| p.applied),
+                    events = sum(|p| p.events_written),
+                    duplicates = sum(|p| p.duplicates),
+                    dead_lettered = sum(|p| p.dead_lettered),
+                    "status"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<ReporterMsg>,
+        state: &mut ReporterState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.ticker.abort();
+        Ok(())
+    }
+}
