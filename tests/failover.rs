@@ -47,8 +47,11 @@ async fn a_killed_owner_is_replaced_and_nothing_acknowledged_is_lost() {
 
     let rounds = 30;
     let mut killed_at = 0;
+    let mut a_owned = Vec::new();
     for n in 1..rounds {
         if n == rounds / 2 {
+            // Balancing may already have moved a partition to b.
+            a_owned = a.owned();
             a.kill().await;
             killed_at = now_ms();
         }
@@ -71,14 +74,14 @@ async fn a_killed_owner_is_replaced_and_nothing_acknowledged_is_lost() {
     for (entity, values) in ledger_values(&records) {
         assert_eq!(values, (0..rounds).collect::<Vec<_>>(), "{entity}");
     }
-    for partition in 0..2 {
+    assert!(!a_owned.is_empty());
+    for partition in a_owned {
         let taken = b.acquired_after(partition, killed_at).expect("b took over");
         let takeover_ms = taken.at_ms - killed_at;
         eprintln!(
             "partition {partition}: taken over {takeover_ms} ms after the kill (pin TTL 1000 ms)"
         );
         assert!(takeover_ms < 1000 + 3000, "takeover took {takeover_ms} ms");
-        assert_eq!(taken.generation, 2);
     }
 }
 

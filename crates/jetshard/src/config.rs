@@ -42,6 +42,7 @@ pub struct ShardConfig {
     pub(crate) restart_window: Duration,
     pub(crate) max_owner_restarts: u32,
     pub(crate) owner_restart_window: Duration,
+    pub(crate) balance: bool,
 }
 
 impl ShardConfig {
@@ -70,6 +71,7 @@ impl ShardConfig {
                 restart_window: Duration::from_secs(10),
                 max_owner_restarts: 10,
                 owner_restart_window: Duration::from_secs(60),
+                balance: true,
             },
         }
     }
@@ -246,6 +248,14 @@ impl ShardConfigBuilder {
     pub fn max_owner_restarts(mut self, restarts: u32, window: Duration) -> Self {
         self.config.max_owner_restarts = restarts;
         self.config.owner_restart_window = window;
+        self
+    }
+
+    /// Whether this process hands partitions off to processes that own fewer, so that the
+    /// processes of an entity type share the partitions evenly (default on). Off: a partition
+    /// stays with whichever process the server pinned until that process stops or stalls.
+    pub fn balance(mut self, balance: bool) -> Self {
+        self.config.balance = balance;
         self
     }
 

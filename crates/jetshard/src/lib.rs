@@ -21,6 +21,7 @@
 #![deny(missing_docs)]
 
 pub mod admin;
+mod balance;
 mod codec;
 mod command;
 mod config;

@@ -89,6 +89,9 @@ pub(crate) enum OwnerMsg {
     Tick,
     /// Graceful stop: finish in-flight commands, release the pin, reply, stop.
     Release(RpcReplyPort<()>),
+    /// Balancing: hand the partition to another process (as a graceful stop does), then stay
+    /// out of it for a while before pulling again.
+    HandOff,
     /// A snapshot for status displays.
     Status(RpcReplyPort<PartitionStatus>),
 }
@@ -114,8 +117,20 @@ pub(crate) struct OwnerState<E: Entity> {
     /// A pin under which this owner must not acquire (it was fenced or failed under it).
     refused_pin: Option<Refused>,
     role: Role<E>,
-    release: Option<(RpcReplyPort<()>, Instant)>,
+    release: Option<Release>,
+    /// After a hand-off: no pulling until then, so the partition goes to another process.
+    cooldown_until: Option<Instant>,
     counters: Counters,
+}
+
+/// A hand-over in progress.
+struct Release {
+    /// `Some` for a graceful stop; `None` for a hand-off.
+    reply: Option<RpcReplyPort<()>>,
+    /// Past it, commands still in hand are left for redelivery.
+    deadline: Instant,
+    /// Whether the pull loop has no request open any more.
+    pulls_idle: bool,
 }
 
 /// A pin under which this owner must not acquire again: it stepped down or failed under it.
@@ -250,6 +265,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
             refused_pin: None,
             role: Role::Standby,
             release: None,
+            cooldown_until: None,
             counters: Counters::default(),
         })
     }
@@ -273,7 +289,19 @@ impl<E: Entity> Actor for OwnerActor<E> {
             OwnerMsg::Outcome(outcome) => state.on_outcome(&myself, outcome).await,
             OwnerMsg::Tick => state.on_tick(&myself).await,
             OwnerMsg::Release(reply) => {
-                state.release = Some((reply, Instant::now() + state.shared.config.ack_wait));
+                state.start_release(&myself, Some(reply)).await;
+                Ok(())
+            }
+            OwnerMsg::HandOff => {
+                if matches!(state.role, Role::Owning(_)) && state.release.is_none() {
+                    state.start_release(&myself, None).await;
+                }
+                Ok(())
+            }
+            OwnerMsg::Pin(PinSignal::Idle) => {
+                if let Some(release) = &mut state.release {
+                    release.pulls_idle = true;
+                }
                 state.finish_release_if_drained(&myself).await;
                 Ok(())
             }
@@ -345,7 +373,7 @@ impl<E: Entity> OwnerState<E> {
             .await;
             return Ok(());
         };
-        if self.release.is_some() {
+        if self.release.is_some() || self.cooldown_until.is_some() {
             // Handing over: let the next owner have it soon.
             let delay = Duration::from_millis(100);
             let nak = AckKind::Nak(Some(delay));
@@ -798,8 +826,16 @@ impl<E: Entity> OwnerState<E> {
     async fn on_tick(&mut self, myself: &ActorRef<OwnerMsg>) -> Result<(), ActorProcessingErr> {
         let config = self.shared.config.clone();
         let partition = self.partition;
-        if let Some((_, deadline)) = &self.release
-            && Instant::now() >= *deadline
+        if let Some(until) = self.cooldown_until
+            && Instant::now() >= until
+        {
+            self.cooldown_until = None;
+            if let Some(pull) = &self.pull {
+                pull.pause(false);
+            }
+        }
+        if let Some(release) = &self.release
+            && Instant::now() >= release.deadline
         {
             tracing::warn!(
                 partition,
@@ -886,8 +922,31 @@ impl<E: Entity> OwnerState<E> {
         Ok(())
     }
 
+    /// Begins handing the partition over: no new pulls, commands in hand finished and
+    /// acknowledged, new deliveries sent back. `reply`: a graceful stop (the owner stops after);
+    /// none: a hand-off (the owner cools down, then pulls again).
+    async fn start_release(
+        &mut self,
+        myself: &ActorRef<OwnerMsg>,
+        reply: Option<RpcReplyPort<()>>,
+    ) {
+        if let Some(pull) = &self.pull {
+            pull.pause(true);
+        }
+        let pulls_idle = self.pull.is_none();
+        let deadline = Instant::now() + self.shared.config.ack_wait;
+        self.release = Some(Release {
+            reply,
+            deadline,
+            pulls_idle,
+        });
+        self.finish_release_if_drained(myself).await;
+    }
+
     async fn finish_release_if_drained(&mut self, myself: &ActorRef<OwnerMsg>) {
-        if self.release.is_none() {
+        // Unpinning while a pull of ours is still open could pin this process again: wait for
+        // the pull loop to be idle as well as for the commands in hand.
+        if !self.release.as_ref().is_some_and(|r| r.pulls_idle) {
             return;
         }
         let drained = match &self.role {
@@ -900,15 +959,22 @@ impl<E: Entity> OwnerState<E> {
     }
 
     async fn finish_release(&mut self, myself: &ActorRef<OwnerMsg>) {
+        let Some(release) = self.release.take() else {
+            return;
+        };
+        let stopping = release.reply.is_some();
         if matches!(self.role, Role::Owning(_)) {
             self.unpin().await;
-            self.step_down(myself, "released");
+            self.step_down(myself, if stopping { "released" } else { "handed off" });
         }
-        self.pull = None;
-        if let Some((reply, _)) = self.release.take() {
-            let _ = reply.send(());
+        match release.reply {
+            Some(reply) => {
+                self.pull = None;
+                let _ = reply.send(());
+                myself.stop(Some("released".to_owned()));
+            }
+            None => self.cooldown_until = Some(Instant::now() + self.shared.config.pin_ttl * 2),
         }
-        myself.stop(Some("released".to_owned()));
     }
 
     /// Asks the server to move the pin at once instead of after the TTL.
@@ -931,7 +997,7 @@ impl<E: Entity> OwnerState<E> {
             return;
         };
         myself.stop_children(Some(reason.to_owned()));
-        if reason != "released" {
+        if reason != "released" && reason != "handed off" {
             self.refused_pin = Some(Refused::new(o.pin.clone(), false));
         }
         let node = self.config().node_id.clone();

@@ -19,6 +19,7 @@ use async_nats::jetstream::Context;
 use async_nats::{Client, StatusCode, Subject};
 use bytes::Bytes;
 use futures::StreamExt;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -68,6 +69,9 @@ pub(crate) enum PinSignal {
     Delivered(Delivery),
     /// The server refused a pull carrying `pin`: another process holds the partition now.
     Lost { pin: Arc<str> },
+    /// Pulling is paused and no pull request of this loop is open at the server any more:
+    /// nothing more can be delivered to this process, and an unpin cannot pin it again.
+    Idle,
 }
 
 /// How the loop pulls.
@@ -80,6 +84,15 @@ pub(crate) struct PullSettings {
 /// A running pull loop; dropping it stops the loop and its subscription.
 pub(crate) struct PullLoop {
     task: JoinHandle<()>,
+    paused: watch::Sender<bool>,
+}
+
+impl PullLoop {
+    /// Stops (or resumes) sending pull requests. Once paused and every open request has ended,
+    /// the loop reports [`PinSignal::Idle`]; it resumes without a pin id.
+    pub(crate) fn pause(&self, paused: bool) {
+        self.paused.send_replace(paused);
+    }
 }
 
 impl Drop for PullLoop {
@@ -99,12 +112,13 @@ pub(crate) fn start(
 ) -> PullLoop {
     let request_subject = format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}");
     let consumer = consumer.to_owned();
+    let (paused, paused_rx) = watch::channel(false);
     let task = tokio::spawn(async move {
-        if let Err(e) = run(js, request_subject, settings, sink).await {
+        if let Err(e) = run(js, request_subject, settings, paused_rx, sink).await {
             tracing::error!(consumer = %consumer, error = %e, "pull loop stopped");
         }
     });
-    PullLoop { task }
+    PullLoop { task, paused }
 }
 
 /// A pull request still open at the server, as far as this loop knows.
@@ -117,6 +131,7 @@ async fn run(
     js: Context,
     request_subject: String,
     settings: PullSettings,
+    mut paused: watch::Receiver<bool>,
     sink: impl Fn(PinSignal) -> bool,
 ) -> Result<(), async_nats::Error> {
     let client: Client = js.client();
@@ -127,15 +142,29 @@ async fn run(
     let forget_after = expires + Duration::from_secs(1);
     let mut pin: Option<Arc<str>> = None;
     let mut open: VecDeque<OpenPull> = VecDeque::new();
+    let mut idle_reported = false;
 
     loop {
         let now = Instant::now();
         while open.front().is_some_and(|p| now >= p.sent + forget_after) {
             open.pop_front();
         }
+        let is_paused = *paused.borrow_and_update();
+        if is_paused {
+            // The next pull, after the pause, asks afresh.
+            pin = None;
+            if open.is_empty() && !idle_reported {
+                idle_reported = true;
+                if !sink(PinSignal::Idle) {
+                    return Ok(());
+                }
+            }
+        } else {
+            idle_reported = false;
+        }
         let requested: u32 = open.iter().map(|p| p.remaining).sum();
         let newest_is_fresh = open.back().is_some_and(|p| now < p.sent + expires);
-        if requested <= settings.batch / 2 || !newest_is_fresh {
+        if !is_paused && (requested <= settings.batch / 2 || !newest_is_fresh) {
             let body = pull_request(settings.batch, expires, pin.as_deref());
             client
                 .publish_with_reply(request_subject.clone(), inbox.clone(), body.into())
@@ -145,14 +174,27 @@ async fn run(
                 remaining: settings.batch,
             });
         }
-        let refresh_at = open.back().map_or(now, |p| p.sent + expires);
+        // Running: wake to refresh the pull (and so the pin). Paused: wake when the oldest open
+        // pull must have ended, or not at all.
+        let wake_at = if is_paused {
+            open.front()
+                .map_or(now + Duration::from_secs(3600), |p| p.sent + forget_after)
+        } else {
+            open.back().map_or(now, |p| p.sent + expires)
+        };
 
         let message = tokio::select! {
             message = subscription.next() => match message {
                 Some(message) => message,
                 None => return Ok(()),
             },
-            () = tokio::time::sleep_until(refresh_at) => continue,
+            () = tokio::time::sleep_until(wake_at) => continue,
+            changed = paused.changed() => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+                continue;
+            }
         };
         match message.status {
             None | Some(StatusCode::OK) => {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use async_nats::Client;
 use async_nats::jetstream;
+use futures::StreamExt;
 use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
 };
@@ -13,6 +14,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::balance::{Heartbeat, Membership};
 use crate::config::ShardConfig;
 use crate::entity::Entity;
 use crate::error::Error;
@@ -165,6 +167,11 @@ pub(crate) enum SystemMsg {
     Status(RpcReplyPort<Vec<PartitionStatus>>),
     Shutdown(RpcReplyPort<()>),
     Respawn(u32),
+    /// Another process's heartbeat.
+    Heard(Heartbeat),
+    /// Time to say how many partitions this process owns, and to hand one off if it owns too
+    /// many.
+    Balance,
 }
 
 struct SystemActor<E>(std::marker::PhantomData<fn() -> E>);
@@ -175,6 +182,18 @@ struct SystemState {
     partition_of: HashMap<ActorId, u32>,
     failures: VecDeque<Instant>,
     stopping: bool,
+    membership: Membership,
+    last_hand_off: Option<Instant>,
+    /// The heartbeat listener and the balance timer; stopped with the system.
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for SystemState {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
 }
 
 impl<E: Entity> Actor for SystemActor<E> {
@@ -188,15 +207,36 @@ impl<E: Entity> Actor for SystemActor<E> {
         shared: Arc<Shared>,
     ) -> Result<SystemState, ActorProcessingErr> {
         let partitions = shared.config.partitions;
+        let pin_ttl = shared.config.pin_ttl;
         let mut state = SystemState {
+            membership: Membership::new(&shared.config.node_id, pin_ttl * 3),
             shared,
             owners: vec![None; partitions as usize],
             partition_of: HashMap::new(),
             failures: VecDeque::new(),
             stopping: false,
+            last_hand_off: None,
+            tasks: Vec::new(),
         };
         for partition in 0..partitions {
             spawn_owner::<E>(&myself, &mut state, partition).await?;
+        }
+        if state.shared.config.balance {
+            let subject = state.shared.names.membership_subject();
+            let mut heartbeats = state.shared.client.subscribe(subject).await?;
+            let listener = myself.clone();
+            state.tasks.push(tokio::spawn(async move {
+                while let Some(message) = heartbeats.next().await {
+                    if let Ok(heartbeat) = serde_json::from_slice::<Heartbeat>(&message.payload)
+                        && listener.cast(SystemMsg::Heard(heartbeat)).is_err()
+                    {
+                        return;
+                    }
+                }
+            }));
+            state
+                .tasks
+                .push(myself.send_interval(pin_ttl, || SystemMsg::Balance));
         }
         tracing::info!(
             entity_type = %state.shared.config.entity_type,
@@ -239,6 +279,8 @@ impl<E: Entity> Actor for SystemActor<E> {
                 let _ = reply.send(());
                 myself.stop(Some("shutdown".to_owned()));
             }
+            SystemMsg::Heard(heartbeat) => state.membership.heard(heartbeat, Instant::now()),
+            SystemMsg::Balance => balance(state).await,
             SystemMsg::Respawn(partition) => {
                 if !state.stopping && state.owners[partition as usize].is_none() {
                     spawn_owner::<E>(&myself, state, partition).await?;
@@ -303,6 +345,49 @@ impl<E: Entity> Actor for SystemActor<E> {
         }
         myself.send_after(RESPAWN_DELAY, move || SystemMsg::Respawn(partition));
         Ok(())
+    }
+}
+
+/// Says how many partitions this process owns, and hands one off if it owns more than its
+/// share while another process owns less (see `balance.rs`).
+async fn balance(state: &mut SystemState) {
+    if state.stopping {
+        return;
+    }
+    let mut owned = Vec::new();
+    for owner in state.owners.iter().flatten() {
+        if let Ok(ractor::rpc::CallResult::Success(status)) = owner
+            .call(OwnerMsg::Status, Some(Duration::from_secs(1)))
+            .await
+            && status.generation.is_some()
+        {
+            owned.push((status.partition, owner.clone()));
+        }
+    }
+    let config = &state.shared.config;
+    let heartbeat = Heartbeat {
+        node: config.node_id.clone(),
+        owned: owned.len() as u32,
+    };
+    if let Ok(body) = serde_json::to_vec(&heartbeat) {
+        let subject = state.shared.names.membership_subject();
+        let _ = state.shared.client.publish(subject, body.into()).await;
+    }
+    let now = Instant::now();
+    // One hand-off at a time, and time for the heartbeats to show its effect.
+    let settled = state
+        .last_hand_off
+        .is_none_or(|at| now.duration_since(at) >= config.pin_ttl * 4);
+    if settled
+        && state
+            .membership
+            .should_shed(owned.len() as u32, config.partitions, now)
+    {
+        if let Some((partition, owner)) = owned.last() {
+            tracing::info!(partition, node = %config.node_id, owned = owned.len(), "handing a partition off to balance the processes");
+            let _ = owner.cast(OwnerMsg::HandOff);
+            state.last_hand_off = Some(now);
+        }
     }
 }
 

@@ -131,6 +131,11 @@ impl Names {
         format!("{}.dlq.{partition}", self.entity_type)
     }
 
+    /// Where the processes of the entity type say how many partitions they own: `<t>.nodes`.
+    pub fn membership_subject(&self) -> String {
+        format!("{}.nodes", self.entity_type)
+    }
+
     /// `Nats-Msg-Id` of the `index`th event of the command at `command_seq`.
     pub fn event_msg_id(&self, command_seq: u64, index: usize) -> String {
         format!("{}:{command_seq}:{index}", self.entity_type)

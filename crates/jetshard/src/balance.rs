@@ -1,0 +1,96 @@
+//! Spreading partitions over the processes that run an entity type.
+//!
+//! The server pins each partition to one of the processes pulling it, which can leave one
+//! process with every partition. Each process publishes a heartbeat on `<t>.nodes` (core NATS)
+//! with how many partitions it owns, every pin TTL, and hears the others'. A process that owns
+//! more than its fair share, `ceil(partitions / processes)`, while another owns less, hands one
+//! partition off at a time (gracefully: drain, acknowledge, unpin, stay out for a while); a
+//! process under its share is pulling as a standby and is pinned.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+/// What a process says of itself on `<t>.nodes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Heartbeat {
+    pub(crate) node: String,
+    pub(crate) owned: u32,
+}
+
+/// The other processes heard recently.
+pub(crate) struct Membership {
+    me: String,
+    peers: HashMap<String, (u32, Instant)>,
+    expiry: Duration,
+}
+
+impl Membership {
+    pub(crate) fn new(me: &str, expiry: Duration) -> Self {
+        Self {
+            me: me.to_owned(),
+            peers: HashMap::new(),
+            expiry,
+        }
+    }
+
+    pub(crate) fn heard(&mut self, heartbeat: Heartbeat, at: Instant) {
+        if heartbeat.node != self.me {
+            self.peers.insert(heartbeat.node, (heartbeat.owned, at));
+        }
+    }
+
+    /// Whether this process, owning `owned` of `partitions`, should hand one off now.
+    pub(crate) fn should_shed(&mut self, owned: u32, partitions: u32, now: Instant) -> bool {
+        self.peers
+            .retain(|_, (_, at)| now.duration_since(*at) < self.expiry);
+        let processes = self.peers.len() as u32 + 1;
+        let fair = partitions.div_ceil(processes);
+        owned > fair && self.peers.values().any(|(theirs, _)| *theirs < fair)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn beat(node: &str, owned: u32) -> Heartbeat {
+        Heartbeat {
+            node: node.into(),
+            owned,
+        }
+    }
+
+    #[test]
+    fn a_process_over_its_share_sheds_only_when_another_is_under_it() {
+        let now = Instant::now();
+        let mut m = Membership::new("a", Duration::from_secs(3));
+        assert!(!m.should_shed(8, 8, now), "alone, it keeps everything");
+        m.heard(beat("b", 0), now);
+        assert!(m.should_shed(8, 8, now));
+        assert!(!m.should_shed(4, 8, now), "at its share");
+        m.heard(beat("b", 4), now);
+        assert!(!m.should_shed(4, 8, now));
+        // 8 over 3: shares of 3; 3-3-2 is balanced.
+        m.heard(beat("c", 2), now);
+        assert!(!m.should_shed(3, 8, now));
+        m.heard(beat("b", 5), now);
+        m.heard(beat("c", 0), now);
+        assert!(!m.should_shed(3, 8, now), "b, not a, is over");
+    }
+
+    #[test]
+    fn its_own_heartbeat_and_silent_peers_do_not_count() {
+        let now = Instant::now();
+        let mut m = Membership::new("a", Duration::from_secs(3));
+        m.heard(beat("a", 0), now);
+        assert!(!m.should_shed(8, 8, now));
+        m.heard(beat("b", 0), now);
+        assert!(
+            !m.should_shed(8, 8, now + Duration::from_secs(4)),
+            "b fell silent"
+        );
+    }
+}
