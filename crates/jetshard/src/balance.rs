@@ -3,9 +3,9 @@
 //! The server pins each partition to one of the processes pulling it, which can leave one
 //! process with every partition. Each process publishes a heartbeat on `<t>.nodes` (core NATS)
 //! with how many partitions it owns, every pin TTL, and hears the others'. A process that owns
-//! more than its fair share, `ceil(partitions / processes)`, while another owns less, hands one
-//! partition off at a time (gracefully: drain, acknowledge, unpin, stay out for a while); a
-//! process under its share is pulling as a standby and is pinned.
+//! more than its fair share, `ceil(partitions / processes)`, while others own less, hands off
+//! its excess (at most what the others lack; gracefully: drain, acknowledge, unpin, stay out for
+//! a while); a process under its share is pulling as a standby and is pinned.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -42,13 +42,19 @@ impl Membership {
         }
     }
 
-    /// Whether this process, owning `owned` of `partitions`, should hand one off now.
-    pub(crate) fn should_shed(&mut self, owned: u32, partitions: u32, now: Instant) -> bool {
+    /// How many partitions this process, owning `owned` of `partitions`, should hand off now:
+    /// its excess over the fair share, at most what the processes under their share lack.
+    pub(crate) fn to_shed(&mut self, owned: u32, partitions: u32, now: Instant) -> u32 {
         self.peers
             .retain(|_, (_, at)| now.duration_since(*at) < self.expiry);
         let processes = self.peers.len() as u32 + 1;
         let fair = partitions.div_ceil(processes);
-        owned > fair && self.peers.values().any(|(theirs, _)| *theirs < fair)
+        let lacking: u32 = self
+            .peers
+            .values()
+            .map(|(theirs, _)| fair.saturating_sub(*theirs))
+            .sum();
+        owned.saturating_sub(fair).min(lacking)
     }
 }
 
@@ -67,18 +73,21 @@ mod tests {
     fn a_process_over_its_share_sheds_only_when_another_is_under_it() {
         let now = Instant::now();
         let mut m = Membership::new("a", Duration::from_secs(3));
-        assert!(!m.should_shed(8, 8, now), "alone, it keeps everything");
+        assert_eq!(m.to_shed(8, 8, now), 0, "alone, it keeps everything");
         m.heard(beat("b", 0), now);
-        assert!(m.should_shed(8, 8, now));
-        assert!(!m.should_shed(4, 8, now), "at its share");
+        assert_eq!(m.to_shed(8, 8, now), 4);
+        assert_eq!(m.to_shed(4, 8, now), 0, "at its share");
         m.heard(beat("b", 4), now);
-        assert!(!m.should_shed(4, 8, now));
+        assert_eq!(m.to_shed(4, 8, now), 0);
         // 8 over 3: shares of 3; 3-3-2 is balanced.
         m.heard(beat("c", 2), now);
-        assert!(!m.should_shed(3, 8, now));
+        assert_eq!(m.to_shed(3, 8, now), 0);
         m.heard(beat("b", 5), now);
         m.heard(beat("c", 0), now);
-        assert!(!m.should_shed(3, 8, now), "b, not a, is over");
+        assert_eq!(m.to_shed(3, 8, now), 0, "b, not a, is over");
+        // a holds 6 of 8, b 2, c 0: c lacks 3, b lacks 1, a is 3 over.
+        m.heard(beat("b", 2), now);
+        assert_eq!(m.to_shed(6, 8, now), 3);
     }
 
     #[test]
@@ -86,10 +95,11 @@ mod tests {
         let now = Instant::now();
         let mut m = Membership::new("a", Duration::from_secs(3));
         m.heard(beat("a", 0), now);
-        assert!(!m.should_shed(8, 8, now));
+        assert_eq!(m.to_shed(8, 8, now), 0);
         m.heard(beat("b", 0), now);
-        assert!(
-            !m.should_shed(8, 8, now + Duration::from_secs(4)),
+        assert_eq!(
+            m.to_shed(8, 8, now + Duration::from_secs(4)),
+            0,
             "b fell silent"
         );
     }

@@ -348,8 +348,8 @@ impl<E: Entity> Actor for SystemActor<E> {
     }
 }
 
-/// Says how many partitions this process owns, and hands one off if it owns more than its
-/// share while another process owns less (see `balance.rs`).
+/// Says how many partitions this process owns, and hands partitions off if it owns more than
+/// its share while others own less (see `balance.rs`).
 async fn balance(state: &mut SystemState) {
     if state.stopping {
         return;
@@ -374,20 +374,19 @@ async fn balance(state: &mut SystemState) {
         let _ = state.shared.client.publish(subject, body.into()).await;
     }
     let now = Instant::now();
-    // One hand-off at a time, and time for the heartbeats to show its effect.
+    // Time for the last hand-offs to land and show in the heartbeats before the next ones.
     let settled = state
         .last_hand_off
-        .is_none_or(|at| now.duration_since(at) >= config.pin_ttl * 4);
-    if settled
-        && state
-            .membership
-            .should_shed(owned.len() as u32, config.partitions, now)
-    {
-        if let Some((partition, owner)) = owned.last() {
+        .is_none_or(|at| now.duration_since(at) >= config.pin_ttl * 2);
+    let shed = state
+        .membership
+        .to_shed(owned.len() as u32, config.partitions, now) as usize;
+    if settled && shed > 0 {
+        for (partition, owner) in owned.iter().rev().take(shed) {
             tracing::info!(partition, node = %config.node_id, owned = owned.len(), "handing a partition off to balance the processes");
             let _ = owner.cast(OwnerMsg::HandOff);
-            state.last_hand_off = Some(now);
         }
+        state.last_hand_off = Some(now);
     }
 }
 
