@@ -1,8 +1,14 @@
 //! A node process for multi-process tests: runs the `ledger` shard system until SIGTERM and
 //! prints each ownership change on stdout, one line each:
-//! `ACQUIRED <partition> <generation> <unix ms>` and `RELEASED <partition> <generation> <unix ms> <reason>`.
+//! `ACQUIRED <partition> <generation> <unix ms>` and `RELEASED <partition> <generation> <unix ms> <reason>`,
+//! and `SERVER <name>` whenever the server it is connected to changes.
 //!
-//! Usage: `ledger-node <nats url> <node id> <partitions> <pin ttl ms> <ack wait ms>`.
+//! Usage: `ledger-node <nats url[,url...]> <node id> <partitions> <pin ttl ms> <ack wait ms> [options]`.
+//!
+//! Options (all optional, each followed by its value):
+//! `--replicas <1|3|5>`, `--write-timeout-ms <ms>`, `--max-deliver <n>`,
+//! `--user <name> --password <secret>`, `--token <token>`, `--nkey <seed>`, `--creds <file>`,
+//! `--tls-ca <file>`, `--tls-cert <file> --tls-key <file>`, `--inbox-prefix <prefix>`.
 
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -12,6 +18,92 @@ use jetshard_tests::ledger::Ledger;
 use jetshard_tests::ledger_config;
 use tokio::signal::unix::{SignalKind, signal};
 
+/// The options after the positional arguments.
+#[derive(Default)]
+struct Options {
+    replicas: Option<usize>,
+    write_timeout: Option<Duration>,
+    max_deliver: Option<u32>,
+    user: Option<String>,
+    password: Option<String>,
+    token: Option<String>,
+    nkey: Option<String>,
+    creds: Option<String>,
+    tls_ca: Option<String>,
+    tls_cert: Option<String>,
+    tls_key: Option<String>,
+    inbox_prefix: Option<String>,
+}
+
+fn parse_options(args: &[String]) -> Options {
+    let mut options = Options::default();
+    let mut args = args.iter();
+    while let Some(flag) = args.next() {
+        let value = args
+            .next()
+            .unwrap_or_else(|| usage(&format!("{flag} needs a value")))
+            .clone();
+        let number =
+            |v: &str| -> u64 { v.parse().unwrap_or_else(|_| usage(&format!("{flag} {v}"))) };
+        match flag.as_str() {
+            "--replicas" => options.replicas = Some(number(&value) as usize),
+            "--write-timeout-ms" => {
+                options.write_timeout = Some(Duration::from_millis(number(&value)))
+            }
+            "--max-deliver" => options.max_deliver = Some(number(&value) as u32),
+            "--user" => options.user = Some(value),
+            "--password" => options.password = Some(value),
+            "--token" => options.token = Some(value),
+            "--nkey" => options.nkey = Some(value),
+            "--creds" => options.creds = Some(value),
+            "--tls-ca" => options.tls_ca = Some(value),
+            "--tls-cert" => options.tls_cert = Some(value),
+            "--tls-key" => options.tls_key = Some(value),
+            "--inbox-prefix" => options.inbox_prefix = Some(value),
+            other => usage(&format!("unknown option {other}")),
+        }
+    }
+    options
+}
+
+fn usage(problem: &str) -> ! {
+    eprintln!(
+        "ledger-node: {problem}\nusage: ledger-node <url[,url...]> <node> <partitions> <pin ttl ms> <ack wait ms> [options]"
+    );
+    std::process::exit(2);
+}
+
+async fn connect_options(options: &Options) -> async_nats::ConnectOptions {
+    let mut connect = match (
+        &options.user,
+        &options.password,
+        &options.token,
+        &options.nkey,
+    ) {
+        (Some(user), Some(password), _, _) => {
+            async_nats::ConnectOptions::with_user_and_password(user.clone(), password.clone())
+        }
+        (_, _, Some(token), _) => async_nats::ConnectOptions::with_token(token.clone()),
+        (_, _, _, Some(seed)) => async_nats::ConnectOptions::with_nkey(seed.clone()),
+        _ => match &options.creds {
+            Some(path) => async_nats::ConnectOptions::with_credentials_file(path)
+                .await
+                .expect("credentials file"),
+            None => async_nats::ConnectOptions::new(),
+        },
+    };
+    if let Some(ca) = &options.tls_ca {
+        connect = connect.add_root_certificates(ca.into()).require_tls(true);
+    }
+    if let (Some(cert), Some(key)) = (&options.tls_cert, &options.tls_key) {
+        connect = connect.add_client_certificate(cert.into(), key.into());
+    }
+    if let Some(prefix) = &options.inbox_prefix {
+        connect = connect.custom_inbox_prefix(prefix);
+    }
+    connect.reconnect_delay_callback(|_| Duration::from_millis(100))
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     tracing_subscriber::fmt()
@@ -20,29 +112,44 @@ async fn main() {
                 .unwrap_or_else(|_| "jetshard=info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args: Vec<String> = std::env::args().collect();
-    let [_, url, node, partitions, pin_ttl_ms, ack_wait_ms] = &args[..] else {
-        eprintln!("usage: ledger-node <url> <node> <partitions> <pin ttl ms> <ack wait ms>");
-        std::process::exit(2);
+    let (url, node, partitions, pin_ttl_ms, ack_wait_ms) = match &args[..] {
+        [_, url, node, partitions, pin_ttl_ms, ack_wait_ms, ..] => {
+            (url, node, partitions, pin_ttl_ms, ack_wait_ms)
+        }
+        _ => usage("missing arguments"),
     };
-    let client = async_nats::ConnectOptions::new()
-        .reconnect_delay_callback(|_| Duration::from_millis(100))
-        .connect(url.as_str())
+    let options = parse_options(&args[6..]);
+    let urls: Vec<&str> = url.split(',').collect();
+    let client = connect_options(&options)
+        .await
+        .connect(urls.as_slice())
         .await
         .expect("connect");
-    let config = ledger_config(partitions.parse().expect("partitions"), node)
+    let mut config = ledger_config(partitions.parse().expect("partitions"), node)
         .pin_ttl(Duration::from_millis(pin_ttl_ms.parse().expect("pin ttl")))
         .ack_wait(Duration::from_millis(
             ack_wait_ms.parse().expect("ack wait"),
-        ))
-        .build()
-        .expect("config");
-    let system = ShardSystem::start::<Ledger>(client, config)
+        ));
+    if let Some(replicas) = options.replicas {
+        config = config.replicas(replicas);
+    }
+    if let Some(timeout) = options.write_timeout {
+        config = config.write_timeout(timeout);
+    }
+    if let Some(max_deliver) = options.max_deliver {
+        config = config.max_deliver(max_deliver);
+    }
+    let config = config.build().expect("config");
+    let system = ShardSystem::start::<Ledger>(client.clone(), config)
         .await
         .expect("start");
     let mut events = system.ownership_events();
     let mut terminate = signal(SignalKind::terminate()).expect("signal");
+    let mut server_check = tokio::time::interval(Duration::from_millis(100));
+    let mut server = String::new();
     println!("READY");
     loop {
         tokio::select! {
@@ -55,6 +162,14 @@ async fn main() {
                     _ => {}
                 }
                 let _ = std::io::stdout().flush();
+            }
+            _ = server_check.tick() => {
+                let name = client.server_info().server_name;
+                if name != server {
+                    println!("SERVER {name}");
+                    let _ = std::io::stdout().flush();
+                    server = name;
+                }
             }
             _ = terminate.recv() => break,
         }

@@ -18,6 +18,8 @@ pub struct Line {
     pub generation: u64,
     /// When, in unix milliseconds (ownership lines).
     pub at_ms: u128,
+    /// The whole line, e.g. `SERVER s1`.
+    pub text: String,
 }
 
 /// A running `ledger-node` child process; killed when dropped.
@@ -26,6 +28,16 @@ pub struct Node {
     pub id: String,
     child: Child,
     lines: Arc<Mutex<Vec<Line>>>,
+}
+
+/// More settings of a node, for [`Node::start_with`]; the defaults give what [`Node::start`]
+/// starts.
+#[derive(Clone, Debug, Default)]
+pub struct NodeOptions {
+    /// Options after the positional arguments of `ledger-node` (`--replicas 3`, `--creds f`...).
+    pub args: Vec<String>,
+    /// Where the node's stderr (its log) goes; inherited from the test when `None`.
+    pub log_file: Option<std::path::PathBuf>,
 }
 
 /// Settings of a node.
@@ -44,14 +56,42 @@ pub struct NodeSpec {
 impl Node {
     /// Starts a node and waits (bounded) until its shard system runs.
     pub async fn start(url: &str, id: &str, spec: &NodeSpec) -> Node {
+        Node::start_with(url, id, spec, &NodeOptions::default()).await
+    }
+
+    /// Starts a node with more options and waits (bounded) until its shard system runs.
+    /// `urls` may list several servers, comma-separated.
+    pub async fn start_with(urls: &str, id: &str, spec: &NodeSpec, options: &NodeOptions) -> Node {
+        let node = Node::spawn(urls, id, spec, options);
+        jetshard_testkit::wait_until(Duration::from_secs(20), "node ready", || async {
+            node.printed("READY")
+        })
+        .await
+        .expect("node did not start");
+        node
+    }
+
+    /// Starts a node without waiting for it to be ready.
+    pub fn spawn(urls: &str, id: &str, spec: &NodeSpec, options: &NodeOptions) -> Node {
+        let stderr = match &options.log_file {
+            Some(path) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .expect("open the node's log file"),
+            ),
+            None => Stdio::inherit(),
+        };
         let mut command = Command::new(node_binary());
         command
-            .args([url, id, &spec.partitions.to_string()])
+            .args([urls, id, &spec.partitions.to_string()])
             .arg(spec.pin_ttl.as_millis().to_string())
             .arg(spec.ack_wait.as_millis().to_string())
+            .args(&options.args)
             .envs(spec.env.iter().cloned())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .kill_on_drop(true);
         let mut child = command.spawn().expect("spawn ledger-node");
         let stdout = child.stdout.take().expect("stdout");
@@ -66,24 +106,20 @@ impl Node {
                     partition: parts.get(1).and_then(|p| p.parse().ok()).unwrap_or(0),
                     generation: parts.get(2).and_then(|p| p.parse().ok()).unwrap_or(0),
                     at_ms: parts.get(3).and_then(|p| p.parse().ok()).unwrap_or(0),
+                    text: line.clone(),
                 };
                 sink.lock().unwrap().push(parsed);
             }
         });
-        let node = Node {
+        Node {
             id: id.to_owned(),
             child,
             lines,
-        };
-        jetshard_testkit::wait_until(Duration::from_secs(20), "node ready", || async {
-            node.printed("READY")
-        })
-        .await
-        .expect("node did not start");
-        node
+        }
     }
 
-    fn printed(&self, what: &str) -> bool {
+    /// Whether the node printed a line starting with `what` (`READY`, `STOPPED`...).
+    pub fn printed(&self, what: &str) -> bool {
         self.lines.lock().unwrap().iter().any(|l| l.what == what)
     }
 
@@ -114,6 +150,27 @@ impl Node {
         self.lines()
             .into_iter()
             .find(|l| l.what == "ACQUIRED" && l.partition == partition && l.at_ms >= since_ms)
+    }
+
+    /// The server the node is connected to, by its last `SERVER` line.
+    pub fn server(&self) -> Option<String> {
+        self.lines()
+            .into_iter()
+            .rev()
+            .find(|l| l.what == "SERVER")
+            .and_then(|l| l.text.split_whitespace().nth(1).map(str::to_owned))
+    }
+
+    /// Whether the process still runs (it is reaped if it has exited).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Whether the node has acquired `partition` under `generation`.
+    pub fn acquired(&self, partition: u32, generation: u64) -> bool {
+        self.lines()
+            .iter()
+            .any(|l| l.what == "ACQUIRED" && l.partition == partition && l.generation == generation)
     }
 
     fn signal(&self, signal: i32) {

@@ -47,6 +47,7 @@
 mod binary;
 mod cluster;
 mod error;
+pub mod history;
 mod process;
 mod proxy;
 mod server;

@@ -44,7 +44,7 @@ impl Membership {
 
     /// How many partitions this process, owning `owned` of `partitions`, should hand off now:
     /// its excess over the fair share, at most what the processes under their share lack.
-    pub(crate) fn to_shed(&mut self, owned: u32, partitions: u32, now: Instant) -> u32 {
+    pub(crate) fn shed_count(&mut self, owned: u32, partitions: u32, now: Instant) -> u32 {
         self.peers
             .retain(|_, (_, at)| now.duration_since(*at) < self.expiry);
         let processes = self.peers.len() as u32 + 1;
@@ -73,21 +73,21 @@ mod tests {
     fn a_process_over_its_share_sheds_only_when_another_is_under_it() {
         let now = Instant::now();
         let mut m = Membership::new("a", Duration::from_secs(3));
-        assert_eq!(m.to_shed(8, 8, now), 0, "alone, it keeps everything");
+        assert_eq!(m.shed_count(8, 8, now), 0, "alone, it keeps everything");
         m.heard(beat("b", 0), now);
-        assert_eq!(m.to_shed(8, 8, now), 4);
-        assert_eq!(m.to_shed(4, 8, now), 0, "at its share");
+        assert_eq!(m.shed_count(8, 8, now), 4);
+        assert_eq!(m.shed_count(4, 8, now), 0, "at its share");
         m.heard(beat("b", 4), now);
-        assert_eq!(m.to_shed(4, 8, now), 0);
+        assert_eq!(m.shed_count(4, 8, now), 0);
         // 8 over 3: shares of 3; 3-3-2 is balanced.
         m.heard(beat("c", 2), now);
-        assert_eq!(m.to_shed(3, 8, now), 0);
+        assert_eq!(m.shed_count(3, 8, now), 0);
         m.heard(beat("b", 5), now);
         m.heard(beat("c", 0), now);
-        assert_eq!(m.to_shed(3, 8, now), 0, "b, not a, is over");
+        assert_eq!(m.shed_count(3, 8, now), 0, "b, not a, is over");
         // a holds 6 of 8, b 2, c 0: c lacks 3, b lacks 1, a is 3 over.
         m.heard(beat("b", 2), now);
-        assert_eq!(m.to_shed(6, 8, now), 3);
+        assert_eq!(m.shed_count(6, 8, now), 3);
     }
 
     #[test]
@@ -95,10 +95,10 @@ mod tests {
         let now = Instant::now();
         let mut m = Membership::new("a", Duration::from_secs(3));
         m.heard(beat("a", 0), now);
-        assert_eq!(m.to_shed(8, 8, now), 0);
+        assert_eq!(m.shed_count(8, 8, now), 0);
         m.heard(beat("b", 0), now);
         assert_eq!(
-            m.to_shed(8, 8, now + Duration::from_secs(4)),
+            m.shed_count(8, 8, now + Duration::from_secs(4)),
             0,
             "b fell silent"
         );

@@ -39,6 +39,8 @@ impl<E: Entity> Default for Seed<E> {
 pub(crate) struct Work {
     pub(crate) seq: u64,
     pub(crate) payload: Bytes,
+    /// How often it has been delivered (for a dead-letter record).
+    pub(crate) deliveries: u64,
 }
 
 /// What became of one command.
@@ -50,8 +52,9 @@ pub(crate) enum Verdict {
     Duplicate,
     /// The entity refused it; nothing was written.
     Rejected(String),
-    /// Its payload is not a valid command.
-    Malformed(String),
+    /// Its payload is not a valid command: a dead-letter record is written (in the entity's
+    /// order), and the command is to be terminated.
+    DeadLettered(String),
     /// The write was rejected by the fence: the partition has a newer owner.
     Fenced,
     /// Not applied; retry it. The entity actor has stopped.
@@ -127,13 +130,12 @@ impl<E: Entity> Actor for EntityActor<E> {
             generation = state.args.journal.generation(),
             cmd_seq = work.seq,
         );
-        let verdict = process(state, work.seq, work.payload)
-            .instrument(span)
-            .await;
+        let seq = work.seq;
+        let verdict = process(state, work).instrument(span).await;
         let stops = matches!(verdict, Verdict::Fenced | Verdict::Failed { .. });
         let outcome = Outcome {
             entity: state.args.id.clone(),
-            seq: work.seq,
+            seq,
             generation: state.args.journal.generation(),
             verdict,
         };
@@ -147,7 +149,12 @@ impl<E: Entity> Actor for EntityActor<E> {
     }
 }
 
-async fn process<E: Entity>(state: &mut EntityState<E>, seq: u64, payload: Bytes) -> Verdict {
+async fn process<E: Entity>(state: &mut EntityState<E>, work: Work) -> Verdict {
+    let Work {
+        seq,
+        payload,
+        deliveries,
+    } = work;
     if state.seed.is_none() {
         match revive::<E>(&state.args).await {
             Ok(seed) => state.seed = Some(seed),
@@ -172,7 +179,30 @@ async fn process<E: Entity>(state: &mut EntityState<E>, seq: u64, payload: Bytes
     let codec = state.args.codec;
     let command: E::Command = match codec.decode(&payload) {
         Ok(command) => command,
-        Err(e) => return Verdict::Malformed(e.to_string()),
+        Err(e) => {
+            let reason = format!("malformed: {e}");
+            let id = state.args.id.as_str();
+            let written = state
+                .args
+                .journal
+                .dead_letter(id, seq, deliveries, &reason, payload)
+                .await;
+            return match written {
+                Ok(()) => {
+                    seed.last_command_seq = seq;
+                    Verdict::DeadLettered(reason)
+                }
+                Err(WriteError::Fenced { .. }) => Verdict::Fenced,
+                Err(e @ WriteError::Unconfirmed(_)) => Verdict::Failed {
+                    reason: e.to_string(),
+                    crashed: false,
+                },
+                Err(e) => Verdict::Failed {
+                    reason: e.to_string(),
+                    crashed: true,
+                },
+            };
+        }
     };
     let decided = match catch_unwind(AssertUnwindSafe(|| E::decide(&seed.state, command))) {
         Ok(decided) => decided,
@@ -216,7 +246,7 @@ async fn process<E: Entity>(state: &mut EntityState<E>, seq: u64, payload: Bytes
                 crashed: false,
             };
         }
-        Err(e @ WriteError::TooManyEvents { .. }) => {
+        Err(e @ (WriteError::TooManyEvents { .. } | WriteError::Refused(_))) => {
             return Verdict::Failed {
                 reason: e.to_string(),
                 crashed: true,

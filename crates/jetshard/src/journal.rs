@@ -35,6 +35,10 @@ pub(crate) enum WriteError {
     /// write may or may not be stored; a retry with the same message ids is safe.
     #[error("journal write not confirmed: {0}")]
     Unconfirmed(#[source] BoxError),
+    /// The write can never succeed as it is (an event over the server's `max_payload`): a
+    /// retry would fail the same way.
+    #[error("journal write refused: {0}")]
+    Refused(String),
     /// More events than one atomic batch can hold.
     #[error(
         "a command decided {events} events; at most {MAX_EVENTS_PER_COMMAND} fit one atomic write"
@@ -130,7 +134,12 @@ impl JournalWriter {
                         .client()
                         .publish_with_headers(subject.clone(), headers, event.into())
                         .await
-                        .map_err(|e| WriteError::Unconfirmed(Box::new(e)))?;
+                        .map_err(|e| match e.kind() {
+                            async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
+                                WriteError::Refused(e.to_string())
+                            }
+                            _ => WriteError::Unconfirmed(Box::new(e)),
+                        })?;
                     continue;
                 }
                 headers.insert(HDR_BATCH_COMMIT, "1");
@@ -185,7 +194,10 @@ impl JournalWriter {
                 PublishMessage::build().payload(payload).headers(headers),
             )
             .await
-            .map_err(|e| WriteError::Unconfirmed(Box::new(e)))
+            .map_err(|e| match e.kind() {
+                PublishErrorKind::MaxPayloadExceeded => WriteError::Refused(e.to_string()),
+                _ => WriteError::Unconfirmed(Box::new(e)),
+            })
     }
 
     async fn confirm(&self, ack: PublishAckFuture) -> Result<(), WriteError> {

@@ -286,6 +286,15 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 }
                 Ok(())
             }
+            OwnerMsg::Pin(PinSignal::Gap { pin }) => {
+                // The lost delivery comes back only after the ack wait, behind later ones.
+                // Take the partition afresh: a new generation and the recovery of every
+                // unacknowledged command, in order, before anything newer.
+                if matches!(&state.role, Role::Owning(o) if o.pin == pin) {
+                    state.step_down(&myself, "deliveries lost in transit");
+                }
+                Ok(())
+            }
             OwnerMsg::Outcome(outcome) => state.on_outcome(&myself, outcome).await,
             OwnerMsg::Tick => state.on_tick(&myself).await,
             OwnerMsg::Release(reply) => {
@@ -360,19 +369,9 @@ impl<E: Entity> OwnerState<E> {
         myself: &ActorRef<OwnerMsg>,
         delivery: Delivery,
     ) -> Result<(), ActorProcessingErr> {
-        let Some(entity) =
-            Names::entity_of_subject(&delivery.subject).and_then(|id| EntityId::new(id).ok())
-        else {
-            tracing::warn!(partition = self.partition, subject = %delivery.subject, "command subject holds no valid entity id; terminated");
-            acknowledge(
-                &self.shared.client,
-                self.partition,
-                delivery.reply,
-                AckKind::Term,
-            )
-            .await;
-            return Ok(());
-        };
+        // `None`: the subject's last token is no valid id (a foreign publisher): dead-lettered.
+        let entity =
+            Names::entity_of_subject(&delivery.subject).and_then(|id| EntityId::new(id).ok());
         if self.release.is_some() || self.cooldown_until.is_some() {
             // Handing over: let the next owner have it soon.
             let delay = Duration::from_millis(100);
@@ -398,9 +397,37 @@ impl<E: Entity> OwnerState<E> {
             self.acquire(myself, delivery, entity).await;
             return Ok(());
         }
-        self.route(myself, &entity, Pending::delivered(delivery))
-            .await;
+        let subject = delivery.subject.clone();
+        self.route_or_reject(
+            myself,
+            entity.as_ref(),
+            &subject,
+            Pending::delivered(delivery),
+        )
+        .await;
         Ok(())
+    }
+
+    /// Routes a delivered command to its entity, or, if its subject holds no valid entity id,
+    /// gives it up with a dead-letter record.
+    async fn route_or_reject(
+        &mut self,
+        myself: &ActorRef<OwnerMsg>,
+        entity: Option<&EntityId>,
+        subject: &str,
+        pending: Pending,
+    ) {
+        match entity {
+            Some(entity) => self.route(myself, entity, pending).await,
+            None => {
+                tracing::warn!(partition = self.partition, %subject, "command subject holds no valid entity id; dead-lettered");
+                let id = Names::entity_of_subject(subject)
+                    .unwrap_or_default()
+                    .to_owned();
+                self.give_up(myself, &id, pending, "the subject holds no valid entity id")
+                    .await;
+            }
+        }
     }
 
     /// Takes the partition: a new generation, the state rebuilt, the previous owner's
@@ -409,9 +436,10 @@ impl<E: Entity> OwnerState<E> {
         &mut self,
         myself: &ActorRef<OwnerMsg>,
         first: Delivery,
-        first_entity: EntityId,
+        first_entity: Option<EntityId>,
     ) {
         let first_seq = first.seq;
+        let first_subject = first.subject.clone();
         let started = Instant::now();
         let partition = self.partition;
         let node = self.config().node_id.clone();
@@ -461,12 +489,14 @@ impl<E: Entity> OwnerState<E> {
         let mut first = Some(Pending::delivered(first));
         for (entity, pending) in recovered.into_iter().filter(|(_, p)| p.seq != first_seq) {
             if let Some(f) = first.take_if(|f| f.seq < pending.seq) {
-                self.route(myself, &first_entity, f).await;
+                self.route_or_reject(myself, first_entity.as_ref(), &first_subject, f)
+                    .await;
             }
             self.route(myself, &entity, pending).await;
         }
         if let Some(f) = first {
-            self.route(myself, &first_entity, f).await;
+            self.route_or_reject(myself, first_entity.as_ref(), &first_subject, f)
+                .await;
         }
     }
 }
@@ -590,7 +620,9 @@ async fn recover_window(
                 Pending {
                     seq: message.sequence,
                     reply: None,
-                    deliveries: 0,
+                    // Delivered at least once (it is at or below the consumer's delivered
+                    // sequence); how often is not known here.
+                    deliveries: 1,
                     attempts: 0,
                     progress_at: Instant::now(),
                     respond_to: pin::respond_to(Some(&message.headers)),
@@ -628,14 +660,18 @@ impl<E: Entity> OwnerState<E> {
             }
             return;
         }
-        let seq = pending.seq;
+        let (seq, deliveries) = (pending.seq, pending.deliveries);
         let payload = pending.payload.clone();
         slot.queue.push_back(pending);
         if slot.blocked.is_none() {
             if slot.actor.is_none() {
                 dispatch_all::<E>(myself, &self.shared, self.partition, o, entity).await;
             } else if let Some(resident) = &slot.actor {
-                let _ = resident.actor.cast(Work { seq, payload });
+                let _ = resident.actor.cast(Work {
+                    seq,
+                    payload,
+                    deliveries,
+                });
             }
         }
     }
@@ -703,11 +739,20 @@ impl<E: Entity> OwnerState<E> {
                     }
                 }
             }
-            Verdict::Malformed(reason) => {
-                tracing::warn!(partition, %entity, cmd_seq = outcome.seq, %reason, "undecodable command terminated");
+            Verdict::DeadLettered(reason) => {
+                tracing::warn!(partition, %entity, cmd_seq = outcome.seq, %reason, "undecodable command dead-lettered and terminated");
+                self.counters.dead_lettered += 1;
                 if let Some(bad) = slot.queue.remove(position) {
-                    self.give_up(myself, &entity, bad, &format!("malformed: {reason}"))
-                        .await;
+                    if let Some(reply) = bad.reply {
+                        acknowledge(&shared.client, partition, reply, AckKind::Term).await;
+                    }
+                    if let Some(to) = bad.respond_to {
+                        let answer = CommandOutcome::DeadLettered {
+                            command_seq: bad.seq,
+                            reason,
+                        };
+                        respond(&shared.client, to, &answer).await;
+                    }
                 }
             }
             Verdict::Fenced => {
@@ -758,7 +803,7 @@ impl<E: Entity> OwnerState<E> {
                                 "failed at each of {} deliveries; last: {reason}",
                                 bad.deliveries
                             );
-                            self.give_up(myself, &entity, bad, &reason).await;
+                            self.give_up(myself, entity.as_str(), bad, &reason).await;
                         }
                         if let Role::Owning(o) = &mut self.role {
                             dispatch_all::<E>(myself, &self.shared, partition, o, &entity).await;
@@ -784,7 +829,7 @@ impl<E: Entity> OwnerState<E> {
     async fn give_up(
         &mut self,
         myself: &ActorRef<OwnerMsg>,
-        entity: &EntityId,
+        entity: &str,
         bad: Pending,
         reason: &str,
     ) {
@@ -792,13 +837,7 @@ impl<E: Entity> OwnerState<E> {
         let journal = o.journal.clone();
         self.counters.dead_lettered += 1;
         let written = journal
-            .dead_letter(
-                entity.as_str(),
-                bad.seq,
-                bad.deliveries,
-                reason,
-                bad.payload.clone(),
-            )
+            .dead_letter(entity, bad.seq, bad.deliveries, reason, bad.payload.clone())
             .await;
         match written {
             Ok(()) => {
@@ -912,8 +951,13 @@ impl<E: Entity> OwnerState<E> {
             };
             slot.blocked = None;
             if let Some(bad) = slot.queue.pop_front() {
-                self.give_up(myself, &entity, bad, "not redelivered after failing")
-                    .await;
+                self.give_up(
+                    myself,
+                    entity.as_str(),
+                    bad,
+                    "not redelivered after failing",
+                )
+                .await;
             }
             if let Role::Owning(o) = &mut self.role {
                 dispatch_all::<E>(myself, &self.shared, partition, o, &entity).await;
@@ -997,7 +1041,10 @@ impl<E: Entity> OwnerState<E> {
             return;
         };
         myself.stop_children(Some(reason.to_owned()));
-        if reason != "released" && reason != "handed off" {
+        if !matches!(
+            reason,
+            "released" | "handed off" | "deliveries lost in transit"
+        ) {
             self.refused_pin = Some(Refused::new(o.pin.clone(), false));
         }
         let node = self.config().node_id.clone();
@@ -1089,6 +1136,7 @@ async fn dispatch_all<E: Entity>(
             let _ = resident.actor.cast(Work {
                 seq: pending.seq,
                 payload: pending.payload.clone(),
+                deliveries: pending.deliveries,
             });
         }
     }

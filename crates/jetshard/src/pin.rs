@@ -51,16 +51,28 @@ pub(crate) fn respond_to(headers: Option<&async_nats::HeaderMap>) -> Option<Subj
 /// Reads the stream sequence and delivery count from a `$JS.ACK` reply subject, in either
 /// layout (ADR-15): `<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>`,
 /// or with `<domain>.<account hash>.` in front and optional tokens after.
-pub(crate) fn ack_info(reply: &str) -> Option<(u64, u64)> {
+pub(crate) fn ack_info(reply: &str) -> Option<AckInfo> {
     let tokens: Vec<&str> = reply.strip_prefix("$JS.ACK.")?.split('.').collect();
     let first = match tokens.len() {
         7 => 2,
         n if n >= 9 => 4,
         _ => return None,
     };
-    let delivered = tokens[first].parse().ok()?;
-    let stream_seq = tokens[first + 1].parse().ok()?;
-    Some((stream_seq, delivered))
+    Some(AckInfo {
+        deliveries: tokens[first].parse().ok()?,
+        stream_seq: tokens[first + 1].parse().ok()?,
+        consumer_seq: tokens[first + 2].parse().ok()?,
+    })
+}
+
+/// What a `$JS.ACK` reply subject tells of a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AckInfo {
+    pub(crate) stream_seq: u64,
+    pub(crate) deliveries: u64,
+    /// The consumer's delivery counter: it rises by one with every delivery, so a jump means a
+    /// delivery to this process was lost on the way (a dropped connection).
+    pub(crate) consumer_seq: u64,
 }
 
 /// What the pull loop tells its owner.
@@ -69,6 +81,9 @@ pub(crate) enum PinSignal {
     Delivered(Delivery),
     /// The server refused a pull carrying `pin`: another process holds the partition now.
     Lost { pin: Arc<str> },
+    /// A delivery under `pin` never arrived (the consumer's delivery counter jumped): later
+    /// commands must not overtake it.
+    Gap { pin: Arc<str> },
     /// Pulling is paused and no pull request of this loop is open at the server any more:
     /// nothing more can be delivered to this process, and an unpin cannot pin it again.
     Idle,
@@ -143,6 +158,9 @@ async fn run(
     let mut pin: Option<Arc<str>> = None;
     let mut open: VecDeque<OpenPull> = VecDeque::new();
     let mut idle_reported = false;
+    // The consumer sequence of the last delivery under `last_pin`.
+    let mut last_pin: Option<Arc<str>> = None;
+    let mut last_consumer_seq: Option<u64> = None;
 
     loop {
         let now = Instant::now();
@@ -216,10 +234,29 @@ async fn run(
                     pin = Some(Arc::from(delivered_pin));
                 }
                 let Some(reply) = message.reply else { continue };
-                let Some((seq, deliveries)) = ack_info(&reply) else {
+                let Some(AckInfo {
+                    stream_seq: seq,
+                    deliveries,
+                    consumer_seq,
+                }) = ack_info(&reply)
+                else {
                     tracing::warn!(%reply, "delivery with an unreadable ack subject");
                     continue;
                 };
+                if pin != last_pin {
+                    last_pin = pin.clone();
+                    last_consumer_seq = None;
+                }
+                if let (Some(last), Some(pin)) = (last_consumer_seq, &pin)
+                    && consumer_seq > last + 1
+                {
+                    tracing::warn!(from = last, to = consumer_seq, "deliveries lost in transit");
+                    if !sink(PinSignal::Gap { pin: pin.clone() }) {
+                        return Ok(());
+                    }
+                }
+                last_consumer_seq =
+                    Some(last_consumer_seq.map_or(consumer_seq, |l| l.max(consumer_seq)));
                 let respond_to = respond_to(message.headers.as_ref());
                 let delivery = Delivery {
                     respond_to,
@@ -271,21 +308,28 @@ mod tests {
 
     #[test]
     fn ack_subjects_of_both_layouts_are_read() {
+        let info = |stream_seq, deliveries, consumer_seq| {
+            Some(AckInfo {
+                stream_seq,
+                deliveries,
+                consumer_seq,
+            })
+        };
         assert_eq!(
             ack_info("$JS.ACK.C.p0.1.15.5.1795319414023821828.9"),
-            Some((15, 1))
+            info(15, 1, 5)
         );
         assert_eq!(
             ack_info("$JS.ACK.C.p0.3.15.5.1795319414023821828.0"),
-            Some((15, 3))
+            info(15, 3, 5)
         );
         assert_eq!(
             ack_info("$JS.ACK._.ACCHASH.C.p0.2.16.5.1795319414023821828.0.tok"),
-            Some((16, 2))
+            info(16, 2, 5)
         );
         assert_eq!(
             ack_info("$JS.ACK._.ACCHASH.C.p0.2.16.5.1795319414023821828.0"),
-            Some((16, 2))
+            info(16, 2, 5)
         );
         for bad in [
             "",

@@ -380,7 +380,7 @@ async fn balance(state: &mut SystemState) {
         .is_none_or(|at| now.duration_since(at) >= config.pin_ttl * 2);
     let shed = state
         .membership
-        .to_shed(owned.len() as u32, config.partitions, now) as usize;
+        .shed_count(owned.len() as u32, config.partitions, now) as usize;
     if settled && shed > 0 {
         for (partition, owner) in owned.iter().rev().take(shed) {
             tracing::info!(partition, node = %config.node_id, owned = owned.len(), "handing a partition off to balance the processes");

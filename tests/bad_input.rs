@@ -1,0 +1,575 @@
+//! Bad input: payloads that do not decode, ids that are not one token, payloads over the
+//! server's `max_payload`, handlers that always panic, and fuzzed framework records. Each shows
+//! the clear error (or the dead letter) and that nothing else was lost or held up.
+//!
+//! Covered elsewhere, not repeated here: a partition-count mismatch with existing streams and a
+//! server that is down at start (`tests/topology.rs`).
+
+#[allow(dead_code)] // shared with chaos.rs and cluster.rs, which use other parts
+#[path = "faults/mod.rs"]
+mod faults;
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use faults::{Op, check_journal, encode, journal_excerpt, wait_drained};
+use jetshard::admin::Admin;
+use jetshard::{CommandSender, Entity, Error, InvalidId, ShardConfig, ShardSystem};
+use jetshard_testkit::history::{Ack, History};
+use jetshard_testkit::{NatsServer, wait_until};
+use jetshard_tests::ledger::{Ledger, LedgerCmd};
+use jetshard_tests::{init_tracing, ledger_config};
+use serde::{Deserialize, Serialize};
+
+/// Publishes raw bytes as a command for `entity` and returns the stream's acknowledgement.
+async fn publish_raw(js: &jetstream::Context, entity: &str, payload: Vec<u8>) -> Ack {
+    let ack = js
+        .publish(format!("ledger.cmd.{entity}"), payload.into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+    Ack::Acked(ack.sequence)
+}
+
+async fn stream_messages(js: &jetstream::Context, stream: &str) -> u64 {
+    js.get_stream(stream)
+        .await
+        .expect("stream")
+        .info()
+        .await
+        .expect("info")
+        .state
+        .messages
+}
+
+/// Payloads that are no ledger command, each a different way of being wrong.
+fn garbage() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("empty", Vec::new()),
+        ("binary", vec![0xff, 0xfe, 0x00, 0x01, 0x80]),
+        ("truncated json", b"{\"Push\":{\"n\":".to_vec()),
+        ("wrong field type", b"{\"Push\":{\"n\":\"seven\"}}".to_vec()),
+        ("unknown variant", b"{\"Explode\":{}}".to_vec()),
+        ("json null", b"null".to_vec()),
+        ("trailing bytes", b"{\"Push\":{\"n\":1}} {}".to_vec()),
+        (
+            "invalid utf-8 in a string",
+            b"{\"Push\":{\"n\":\"\xc3\x28\"}}".to_vec(),
+        ),
+        // Far deeper than serde_json's recursion limit: an error, not a stack overflow.
+        (
+            "deep nesting",
+            [vec![b'['; 20_000], vec![b']'; 20_000]].concat(),
+        ),
+        (
+            "number overflow",
+            b"{\"Push\":{\"n\":18446744073709551616}}".to_vec(),
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_payloads_are_terminated_counted_and_never_block_their_partition() {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let js = jetstream::new(client.clone());
+    let config = ledger_config(2, "n1").build().unwrap();
+    // The streams exist; the commands wait for an owner, so it gets them in one batch.
+    ShardSystem::start::<Ledger>(client.clone(), config.clone())
+        .await
+        .unwrap()
+        .shutdown()
+        .await
+        .unwrap();
+
+    // Every entity gets good commands with garbage between them, in both partitions.
+    let mut history = History::new();
+    let entities = ["g0", "g1", "g2", "g3"];
+    let garbage = garbage();
+    let mut n = 0;
+    for (_, payload) in &garbage {
+        for entity in entities {
+            let ack = publish_raw(&js, entity, encode(&LedgerCmd::Push { n })).await;
+            history.record(entity, Op::Push(n), ack);
+            let ack = publish_raw(&js, entity, payload.clone()).await;
+            history.record(entity, Op::Garbage, ack);
+        }
+        n += 1;
+    }
+    for entity in entities {
+        let ack = publish_raw(&js, entity, encode(&LedgerCmd::Push { n })).await;
+        history.record(entity, Op::Push(n), ack);
+    }
+    let system = ShardSystem::start::<Ledger>(client.clone(), config)
+        .await
+        .unwrap();
+
+    wait_drained(&js, Duration::from_secs(30)).await.unwrap();
+    let report = check_journal(&js, &history).await;
+    assert!(
+        report.is_ok(),
+        "{report}\n{}",
+        journal_excerpt(&js, &report, 2).await
+    );
+    let bad = (garbage.len() * entities.len()) as u64;
+    assert_eq!(report.summary().dead_letters as u64, bad, "{report}");
+
+    // Counted by the owners, and visible to an operator with the payload and the reason.
+    let status = system.status().await.unwrap();
+    assert_eq!(status.iter().map(|p| p.dead_lettered).sum::<u64>(), bad);
+    assert_eq!(
+        status.iter().map(|p| p.applied).sum::<u64>(),
+        (n + 1) * entities.len() as u64
+    );
+    let letters = Admin::new(client.clone(), "ledger")
+        .dead_letters()
+        .await
+        .unwrap();
+    assert_eq!(letters.len() as u64, bad);
+    for letter in &letters {
+        assert_eq!(letter.deliveries, 1, "terminated at once: {letter:?}");
+        assert!(letter.reason.starts_with("malformed"), "{letter:?}");
+        assert!(
+            garbage.iter().any(|(_, g)| g[..] == letter.payload[..]),
+            "the dead letter keeps the payload as published"
+        );
+    }
+    system.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_that_are_not_one_token_are_a_typed_error_at_publish_and_nothing_is_stored() {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let js = jetstream::new(client.clone());
+    let config = ledger_config(2, "n1").build().unwrap();
+    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone())
+        .await
+        .unwrap();
+    let sender = CommandSender::<Ledger>::new(client.clone(), &config);
+    let command = LedgerCmd::Push { n: 0 };
+
+    let too_long = "x".repeat(jetshard::MAX_ID_LEN + 1);
+    for id in [
+        "",
+        "a.b",
+        "a*",
+        ">",
+        "a b",
+        "tab\there",
+        "line\nbreak",
+        "\u{7}",
+        ".",
+        "a.>",
+        &too_long,
+    ] {
+        let error = sender.send(id, &command).await.expect_err(id);
+        match &error {
+            Error::InvalidId(InvalidId::Empty) => assert_eq!(id, ""),
+            Error::InvalidId(InvalidId::TooLong { len, max }) => {
+                assert_eq!((*len, *max), (too_long.len(), jetshard::MAX_ID_LEN));
+            }
+            Error::InvalidId(InvalidId::ForbiddenChar { id: bad, .. }) => assert_eq!(bad, id),
+            other => panic!("{id:?}: not an id error: {other:?}"),
+        }
+        assert!(error.to_string().contains("entity id"), "{error}");
+    }
+    // A foreign client publishing an id of two tokens reaches no stream at all.
+    let refused = js.publish("ledger.cmd.a.b", "{}".into()).await;
+    let refused = match refused {
+        Ok(ack) => ack.await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    assert!(refused.is_err(), "a two-token id was stored");
+
+    assert_eq!(stream_messages(&js, "LEDGER_CMD").await, 0);
+    assert_eq!(stream_messages(&js, "LEDGER_JOURNAL").await, 0);
+    // The sender still works for a good id.
+    sender.send("ok", &command).await.unwrap();
+    wait_drained(&js, Duration::from_secs(10)).await.unwrap();
+    system.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_command_for_an_over_long_id_is_terminated_and_reported_as_a_dead_letter() {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let js = jetstream::new(client.clone());
+    let config = ledger_config(1, "n1").build().unwrap();
+    let system = ShardSystem::start::<Ledger>(client.clone(), config)
+        .await
+        .unwrap();
+
+    // One subject token to the server, but longer than an entity id may be.
+    let long = "y".repeat(jetshard::MAX_ID_LEN + 44);
+    let mut history = History::new();
+    let ack = publish_raw(&js, "before", encode(&LedgerCmd::Push { n: 0 })).await;
+    history.record("before", Op::Push(0), ack);
+    let bad = publish_raw(&js, &long, encode(&LedgerCmd::Push { n: 0 })).await;
+    // Not a command the entity can take: the checker expects it dead-lettered.
+    history.record(long.as_str(), Op::Garbage, bad);
+    let ack = publish_raw(&js, "after", encode(&LedgerCmd::Push { n: 0 })).await;
+    history.record("after", Op::Push(0), ack);
+
+    // The partition moves on.
+    wait_drained(&js, Duration::from_secs(10)).await.unwrap();
+    let report = check_journal(&js, &history).await;
+    let letters = Admin::new(client.clone(), "ledger")
+        .dead_letters()
+        .await
+        .unwrap();
+    let counted: u64 = system
+        .status()
+        .await
+        .unwrap()
+        .iter()
+        .map(|p| p.dead_lettered)
+        .sum();
+    system.shutdown().await.unwrap();
+    // An operator can see what was thrown away, as for any other command given up.
+    assert!(
+        report.is_ok() && counted == 1,
+        "the command {bad:?} for a {}-byte id was terminated without a dead-letter record \
+         (counted as dead-lettered: {counted}; dead letters: {letters:?})\n{report}",
+        long.len()
+    );
+}
+
+/// A test entity whose commands and events can be as large as a test wants.
+struct Note;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum NoteCmd {
+    /// Keep `text`; the event holds only its length.
+    Write { text: String },
+    /// Keep `text` twice: the event is twice the command.
+    Echo { text: String },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum NoteEvt {
+    Written { len: usize },
+    Echoed { text: String },
+}
+
+impl Entity for Note {
+    type Command = NoteCmd;
+    type Event = NoteEvt;
+    type State = usize;
+    type Rejection = String;
+
+    fn decide(_: &usize, command: NoteCmd) -> Result<Vec<NoteEvt>, String> {
+        Ok(vec![match command {
+            NoteCmd::Write { text } => NoteEvt::Written { len: text.len() },
+            NoteCmd::Echo { text } => NoteEvt::Echoed {
+                text: text.repeat(2),
+            },
+        }])
+    }
+
+    fn apply(state: &mut usize, _: &NoteEvt) {
+        *state += 1;
+    }
+}
+
+const MAX_PAYLOAD: usize = 64 * 1024;
+
+async fn small_payload_server() -> NatsServer {
+    NatsServer::builder()
+        .config(format!("max_payload: {MAX_PAYLOAD}\n"))
+        .start()
+        .await
+        .unwrap()
+}
+
+fn note_config() -> ShardConfig {
+    ShardConfig::builder("note")
+        .partitions(1)
+        .node_id("n1")
+        .codec(jetshard::Codec::Json)
+        .pin_ttl(Duration::from_secs(1))
+        .ack_wait(Duration::from_secs(3))
+        .retry_delay(Duration::from_millis(50))
+        .max_deliver(3)
+        .build()
+        .unwrap()
+}
+
+async fn applied(system: &ShardSystem) -> (u64, u64) {
+    let status = system.status().await.unwrap();
+    (
+        status.iter().map(|p| p.applied).sum(),
+        status.iter().map(|p| p.dead_lettered).sum(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_over_max_payload_is_a_clear_error_at_publish_and_nothing_is_lost() {
+    init_tracing();
+    let server = small_payload_server().await;
+    let client = server.connect().await.unwrap();
+    assert_eq!(client.server_info().max_payload, MAX_PAYLOAD);
+    let config = note_config();
+    let system = ShardSystem::start::<Note>(client.clone(), config.clone())
+        .await
+        .unwrap();
+    let sender = CommandSender::<Note>::new(client.clone(), &config);
+    let small = NoteCmd::Write { text: "hi".into() };
+
+    sender.send("n", &small).await.unwrap();
+    let huge = NoteCmd::Write {
+        text: "z".repeat(MAX_PAYLOAD + 1),
+    };
+    let error = sender.send("n", &huge).await.expect_err("over max_payload");
+    match &error {
+        Error::PayloadTooLarge { size, max } => {
+            assert_eq!(*max, MAX_PAYLOAD);
+            assert!(*size > MAX_PAYLOAD, "{size}");
+        }
+        other => panic!("not a payload error: {}", error_chain(other)),
+    }
+    assert!(error_chain(&error).contains("at most 65536"), "{error}");
+    sender.send("n", &small).await.unwrap();
+
+    wait_until(
+        Duration::from_secs(10),
+        "both small commands applied",
+        || async { applied(&system).await == (2, 0) },
+    )
+    .await
+    .unwrap();
+    // The connection was never dropped for it.
+    assert_eq!(
+        client
+            .statistics()
+            .connects
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    system.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_whose_event_is_over_max_payload_is_dead_lettered_and_the_entity_goes_on() {
+    init_tracing();
+    let server = small_payload_server().await;
+    let client = server.connect().await.unwrap();
+    let config = note_config();
+    let system = ShardSystem::start::<Note>(client.clone(), config.clone())
+        .await
+        .unwrap();
+    let sender = CommandSender::<Note>::new(client.clone(), &config);
+
+    let big = NoteCmd::Echo {
+        text: "w".repeat(MAX_PAYLOAD * 2 / 3),
+    };
+    let bad_seq = sender.send("m", &big).await.unwrap();
+    for _ in 0..3 {
+        sender
+            .send("m", &NoteCmd::Write { text: "ok".into() })
+            .await
+            .unwrap();
+    }
+    wait_until(
+        Duration::from_secs(20),
+        "the big one dead-lettered, the others applied",
+        || async { applied(&system).await == (3, 1) },
+    )
+    .await
+    .unwrap();
+    let letters = Admin::new(client.clone(), "note")
+        .dead_letters()
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].command_seq, bad_seq);
+    assert_eq!(letters[0].deliveries, 3);
+    system.shutdown().await.unwrap();
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_always_panics_is_dead_lettered_after_max_deliver_and_its_partition_moves_on()
+ {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let js = jetstream::new(client.clone());
+    let config = ledger_config(2, "n1").max_deliver(3).build().unwrap();
+    let system = ShardSystem::start::<Ledger>(client.clone(), config)
+        .await
+        .unwrap();
+
+    let mut history = History::new();
+    let entities = ["p0", "p1", "p2", "p3", "p4", "p5"];
+    for entity in entities {
+        for (op, command) in [
+            (Op::Push(0), LedgerCmd::Push { n: 0 }),
+            (Op::Panic, LedgerCmd::Panic),
+            (Op::Push(1), LedgerCmd::Push { n: 1 }),
+        ] {
+            let ack = publish_raw(&js, entity, encode(&command)).await;
+            history.record(entity, op, ack);
+        }
+    }
+    // Bystanders in the same partitions keep going while the panics are retried.
+    for n in 0..20 {
+        for entity in ["q0", "q1"] {
+            let ack = publish_raw(&js, entity, encode(&LedgerCmd::Push { n })).await;
+            history.record(entity, Op::Push(n), ack);
+        }
+    }
+
+    wait_drained(&js, Duration::from_secs(60)).await.unwrap();
+    let report = check_journal(&js, &history).await;
+    assert!(report.is_ok(), "{report}");
+    let letters = Admin::new(client.clone(), "ledger")
+        .dead_letters()
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), entities.len(), "{letters:?}");
+    for letter in &letters {
+        assert_eq!(letter.deliveries, 3, "{letter:?}");
+        assert!(letter.reason.contains("panicked"), "{letter:?}");
+    }
+    system.shutdown().await.unwrap();
+}
+
+mod fuzz {
+    //! The framework's own records and decoders, fed arbitrary input: a typed error or a
+    //! value, never a panic.
+
+    use std::str::FromStr;
+
+    use async_nats::HeaderMap;
+    use async_nats::header::{HeaderName, HeaderValue};
+    use jetshard::{Codec, EntityId, FenceRecord, FenceRecordError, MAX_ID_LEN};
+    use jetshard_testkit::history::Record;
+    use jetshard_tests::ledger::LedgerCmd;
+    use proptest::prelude::*;
+
+    /// Headers as a server could deliver them: arbitrary names (valid ones kept) and values,
+    /// often with a `Jetshard-Generation` among them.
+    fn headers() -> impl Strategy<Value = HeaderMap> {
+        let pairs = prop::collection::vec(("[ -~]{0,24}", ".{0,40}"), 0..6);
+        let generation = prop::option::of(prop_oneof![
+            any::<u64>().prop_map(|g| g.to_string()),
+            "[0-9 +-]{0,25}",
+            ".{0,10}",
+        ]);
+        (pairs, generation).prop_map(|(pairs, generation)| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in pairs {
+                if let (Ok(name), Ok(value)) =
+                    (HeaderName::from_str(&name), HeaderValue::from_str(&value))
+                {
+                    headers.insert(name, value);
+                }
+            }
+            if let Some(generation) = generation.and_then(|g| HeaderValue::from_str(&g).ok()) {
+                headers.insert("Jetshard-Generation", generation);
+            }
+            headers
+        })
+    }
+
+    /// Bodies: arbitrary bytes, JSON-ish text, and fence records with arbitrary fields.
+    fn bodies() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..200),
+            ".{0,120}".prop_map(String::into_bytes),
+            (
+                any::<u32>(),
+                any::<u64>(),
+                ".{0,20}",
+                prop::option::of(".{0,20}")
+            )
+                .prop_map(|(partition, generation, node, extra)| {
+                    let mut value = serde_json::json!({
+                        "partition": partition, "generation": generation, "node": node,
+                    });
+                    if let Some(extra) = extra {
+                        value["extra"] = serde_json::Value::String(extra);
+                    }
+                    serde_json::to_vec(&value).unwrap()
+                }),
+            (any::<i64>(), any::<f64>(), any::<bool>()).prop_map(|(a, b, c)| {
+                format!(r#"{{"partition":{a},"generation":{b},"node":{c}}}"#).into_bytes()
+            }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn fence_record_decoding_never_panics_and_accepts_only_agreeing_records(
+            headers in headers(),
+            body in bodies(),
+        ) {
+            match FenceRecord::decode(&headers, &body) {
+                Ok(record) => {
+                    let header = headers.get("Jetshard-Generation").unwrap();
+                    prop_assert_eq!(header.as_str().trim().parse::<u64>().ok(), Some(record.generation));
+                    let again: FenceRecord = serde_json::from_slice(&body).unwrap();
+                    prop_assert_eq!(again, record);
+                }
+                Err(FenceRecordError::Mismatch { header, body: in_body }) => {
+                    prop_assert_ne!(header, in_body);
+                }
+                Err(_) => {}
+            }
+        }
+
+        #[test]
+        fn a_fence_record_round_trips_through_its_wire_form(
+            partition in any::<u32>(),
+            generation in any::<u64>(),
+            node in ".{0,64}",
+        ) {
+            let record = FenceRecord { partition, generation, node };
+            let mut headers = HeaderMap::new();
+            headers.insert("Jetshard-Generation", generation.to_string().as_str());
+            let body = serde_json::to_vec(&record).unwrap();
+            prop_assert_eq!(FenceRecord::decode(&headers, &body), Ok(record));
+        }
+
+        #[test]
+        fn entity_ids_are_accepted_exactly_when_they_are_one_valid_token(id in ".{0,300}") {
+            let valid = !id.is_empty()
+                && id.len() <= MAX_ID_LEN
+                && !id.chars().any(|c| matches!(c, '.' | '*' | '>') || c.is_whitespace() || c.is_control());
+            prop_assert_eq!(EntityId::new(&id).is_ok(), valid, "{:?}", id);
+        }
+
+        #[test]
+        fn command_decoding_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            for codec in [Codec::Json, Codec::Bincode] {
+                let _ = codec.decode::<LedgerCmd>(&bytes);
+            }
+        }
+
+        #[test]
+        fn journal_record_parsing_never_panics(
+            subject in prop_oneof!["[a-z0-9.]{0,40}", "ledger\\.(evt|fence|dlq|cmd)(\\.[a-z0-9-]{0,6}){0,3}"],
+            headers in prop::option::of(headers()),
+            body in bodies(),
+        ) {
+            let _ = Record::parse("ledger", 1, &subject, headers.as_ref(), body);
+        }
+    }
+}

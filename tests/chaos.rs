@@ -1,0 +1,725 @@
+//! Seeded fault schedules against node processes and one real server: owners SIGKILLed,
+//! frozen past the pin TTL, stopped gracefully, killed in the middle of a rebuild; the server
+//! restarted on its store; a node's connection cut or stalled at its own TCP proxy. Load runs
+//! all the while; at the end every acknowledged command must have exactly one outcome and the
+//! history checker must find no violation.
+//!
+//! Each test runs a few seeds (the CI slice). `JETSHARD_SEED=<s>` replays one seed,
+//! `JETSHARD_SEEDS=<n>` runs `n` seeds per test (a soak; `JETSHARD_SEED_BASE` moves the first):
+//!
+//! ```text
+//! JETSHARD_SEEDS=200 cargo test -p jetshard-tests --test chaos mixed -- --nocapture
+//! ```
+
+#[allow(dead_code)] // shared with cluster.rs, which uses other parts
+#[path = "faults/mod.rs"]
+mod faults;
+
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, Context};
+use faults::{
+    Figures, Load, Nodes, Op, Rng, Totals, check_journal, encode, journal_excerpt, one_at_a_time,
+    publish, replay_hint, seeds, wait_drained,
+};
+use jetshard::{EntityId, FenceRecord, partition_of};
+use jetshard_testkit::history::{Ack, History, Violation};
+use jetshard_testkit::{NatsServer, TcpProxy};
+use jetshard_tests::init_tracing;
+use jetshard_tests::node::NodeSpec;
+
+const PIN_TTL: Duration = Duration::from_millis(1000);
+const ACK_WAIT: Duration = Duration::from_millis(3000);
+const NODES: usize = 3;
+const ENTITIES: usize = 12;
+/// One command per entity every 40 ms: about 300 commands a second in all.
+const LOAD_INTERVAL: Duration = Duration::from_millis(40);
+
+/// A fault, with its target chosen by the seed: a partition (the fault hits its owner at that
+/// moment) or, when nobody owns it, the slot `fallback`.
+#[derive(Clone, Debug)]
+enum Fault {
+    /// SIGKILL the owner; a new node starts in its slot after `restart_after`.
+    Kill {
+        partition: u32,
+        fallback: usize,
+        restart_after: Duration,
+    },
+    /// SIGSTOP the owner for `hold` (longer than the pin TTL), then SIGCONT.
+    Freeze {
+        partition: u32,
+        fallback: usize,
+        hold: Duration,
+    },
+    /// Stop the server (SIGKILL if `crash`, else SIGTERM), start it again on its store after
+    /// `down`.
+    ServerRestart { crash: bool, down: Duration },
+    /// Drop every connection of the owner at its proxy and refuse new ones for `hold`.
+    Cut {
+        partition: u32,
+        fallback: usize,
+        hold: Duration,
+    },
+    /// Like `Cut`, but shorter than the pin TTL: the owner reconnects and keeps its pin,
+    /// while whatever was in flight through the proxy is gone.
+    Blip {
+        partition: u32,
+        fallback: usize,
+        hold: Duration,
+    },
+    /// Stop forwarding the owner's traffic, connection kept, for `hold`.
+    Stall {
+        partition: u32,
+        fallback: usize,
+        hold: Duration,
+    },
+    /// SIGTERM the owner during load; a new node starts in its slot after `restart_after`.
+    Terminate {
+        partition: u32,
+        fallback: usize,
+        restart_after: Duration,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Kill,
+    Freeze,
+    ServerRestart,
+    Cut,
+    Blip,
+    Stall,
+    Terminate,
+}
+
+impl Fault {
+    fn random(kind: Kind, rng: &mut Rng, partitions: u32) -> Fault {
+        let partition = rng.below(u64::from(partitions)) as u32;
+        let fallback = rng.below(NODES as u64) as usize;
+        match kind {
+            Kind::Kill => Fault::Kill {
+                partition,
+                fallback,
+                restart_after: rng.millis(200, 2500),
+            },
+            Kind::Freeze => Fault::Freeze {
+                partition,
+                fallback,
+                hold: rng.millis(1500, 4000),
+            },
+            Kind::ServerRestart => Fault::ServerRestart {
+                crash: rng.chance(50),
+                down: rng.millis(100, 2000),
+            },
+            Kind::Cut => Fault::Cut {
+                partition,
+                fallback,
+                hold: rng.millis(300, 3000),
+            },
+            Kind::Blip => Fault::Blip {
+                partition,
+                fallback,
+                hold: rng.millis(30, 300),
+            },
+            Kind::Stall => Fault::Stall {
+                partition,
+                fallback,
+                hold: rng.millis(1200, 4000),
+            },
+            Kind::Terminate => Fault::Terminate {
+                partition,
+                fallback,
+                restart_after: rng.millis(200, 2000),
+            },
+        }
+    }
+}
+
+/// A schedule: 2 to `faults` faults, each after a pause.
+fn schedule(seed: u64, kinds: &[Kind], faults: u64, partitions: u32) -> Vec<(Duration, Fault)> {
+    let mut rng = Rng::new(seed);
+    let count = 2 + rng.below(faults.max(2) - 1);
+    (0..count)
+        .map(|_| {
+            let kind = rng.pick(kinds);
+            (
+                rng.millis(300, 2000),
+                Fault::random(kind, &mut rng, partitions),
+            )
+        })
+        .collect()
+}
+
+/// One schedule's world: a server, one proxy per node slot, the nodes, a client.
+struct World {
+    server: NatsServer,
+    proxies: Vec<TcpProxy>,
+    nodes: Nodes,
+    client: async_nats::Client,
+    js: Context,
+}
+
+impl World {
+    async fn start(partitions: u32) -> World {
+        let server = NatsServer::start().await.expect("server");
+        let mut proxies = Vec::new();
+        for _ in 0..NODES {
+            proxies.push(TcpProxy::start(server.addr()).await.expect("proxy"));
+        }
+        let client = async_nats::ConnectOptions::new()
+            .reconnect_delay_callback(|_| Duration::from_millis(100))
+            .connect(server.url())
+            .await
+            .expect("client");
+        let js = jetstream::new(client.clone());
+        let spec = NodeSpec {
+            partitions,
+            pin_ttl: PIN_TTL,
+            ack_wait: ACK_WAIT,
+            // Debug lines name each command's fate (`already applied`, acks), for failures.
+            env: vec![("RUST_LOG".into(), "jetshard=debug".into())],
+        };
+        let urls = proxies.iter().map(TcpProxy::url).collect();
+        let nodes = Nodes::start(urls, spec, vec![]).await;
+        World {
+            server,
+            proxies,
+            nodes,
+            client,
+            js,
+        }
+    }
+
+    /// The slot a fault on `partition` hits: its owner's, or `fallback`.
+    fn target(&mut self, partition: u32, fallback: usize) -> (usize, bool) {
+        match self.nodes.owner_of(partition) {
+            Some(slot) => (slot, true),
+            None => (fallback, false),
+        }
+    }
+
+    /// Applies a fault and undoes it; returns what happened, for the report.
+    async fn inject(&mut self, fault: &Fault) -> String {
+        match *fault {
+            Fault::Kill {
+                partition,
+                fallback,
+                restart_after,
+            } => {
+                let (slot, owner) = self.target(partition, fallback);
+                self.nodes.kill(slot).await;
+                // Part of the fault: the slot stays empty this long.
+                tokio::time::sleep(restart_after).await;
+                self.nodes.restart(slot).await;
+                format!(
+                    "kill slot {slot} (owner of p{partition}: {owner}), restarted after {restart_after:?}"
+                )
+            }
+            Fault::Freeze {
+                partition,
+                fallback,
+                hold,
+            } => {
+                let (slot, owner) = self.target(partition, fallback);
+                if self.nodes.live(slot).is_none() {
+                    return format!("freeze slot {slot}: not running, skipped");
+                }
+                self.nodes.pause(slot);
+                // Part of the fault: frozen past the pin TTL.
+                tokio::time::sleep(hold).await;
+                self.nodes.resume(slot);
+                format!("freeze slot {slot} (owner of p{partition}: {owner}) for {hold:?}")
+            }
+            Fault::ServerRestart { crash, down } => {
+                if crash {
+                    self.server.kill().expect("kill server");
+                } else {
+                    self.server.stop().await.expect("stop server");
+                }
+                // Part of the fault: the server stays down this long.
+                tokio::time::sleep(down).await;
+                self.server.restart().await.expect("restart server");
+                let how = if crash { "SIGKILL" } else { "SIGTERM" };
+                format!("server-restart ({how}), down {down:?}")
+            }
+            Fault::Cut {
+                partition,
+                fallback,
+                hold,
+            } => {
+                let (slot, owner) = self.target(partition, fallback);
+                self.proxies[slot].cut();
+                // Part of the fault: the node cannot reach the server this long.
+                tokio::time::sleep(hold).await;
+                self.proxies[slot].heal();
+                format!("cut slot {slot} (owner of p{partition}: {owner}) for {hold:?}")
+            }
+            Fault::Blip {
+                partition,
+                fallback,
+                hold,
+            } => {
+                let (slot, owner) = self.target(partition, fallback);
+                self.proxies[slot].cut();
+                // Part of the fault: a short drop, under the pin TTL.
+                tokio::time::sleep(hold).await;
+                self.proxies[slot].heal();
+                format!("blip slot {slot} (owner of p{partition}: {owner}) for {hold:?}")
+            }
+            Fault::Stall {
+                partition,
+                fallback,
+                hold,
+            } => {
+                let (slot, owner) = self.target(partition, fallback);
+                self.proxies[slot].stall();
+                // Part of the fault: the node's traffic is held this long.
+                tokio::time::sleep(hold).await;
+                self.proxies[slot].heal();
+                format!("stall slot {slot} (owner of p{partition}: {owner}) for {hold:?}")
+            }
+            Fault::Terminate {
+                partition,
+                fallback,
+                restart_after,
+            } => {
+                let (slot, owner) = self.target(partition, fallback);
+                let started = Instant::now();
+                self.nodes.terminate(slot).await;
+                let took = started.elapsed();
+                // Part of the fault: the slot stays empty this long.
+                tokio::time::sleep(restart_after).await;
+                self.nodes.restart(slot).await;
+                format!(
+                    "terminate slot {slot} (owner of p{partition}: {owner}), exited in {took:?}, restarted after {restart_after:?}"
+                )
+            }
+        }
+    }
+
+    /// Undoes whatever is still broken: proxies healed, nodes thawed or started again.
+    async fn recover(&mut self) {
+        for proxy in &self.proxies {
+            proxy.heal();
+        }
+        self.nodes.recover().await;
+    }
+
+    /// Waits for the command stream to drain, checks the journal against `history`, and
+    /// panics with everything needed to debug a failure.
+    async fn verify(
+        &mut self,
+        test: &str,
+        seed: u64,
+        history: &History<Op>,
+        injected: &[String],
+        retries: u64,
+    ) -> Figures {
+        let drained = wait_drained(&self.js, Duration::from_secs(90)).await;
+        let report = check_journal(&self.js, history).await;
+        let summary = report.summary();
+        let figures = Figures {
+            commands: summary.commands,
+            unknown: summary.unknown,
+            retries,
+            faults: injected.len(),
+            violations: report.violations().len(),
+            dead_letters: summary.dead_letters,
+            fences: summary.fences,
+        };
+        eprintln!("seed {seed}: {report}\n  faults: {injected:#?}");
+        if drained.is_err() || !report.is_ok() {
+            let mut traces = String::new();
+            for violation in report.violations().iter().take(3) {
+                if let Violation::Lost { command_seq, .. }
+                | Violation::Duplicated { command_seq, .. }
+                | Violation::Reordered { command_seq, .. } = violation
+                {
+                    traces += &format!(
+                        "node log lines of command {command_seq}:\n{}\n",
+                        self.nodes.grep_logs(&format!("cmd_seq={command_seq}"), 40)
+                    );
+                }
+            }
+            panic!(
+                "{test} seed {seed} failed\n{}\ndrained: {drained:?}\n{report}\n{}\n{traces}faults: {injected:#?}\n{}",
+                replay_hint("chaos", test, seed),
+                journal_excerpt(&self.js, &report, 2).await,
+                self.nodes.describe()
+            );
+        }
+        figures
+    }
+}
+
+/// Runs the seeds of one scenario: each its own world, load, faults drawn from `kinds`.
+async fn run_scenario(test: &str, base: u64, default_seeds: u64, kinds: &[Kind], faults: u64) {
+    init_tracing();
+    let _one = one_at_a_time().await;
+    let mut totals = Totals::default();
+    for seed in seeds(base, default_seeds) {
+        let started = Instant::now();
+        eprintln!("{test}: seed {seed} ({})", replay_hint("chaos", test, seed));
+        let partitions = 4;
+        let plan = schedule(seed, kinds, faults, partitions);
+        let mut world = World::start(partitions).await;
+        let entities: Vec<String> = (0..ENTITIES).map(|e| format!("s{seed}-e{e}")).collect();
+        let load = Load::start(
+            world.client.clone(),
+            &entities,
+            LOAD_INTERVAL,
+            Duration::from_secs(20),
+        );
+        if let Err(e) = world
+            .nodes
+            .wait_all_owned(partitions, Duration::from_secs(20))
+            .await
+        {
+            panic!("{test} seed {seed}: {e}\n{}", world.nodes.describe());
+        }
+        let mut injected = Vec::new();
+        for (pause, fault) in &plan {
+            // The schedule's own timing: load runs undisturbed for this long.
+            tokio::time::sleep(*pause).await;
+            injected.push(world.inject(fault).await);
+        }
+        // The schedule's own timing: a last stretch of load after the faults.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        world.recover().await;
+        let retries = load.retries.load(std::sync::atomic::Ordering::Relaxed);
+        let history = load.finish().await;
+        let figures = world.verify(test, seed, &history, &injected, retries).await;
+        eprintln!(
+            "{test}: seed {seed} passed in {:.1?}: {figures:?}",
+            started.elapsed()
+        );
+        totals.add(&figures, &injected);
+    }
+    eprintln!("{}", totals.line(test));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_owners_lose_no_acknowledged_command() {
+    run_scenario(
+        "sigkilled_owners_lose_no_acknowledged_command",
+        100,
+        2,
+        &[Kind::Kill],
+        3,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_frozen_past_the_pin_ttl_write_nothing_when_they_thaw() {
+    run_scenario(
+        "owners_frozen_past_the_pin_ttl_write_nothing_when_they_thaw",
+        200,
+        2,
+        &[Kind::Freeze],
+        3,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restarts_on_the_same_store_lose_nothing() {
+    run_scenario(
+        "server_restarts_on_the_same_store_lose_nothing",
+        300,
+        2,
+        &[Kind::ServerRestart],
+        2,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_and_stalled_connections_lose_nothing() {
+    run_scenario(
+        "cut_and_stalled_connections_lose_nothing",
+        400,
+        2,
+        &[Kind::Cut, Kind::Stall],
+        3,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_connection_drops_that_keep_the_pin_lose_nothing() {
+    run_scenario(
+        "short_connection_drops_that_keep_the_pin_lose_nothing",
+        803,
+        2,
+        &[Kind::Blip],
+        10,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_stops_during_load_hand_over_without_loss() {
+    run_scenario(
+        "graceful_stops_during_load_hand_over_without_loss",
+        500,
+        2,
+        &[Kind::Terminate],
+        3,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_fault_schedules_keep_every_promise() {
+    run_scenario(
+        "mixed_fault_schedules_keep_every_promise",
+        600,
+        1,
+        &[
+            Kind::Kill,
+            Kind::Freeze,
+            Kind::ServerRestart,
+            Kind::Cut,
+            Kind::Blip,
+            Kind::Stall,
+            Kind::Terminate,
+        ],
+        4,
+    )
+    .await;
+}
+
+/// Commands of `count` events each for one bulk entity per partition, so that every
+/// acquisition replays a large journal.
+const BULK_COMMANDS: u64 = 30;
+const BULK_EVENTS: u64 = 1000;
+
+/// An id of `partition` of `partitions`.
+fn id_in(partition: u32, partitions: u32, prefix: &str) -> String {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|id| partition_of(&EntityId::new(id).unwrap(), partitions) == partition)
+        .unwrap()
+}
+
+/// The latest fence record of `partition`: generation and node.
+async fn latest_fence(js: &Context, partition: u32) -> Option<(u64, String)> {
+    let stream = js.get_stream_no_info("LEDGER_JOURNAL").await.ok()?;
+    let message = stream
+        .get_last_raw_message_by_subject(&format!("ledger.fence.{partition}"))
+        .await
+        .ok()?;
+    let record = FenceRecord::decode(&message.headers, &message.payload).ok()?;
+    Some((record.generation, record.node))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_in_the_middle_of_a_rebuild_is_replaced_and_loses_nothing() {
+    let test = "a_node_killed_in_the_middle_of_a_rebuild_is_replaced_and_loses_nothing";
+    init_tracing();
+    let _one = one_at_a_time().await;
+    let mut totals = Totals::default();
+    let mut hits = 0;
+    let seeds = seeds(700, 2);
+    for &seed in &seeds {
+        eprintln!("{test}: seed {seed} ({})", replay_hint("chaos", test, seed));
+        let started = Instant::now();
+        let mut rng = Rng::new(seed);
+        let partitions = 2;
+        let mut world = World::start(partitions).await;
+
+        // A large journal: every acquisition of a partition replays its bulk entity.
+        let mut history = History::new();
+        let retries = std::sync::atomic::AtomicU64::new(0);
+        for partition in 0..partitions {
+            let bulk = id_in(partition, partitions, &format!("bulk{seed}"));
+            for i in 0..BULK_COMMANDS {
+                let op = Op::Many {
+                    from: i * BULK_EVENTS,
+                    count: BULK_EVENTS,
+                };
+                let payload = encode(&op.command().unwrap());
+                let ack = publish(
+                    &world.js,
+                    &bulk,
+                    payload,
+                    &format!("{bulk}:{i}"),
+                    Duration::from_secs(20),
+                    &retries,
+                )
+                .await;
+                assert!(matches!(ack, Ack::Acked(_)), "bulk command not stored");
+                history.record(bulk.clone(), op, ack);
+            }
+        }
+        wait_drained(&world.js, Duration::from_secs(60))
+            .await
+            .expect("bulk commands applied");
+
+        let entities: Vec<String> = (0..ENTITIES).map(|e| format!("r{seed}-e{e}")).collect();
+        let load = Load::start(
+            world.client.clone(),
+            &entities,
+            LOAD_INTERVAL,
+            Duration::from_secs(20),
+        );
+        world
+            .nodes
+            .wait_all_owned(partitions, Duration::from_secs(20))
+            .await
+            .expect("owned");
+        let mut injected = Vec::new();
+        for _ in 0..2 {
+            // The schedule's own timing: load runs undisturbed for this long.
+            tokio::time::sleep(rng.millis(300, 1500)).await;
+            let partition = rng.below(u64::from(partitions)) as u32;
+            // The previous fault's takeover may still be rebuilding.
+            world
+                .nodes
+                .wait_all_owned(partitions, Duration::from_secs(30))
+                .await
+                .expect("owned");
+            let Some(owner) = world.nodes.owner_of(partition) else {
+                continue;
+            };
+            let (generation, _) = latest_fence(&world.js, partition).await.unwrap_or_default();
+            world.nodes.kill(owner).await;
+            // The next claimant starts rebuilding as soon as it has won its generation: kill it
+            // then, before it reports the partition acquired.
+            let mut victim = None;
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while victim.is_none() && Instant::now() < deadline {
+                if let Some((claimed, node)) = latest_fence(&world.js, partition).await
+                    && claimed > generation
+                {
+                    let slot = world
+                        .nodes
+                        .slots
+                        .iter()
+                        .position(|s| s.node.as_ref().is_some_and(|n| n.id == node));
+                    if let Some(slot) = slot {
+                        let acquired_before = world.nodes.slots[slot]
+                            .node
+                            .as_ref()
+                            .is_some_and(|n| n.acquired(partition, claimed));
+                        world.nodes.kill(slot).await;
+                        let acquired_after = world.nodes.slots[slot]
+                            .node
+                            .as_ref()
+                            .is_some_and(|n| n.acquired(partition, claimed));
+                        victim = Some((slot, node, claimed, !acquired_before && !acquired_after));
+                    } else {
+                        break;
+                    }
+                }
+                // Polling the fence subject, as fast as a claim must be caught.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let description = match &victim {
+                Some((slot, node, claimed, mid)) => {
+                    if *mid {
+                        hits += 1;
+                    }
+                    format!(
+                        "kill owner slot {owner} of p{partition}, then claimant {node} (slot {slot}) of generation {claimed}, mid-rebuild: {mid}"
+                    )
+                }
+                None => format!("kill owner slot {owner} of p{partition}; no claimant caught"),
+            };
+            injected.push(description);
+            // Part of the fault: the killed slots stay empty this long.
+            tokio::time::sleep(rng.millis(200, 1000)).await;
+            world.recover().await;
+        }
+        // The schedule's own timing: a last stretch of load after the faults.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        world.recover().await;
+        let retries =
+            retries.into_inner() + load.retries.load(std::sync::atomic::Ordering::Relaxed);
+        history.extend(load.finish().await);
+        let figures = world.verify(test, seed, &history, &injected, retries).await;
+        eprintln!(
+            "{test}: seed {seed} passed in {:.1?}: {figures:?}",
+            started.elapsed()
+        );
+        totals.add(&figures, &injected);
+    }
+    eprintln!("{}", totals.line(test));
+    eprintln!("{test}: {hits} claimants killed mid-rebuild");
+    assert!(
+        hits > 0,
+        "no claimant was caught in the middle of its rebuild: the journal replays too fast for this test"
+    );
+}
+
+/// The owner's connection drops while the server is delivering a command to it: the delivery
+/// is lost with the connection, the owner reconnects within the pin TTL and keeps its pin, and
+/// the entity's next command arrives before the lost one is redelivered. The lost one must
+/// still be applied, before the next one, and not taken for a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_lost_with_a_dropped_connection_is_not_overtaken_by_the_next_command() {
+    init_tracing();
+    let _one = one_at_a_time().await;
+    let server = NatsServer::start().await.expect("server");
+    let proxy = TcpProxy::start(server.addr()).await.expect("proxy");
+    let client = server.connect().await.expect("client");
+    let js = jetstream::new(client.clone());
+    let spec = NodeSpec {
+        partitions: 1,
+        // Long enough that the owner keeps its pin through the drop.
+        pin_ttl: Duration::from_secs(6),
+        ack_wait: Duration::from_secs(3),
+        env: vec![("RUST_LOG".into(), "jetshard=debug".into())],
+    };
+    let mut nodes = Nodes::start(vec![proxy.url()], spec, vec![]).await;
+    let retries = std::sync::atomic::AtomicU64::new(0);
+    let mut history = History::new();
+    let mut send = async |n: u64| {
+        let ack = publish(
+            &js,
+            "x",
+            encode(&Op::Push(n).command().unwrap()),
+            &format!("x:{n}"),
+            Duration::from_secs(10),
+            &retries,
+        )
+        .await;
+        history.record("x", Op::Push(n), ack);
+    };
+    send(0).await;
+    nodes
+        .wait_all_owned(1, Duration::from_secs(10))
+        .await
+        .expect("owned");
+
+    // The server delivers command 1 into the stalled connection, which is then dropped with
+    // the delivery in it.
+    proxy.stall();
+    send(1).await;
+    // Part of the fault: the delivery reaches the proxy and waits there.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.cut();
+    // Part of the fault: the relay closes the connection, dropping what it held.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.heal();
+    // Command 2 is delivered over the new connection, long before command 1 comes back.
+    send(2).await;
+    wait_drained(&js, Duration::from_secs(30))
+        .await
+        .expect("drained");
+    let report = check_journal(&js, &history).await;
+    let owner = nodes.slots[0].node.as_ref().expect("node");
+    let kept_pin = owner
+        .lines()
+        .iter()
+        .filter(|l| l.what == "ACQUIRED")
+        .count()
+        == 1;
+    assert!(
+        report.is_ok(),
+        "{report}\n{}\nthe owner kept its pin: {kept_pin}\nthe owner's 'already applied' lines:\n{}",
+        journal_excerpt(&js, &report, 1).await,
+        nodes.grep_logs("already applied", 10)
+    );
+}

@@ -1,0 +1,256 @@
+//! Seeded fault schedules against a 3-node JetStream cluster with R3 streams: the server that
+//! leads the journal, the one that leads the command stream (or a partition's consumer), and
+//! the one the owner of a partition is connected to are SIGKILLed under load and restarted on
+//! their stores. Leader elections take 5-7 s; owners' writes retry through them. At the end
+//! every acknowledged command must have exactly one outcome and the history checker must find
+//! no violation.
+//!
+//! `JETSHARD_SEED=<s>` replays one seed, `JETSHARD_SEEDS=<n>` runs `n` per test.
+
+#[allow(dead_code)] // shared with chaos.rs, which uses other parts
+#[path = "faults/mod.rs"]
+mod faults;
+
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, Context};
+use faults::{
+    Figures, Load, Nodes, Rng, Totals, check_journal, journal_excerpt, one_at_a_time, replay_hint,
+    seeds, wait_consumers_drained,
+};
+use jetshard_testkit::{NatsCluster, wait_until};
+use jetshard_tests::init_tracing;
+use jetshard_tests::node::NodeSpec;
+
+const PARTITIONS: u32 = 3;
+const ENTITIES: usize = 9;
+const LOAD_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Which server a fault kills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Victim {
+    /// The leader of `LEDGER_JOURNAL`.
+    JournalLeader,
+    /// The leader of `LEDGER_CMD`.
+    CommandLeader,
+    /// The leader of a partition's consumer.
+    ConsumerLeader,
+    /// The server the owner of a partition is connected to.
+    OwnersServer,
+}
+
+/// The name of the server to kill, e.g. `s1`.
+async fn victim_server(
+    js: &Context,
+    nodes: &mut Nodes,
+    victim: Victim,
+    partition: u32,
+) -> Option<String> {
+    match victim {
+        Victim::JournalLeader | Victim::CommandLeader => {
+            let name = if victim == Victim::JournalLeader {
+                "LEDGER_JOURNAL"
+            } else {
+                "LEDGER_CMD"
+            };
+            js.get_stream(name)
+                .await
+                .ok()?
+                .info()
+                .await
+                .ok()?
+                .cluster
+                .clone()?
+                .leader
+        }
+        Victim::ConsumerLeader => {
+            let stream = js.get_stream_no_info("LEDGER_CMD").await.ok()?;
+            let info = stream
+                .consumer_info(format!("ledger-p{partition}"))
+                .await
+                .ok()?;
+            info.cluster.clone()?.leader
+        }
+        Victim::OwnersServer => {
+            let slot = nodes.owner_of(partition)?;
+            nodes.slots[slot].node.as_ref()?.server()
+        }
+    }
+}
+
+/// Whether both streams and every partition consumer have a leader and all replicas current.
+async fn healthy(js: &Context) -> bool {
+    let current = |cluster: Option<async_nats::jetstream::stream::ClusterInfo>| {
+        cluster.is_some_and(|c| {
+            c.leader.is_some()
+                && c.replicas.len() == 2
+                && c.replicas.iter().all(|r| r.current && !r.offline)
+        })
+    };
+    for name in ["LEDGER_CMD", "LEDGER_JOURNAL"] {
+        let Ok(mut stream) = js.get_stream(name).await else {
+            return false;
+        };
+        let Ok(info) = stream.info().await else {
+            return false;
+        };
+        if !current(info.cluster.clone()) {
+            return false;
+        }
+    }
+    let Ok(stream) = js.get_stream_no_info("LEDGER_CMD").await else {
+        return false;
+    };
+    for partition in 0..PARTITIONS {
+        let Ok(info) = stream.consumer_info(format!("ledger-p{partition}")).await else {
+            return false;
+        };
+        if !current(info.cluster.clone()) {
+            return false;
+        }
+    }
+    true
+}
+
+async fn run(test: &str, base: u64, victims: &[Victim]) {
+    init_tracing();
+    let _one = one_at_a_time().await;
+    let mut totals = Totals::default();
+    for seed in seeds(base, 1) {
+        eprintln!(
+            "{test}: seed {seed} ({})",
+            replay_hint("cluster", test, seed)
+        );
+        let started = Instant::now();
+        let mut rng = Rng::new(seed);
+        let cluster = NatsCluster::start(3).await.expect("cluster");
+        let client = async_nats::ConnectOptions::new()
+            .reconnect_delay_callback(|_| Duration::from_millis(100))
+            .connect(cluster.nodes().iter().map(|n| n.url()).collect::<Vec<_>>())
+            .await
+            .expect("client");
+        let js = jetstream::ContextBuilder::new()
+            .timeout(Duration::from_secs(5))
+            .build(client.clone());
+        let spec = NodeSpec {
+            partitions: PARTITIONS,
+            pin_ttl: Duration::from_millis(1500),
+            ack_wait: Duration::from_millis(5000),
+            env: vec![],
+        };
+        // Each node lists every server, its own first: node i starts on server i.
+        let urls = (0..3)
+            .map(|i| {
+                (0..3)
+                    .map(|k| cluster.node((i + k) % 3).url())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .collect();
+        let mut nodes = Nodes::start(urls, spec, vec!["--replicas".into(), "3".into()]).await;
+        let entities: Vec<String> = (0..ENTITIES).map(|e| format!("c{seed}-e{e}")).collect();
+        let load = Load::start(
+            client.clone(),
+            &entities,
+            LOAD_INTERVAL,
+            Duration::from_secs(40),
+        );
+        nodes
+            .wait_all_owned(PARTITIONS, Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", nodes.describe()));
+
+        let mut injected = Vec::new();
+        for _ in 0..2 {
+            // The schedule's own timing: load runs undisturbed for this long.
+            tokio::time::sleep(rng.millis(500, 2500)).await;
+            let victim = rng.pick(victims);
+            let partition = rng.below(u64::from(PARTITIONS)) as u32;
+            let down = rng.millis(500, 4000);
+            let Some(name) = victim_server(&js, &mut nodes, victim, partition).await else {
+                injected.push(format!("{victim:?}: no such server now, skipped"));
+                continue;
+            };
+            let server = cluster.node_by_name(&name).expect("a cluster node");
+            server.kill().expect("kill");
+            let killed = Instant::now();
+            // Part of the fault: the server stays down this long.
+            tokio::time::sleep(down).await;
+            server.restart().await.expect("restart");
+            let restarted = killed.elapsed();
+            let healed = wait_until(Duration::from_secs(60), "the cluster to heal", || {
+                healthy(&js)
+            })
+            .await;
+            injected.push(format!(
+                "kill {victim:?} {name} (p{partition}), down {down:?}, back after {restarted:.1?}, healed after {:.1?}: {}",
+                killed.elapsed(),
+                healed.is_ok()
+            ));
+            healed.unwrap_or_else(|e| panic!("{e}: {injected:#?}"));
+        }
+        // The schedule's own timing: a last stretch of load after the faults.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        nodes.recover().await;
+        let retries = load.retries.load(std::sync::atomic::Ordering::Relaxed);
+        let history = load.finish().await;
+        let drained = wait_consumers_drained(&js, PARTITIONS, Duration::from_secs(120)).await;
+        let report = check_journal(&js, &history).await;
+        let summary = report.summary();
+        eprintln!("seed {seed}: {report}\n  faults: {injected:#?}");
+        if drained.is_err() || !report.is_ok() {
+            panic!(
+                "{test} seed {seed} failed\n{}\ndrained: {drained:?}\n{report}\n{}\nfaults: {injected:#?}\n{}",
+                replay_hint("cluster", test, seed),
+                journal_excerpt(&js, &report, 3).await,
+                nodes.describe()
+            );
+        }
+        let figures = Figures {
+            commands: summary.commands,
+            unknown: summary.unknown,
+            retries,
+            faults: injected.len(),
+            violations: 0,
+            dead_letters: summary.dead_letters,
+            fences: summary.fences,
+        };
+        eprintln!(
+            "{test}: seed {seed} passed in {:.1?}: {figures:?}; acknowledged commands the R3 work-queue stream still holds: {}",
+            started.elapsed(),
+            drained.as_ref().map_or(0, |left| *left)
+        );
+        totals.add(&figures, &injected);
+    }
+    eprintln!("{}", totals.line(test));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_journal_leader_loses_nothing() {
+    run(
+        "killing_the_journal_leader_loses_nothing",
+        1000,
+        &[Victim::JournalLeader],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_command_stream_or_consumer_leader_loses_nothing() {
+    run(
+        "killing_the_command_stream_or_consumer_leader_loses_nothing",
+        2000,
+        &[Victim::CommandLeader, Victim::ConsumerLeader],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_server_an_owner_is_connected_to_loses_nothing() {
+    run(
+        "killing_the_server_an_owner_is_connected_to_loses_nothing",
+        3000,
+        &[Victim::OwnersServer],
+    )
+    .await;
+}

@@ -1,0 +1,782 @@
+//! What the fault-injection suites (`chaos.rs`, `cluster.rs`) share: seeds and their random
+//! choices, the ledger's model for the history checker, a load generator that records the
+//! history, node processes by slot, and the end-of-run check.
+//!
+//! A schedule is a function of its seed: which faults, on which node or partition, when and for
+//! how long. The real processes and the server then run in real time, so a seed replays the same
+//! schedule, not the same interleaving.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, context::Context, message::PublishMessage};
+use jetshard_testkit::history::{self, Ack, History, Model, Record};
+use jetshard_testkit::wait_until;
+use jetshard_tests::ledger::{LedgerCmd, LedgerEvt};
+use jetshard_tests::node::{Node, NodeOptions, NodeSpec};
+use serde::Serialize;
+use tokio::task::JoinHandle;
+
+// ---------------------------------------------------------------------------------------------
+// Seeds
+
+/// A small deterministic generator (SplitMix64): the same seed gives the same choices.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x5DEE_CE66_D1A4_F00D)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// A duration between `low` and `high` milliseconds.
+    pub fn millis(&mut self, low: u64, high: u64) -> Duration {
+        Duration::from_millis(low + self.below(high - low + 1))
+    }
+
+    /// One of `items`.
+    pub fn pick<T: Clone>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize].clone()
+    }
+
+    /// True with probability `percent` / 100.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// The seeds a scenario runs: `JETSHARD_SEED=<s>` runs that one; otherwise `JETSHARD_SEEDS`
+/// (default `default_count`) seeds from `JETSHARD_SEED_BASE` (default `default_base`).
+pub fn seeds(default_base: u64, default_count: u64) -> Vec<u64> {
+    let var = |name: &str| {
+        std::env::var(name).ok().map(|v| {
+            v.trim()
+                .parse::<u64>()
+                .unwrap_or_else(|_| panic!("{name}={v} is not a number"))
+        })
+    };
+    if let Some(seed) = var("JETSHARD_SEED") {
+        return vec![seed];
+    }
+    let base = var("JETSHARD_SEED_BASE").unwrap_or(default_base);
+    let count = var("JETSHARD_SEEDS").unwrap_or(default_count);
+    (base..base + count).collect()
+}
+
+/// Schedules of one process-wide suite run one at a time: each starts a server and several
+/// node processes, and two at once on a 2-core machine would starve each other's pin TTLs.
+pub async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    // A tokio mutex: held across awaits, and not poisoned by a failed schedule.
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model
+
+/// A command as the history records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `LedgerCmd::Push { n }`: must leave exactly `Appended { n }`; `n` rises per entity.
+    Push(u64),
+    /// `LedgerCmd::AppendMany { from, count }`, sent only when `from` is the entity's length.
+    Many { from: u64, count: u64 },
+    /// `LedgerCmd::Panic`: must be dead-lettered.
+    Panic,
+    /// A payload that is no command: must be dead-lettered.
+    Garbage,
+}
+
+impl Op {
+    /// The command it stands for, if it is one.
+    pub fn command(&self) -> Option<LedgerCmd> {
+        match *self {
+            Op::Push(n) => Some(LedgerCmd::Push { n }),
+            Op::Many { from, count } => Some(LedgerCmd::AppendMany { from, count }),
+            Op::Panic => Some(LedgerCmd::Panic),
+            Op::Garbage => None,
+        }
+    }
+}
+
+/// The ledger, sequentially: an entity is a list of numbers.
+pub struct LedgerModel;
+
+/// An entity in the model.
+#[derive(Default)]
+pub struct LedgerState {
+    len: u64,
+    last_push: Option<u64>,
+}
+
+fn expected_events(op: &Op) -> Vec<LedgerEvt> {
+    match *op {
+        Op::Push(n) => vec![LedgerEvt::Appended { n }],
+        Op::Many { from, count } => (from..from + count)
+            .map(|n| LedgerEvt::Appended { n })
+            .collect(),
+        Op::Panic | Op::Garbage => Vec::new(),
+    }
+}
+
+impl Model for LedgerModel {
+    type Command = Op;
+    type Event = LedgerEvt;
+    type State = LedgerState;
+
+    fn step(&self, state: &mut LedgerState, op: &Op, events: &[LedgerEvt]) -> Result<(), String> {
+        let expected = expected_events(op);
+        if expected.is_empty() {
+            return Err(format!("{op:?} must be dead-lettered, but left {events:?}"));
+        }
+        if events != expected {
+            return Err(format!(
+                "{op:?} left {} events {:?}, expected {:?}",
+                events.len(),
+                short(events),
+                short(&expected)
+            ));
+        }
+        match *op {
+            Op::Push(n) => {
+                if let Some(last) = state.last_push
+                    && n <= last
+                {
+                    return Err(format!("Push({n}) applied after Push({last})"));
+                }
+                state.last_push = Some(n);
+                state.len += 1;
+            }
+            Op::Many { from, count } => {
+                if from != state.len {
+                    return Err(format!(
+                        "AppendMany from {from} applied at length {}",
+                        state.len
+                    ));
+                }
+                state.len += count;
+            }
+            Op::Panic | Op::Garbage => {}
+        }
+        Ok(())
+    }
+
+    fn dead_lettered(&self, _: &mut LedgerState, op: &Op, reason: &str) -> Result<(), String> {
+        match op {
+            Op::Panic | Op::Garbage => Ok(()),
+            _ => Err(format!("{op:?} was dead-lettered: {reason}")),
+        }
+    }
+
+    fn identifies(&self, op: &Op, events: &[LedgerEvt]) -> bool {
+        events == expected_events(op)
+    }
+}
+
+fn short(events: &[LedgerEvt]) -> String {
+    if events.len() <= 4 {
+        format!("{events:?}")
+    } else {
+        format!("[{:?} .. {:?}]", events[0], events[events.len() - 1])
+    }
+}
+
+/// Reads the ledger's journal back and checks it against `history`.
+pub async fn check_journal(js: &Context, history: &History<Op>) -> history::Report {
+    let records = history::read_journal(js, "ledger")
+        .await
+        .expect("read the journal");
+    let records: Vec<Record<LedgerEvt>> = records
+        .into_iter()
+        .map(|r| r.try_map_event(|body| serde_json::from_slice::<LedgerEvt>(&body)))
+        .collect::<Result<_, _>>()
+        .expect("every event is a ledger event");
+    history::check(&LedgerModel, history, &records)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Load
+
+/// How long one publish may wait for the stream's acknowledgement before it is sent again.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Publishes `op` for `entity` with the message id `msg_id` and waits for the stream's
+/// acknowledgement, sending it again (same id, so the stream stores it once) until `give_up`.
+pub async fn publish(
+    js: &Context,
+    entity: &str,
+    payload: Vec<u8>,
+    msg_id: &str,
+    give_up: Duration,
+    retries: &AtomicU64,
+) -> Ack {
+    let deadline = Instant::now() + give_up;
+    loop {
+        let message = PublishMessage::build()
+            .payload(payload.clone().into())
+            .message_id(msg_id);
+        let attempt = async {
+            js.send_publish(format!("ledger.cmd.{entity}"), message)
+                .await?
+                .await
+        };
+        match tokio::time::timeout(PUBLISH_TIMEOUT, attempt).await {
+            Ok(Ok(ack)) => return Ack::Acked(ack.sequence),
+            Ok(Err(_)) | Err(_) => {
+                retries.fetch_add(1, Ordering::Relaxed);
+                if Instant::now() >= deadline {
+                    return Ack::Unknown;
+                }
+                // Deliberate: a short pause before sending again while the server is away.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// JSON, as `ledger_config` sets the codec.
+pub fn encode(command: &impl Serialize) -> Vec<u8> {
+    serde_json::to_vec(command).expect("encode")
+}
+
+/// Continuous load: one task per entity publishes `Push { n }` with rising `n`, one command in
+/// flight per entity, recording each in the history.
+pub struct Load {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<JoinHandle<History<Op>>>,
+    /// Publishes that had to be sent again.
+    pub retries: Arc<AtomicU64>,
+    /// Commands acknowledged so far.
+    pub acked: Arc<AtomicU64>,
+}
+
+impl Load {
+    /// Starts publishing to every entity in `entities`, pausing `interval` between two commands
+    /// of one entity. An unconfirmed publish is sent again for up to `give_up`.
+    pub fn start(
+        client: async_nats::Client,
+        entities: &[String],
+        interval: Duration,
+        give_up: Duration,
+    ) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let retries = Arc::new(AtomicU64::new(0));
+        let acked = Arc::new(AtomicU64::new(0));
+        let tasks = entities
+            .iter()
+            .map(|entity| {
+                let js = jetstream::ContextBuilder::new()
+                    .timeout(PUBLISH_TIMEOUT)
+                    .build(client.clone());
+                let (entity, stop, retries, acked) =
+                    (entity.clone(), stop.clone(), retries.clone(), acked.clone());
+                tokio::spawn(async move {
+                    let mut history = History::new();
+                    let mut n = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let payload = encode(&LedgerCmd::Push { n });
+                        let msg_id = format!("{entity}:{n}");
+                        let ack = publish(&js, &entity, payload, &msg_id, give_up, &retries).await;
+                        if matches!(ack, Ack::Acked(_)) {
+                            acked.fetch_add(1, Ordering::Relaxed);
+                        }
+                        history.record(entity.clone(), Op::Push(n), ack);
+                        n += 1;
+                        // Deliberate: the load's pace, not a wait for a condition.
+                        tokio::time::sleep(interval).await;
+                    }
+                    history
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            tasks,
+            retries,
+            acked,
+        }
+    }
+
+    /// Stops publishing and returns the history.
+    pub async fn finish(self) -> History<Op> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut history = History::new();
+        for task in self.tasks {
+            history.extend(task.await.expect("load task"));
+        }
+        history
+    }
+}
+
+/// Waits (bounded) until the command stream holds nothing: every command was acknowledged or
+/// terminated by its owner.
+pub async fn wait_drained(js: &Context, within: Duration) -> Result<(), String> {
+    let drained = wait_until(within, "the command stream to drain", || async {
+        match js.get_stream("LEDGER_CMD").await {
+            Ok(mut stream) => stream
+                .info()
+                .await
+                .is_ok_and(|info| info.state.messages == 0),
+            Err(_) => false,
+        }
+    })
+    .await;
+    match drained {
+        Ok(()) => Ok(()),
+        Err(e) => Err(format!("{e}\n{}", describe_consumers(js).await)),
+    }
+}
+
+/// Waits (bounded) until no partition consumer has a command pending or unacknowledged, then
+/// returns how many messages the command stream still holds (it should hold none; a clustered
+/// work-queue stream has been seen to keep a few acknowledged ones).
+pub async fn wait_consumers_drained(
+    js: &Context,
+    partitions: u32,
+    within: Duration,
+) -> Result<u64, String> {
+    let drained = wait_until(within, "every partition consumer to drain", || async {
+        let Ok(stream) = js.get_stream_no_info("LEDGER_CMD").await else {
+            return false;
+        };
+        for partition in 0..partitions {
+            match stream.consumer_info(format!("ledger-p{partition}")).await {
+                Ok(info) if info.num_pending == 0 && info.num_ack_pending == 0 => {}
+                _ => return false,
+            }
+        }
+        true
+    })
+    .await;
+    if let Err(e) = drained {
+        return Err(format!("{e}\n{}", describe_consumers(js).await));
+    }
+    let left = || async {
+        match js.get_stream("LEDGER_CMD").await {
+            Ok(mut stream) => stream.info().await.map_or(u64::MAX, |i| i.state.messages),
+            Err(_) => u64::MAX,
+        }
+    };
+    // The stream removes acknowledged commands a moment after the consumer records the ack.
+    let _ = wait_until(
+        Duration::from_secs(5),
+        "the command stream to empty",
+        || async { left().await == 0 },
+    )
+    .await;
+    let left = left().await;
+    Ok(left)
+}
+
+/// What the partition consumers hold, for a failure message.
+pub async fn describe_consumers(js: &Context) -> String {
+    let mut text = String::new();
+    let Ok(mut stream) = js.get_stream("LEDGER_CMD").await else {
+        return "(LEDGER_CMD unreadable)".to_owned();
+    };
+    if let Ok(info) = stream.info().await {
+        let _ = writeln!(text, "LEDGER_CMD state: {:?}", info.state);
+    }
+    for partition in 0..16 {
+        let Ok(info) = stream.consumer_info(format!("ledger-p{partition}")).await else {
+            break;
+        };
+        let _ = writeln!(
+            text,
+            "ledger-p{partition}: pending {} ack_pending {} redelivered {} waiting {} delivered {:?} ack_floor {:?} pinned {:?}",
+            info.num_pending,
+            info.num_ack_pending,
+            info.num_redelivered,
+            info.num_waiting,
+            info.delivered,
+            info.ack_floor,
+            info.priority_groups
+        );
+    }
+    text
+}
+
+// ---------------------------------------------------------------------------------------------
+// Nodes
+
+/// One place for a node process; a node killed or stopped there can be started again under a
+/// new id (`a1`, `a2`, ...).
+pub struct Slot {
+    /// `a`, `b`, `c`...
+    pub name: String,
+    /// How often a node was started here.
+    pub incarnation: u32,
+    /// The node, if one was started and not yet removed.
+    pub node: Option<Node>,
+    /// Whether it is frozen (SIGSTOP).
+    pub paused: bool,
+    /// The servers it connects to.
+    pub urls: String,
+}
+
+/// The node processes of one schedule.
+pub struct Nodes {
+    /// The slots.
+    pub slots: Vec<Slot>,
+    spec: NodeSpec,
+    args: Vec<String>,
+    logs: tempfile::TempDir,
+}
+
+impl Nodes {
+    /// Starts one node per entry of `urls` (its server list).
+    pub async fn start(urls: Vec<String>, spec: NodeSpec, args: Vec<String>) -> Nodes {
+        let logs = tempfile::Builder::new()
+            .prefix("jetshard-nodes-")
+            .tempdir()
+            .expect("log dir");
+        let mut nodes = Nodes {
+            slots: urls
+                .into_iter()
+                .enumerate()
+                .map(|(i, urls)| Slot {
+                    name: ((b'a' + i as u8) as char).to_string(),
+                    incarnation: 0,
+                    node: None,
+                    paused: false,
+                    urls,
+                })
+                .collect(),
+            spec,
+            args,
+            logs,
+        };
+        // The first node provisions the streams alone; the others then start side by side.
+        nodes.spawn(0);
+        nodes.wait_ready(0).await;
+        for slot in 1..nodes.slots.len() {
+            nodes.spawn(slot);
+        }
+        for slot in 1..nodes.slots.len() {
+            nodes.wait_ready(slot).await;
+        }
+        nodes
+    }
+
+    fn log_path(&self, id: &str) -> PathBuf {
+        self.logs.path().join(format!("{id}.log"))
+    }
+
+    fn spawn(&mut self, slot: usize) {
+        let s = &mut self.slots[slot];
+        s.incarnation += 1;
+        let id = format!("{}{}", s.name, s.incarnation);
+        let options = NodeOptions {
+            args: self.args.clone(),
+            log_file: Some(self.logs.path().join(format!("{id}.log"))),
+        };
+        s.node = Some(Node::spawn(&s.urls, &id, &self.spec, &options));
+        s.paused = false;
+    }
+
+    async fn wait_ready(&self, slot: usize) {
+        let node = self.slots[slot].node.as_ref().expect("node");
+        if let Err(e) = wait_until(Duration::from_secs(30), "node ready", || async {
+            node.printed("READY")
+        })
+        .await
+        {
+            panic!("{e}: {}", self.log_tail(&node.id, 40));
+        }
+    }
+
+    /// Starts a new node in `slot` (whose node is gone) and waits until it runs.
+    pub async fn restart(&mut self, slot: usize) {
+        self.spawn(slot);
+        self.wait_ready(slot).await;
+    }
+
+    /// The node in `slot`, if it runs and is not frozen.
+    pub fn live(&mut self, slot: usize) -> Option<&Node> {
+        let s = &mut self.slots[slot];
+        if s.paused {
+            return None;
+        }
+        let node = s.node.as_mut()?;
+        node.is_running().then_some(&*node)
+    }
+
+    /// The slot of the live node that owns `partition` by its own account.
+    pub fn owner_of(&mut self, partition: u32) -> Option<usize> {
+        (0..self.slots.len()).find(|&slot| {
+            self.live(slot)
+                .is_some_and(|n| n.owned().contains(&partition))
+        })
+    }
+
+    /// The slots of live nodes.
+    pub fn live_slots(&mut self) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&slot| self.live(slot).is_some())
+            .collect()
+    }
+
+    /// SIGKILL.
+    pub async fn kill(&mut self, slot: usize) {
+        let s = &mut self.slots[slot];
+        if let Some(node) = s.node.as_mut() {
+            if s.paused {
+                node.resume();
+            }
+            node.kill().await;
+        }
+        s.paused = false;
+    }
+
+    /// SIGTERM and wait (bounded) for the graceful exit.
+    pub async fn terminate(&mut self, slot: usize) {
+        if let Some(node) = self.slots[slot].node.as_mut() {
+            node.terminate().await;
+        }
+    }
+
+    /// SIGSTOP.
+    pub fn pause(&mut self, slot: usize) {
+        if let Some(node) = &self.slots[slot].node {
+            node.pause();
+            self.slots[slot].paused = true;
+        }
+    }
+
+    /// SIGCONT.
+    pub fn resume(&mut self, slot: usize) {
+        if let Some(node) = &self.slots[slot].node
+            && self.slots[slot].paused
+        {
+            node.resume();
+            self.slots[slot].paused = false;
+        }
+    }
+
+    /// Thaws frozen nodes and starts a node in every slot whose node is gone.
+    pub async fn recover(&mut self) {
+        for slot in 0..self.slots.len() {
+            self.resume(slot);
+            let running = self.slots[slot].node.as_mut().is_some_and(Node::is_running);
+            if !running {
+                self.restart(slot).await;
+            }
+        }
+    }
+
+    /// Waits (bounded) until every partition is owned by some live node.
+    pub async fn wait_all_owned(
+        &mut self,
+        partitions: u32,
+        within: Duration,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        loop {
+            if (0..partitions).all(|p| self.owner_of(p).is_some()) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("not every partition owned after {within:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The last `lines` lines of a node's log.
+    pub fn log_tail(&self, id: &str, lines: usize) -> String {
+        let text = std::fs::read_to_string(self.log_path(id)).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Every log line of every node that contains `needle`, prefixed with the node's id.
+    pub fn grep_logs(&self, needle: &str, limit: usize) -> String {
+        let mut found = Vec::new();
+        for slot in &self.slots {
+            for incarnation in 1..=slot.incarnation {
+                let id = format!("{}{incarnation}", slot.name);
+                let text = std::fs::read_to_string(self.log_path(&id)).unwrap_or_default();
+                found.extend(
+                    text.lines()
+                        .filter(|l| l.contains(needle))
+                        .map(|l| format!("{id}: {l}")),
+                );
+            }
+        }
+        found.sort_by(|a, b| {
+            a.split_once(": ")
+                .map(|x| x.1)
+                .cmp(&b.split_once(": ").map(|x| x.1))
+        });
+        found.truncate(limit);
+        found.join("\n")
+    }
+
+    /// Every node's ownership lines and the tail of its log, for a failure message.
+    pub fn describe(&self) -> String {
+        let mut text = String::new();
+        for slot in &self.slots {
+            for incarnation in 1..=slot.incarnation {
+                let id = format!("{}{incarnation}", slot.name);
+                let _ = writeln!(text, "---- node {id} log tail:\n{}", self.log_tail(&id, 25));
+            }
+            if let Some(node) = &slot.node {
+                let lines: Vec<String> = node.lines().into_iter().map(|l| l.text).collect();
+                let _ = writeln!(text, "---- node {} stdout: {}", node.id, lines.join(" | "));
+            }
+        }
+        text
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reporting
+
+/// Figures of one schedule.
+#[derive(Debug, Default, Clone)]
+pub struct Figures {
+    /// Commands in the history.
+    pub commands: usize,
+    /// Of those unknown.
+    pub unknown: usize,
+    /// Publishes sent again.
+    pub retries: u64,
+    /// Faults injected.
+    pub faults: usize,
+    /// Violations found.
+    pub violations: usize,
+    /// Dead letters.
+    pub dead_letters: usize,
+    /// Fence records (acquisitions).
+    pub fences: usize,
+}
+
+/// Totals over a test's schedules, printed when the test ends (seen with `--nocapture`).
+#[derive(Debug, Default)]
+pub struct Totals {
+    schedules: usize,
+    figures: Figures,
+    faults: BTreeMap<String, usize>,
+}
+
+impl Totals {
+    /// Adds one schedule.
+    pub fn add(&mut self, figures: &Figures, faults: &[String]) {
+        self.schedules += 1;
+        let t = &mut self.figures;
+        t.commands += figures.commands;
+        t.unknown += figures.unknown;
+        t.retries += figures.retries;
+        t.faults += figures.faults;
+        t.violations += figures.violations;
+        t.dead_letters += figures.dead_letters;
+        t.fences += figures.fences;
+        for fault in faults {
+            let kind = fault
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            *self.faults.entry(kind).or_default() += 1;
+        }
+    }
+
+    /// One line of totals.
+    pub fn line(&self, test: &str) -> String {
+        let f = &self.figures;
+        format!(
+            "TOTALS {test}: {} schedules, {} commands ({} unknown, {} publishes re-sent), {} faults injected {:?}, {} fence records, {} dead letters, {} violations",
+            self.schedules,
+            f.commands,
+            f.unknown,
+            f.retries,
+            f.faults,
+            self.faults,
+            f.fences,
+            f.dead_letters,
+            f.violations
+        )
+    }
+}
+
+/// The line that tells how to run one seed again.
+pub fn replay_hint(test_file: &str, test: &str, seed: u64) -> String {
+    format!(
+        "replay: JETSHARD_SEED={seed} cargo test -p jetshard-tests --test {test_file} {test} -- --nocapture"
+    )
+}
+
+/// The journal records of the entities a report names (at most `limit` entities), one line
+/// each, for a failure message.
+pub async fn journal_excerpt(js: &Context, report: &history::Report, limit: usize) -> String {
+    use jetshard_testkit::history::Violation;
+    let mut entities: Vec<String> = Vec::new();
+    for violation in report.violations() {
+        let entity = match violation {
+            Violation::Lost { entity, .. }
+            | Violation::Duplicated { entity, .. }
+            | Violation::Unexpected { entity, .. }
+            | Violation::Reordered { entity, .. }
+            | Violation::Model { entity, .. }
+            | Violation::StaleGeneration { entity, .. } => entity.clone(),
+            _ => continue,
+        };
+        if !entities.contains(&entity) && entities.len() < limit {
+            entities.push(entity);
+        }
+    }
+    let Ok(records) = history::read_journal(js, "ledger").await else {
+        return "(journal unreadable)".to_owned();
+    };
+    let mut text = String::new();
+    for entity in entities {
+        let _ = writeln!(text, "journal of {entity:?}:");
+        for record in &records {
+            let line = match record {
+                Record::Event {
+                    seq,
+                    partition,
+                    entity: e,
+                    generation,
+                    command_seq,
+                    event,
+                } if *e == entity => format!(
+                    "  seq {seq} p{partition} gen {generation} event of command {command_seq}: {}",
+                    String::from_utf8_lossy(event)
+                ),
+                Record::DeadLetter {
+                    seq,
+                    partition,
+                    entity: e,
+                    generation,
+                    command_seq,
+                    reason,
+                } if *e == entity => format!(
+                    "  seq {seq} p{partition} gen {generation} dead letter of command {command_seq}: {reason}"
+                ),
+                _ => continue,
+            };
+            let _ = writeln!(text, "{line}");
+        }
+    }
+    text
+}

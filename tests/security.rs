@@ -1,0 +1,586 @@
+//! Security basics: a node connects with user and password, a token, an nkey, a creds file
+//! (operator mode, JWTs made here) and TLS with a client certificate (certificates made here),
+//! all passed straight through `async_nats::ConnectOptions`; and a node holding only the
+//! permissions `docs/SECURITY.md` lists runs its entity type, while a node of another entity
+//! type cannot touch its streams.
+
+use std::path::Path;
+use std::time::Duration;
+
+use async_nats::ConnectOptions;
+use async_nats::jetstream::{self, consumer::pull};
+use jetshard::{CommandSender, ShardConfig, ShardSystem};
+use jetshard_testkit::{NatsServer, wait_until};
+use jetshard_tests::ledger::{Ledger, LedgerCmd};
+use jetshard_tests::node::{Node, NodeOptions, NodeSpec};
+use jetshard_tests::{applied, init_tracing};
+
+/// The ledger's config for these tests; `entity_type` lets one test run two types.
+fn config(entity_type: &str) -> ShardConfig {
+    ShardConfig::builder(entity_type)
+        .partitions(2)
+        .node_id(format!("{entity_type}-node"))
+        .codec(jetshard::Codec::Json)
+        .pin_ttl(Duration::from_secs(1))
+        .ack_wait(Duration::from_secs(3))
+        // A request the server refuses for want of permission is never answered: fail fast.
+        .write_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+/// Runs the entity type `entity_type` on `node`, sends it 30 commands through `client`, and
+/// waits until all are applied, in order.
+async fn runs(entity_type: &str, node: async_nats::Client, client: async_nats::Client) {
+    let config = config(entity_type);
+    let system = ShardSystem::start::<Ledger>(node, config.clone())
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "start {entity_type}: {e}: {:?}",
+                std::error::Error::source(&e)
+            )
+        });
+    let sender = CommandSender::<Ledger>::new(client, &config);
+    for n in 0..10 {
+        for entity in ["a", "b", "c"] {
+            sender.send(entity, &LedgerCmd::Append { n }).await.unwrap();
+        }
+    }
+    wait_until(Duration::from_secs(20), "30 commands applied", || async {
+        applied(&system).await == 30
+    })
+    .await
+    .unwrap();
+    let status = system.status().await.unwrap();
+    assert_eq!(
+        status.iter().map(|p| p.rejected).sum::<u64>(),
+        0,
+        "{status:?}"
+    );
+    system.shutdown().await.unwrap();
+}
+
+/// A server that requires authentication, with `options` for its readiness probe.
+async fn server(config: String, options: ConnectOptions) -> NatsServer {
+    NatsServer::builder()
+        .config(config)
+        .connect_options(options)
+        .start()
+        .await
+        .unwrap()
+}
+
+/// Anonymous clients are refused.
+async fn refuses_anonymous(server: &NatsServer) {
+    let anonymous = ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(2))
+        .connect(server.url())
+        .await;
+    assert!(anonymous.is_err(), "an anonymous client got in");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_connects_with_user_and_password() {
+    init_tracing();
+    let options = || ConnectOptions::with_user_and_password("node".into(), "s3cret".into());
+    let server = server(
+        "authorization { user: node, password: s3cret }\n".into(),
+        options(),
+    )
+    .await;
+    refuses_anonymous(&server).await;
+    let client = options().connect(server.url()).await.unwrap();
+    runs("ledger", client.clone(), client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_connects_with_a_token() {
+    init_tracing();
+    let options = || ConnectOptions::with_token("t0k3n-for-nodes".into());
+    let server = server(
+        "authorization { token: \"t0k3n-for-nodes\" }\n".into(),
+        options(),
+    )
+    .await;
+    refuses_anonymous(&server).await;
+    let client = options().connect(server.url()).await.unwrap();
+    runs("ledger", client.clone(), client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_connects_with_an_nkey() {
+    init_tracing();
+    let user = nkeys::KeyPair::new_user();
+    let seed = user.seed().unwrap();
+    let options = || ConnectOptions::with_nkey(seed.clone());
+    let server = server(
+        format!(
+            "authorization {{ users: [ {{ nkey: {} }} ] }}\n",
+            user.public_key()
+        ),
+        options(),
+    )
+    .await;
+    refuses_anonymous(&server).await;
+    let client = options().connect(server.url()).await.unwrap();
+    runs("ledger", client.clone(), client).await;
+}
+
+/// base64url without padding, as JWTs are written.
+fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
+        }
+    }
+    out
+}
+
+/// A NATS JWT (`ed25519-nkey`) for `subject`, signed by `issuer`.
+fn jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, nats: serde_json::Value) -> String {
+    let header = base64url(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let issued_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = serde_json::json!({
+        "jti": format!("{name}{issued_at}"),
+        "iat": issued_at,
+        "iss": issuer.public_key(),
+        "name": name,
+        "sub": subject,
+        "nats": nats,
+    });
+    let payload = base64url(&serde_json::to_vec(&claims).unwrap());
+    let signing_input = format!("{header}.{payload}");
+    let signature = issuer.sign(signing_input.as_bytes()).unwrap();
+    format!("{signing_input}.{}", base64url(&signature))
+}
+
+/// Operator mode: an operator, an account with JetStream (and the system account), a user;
+/// returns the server
+/// configuration and the user's creds file contents.
+fn operator_setup() -> (String, String) {
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    let user = nkeys::KeyPair::new_user();
+    let operator_jwt = jwt(
+        &operator,
+        &operator.public_key(),
+        "jetshard-test-operator",
+        serde_json::json!({"type": "operator", "version": 2}),
+    );
+    let account_jwt = jwt(
+        &operator,
+        &account.public_key(),
+        "APP",
+        serde_json::json!({
+            "type": "account", "version": 2,
+            "limits": {
+                "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+                "wildcards": true, "conn": -1, "leaf": -1,
+                "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1
+            },
+            "default_permissions": {"pub": {}, "sub": {}}
+        }),
+    );
+    let user_jwt = jwt(
+        &account,
+        &user.public_key(),
+        "node",
+        serde_json::json!({
+            "type": "user", "version": 2,
+            "pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1
+        }),
+    );
+    // JetStream needs a system account.
+    let system = nkeys::KeyPair::new_account();
+    let system_jwt = jwt(
+        &operator,
+        &system.public_key(),
+        "SYS",
+        serde_json::json!({"type": "account", "version": 2}),
+    );
+    let config = format!(
+        "operator: \"{operator_jwt}\"\nsystem_account: {}\nresolver: MEMORY\n\
+         resolver_preload: {{\n  {}: \"{account_jwt}\"\n  {}: \"{system_jwt}\"\n}}\n",
+        system.public_key(),
+        account.public_key(),
+        system.public_key()
+    );
+    let creds = format!(
+        "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
+         ************************* IMPORTANT *************************\n\
+         NKEY Seed printed below can be used to sign and prove identity.\n\n\
+         -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n\n\
+         *************************************************************\n",
+        user.seed().unwrap()
+    );
+    (config, creds)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_connects_with_a_creds_file() {
+    init_tracing();
+    let (config, creds) = operator_setup();
+    let dir = tempfile::tempdir().unwrap();
+    let creds_path = dir.path().join("node.creds");
+    std::fs::write(&creds_path, &creds).unwrap();
+    let server = server(config, ConnectOptions::with_credentials(&creds).unwrap()).await;
+    refuses_anonymous(&server).await;
+    let client = ConnectOptions::with_credentials_file(&creds_path)
+        .await
+        .unwrap()
+        .connect(server.url())
+        .await
+        .unwrap();
+    runs("ledger", client.clone(), client).await;
+}
+
+/// A CA, and a server and a client certificate it signed, as PEM files in `dir`.
+fn certificates(dir: &Path) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair, KeyUsagePurpose,
+    };
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    ca.distinguished_name
+        .push(DnType::CommonName, "jetshard test CA");
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    for (name, usage, names) in [
+        (
+            "server",
+            ExtendedKeyUsagePurpose::ServerAuth,
+            vec!["127.0.0.1".to_owned(), "localhost".to_owned()],
+        ),
+        (
+            "client",
+            ExtendedKeyUsagePurpose::ClientAuth,
+            vec!["node".to_owned()],
+        ),
+    ] {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(names).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![usage];
+        let cert = params.signed_by(&key, &ca).unwrap();
+        std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
+        std::fs::write(dir.join(format!("{name}-key.pem")), key.serialize_pem()).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_connects_over_tls_with_a_client_certificate() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let path = |name: &str| dir.path().join(name);
+    let tls = |options: ConnectOptions| {
+        options
+            .require_tls(true)
+            .add_root_certificates(path("ca.pem"))
+            .add_client_certificate(path("client.pem"), path("client-key.pem"))
+    };
+    let config = format!(
+        "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n}}\n",
+        path("server.pem").display(),
+        path("server-key.pem").display(),
+        path("ca.pem").display()
+    );
+    let server = server(config, tls(ConnectOptions::new())).await;
+    // Without a client certificate the server refuses, even over TLS.
+    let no_certificate = ConnectOptions::new()
+        .require_tls(true)
+        .add_root_certificates(path("ca.pem"))
+        .connection_timeout(Duration::from_secs(2))
+        .connect(server.url())
+        .await;
+    assert!(
+        no_certificate.is_err(),
+        "a client without a certificate got in"
+    );
+    refuses_anonymous(&server).await;
+    let client = tls(ConnectOptions::new())
+        .connect(server.url())
+        .await
+        .unwrap();
+    runs("ledger", client.clone(), client).await;
+}
+
+/// The permissions of a node of `entity_type`, as `docs/SECURITY.md` lists them, as a
+/// `nats-server` configuration `permissions` block. `provision` adds what creating the
+/// streams and consumers needs; `inbox` is the node's inbox prefix.
+fn node_permissions(entity_type: &str, provision: bool, inbox: &str) -> String {
+    let t = entity_type;
+    let upper = t.to_ascii_uppercase().replace('-', "_");
+    let (cmd, journal) = (format!("{upper}_CMD"), format!("{upper}_JOURNAL"));
+    let mut publish = vec![
+        // Opening and validating the streams and the partition consumers.
+        format!("$JS.API.STREAM.INFO.{cmd}"),
+        format!("$JS.API.STREAM.INFO.{journal}"),
+        format!("$JS.API.CONSUMER.INFO.{cmd}.*"),
+        // Pulling, acknowledging and moving the pin of commands.
+        format!("$JS.API.CONSUMER.MSG.NEXT.{cmd}.*"),
+        format!("$JS.ACK.{cmd}.>"),
+        format!("$JS.API.CONSUMER.UNPIN.{cmd}.*"),
+        // Reading commands in flight after a takeover, and the latest fence record.
+        format!("$JS.API.STREAM.MSG.GET.{cmd}"),
+        format!("$JS.API.STREAM.MSG.GET.{journal}"),
+        // Replaying the journal (ordered consumers).
+        format!("$JS.API.CONSUMER.CREATE.{journal}"),
+        format!("$JS.API.CONSUMER.CREATE.{journal}.>"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{journal}.*"),
+        format!("$JS.API.CONSUMER.DELETE.{journal}.*"),
+        // Writing the journal: events, fence records, dead letters.
+        format!("{t}.evt.>"),
+        format!("{t}.fence.*"),
+        format!("{t}.dlq.*"),
+        // Heartbeats between the entity type's processes (partition balance).
+        format!("{t}.nodes"),
+    ];
+    if provision {
+        publish.extend([
+            format!("$JS.API.STREAM.CREATE.{cmd}"),
+            format!("$JS.API.STREAM.CREATE.{journal}"),
+            format!("$JS.API.CONSUMER.CREATE.{cmd}.>"),
+        ]);
+    }
+    let quoted = |subjects: &[String]| {
+        subjects
+            .iter()
+            .map(|s| format!("\"{s}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "{{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [\"{inbox}.>\", \"{t}.nodes\"] }} }}",
+        quoted(&publish)
+    )
+}
+
+/// A client of `entity_type`: sends commands and hears the stream's acknowledgements.
+fn client_permissions(entity_type: &str, inbox: &str) -> String {
+    format!(
+        "{{ publish: {{ allow: [\"{entity_type}.cmd.*\"] }}, subscribe: {{ allow: [\"{inbox}.>\"] }} }}"
+    )
+}
+
+/// One account with JetStream and the users of the permission tests.
+fn permissions_config() -> String {
+    format!(
+        "accounts {{\n  APP {{\n    jetstream: enabled\n    users: [\n\
+         {{ user: admin, password: admin }}\n\
+         {{ user: ledger, password: ledger, permissions: {} }}\n\
+         {{ user: ledger_runtime, password: ledger_runtime, permissions: {} }}\n\
+         {{ user: ledger_client, password: ledger_client, permissions: {} }}\n\
+         {{ user: parcel, password: parcel, permissions: {} }}\n\
+         {{ user: parcel_client, password: parcel_client, permissions: {} }}\n\
+         ]\n  }}\n}}\n",
+        node_permissions("ledger", true, "_INBOX_ledger"),
+        node_permissions("ledger", false, "_INBOX_ledger_runtime"),
+        client_permissions("ledger", "_INBOX_ledger_client"),
+        node_permissions("parcel", true, "_INBOX_parcel"),
+        client_permissions("parcel", "_INBOX_parcel_client"),
+    )
+}
+
+/// A user of the permissions configuration, with its own inbox prefix.
+fn user(name: &str) -> ConnectOptions {
+    ConnectOptions::with_user_and_password(name.into(), name.into())
+        .custom_inbox_prefix(format!("_INBOX_{name}"))
+}
+
+async fn permissions_server() -> NatsServer {
+    server(permissions_config(), user("admin")).await
+}
+
+/// Every permission violation the server logged.
+fn violations(server: &NatsServer) -> Vec<String> {
+    std::fs::read_to_string(server.log_path())
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("Violation"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_with_only_the_documented_permissions_run_their_entity_types() {
+    init_tracing();
+    let server = permissions_server().await;
+    let connect = |name: &'static str| {
+        let url = server.url();
+        async move { user(name).connect(url).await.unwrap() }
+    };
+    // Two entity types side by side, each node with only its own permissions; both provision
+    // their streams on first start.
+    let ledger = runs(
+        "ledger",
+        connect("ledger").await,
+        connect("ledger_client").await,
+    );
+    let parcel = runs(
+        "parcel",
+        connect("parcel").await,
+        connect("parcel_client").await,
+    );
+    futures::future::join(ledger, parcel).await;
+    assert_eq!(violations(&server), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_process_with_runtime_permissions_only_runs_streams_an_operator_provisioned() {
+    init_tracing();
+    let server = permissions_server().await;
+    // The operator provisions (here: a first start and stop as admin).
+    let admin = user("admin").connect(server.url()).await.unwrap();
+    let provisioning = ShardSystem::start::<Ledger>(admin.clone(), config("ledger"))
+        .await
+        .unwrap();
+    provisioning.shutdown().await.unwrap();
+
+    // The node process holds only the runtime permissions.
+    let spec = NodeSpec {
+        partitions: 2,
+        pin_ttl: Duration::from_secs(1),
+        ack_wait: Duration::from_secs(3),
+        env: vec![],
+    };
+    let options = NodeOptions {
+        args: [
+            "--user",
+            "ledger_runtime",
+            "--password",
+            "ledger_runtime",
+            "--inbox-prefix",
+            "_INBOX_ledger_runtime",
+        ]
+        .map(String::from)
+        .to_vec(),
+        log_file: None,
+    };
+    let node = Node::start_with(&server.url(), "secure-node", &spec, &options).await;
+    let client = user("ledger_client").connect(server.url()).await.unwrap();
+    let sender = CommandSender::<Ledger>::new(client, &config("ledger"));
+    for n in 0..10 {
+        sender.send("x", &LedgerCmd::Append { n }).await.unwrap();
+    }
+    let js = jetstream::new(admin);
+    wait_until(Duration::from_secs(20), "10 events written", || async {
+        js.get_stream("LEDGER_JOURNAL")
+            .await
+            .unwrap()
+            .info()
+            .await
+            .is_ok_and(|i| i.state.messages >= 11)
+    })
+    .await
+    .unwrap();
+    let partition = jetshard::partition_of(&jetshard::EntityId::new("x").unwrap(), 2);
+    assert_eq!(node.owned(), vec![partition]);
+    assert_eq!(violations(&server), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_of_another_entity_type_cannot_touch_the_ledger_streams() {
+    init_tracing();
+    let server = permissions_server().await;
+    let ledger_node = user("ledger").connect(server.url()).await.unwrap();
+    let ledger_client = user("ledger_client").connect(server.url()).await.unwrap();
+    runs("ledger", ledger_node, ledger_client).await;
+    let admin = jetstream::new(user("admin").connect(server.url()).await.unwrap());
+    let journal_before = admin
+        .get_stream("LEDGER_JOURNAL")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .clone();
+
+    let parcel = user("parcel").connect(server.url()).await.unwrap();
+    // It cannot run the ledger...
+    let started = ShardSystem::start::<Ledger>(parcel.clone(), config("ledger")).await;
+    assert!(
+        matches!(started, Err(jetshard::Error::JetStream { .. })),
+        "{:?}",
+        started.as_ref().err()
+    );
+    // Each refused request goes unanswered until this timeout.
+    let js = jetstream::ContextBuilder::new()
+        .timeout(Duration::from_secs(1))
+        .build(parcel.clone());
+    // ...read its streams...
+    assert!(js.get_stream("LEDGER_JOURNAL").await.is_err());
+    let journal = js.get_stream_no_info("LEDGER_JOURNAL").await.unwrap();
+    assert!(
+        journal
+            .direct_get_last_for_subject("ledger.fence.0")
+            .await
+            .is_err()
+    );
+    assert!(
+        journal
+            .create_consumer(pull::OrderedConfig {
+                filter_subject: "ledger.>".into(),
+                ..Default::default()
+            })
+            .await
+            .is_err()
+    );
+    // ...pull its commands...
+    let commands = js.get_stream_no_info("LEDGER_CMD").await.unwrap();
+    assert!(commands.consumer_info("ledger-p0").await.is_err());
+    // ...write its journal (a forged fence record and event)...
+    for subject in ["ledger.fence.0", "ledger.evt.0.a", "ledger.dlq.0"] {
+        let ack = async { js.publish(subject, "forged".into()).await?.await }.await;
+        assert!(ack.is_err(), "{subject} was written");
+    }
+    // ...or delete or purge anything.
+    assert!(js.delete_stream("LEDGER_CMD").await.is_err());
+    assert!(js.delete_stream("LEDGER_JOURNAL").await.is_err());
+    assert!(commands.delete_consumer("ledger-p0").await.is_err());
+
+    // The ledger's streams are as they were, and the server logged each refusal.
+    let journal_after = admin
+        .get_stream("LEDGER_JOURNAL")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .clone();
+    assert_eq!(journal_after.messages, journal_before.messages);
+    assert_eq!(journal_after.last_sequence, journal_before.last_sequence);
+    let consumers = admin
+        .get_stream("LEDGER_CMD")
+        .await
+        .unwrap()
+        .consumer_info("ledger-p0")
+        .await;
+    assert!(consumers.is_ok(), "the partition consumer was deleted");
+    let refused = violations(&server);
+    assert!(
+        refused.iter().all(|l| l.contains("user:parcel\"")),
+        "{refused:#?}"
+    );
+    assert!(refused.len() >= 8, "{refused:#?}");
+}
