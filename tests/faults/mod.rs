@@ -443,6 +443,11 @@ pub struct Nodes {
 }
 
 impl Nodes {
+    /// The settings every node runs with.
+    pub fn spec(&self) -> &NodeSpec {
+        &self.spec
+    }
+
     /// Starts one node per entry of `urls` (its server list).
     pub async fn start(urls: Vec<String>, spec: NodeSpec, args: Vec<String>) -> Nodes {
         let logs = tempfile::Builder::new()
