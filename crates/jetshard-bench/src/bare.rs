@@ -1,0 +1,210 @@
+//! The bare baseline: the JetStream work of jetshard's command path, written by hand with
+//! async-nats and nothing else. No actors, no state, no framework.
+//!
+//! Per partition: a pull stream on the partition's consumer in the `owners` priority group
+//! (`pinned_client`, as jetshard provisions it), and for every command one event published to
+//! `<t>.evt.<p>.<id>` with jetshard's headers (`Nats-Expected-Last-Subject-Sequence` and
+//! `-Subject` against the partition's fence record, `Nats-Msg-Id`, `Jetshard-Generation`,
+//! `Jetshard-Command-Seq`); the command is acknowledged once the event's publish is
+//! acknowledged. Writes are pipelined: up to [`IN_FLIGHT`] per partition, whose
+//! acknowledgements come back in publish order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow};
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::context::PublishAckFuture;
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::{self, Context};
+use futures::StreamExt;
+use jetshard::wire::{
+    HDR_COMMAND_SEQ, HDR_EXPECTED_SUBJECT, HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_MSG_ID,
+    Names, PRIORITY_GROUP,
+};
+use jetshard::{Codec, Entity, EntityId, FenceRecord};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::entity::{BenchCmd, BenchEntity, BenchState};
+
+/// Event writes in flight per partition (jetshard's default `max_ack_pending` is 1024 too).
+pub const IN_FLIGHT: usize = 1024;
+
+/// Commands asked for per pull request (jetshard's default `pull_batch`).
+const PULL_BATCH: usize = 256;
+
+/// jetshard's default pin TTL; pulls expire after a third of it, as jetshard's do.
+const PIN_TTL: Duration = Duration::from_secs(2);
+
+/// A running bare loop over every partition of one entity type.
+pub struct BareLoop {
+    tasks: Vec<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl BareLoop {
+    /// Claims generation 1 of every partition (a fence record, as jetshard writes one), then
+    /// starts one pull-and-write loop per partition. The streams and consumers must exist
+    /// (see [`crate::load::provision`]).
+    pub async fn start(
+        client: async_nats::Client,
+        entity_type: &str,
+        partitions: u32,
+    ) -> anyhow::Result<Self> {
+        let js = jetstream::ContextBuilder::new()
+            .timeout(Duration::from_secs(10))
+            .build(client);
+        let names = Arc::new(Names::new(entity_type));
+        let commands = js
+            .get_stream_no_info(names.command_stream())
+            .await
+            .with_context(|| format!("open stream {}", names.command_stream()))?;
+        let mut tasks = Vec::new();
+        for partition in 0..partitions {
+            let fence_seq = claim(&js, &names, partition).await?;
+            let consumer: PullConsumer = commands
+                .get_consumer(&names.consumer(partition))
+                .await
+                .map_err(|e| anyhow!("open the consumer of partition {partition}: {e}"))?;
+            let writer = PartitionWriter {
+                js: js.clone(),
+                names: names.clone(),
+                partition,
+                fence_seq: fence_seq.to_string(),
+                fence_subject: names.fence_subject(partition),
+                codec: Codec::default(),
+            };
+            tasks.push(tokio::spawn(writer.run(consumer)));
+        }
+        Ok(Self { tasks })
+    }
+
+    /// An error if a partition loop has ended (they run until stopped).
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.tasks.iter().any(JoinHandle::is_finished) {
+            return Err(anyhow!("a bare partition loop ended early"));
+        }
+        Ok(())
+    }
+
+    /// Stops every loop and reports the first error a loop ended with.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        let mut first_error = None;
+        for task in self.tasks {
+            if task.is_finished() {
+                if let Ok(Err(e)) = task.await {
+                    first_error.get_or_insert(e);
+                }
+            } else {
+                task.abort();
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// Writes generation 1's fence record of `partition`; returns its journal sequence.
+async fn claim(js: &Context, names: &Names, partition: u32) -> anyhow::Result<u64> {
+    let record = FenceRecord {
+        partition,
+        generation: 1,
+        node: "bare".to_owned(),
+    };
+    let body = serde_json::to_vec(&record).context("encode a fence record")?;
+    let publish = PublishMessage::build()
+        .payload(body.into())
+        .header(HDR_GENERATION, "1")
+        .expected_last_subject_sequence(0);
+    let ack = js
+        .send_publish(names.fence_subject(partition), publish)
+        .await
+        .context("publish a fence record")?
+        .await
+        .context("claim generation 1")?;
+    Ok(ack.sequence)
+}
+
+struct PartitionWriter {
+    js: Context,
+    names: Arc<Names>,
+    partition: u32,
+    fence_seq: String,
+    fence_subject: String,
+    codec: Codec,
+}
+
+impl PartitionWriter {
+    async fn run(self, consumer: PullConsumer) -> anyhow::Result<()> {
+        let mut messages = consumer
+            .stream()
+            .max_messages_per_batch(PULL_BATCH)
+            .expires(PIN_TTL / 3)
+            .group(PRIORITY_GROUP)
+            .messages()
+            .await
+            .context("start pulling")?;
+        let (written, mut to_ack) =
+            mpsc::channel::<(PublishAckFuture, jetstream::Message)>(IN_FLIGHT);
+        let acker: JoinHandle<anyhow::Result<()>> = tokio::spawn(async move {
+            while let Some((event_ack, command)) = to_ack.recv().await {
+                event_ack.await.context("event write not acknowledged")?;
+                command
+                    .ack()
+                    .await
+                    .map_err(|e| anyhow!("acknowledge a command: {e}"))?;
+            }
+            Ok(())
+        });
+        while let Some(message) = messages.next().await {
+            let message = match message {
+                Ok(message) => message,
+                Err(e) => {
+                    tracing::warn!(partition = self.partition, error = %e, "bare pull stream");
+                    continue;
+                }
+            };
+            let event_ack = self.write_event(&message).await?;
+            if written.send((event_ack, message)).await.is_err() {
+                break;
+            }
+        }
+        drop(written);
+        acker.await.context("the acknowledging task")?
+    }
+
+    /// Decides the command's event and publishes it, fenced; returns the pending publish ack.
+    async fn write_event(&self, message: &jetstream::Message) -> anyhow::Result<PublishAckFuture> {
+        let command_seq = message
+            .info()
+            .map_err(|e| anyhow!("read a delivery's sequence: {e}"))?
+            .stream_sequence;
+        let id = Names::entity_of_subject(&message.subject)
+            .and_then(|id| EntityId::new(id).ok())
+            .context("a command subject without a valid entity id")?;
+        let command: BenchCmd = self
+            .codec
+            .decode(&message.payload)
+            .context("decode a command")?;
+        let events = BenchEntity::decide(&BenchState::default(), command)
+            .map_err(|rejection| anyhow!("rejected: {rejection}"))?;
+        let event = events.first().context("the bench command decided no event")?;
+        let payload = self.codec.encode(event).context("encode an event")?;
+        let mut headers = HeaderMap::new();
+        headers.insert(HDR_GENERATION, "1");
+        headers.insert(HDR_EXPECTED_SUBJECT_SEQ, self.fence_seq.as_str());
+        headers.insert(HDR_EXPECTED_SUBJECT, self.fence_subject.as_str());
+        headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+        headers.insert(HDR_MSG_ID, self.names.event_msg_id(command_seq, 0));
+        let subject = self.names.event_subject(self.partition, &id);
+        self.js
+            .send_publish(
+                subject,
+                PublishMessage::build()
+                    .payload(payload.into())
+                    .headers(headers),
+            )
+            .await
+            .context("publish an event")
+    }
+}

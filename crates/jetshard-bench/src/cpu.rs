@@ -1,0 +1,66 @@
+//! CPU time and resident memory of processes, from `/proc` (Linux).
+
+use std::time::Duration;
+
+/// User + system CPU time a process has used so far; `None` if it cannot be read.
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; the fields after its `)` are plain.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ticks = u64::try_from(ticks).ok().filter(|t| *t > 0)?;
+    Some(Duration::from_nanos((utime + stime) * 1_000_000_000 / ticks))
+}
+
+/// The resident set size of this process in bytes (`VmRSS` of `/proc/self/status`).
+pub fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// CPU used by this process and by the server between two readings.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuMeter {
+    server_pid: Option<u32>,
+    client_start: Option<Duration>,
+    server_start: Option<Duration>,
+}
+
+/// CPU time spent over a measured interval.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct CpuSpent {
+    /// This process (the client side), seconds.
+    pub client_secs: f64,
+    /// The server process, seconds.
+    pub server_secs: f64,
+}
+
+impl CpuMeter {
+    /// Starts measuring this process and the server with pid `server_pid`.
+    pub fn start(server_pid: Option<u32>) -> Self {
+        Self {
+            server_pid,
+            client_start: cpu_time(std::process::id()),
+            server_start: server_pid.and_then(cpu_time),
+        }
+    }
+
+    /// CPU used since [`start`](Self::start); zero where a reading failed.
+    pub fn spent(&self) -> CpuSpent {
+        let since = |start: Option<Duration>, now: Option<Duration>| match (start, now) {
+            (Some(start), Some(now)) => now.saturating_sub(start).as_secs_f64(),
+            _ => 0.0,
+        };
+        CpuSpent {
+            client_secs: since(self.client_start, cpu_time(std::process::id())),
+            server_secs: since(self.server_start, self.server_pid.and_then(cpu_time)),
+        }
+    }
+}

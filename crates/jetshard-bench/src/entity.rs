@@ -1,0 +1,64 @@
+//! The bench entity: as small as an entity can be, so that what is measured is the framework.
+
+use jetshard::Entity;
+use serde::{Deserialize, Serialize};
+
+/// The entity every scenario runs.
+pub struct BenchEntity;
+
+/// Its commands.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum BenchCmd {
+    /// Emit one `Stamped` event carrying `at_ns` (the latency scenario's send time).
+    Stamp { at_ns: u64 },
+    /// Emit no event: the command is applied and acknowledged without a journal write
+    /// (the memory scenario activates entities with it).
+    Touch,
+}
+
+/// Its events.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum BenchEvt {
+    /// A `Stamp` command was applied.
+    Stamped { at_ns: u64 },
+    /// Sets the entity's blob: the memory scenario's "small state".
+    Filled { blob: Vec<u8> },
+}
+
+/// Its state: a counter, the last stamp, and an optional blob.
+#[derive(Debug, Default)]
+pub struct BenchState {
+    /// Events applied.
+    pub count: u64,
+    /// The last `Stamped` value.
+    pub last_at_ns: u64,
+    /// The last `Filled` blob.
+    pub blob: Vec<u8>,
+}
+
+impl Entity for BenchEntity {
+    type Command = BenchCmd;
+    type Event = BenchEvt;
+    type State = BenchState;
+    type Rejection = String;
+
+    fn decide(_: &BenchState, command: BenchCmd) -> Result<Vec<BenchEvt>, String> {
+        Ok(match command {
+            BenchCmd::Stamp { at_ns } => vec![BenchEvt::Stamped { at_ns }],
+            BenchCmd::Touch => Vec::new(),
+        })
+    }
+
+    fn apply(state: &mut BenchState, event: &BenchEvt) {
+        state.count += 1;
+        match event {
+            BenchEvt::Stamped { at_ns } => state.last_at_ns = *at_ns,
+            BenchEvt::Filled { blob } => state.blob.clone_from(blob),
+        }
+    }
+}
+
+/// The id of the `index`th bench entity.
+pub fn entity_id(index: usize) -> String {
+    format!("e{index}")
+}

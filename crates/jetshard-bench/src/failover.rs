@@ -1,0 +1,284 @@
+//! Scenario 4, failover: from SIGKILL (or SIGSTOP) of the owning process to the first command
+//! processed by the new owner, at each pin TTL.
+//!
+//! Per pin TTL and signal, on a fresh server (nodes run with balancing off, so the owner keeps
+//! every partition when a standby joins): a load of [`OFFERED_RATE`] commands/s over
+//! [`PARTITIONS`] partitions runs throughout. Node `n0` (a child process) owns every
+//! partition, node `n1` stands by. Each trial signals the owner and waits, per partition, for
+//! the first journal event of a newer generation (a core subscription on `<t>.evt.>` reads
+//! each event's `Jetshard-Generation`): that command was processed by the new owner. The
+//! victim is then killed and reaped, a fresh standby started, and the new owner is the next
+//! trial's victim. Each trial gives one sample per partition.
+//!
+//! Target (issue 6): p99 <= pin TTL + 300 ms + rebuild time, with the rebuild time taken from
+//! the new owner's own `acquired partition` line (the largest in the series).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use futures::StreamExt;
+use jetshard_testkit::NatsServer;
+use serde::Serialize;
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::Options;
+use crate::entity::BenchCmd;
+use crate::load::{AckWindow, CommandPublisher};
+use crate::node::{NodeArgs, NodeProcess};
+use crate::probe::unix_ms;
+use crate::report::{Report, Row};
+use crate::stats::{Summary, now_ns};
+
+const ENTITY_TYPE: &str = "fail";
+/// Partitions of the failover system.
+pub const PARTITIONS: u32 = 4;
+/// Commands/s offered throughout.
+pub const OFFERED_RATE: u64 = 200;
+/// Entities the load goes to.
+const ENTITIES: usize = 64;
+/// How long a trial may take beyond the pin TTL before it is declared failed.
+const TRIAL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The fault a trial injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Fault {
+    /// The process dies; its connection closes.
+    Kill,
+    /// The process freezes with its connection open.
+    Stop,
+}
+
+impl Fault {
+    fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "SIGKILL",
+            Fault::Stop => "SIGSTOP",
+        }
+    }
+}
+
+/// One partition's takeover in one trial.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Sample {
+    /// The trial.
+    pub trial: usize,
+    /// The partition.
+    pub partition: u32,
+    /// Signal -> first event of the new generation, ms.
+    pub first_event_ms: f64,
+    /// Signal -> the new owner's `acquired partition` line, ms (its clock, unix ms).
+    pub acquired_ms: Option<f64>,
+    /// The new owner's claim + replay + recovery, ms.
+    pub rebuild_ms: Option<u64>,
+    /// Events it replayed.
+    pub rebuilt_events: Option<u64>,
+}
+
+/// Scenario 4.
+pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
+    let mut details = serde_json::Map::new();
+    for &ttl_ms in &options.pin_ttls_ms {
+        for fault in [Fault::Kill, Fault::Stop] {
+            eprintln!(
+                "failover: {} trials, {}, pin TTL {ttl_ms} ms",
+                options.failover_trials,
+                fault.name()
+            );
+            let samples = trials(ttl_ms, fault, options.failover_trials).await?;
+            let first_event: Vec<f64> = samples.iter().map(|s| s.first_event_ms).collect();
+            let summary = Summary::of(&first_event);
+            let rebuild_ms = samples.iter().filter_map(|s| s.rebuild_ms).max().unwrap_or(0);
+            let bound = ttl_ms as f64 + 300.0 + rebuild_ms as f64;
+            let case = |what: &str| {
+                format!(
+                    "{} -> first command of new owner, pin TTL {ttl_ms} ms, {what}",
+                    fault.name()
+                )
+            };
+            report
+                .rows
+                .push(Row::new("failover", case("p50"), summary.p50, "ms"));
+            report.rows.push(
+                Row::new("failover", case("p99"), summary.p99, "ms").target(
+                    format!("<= TTL + 300 + rebuild ({bound:.0} ms)"),
+                    summary.p99 <= bound,
+                ),
+            );
+            report
+                .rows
+                .push(Row::new("failover", case("max"), summary.max, "ms"));
+            details.insert(
+                format!("{}_ttl_{ttl_ms}", fault.name()),
+                json!({ "summary_ms": summary, "max_rebuild_ms": rebuild_ms, "samples": samples }),
+            );
+        }
+    }
+    report
+        .details
+        .insert("failover".to_owned(), serde_json::Value::Object(details));
+    Ok(())
+}
+
+/// Per partition, when each generation's first event was seen.
+type FirstSeen = Arc<Mutex<HashMap<u32, HashMap<u64, Instant>>>>;
+
+/// Runs `count` trials of one fault at one pin TTL on a fresh server.
+async fn trials(ttl_ms: u64, fault: Fault, count: usize) -> anyhow::Result<Vec<Sample>> {
+    let server = NatsServer::start().await.context("start nats-server")?;
+    let node_args = |id: usize| NodeArgs {
+        url: server.url(),
+        entity_type: ENTITY_TYPE.to_owned(),
+        node_id: format!("n{id}"),
+        partitions: PARTITIONS,
+        pin_ttl_ms: ttl_ms,
+        // The owner keeps every partition: each trial moves them all at once.
+        balance: false,
+    };
+    let mut owner = NodeProcess::start(&node_args(0)).await?;
+
+    let seen: FirstSeen = Arc::default();
+    let watcher = watch_generations(server.connect().await?, seen.clone()).await?;
+    let load = offer_load(server.connect().await?);
+
+    let all_owned = |node: &NodeProcess| node.owned().len() == PARTITIONS as usize;
+    jetshard_testkit::wait_until(Duration::from_secs(30), "n0 to own every partition", || async {
+        all_owned(&owner)
+    })
+    .await?;
+    let mut standby = NodeProcess::start(&node_args(1)).await?;
+    let mut samples = Vec::new();
+    let result = async {
+        for trial in 0..count {
+            let before = latest_generations(&seen);
+            if before.len() < PARTITIONS as usize {
+                bail!("trial {trial}: not every partition has written an event yet");
+            }
+            let signalled = Instant::now();
+            let signalled_unix = unix_ms();
+            match fault {
+                Fault::Kill => owner.signal(libc::SIGKILL)?,
+                Fault::Stop => owner.signal(libc::SIGSTOP)?,
+            }
+            let limit = Duration::from_millis(ttl_ms) + TRIAL_TIMEOUT;
+            let what = format!("trial {trial}: every partition to write under a new generation");
+            jetshard_testkit::wait_until(limit, &what, || async {
+                taken_over(&seen, &before).len() == PARTITIONS as usize
+            })
+            .await?;
+            let taken = taken_over(&seen, &before);
+            let acquisitions = standby.acquisitions();
+            for (partition, first_event) in taken {
+                let acquired = acquisitions
+                    .iter()
+                    .find(|a| a.partition == partition && a.at_unix_ms >= signalled_unix);
+                samples.push(Sample {
+                    trial,
+                    partition,
+                    first_event_ms: first_event.duration_since(signalled).as_secs_f64() * 1000.0,
+                    acquired_ms: acquired.map(|a| a.at_unix_ms.saturating_sub(signalled_unix) as f64),
+                    rebuild_ms: acquired.map(|a| a.elapsed_ms),
+                    rebuilt_events: acquired.map(|a| a.rebuilt_events),
+                });
+            }
+            // The victim (stopped or dead) goes for good; a fresh standby takes its place.
+            let fresh = NodeProcess::start(&node_args(trial + 2)).await?;
+            let victim = std::mem::replace(&mut owner, std::mem::replace(&mut standby, fresh));
+            victim.kill().await?;
+            jetshard_testkit::wait_until(Duration::from_secs(30), "the new owner to own every partition", || async {
+                all_owned(&owner)
+            })
+            .await?;
+        }
+        Ok(())
+    }
+    .await;
+    load.abort();
+    watcher.abort();
+    owner.kill().await?;
+    standby.kill().await?;
+    result.map(|()| samples)
+}
+
+/// Subscribes to every event of the journal and records when each partition's generations
+/// first wrote.
+async fn watch_generations(
+    client: async_nats::Client,
+    seen: FirstSeen,
+) -> anyhow::Result<JoinHandle<()>> {
+    let mut events = client
+        .subscribe(format!("{ENTITY_TYPE}.evt.>"))
+        .await
+        .context("subscribe to the journal's events")?;
+    Ok(tokio::spawn(async move {
+        while let Some(message) = events.next().await {
+            let received = Instant::now();
+            let partition = message
+                .subject
+                .split('.')
+                .nth(2)
+                .and_then(|p| p.parse::<u32>().ok());
+            let generation = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Jetshard-Generation"))
+                .and_then(|g| g.as_str().parse::<u64>().ok());
+            if let (Some(partition), Some(generation)) = (partition, generation) {
+                seen.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(partition)
+                    .or_default()
+                    .entry(generation)
+                    .or_insert(received);
+            }
+        }
+    }))
+}
+
+/// The newest generation seen per partition.
+fn latest_generations(seen: &FirstSeen) -> HashMap<u32, u64> {
+    seen.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .filter_map(|(p, gens)| gens.keys().max().map(|g| (*p, *g)))
+        .collect()
+}
+
+/// Per partition with a generation newer than in `before`, when its first event was seen.
+fn taken_over(seen: &FirstSeen, before: &HashMap<u32, u64>) -> HashMap<u32, Instant> {
+    seen.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .filter_map(|(p, gens)| {
+            let old = before.get(p).copied().unwrap_or(0);
+            gens.iter()
+                .filter(|(g, _)| **g > old)
+                .map(|(_, at)| *at)
+                .min()
+                .map(|at| (*p, at))
+        })
+        .collect()
+}
+
+/// Publishes `OFFERED_RATE` commands/s round-robin over `ENTITIES` entities until aborted.
+fn offer_load(client: async_nats::Client) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let publisher = CommandPublisher::new(client, ENTITY_TYPE, ENTITIES);
+        let mut tick = tokio::time::interval(Duration::from_nanos(1_000_000_000 / OFFERED_RATE));
+        let mut window = AckWindow::default();
+        for i in 0.. {
+            tick.tick().await;
+            let command = BenchCmd::Stamp { at_ns: now_ns() };
+            let sent = match publisher.send_to(i, &command).await {
+                Ok(ack) => window.push(ack).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = sent {
+                tracing::warn!(error = %e, "failover load: a command was not published");
+            }
+        }
+    })
+}

@@ -1,0 +1,239 @@
+//! Scenario 2, latency: from publishing a command to its event being stored, at a fixed offered
+//! rate (by default half of jetshard's warm drain rate measured in the same run).
+//!
+//! Every command carries its *scheduled* send time (this process's monotonic clock); its event
+//! carries it on. A core subscription on `<t>.evt.>` receives each event as the journal
+//! stream stores it, and the latency is receipt time minus scheduled time, so a generator that
+//! falls behind shows up in the figures instead of hiding (no coordinated omission). Every
+//! entity has an event in the journal and is made resident first; the first second of load is a
+//! warm-up, not recorded. The bare loop runs the same load on its own fresh server first, as
+//! the baseline.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use jetshard::{Codec, ShardConfig, ShardSystem};
+use jetshard_testkit::NatsServer;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::Options;
+use crate::bare::BareLoop;
+use crate::entity::{BenchCmd, BenchEntity, BenchEvt};
+use crate::load::{self, AckWindow, CommandPublisher};
+use crate::report::{Report, Row};
+use crate::stats::{Summary, now_ns};
+use crate::throughput::{self, DrainSpec, Measured};
+
+const ENTITY_TYPE: &str = "lat";
+
+/// Load before the measured window.
+const WARM_UP: Duration = Duration::from_secs(1);
+
+/// How long the last events may take to arrive after the load stops.
+const SETTLE: Duration = Duration::from_secs(20);
+
+/// Scenario 2.
+pub async fn run(
+    options: &Options,
+    measured: Option<Measured>,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let rate = match (options.latency_rate, measured) {
+        (Some(rate), _) => rate,
+        (None, Some(measured)) => measured.jetshard_warm / 2.0,
+        (None, None) => {
+            eprintln!("latency: measuring the warm maximum first");
+            let spec = DrainSpec {
+                partitions: options.partitions,
+                entities: options.entities,
+                commands: 50_000,
+                passes: 2,
+                time_box: std::time::Duration::from_secs(60),
+            };
+            let run = throughput::drain_jetshard(spec).await?;
+            run.passes.last().map_or(1000.0, |p| p.rate) / 2.0
+        }
+    };
+    let rate = rate.max(1.0);
+    let mut details = serde_json::Map::new();
+    let mut p99 = Vec::new();
+    for side in [Side::Bare, Side::Jetshard] {
+        eprintln!(
+            "latency: {}, {rate:.0} cmd/s for {} s",
+            side.name(),
+            options.latency_secs
+        );
+        let measured = measure(side, options, rate).await?;
+        let summary = measured.summary;
+        let baseline = p99.first().copied();
+        p99.push(summary.p99);
+        let case = |what: &str| {
+            format!(
+                "{}, {what}, {rate:.0} cmd/s offered, {} partitions, {} entities",
+                side.name(),
+                options.partitions,
+                options.entities
+            )
+        };
+        for (what, value) in [
+            ("p50", summary.p50),
+            ("p99", summary.p99),
+            ("p999", summary.p999),
+            ("max", summary.max),
+        ] {
+            let row = Row::new("latency", case(what), value, "ms");
+            report.rows.push(match (what, baseline) {
+                ("p99", Some(baseline)) => row.against(baseline),
+                _ => row,
+            });
+        }
+        if measured.received < measured.commands {
+            eprintln!(
+                "latency: {}: only {} of {} events arrived",
+                side.name(),
+                measured.received,
+                measured.commands
+            );
+        }
+        details.insert(side.name().to_owned(), serde_json::to_value(&measured)?);
+    }
+    details.insert("rate".to_owned(), json!(rate));
+    report
+        .details
+        .insert("latency".to_owned(), serde_json::Value::Object(details));
+    Ok(())
+}
+
+/// Who consumes the commands.
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    Bare,
+    Jetshard,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::Bare => "bare loop",
+            Side::Jetshard => "jetshard",
+        }
+    }
+}
+
+/// What one side measured.
+#[derive(Debug, Serialize)]
+struct SideFigures {
+    commands: usize,
+    received: usize,
+    offered_rate: f64,
+    summary: Summary,
+}
+
+/// A fresh server, the consumer side running with every entity seeded and warmed up, then
+/// `rate` commands/s for the warm-up and the measured window.
+async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<SideFigures> {
+    let server = NatsServer::start().await.context("start nats-server")?;
+    let control = server.connect().await?;
+    let config = ShardConfig::builder(ENTITY_TYPE)
+        .partitions(options.partitions)
+        .node_id("bench")
+        .build()?;
+    let consumer = match side {
+        Side::Jetshard => Consumer::Jetshard(
+            ShardSystem::start::<BenchEntity>(server.connect().await?, config)
+                .await
+                .context("start the shard system")?,
+        ),
+        Side::Bare => {
+            load::provision(server.connect().await?, config).await?;
+            Consumer::Bare(
+                BareLoop::start(server.connect().await?, ENTITY_TYPE, options.partitions).await?,
+            )
+        }
+    };
+    load::seed_entities(control.clone(), ENTITY_TYPE, options.partitions, options.entities)
+        .await?;
+    let publisher = CommandPublisher::new(control.clone(), ENTITY_TYPE, options.entities);
+    publisher
+        .preload(options.entities, &load::preload_command())
+        .await?;
+    load::wait_drained(&control, ENTITY_TYPE, Duration::from_secs(120)).await?;
+
+    let recorded = Arc::new(Mutex::new(Vec::new()));
+    let listener = server.connect().await?;
+    let mut events = listener
+        .subscribe(format!("{ENTITY_TYPE}.evt.>"))
+        .await
+        .context("subscribe to the journal's events")?;
+    let sink = recorded.clone();
+    let collector = tokio::spawn(async move {
+        while let Some(message) = events.next().await {
+            let received = now_ns();
+            if let Ok(BenchEvt::Stamped { at_ns }) = Codec::default().decode(&message.payload) {
+                sink.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push((at_ns, received.saturating_sub(at_ns)));
+            }
+        }
+    });
+
+    let total_secs = WARM_UP.as_secs_f64() + options.latency_secs as f64;
+    let total = (rate * total_secs) as usize;
+    let started_ns = now_ns();
+    let started = tokio::time::Instant::now();
+    let interval_ns = 1e9 / rate;
+    let mut window = AckWindow::default();
+    for i in 0..total {
+        let offset = Duration::from_nanos((i as f64 * interval_ns) as u64);
+        let due = started + offset;
+        if due > tokio::time::Instant::now() {
+            tokio::time::sleep_until(due).await;
+        }
+        let at_ns = started_ns + offset.as_nanos() as u64;
+        let ack = publisher.send_to(i, &BenchCmd::Stamp { at_ns }).await?;
+        window.push(ack).await?;
+    }
+    let offered_secs = started.elapsed().as_secs_f64();
+    window.drain().await?;
+    let count = || recorded.lock().unwrap_or_else(PoisonError::into_inner).len();
+    // Some events may never come (a lost subscription message); the figures say how many.
+    let _ = jetshard_testkit::wait_until(SETTLE, "every event to arrive", || async {
+        count() >= total
+    })
+    .await;
+    collector.abort();
+    consumer.stop().await?;
+
+    let warm_up_end = started_ns + WARM_UP.as_nanos() as u64;
+    let samples: Vec<f64> = recorded
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .filter(|(at, _)| *at >= warm_up_end)
+        .map(|(_, latency)| *latency as f64 / 1e6)
+        .collect();
+    Ok(SideFigures {
+        commands: total,
+        received: count(),
+        offered_rate: total as f64 / offered_secs,
+        summary: Summary::of(&samples),
+    })
+}
+
+/// The running consumer side.
+enum Consumer {
+    Jetshard(ShardSystem),
+    Bare(BareLoop),
+}
+
+impl Consumer {
+    async fn stop(self) -> anyhow::Result<()> {
+        match self {
+            Consumer::Jetshard(system) => system.shutdown().await.context("shut the system down"),
+            Consumer::Bare(bare) => bare.stop().await,
+        }
+    }
+}

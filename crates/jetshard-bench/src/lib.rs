@@ -1,0 +1,284 @@
+//! # jetshard-bench
+//!
+//! What jetshard costs over writing the JetStream loop by hand, how fast it recovers, and how
+//! much memory an entity takes. Six scenarios, each against a fresh `nats-server` from
+//! `jetshard-testkit`, each against a baseline measured in the same run, because the machines
+//! are shared and noisy: ratios are steadier than absolute figures.
+//!
+//! | scenario | measures | baseline |
+//! |---|---|---|
+//! | `throughput` | commands/s drained end to end, cold and warm | the bare async-nats loop ([`bare`]) |
+//! | `latency` | publish -> durable event, p50/p99/p999 at 50% of the warm maximum | - |
+//! | `rebuild` | events/s replayed into state on acquisition | a bare ordered-consumer read |
+//! | `failover` | SIGKILL / SIGSTOP of the owner -> first event of the new owner | pin TTL + 300 ms + rebuild |
+//! | `memory` | RSS per resident entity, idle and with state, with and without passivation | - |
+//! | `scaling` | throughput at 1..256 partitions and 1..3 processes | the bare loop (partitions) |
+//!
+//! Figures are printed as a table and written as JSON; targets are reported, never asserted.
+//! Run everything at default sizes (under 10 minutes on 2 cores) with
+//! `cargo run --release -p jetshard-bench` or `cargo bench -p jetshard-bench`.
+
+pub mod bare;
+pub mod cpu;
+pub mod entity;
+pub mod failover;
+pub mod latency;
+pub mod load;
+pub mod memory;
+pub mod node;
+pub mod probe;
+pub mod rebuild;
+pub mod report;
+pub mod scaling;
+pub mod stats;
+pub mod throughput;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Serialize;
+
+use crate::report::{Meta, Report};
+
+/// The scenarios, in the order `all` runs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+pub enum Scenario {
+    /// Commands/s through jetshard against the bare loop.
+    Throughput,
+    /// Publish -> durable event latency at a fixed offered rate.
+    Latency,
+    /// Events/s replayed on acquisition against an ordered-consumer read.
+    Rebuild,
+    /// Owner SIGKILL / SIGSTOP -> first command processed by the new owner.
+    Failover,
+    /// RSS per resident entity.
+    Memory,
+    /// Throughput over partition and process counts.
+    Scaling,
+}
+
+/// The sizes and settings of a run.
+#[derive(Args, Debug, Clone, Serialize)]
+pub struct Options {
+    /// Commands per throughput pass.
+    #[arg(long, default_value_t = 100_000)]
+    pub commands: usize,
+    /// Entities the throughput and latency commands go to.
+    #[arg(long, default_value_t = 10_000)]
+    pub entities: usize,
+    /// Partitions of the throughput and latency scenarios.
+    #[arg(long, default_value_t = 8)]
+    pub partitions: u32,
+    /// Never-seen entities given one command each, to measure jetshard's first-command path
+    /// (0 skips it).
+    #[arg(long, default_value_t = 2_000)]
+    pub fresh_entities: usize,
+    /// Throughput: run only jetshard's side, no bare loop and no never-seen entities (for
+    /// profiling jetshard under `perf`).
+    #[arg(long)]
+    pub jetshard_only: bool,
+    /// Throughput rounds (bare, then jetshard, each round); medians are reported.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    /// Seconds of measured latency load.
+    #[arg(long, default_value_t = 10)]
+    pub latency_secs: u64,
+    /// Offered rate of the latency scenario, commands/s (default: half the warm throughput
+    /// measured in this run, or measured first if throughput is not run).
+    #[arg(long)]
+    pub latency_rate: Option<f64>,
+    /// Events in the rebuilt partition.
+    #[arg(long, default_value_t = 200_000)]
+    pub rebuild_events: usize,
+    /// Entities those events belong to.
+    #[arg(long, default_value_t = 20_000)]
+    pub rebuild_entities: usize,
+    /// Failover trials per pin TTL and signal.
+    #[arg(long, default_value_t = 20)]
+    pub failover_trials: usize,
+    /// Pin TTLs of the failover scenario, milliseconds.
+    #[arg(long, value_delimiter = ',', default_value = "1000,2000")]
+    pub pin_ttls_ms: Vec<u64>,
+    /// Resident entities in the memory scenario.
+    #[arg(long, default_value_t = 100_000)]
+    pub memory_entities: usize,
+    /// Commands per pass in the scaling scenario.
+    #[arg(long, default_value_t = 30_000)]
+    pub scaling_commands: usize,
+    /// Partition counts of the scaling scenario.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
+    pub scaling_partitions: Vec<u32>,
+    /// Process counts of the scaling scenario.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    pub scaling_processes: Vec<usize>,
+    /// The big sizes of the issue: rebuild 1M events over 100k entities, memory at 1M
+    /// entities (overrides those settings; takes far longer than 10 minutes).
+    #[arg(long)]
+    pub big: bool,
+    /// Where the JSON results go (default: `<target dir>/jetshard-bench/results.json`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "jetshard-bench",
+    about = "jetshard's benchmarks: each scenario against a fresh local nats-server, with a \
+             baseline measured in the same run",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    /// Scenarios to run (default: all six, in order).
+    #[arg(value_enum)]
+    scenarios: Vec<Scenario>,
+    #[command(flatten)]
+    options: Options,
+    #[command(subcommand)]
+    child: Option<ChildRole>,
+}
+
+/// What a child process of the harness runs.
+#[derive(Subcommand, Debug)]
+enum ChildRole {
+    /// A shard-system node (failover, multi-process scaling).
+    #[command(hide = true)]
+    Node(node::NodeArgs),
+    /// An isolated process whose memory is measured.
+    #[command(hide = true)]
+    MemoryChild(memory::ChildArgs),
+}
+
+/// Runs the harness with `args` (the first is the program name); blocks until done.
+///
+/// # Errors
+/// The first scenario that could not run (a server that did not start, a drain that timed
+/// out); figures that miss their targets are not errors.
+pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<()> {
+    let args: Vec<OsString> = args.into_iter().collect();
+    let cli = Cli::parse_from(&args);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("start the tokio runtime")?;
+    match cli.child {
+        Some(ChildRole::Node(node_args)) => runtime.block_on(node::run(node_args)),
+        Some(ChildRole::MemoryChild(child_args)) => runtime.block_on(memory::run_child(child_args)),
+        None => {
+            let args = args
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            runtime.block_on(run(cli.scenarios, cli.options, args))
+        }
+    }
+}
+
+async fn run(scenarios: Vec<Scenario>, mut options: Options, args: Vec<String>) -> anyhow::Result<()> {
+    if options.big {
+        options.rebuild_events = 1_000_000;
+        options.rebuild_entities = 100_000;
+        options.memory_entities = 1_000_000;
+    }
+    let scenarios = if scenarios.is_empty() {
+        Scenario::value_variants().to_vec()
+    } else {
+        scenarios
+    };
+    let acquisitions = probe::install_collecting();
+    let started = Instant::now();
+    let started_unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut report = Report {
+        meta: Meta {
+            started_unix,
+            elapsed_secs: 0.0,
+            cpus: std::thread::available_parallelism().map_or(0, usize::from),
+            server_version: server_version().await,
+            git: git_describe(),
+            args,
+        },
+        rows: Vec::new(),
+        details: serde_json::Map::new(),
+    };
+    report
+        .details
+        .insert("options".to_owned(), serde_json::to_value(&options)?);
+    let out = options.out.clone().unwrap_or_else(default_out);
+    let mut measured = None;
+    for scenario in scenarios {
+        let scenario_started = Instant::now();
+        eprintln!("== {scenario:?}");
+        let result = match scenario {
+            Scenario::Throughput => throughput::run(&options, &mut report)
+                .await
+                .map(|m| measured = Some(m)),
+            Scenario::Latency => latency::run(&options, measured, &mut report).await,
+            Scenario::Rebuild => rebuild::run(&options, &acquisitions, &mut report).await,
+            Scenario::Failover => failover::run(&options, &mut report).await,
+            Scenario::Memory => memory::run(&options, &mut report).await,
+            Scenario::Scaling => scaling::run(&options, &mut report).await,
+        };
+        if let Err(e) = result {
+            // One failed scenario does not cost the figures of the others.
+            eprintln!("scenario {scenario:?} failed: {e:#}");
+            report.details.insert(
+                format!("{scenario:?}_error").to_lowercase(),
+                serde_json::Value::String(format!("{e:#}")),
+            );
+        }
+        eprintln!(
+            "== {scenario:?} took {:.1} s",
+            scenario_started.elapsed().as_secs_f64()
+        );
+        report.meta.elapsed_secs = started.elapsed().as_secs_f64();
+        report.write_json(&out)?;
+    }
+    report.print_table(&mut std::io::stdout())?;
+    println!(
+        "\n{} figures in {:.0} s; JSON: {}",
+        report.rows.len(),
+        report.meta.elapsed_secs,
+        out.display()
+    );
+    Ok(())
+}
+
+/// `<target dir>/jetshard-bench/results.json`, the target dir found above this executable.
+fn default_out() -> PathBuf {
+    let target = std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            exe.ancestors()
+                .find(|dir| dir.join("CACHEDIR.TAG").exists())
+                .map(PathBuf::from)
+        })
+        .unwrap_or_else(|| PathBuf::from("target"));
+    target.join("jetshard-bench").join("results.json")
+}
+
+/// The version the testkit's server reports, from a throwaway server.
+async fn server_version() -> String {
+    let Ok(server) = jetshard_testkit::NatsServer::start().await else {
+        return "unknown".to_owned();
+    };
+    match server.connect().await {
+        Ok(client) => client.server_info().version,
+        Err(_) => "unknown".to_owned(),
+    }
+}
+
+fn git_describe() -> Option<String> {
+    let output = std::process::Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}

@@ -1,0 +1,303 @@
+//! Putting work in front of a system: provisioning, pre-loading commands with many publish
+//! acknowledgements in flight, holding partitions back with consumer pause, and waiting for a
+//! command stream to drain.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use async_nats::Subject;
+use async_nats::jetstream::context::PublishAckFuture;
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::{self, Context};
+use bytes::Bytes;
+use jetshard::admin::Admin;
+use jetshard::{Codec, ShardConfig, ShardSystem};
+use tokio::time::Instant;
+
+use crate::entity::{BenchCmd, BenchEntity, entity_id};
+
+/// Publish acknowledgements a pre-load keeps in flight (the client allows 5000 per context).
+pub const PUBLISH_WINDOW: usize = 4096;
+
+/// How often a drain is checked; bounds the resolution of drain times.
+const DRAIN_POLL: Duration = Duration::from_millis(5);
+
+/// Pauses are this long; every pause is ended by a resume.
+const PAUSE_FOR: Duration = Duration::from_secs(3600);
+
+/// Creates an entity type's streams and consumers exactly as jetshard does, by starting a
+/// shard system and stopping it again before anything is delivered.
+pub async fn provision(client: async_nats::Client, config: ShardConfig) -> anyhow::Result<()> {
+    let system = ShardSystem::start::<BenchEntity>(client, config)
+        .await
+        .context("provision the streams through a shard system")?;
+    system.shutdown().await.context("stop the provisioning system")
+}
+
+/// Publishes commands to `<t>.cmd.<id>`, keeping many acknowledgements in flight.
+pub struct CommandPublisher {
+    js: Context,
+    subjects: Vec<Subject>,
+    codec: Codec,
+}
+
+impl CommandPublisher {
+    /// A publisher for `entities` bench entities (`e0`, `e1`, ...) of `entity_type`.
+    pub fn new(client: async_nats::Client, entity_type: &str, entities: usize) -> Self {
+        Self::for_ids(
+            client,
+            entity_type,
+            (0..entities).map(entity_id).collect::<Vec<_>>(),
+        )
+    }
+
+    /// A publisher for the given entity ids.
+    pub fn for_ids(client: async_nats::Client, entity_type: &str, ids: Vec<String>) -> Self {
+        let subjects = ids
+            .iter()
+            .map(|id| Subject::from(format!("{entity_type}.cmd.{id}")))
+            .collect();
+        Self {
+            js: jetstream::new(client),
+            subjects,
+            codec: Codec::default(),
+        }
+    }
+
+    /// How many entities it addresses.
+    pub fn entities(&self) -> usize {
+        self.subjects.len()
+    }
+
+    /// Publishes `count` commands round-robin over the entities and waits until the stream has
+    /// stored every one. All carry the same `command`.
+    pub async fn preload(&self, count: usize, command: &BenchCmd) -> anyhow::Result<()> {
+        let payload = Bytes::from(self.codec.encode(command).context("encode a command")?);
+        let mut window = AckWindow::default();
+        for i in 0..count {
+            let subject = self.subjects[i % self.subjects.len()].clone();
+            window.push(self.send(subject, payload.clone()).await?).await?;
+        }
+        window.drain().await
+    }
+
+    /// Publishes one command to each of the entities `first..first + count` and waits until the
+    /// stream has stored them.
+    pub async fn preload_range(
+        &self,
+        first: usize,
+        count: usize,
+        command: &BenchCmd,
+    ) -> anyhow::Result<()> {
+        let payload = Bytes::from(self.codec.encode(command).context("encode a command")?);
+        let mut window = AckWindow::default();
+        for i in first..first + count {
+            let subject = self.subjects[i % self.subjects.len()].clone();
+            window.push(self.send(subject, payload.clone()).await?).await?;
+        }
+        window.drain().await
+    }
+
+    /// Publishes one command to the `index`th entity and returns its acknowledgement future.
+    pub async fn send_to(
+        &self,
+        index: usize,
+        command: &BenchCmd,
+    ) -> anyhow::Result<PublishAckFuture> {
+        let payload = Bytes::from(self.codec.encode(command).context("encode a command")?);
+        let subject = self.subjects[index % self.subjects.len()].clone();
+        self.send(subject, payload).await
+    }
+
+    async fn send(&self, subject: Subject, payload: Bytes) -> anyhow::Result<PublishAckFuture> {
+        self.js
+            .send_publish(subject, PublishMessage::build().payload(payload))
+            .await
+            .context("publish a command")
+    }
+}
+
+/// Publish acknowledgements in flight, awaited in publish order once the window is full.
+#[derive(Default)]
+pub struct AckWindow {
+    in_flight: VecDeque<PublishAckFuture>,
+}
+
+impl AckWindow {
+    /// Adds one; waits for the oldest while more than [`PUBLISH_WINDOW`] are in flight.
+    pub async fn push(&mut self, ack: PublishAckFuture) -> anyhow::Result<()> {
+        self.in_flight.push_back(ack);
+        while self.in_flight.len() > PUBLISH_WINDOW {
+            if let Some(oldest) = self.in_flight.pop_front() {
+                oldest.await.context("a publish was not acknowledged")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for every acknowledgement.
+    pub async fn drain(&mut self) -> anyhow::Result<()> {
+        while let Some(oldest) = self.in_flight.pop_front() {
+            oldest.await.context("a publish was not acknowledged")?;
+        }
+        Ok(())
+    }
+}
+
+/// Holds an entity type's partitions back (consumer pause) and lets them go.
+pub struct Gate {
+    admin: Admin,
+    partitions: u32,
+}
+
+impl Gate {
+    /// A gate over `partitions` partitions of `entity_type`.
+    pub fn new(client: async_nats::Client, entity_type: &str, partitions: u32) -> Self {
+        Self {
+            admin: Admin::new(client, entity_type),
+            partitions,
+        }
+    }
+
+    /// Pauses every partition's consumer.
+    pub async fn close(&self) -> anyhow::Result<()> {
+        let pauses = (0..self.partitions).map(|p| self.admin.pause(p, PAUSE_FOR));
+        for result in futures::future::join_all(pauses).await {
+            result.context("pause a partition")?;
+        }
+        Ok(())
+    }
+
+    /// Resumes every partition's consumer, all at once.
+    pub async fn open(&self) -> anyhow::Result<()> {
+        let resumes = (0..self.partitions).map(|p| self.admin.resume(p));
+        for result in futures::future::join_all(resumes).await {
+            result.context("resume a partition")?;
+        }
+        Ok(())
+    }
+}
+
+/// How a wait for a drain ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Drain {
+    /// When the stream was first seen empty, or when the time box ended.
+    pub at: Instant,
+    /// Commands still in the stream then (0: drained).
+    pub remaining: u64,
+}
+
+/// Waits until the work-queue command stream of `entity_type` holds no message (every command
+/// acknowledged), for at most `time_box`.
+pub async fn drain(
+    client: &async_nats::Client,
+    entity_type: &str,
+    time_box: Duration,
+) -> anyhow::Result<Drain> {
+    let js = jetstream::new(client.clone());
+    let name = jetshard::wire::Names::new(entity_type).command_stream().to_owned();
+    let stream = js
+        .get_stream_no_info(&name)
+        .await
+        .with_context(|| format!("open stream {name}"))?;
+    let deadline = Instant::now() + time_box;
+    loop {
+        let info = stream
+            .get_info()
+            .await
+            .with_context(|| format!("read stream {name}"))?;
+        let now = Instant::now();
+        if info.state.messages == 0 || now >= deadline {
+            return Ok(Drain {
+                at: now,
+                remaining: info.state.messages,
+            });
+        }
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+}
+
+/// Like [`drain`], but a stream that does not drain in time is an error.
+pub async fn wait_drained(
+    client: &async_nats::Client,
+    entity_type: &str,
+    within: Duration,
+) -> anyhow::Result<Instant> {
+    let drained = drain(client, entity_type, within).await?;
+    if drained.remaining > 0 {
+        bail!(
+            "the command stream of {entity_type} still holds {} commands after {within:?}",
+            drained.remaining
+        );
+    }
+    Ok(drained.at)
+}
+
+/// The `Stamp` command pre-loads carry: a realistic timestamp width, never read.
+pub fn preload_command() -> BenchCmd {
+    BenchCmd::Stamp {
+        at_ns: 1_700_000_000_000_000_000,
+    }
+}
+
+/// Writes events straight into the journal of `entity_type`, as a previous owner would have
+/// (generation 1, command sequence 0, so that every later command is new to the entity), with
+/// many acknowledgements in flight. `events` yields `(partition, entity id, payload)`.
+pub async fn write_events(
+    client: async_nats::Client,
+    entity_type: &str,
+    events: impl IntoIterator<Item = (u32, String, Bytes)>,
+) -> anyhow::Result<usize> {
+    let js = jetstream::new(client);
+    let mut window = AckWindow::default();
+    let mut written = 0;
+    for (partition, id, payload) in events {
+        let publish = PublishMessage::build()
+            .payload(payload)
+            .header(jetshard::wire::HDR_GENERATION, "1")
+            .header(jetshard::wire::HDR_COMMAND_SEQ, "0");
+        let ack = js
+            .send_publish(format!("{entity_type}.evt.{partition}.{id}"), publish)
+            .await
+            .context("publish an event")?;
+        window.push(ack).await?;
+        written += 1;
+    }
+    window.drain().await?;
+    Ok(written)
+}
+
+/// `count` entity ids with the given prefix that live in `partition` of `partitions`.
+pub fn ids_in_partition(prefix: &str, partition: u32, partitions: u32, count: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("{prefix}{i}"))
+        .filter(|id| jetshard::fnv1a_32(id.as_bytes()) % partitions == partition)
+        .take(count)
+        .collect()
+}
+
+/// Gives every bench entity `e0..e<entities>` one event in the journal, so that an acquiring
+/// owner rebuilds its state and its first command needs no journal read of its own.
+///
+/// Without it, the first command of a never-seen entity makes jetshard replay that entity's
+/// (empty) history with an ordered consumer, and the server refuses more than 1000 consumers
+/// per stream (see the `fresh entities` figure of the throughput scenario).
+pub async fn seed_entities(
+    client: async_nats::Client,
+    entity_type: &str,
+    partitions: u32,
+    entities: usize,
+) -> anyhow::Result<usize> {
+    let payload = Bytes::from(
+        Codec::default()
+            .encode(&crate::entity::BenchEvt::Stamped { at_ns: 0 })
+            .context("encode an event")?,
+    );
+    let events = (0..entities).map(|i| {
+        let id = entity_id(i);
+        let partition = jetshard::fnv1a_32(id.as_bytes()) % partitions;
+        (partition, id, payload.clone())
+    });
+    write_events(client, entity_type, events).await
+}

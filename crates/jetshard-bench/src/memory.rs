@@ -1,0 +1,477 @@
+//! Scenario 5, memory: resident set size per resident entity, measured in a child process that
+//! runs nothing but one shard system (the hidden `memory-child` subcommand).
+//!
+//! Per variant, on a fresh server: the parent writes one event per entity into the journal
+//! (a `Stamped` for an idle entity, a 64-byte `Filled` blob for "small state"), starts the
+//! child, and has it report `VmRSS` at three points:
+//! 1. **standby**: the system runs, owns nothing;
+//! 2. **rebuilt**: every partition acquired, so every entity's state was rebuilt into the
+//!    owner's dormant map (no actor yet);
+//! 3. **resident**: one `Touch` command (no event) sent to every entity, so each has a live
+//!    entity actor holding its state.
+//!
+//! `(resident - rebuilt) / entities` is the cost of a resident entity beyond its rebuilt state:
+//! the actor, its mailbox and task, the owner's slot. With a passivation limit (jetshard's
+//! `max_resident_entities`, a tenth of the entities), the figures are the largest number of
+//! resident entities seen while every entity is touched (polled every 50 ms), and the RSS
+//! growth per touched entity.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use bytes::Bytes;
+use clap::Args;
+use jetshard::{Codec, ShardConfig, ShardSystem};
+use jetshard_testkit::NatsServer;
+use serde::Serialize;
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+use crate::Options;
+use crate::cpu::rss_bytes;
+use crate::entity::{BenchCmd, BenchEntity, BenchEvt, BenchState};
+use crate::load::{self, AckWindow, CommandPublisher};
+use crate::report::{Report, Row};
+
+const ENTITY_TYPE: &str = "mem";
+const PARTITIONS: u32 = 8;
+/// The blob of the "small state" variant.
+const SMALL_STATE_BYTES: usize = 64;
+/// Entities touched at a time.
+const WAVE: usize = 2_000;
+/// The resident cap of the capped variant, as a fraction of the entities.
+const CAP_DIVISOR: usize = 10;
+/// The target of issue 6 for an idle resident entity beyond its state.
+const TARGET_BYTES: f64 = 4096.0;
+
+/// The settings of the child process.
+#[derive(Args, Debug, Clone)]
+pub struct ChildArgs {
+    /// The server's URL.
+    #[arg(long)]
+    pub url: String,
+    /// jetshard's `max_resident_entities` (default: no cap).
+    #[arg(long)]
+    pub max_resident: Option<usize>,
+    /// Instead of a shard system: spawn this many idle ractor actors linked to one supervisor
+    /// and report RSS before and after (the baseline of a resident entity).
+    #[arg(long)]
+    pub ractor_baseline: Option<usize>,
+}
+
+/// A variant of the scenario.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Variant {
+    name: &'static str,
+    state_bytes: usize,
+    capped: bool,
+}
+
+/// What a variant measured.
+#[derive(Debug, Clone, Copy, Serialize, Default)]
+struct Figures {
+    entities: usize,
+    standby_rss: u64,
+    rebuilt_rss: u64,
+    resident_rss: u64,
+    resident_at_end: usize,
+    peak_resident: usize,
+    cap: Option<usize>,
+    touch_secs: f64,
+}
+
+/// Scenario 5.
+pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
+    let variants = [
+        Variant {
+            name: "idle",
+            state_bytes: 0,
+            capped: false,
+        },
+        Variant {
+            name: "64-byte state",
+            state_bytes: SMALL_STATE_BYTES,
+            capped: false,
+        },
+        Variant {
+            name: "idle, max_resident_entities = entities / 10",
+            state_bytes: 0,
+            capped: true,
+        },
+    ];
+    let n = options.memory_entities;
+    let mut details = serde_json::Map::new();
+    eprintln!("memory: {n} idle ractor actors (baseline)");
+    let ractor_bytes = ractor_baseline(n).await?;
+    report.rows.push(Row::new(
+        "memory",
+        format!("baseline: idle ractor actor linked to a supervisor, {n} actors"),
+        ractor_bytes,
+        "bytes",
+    ));
+    details.insert("ractor_idle_actor_bytes".to_owned(), json!(ractor_bytes));
+    for variant in variants {
+        eprintln!("memory: {} entities, {}", n, variant.name);
+        let figures = measure(variant, n).await?;
+        let per = |from: u64, to: u64| (to as f64 - from as f64) / n as f64;
+        let rebuilt = per(figures.standby_rss, figures.rebuilt_rss);
+        let resident = per(figures.rebuilt_rss, figures.resident_rss);
+        let case = |what: &str| format!("{what}, {n} entities, {}", variant.name);
+        report.rows.push(Row::new(
+            "memory",
+            case("rebuilt (dormant) state per entity"),
+            rebuilt,
+            "bytes",
+        ));
+        if let Some(cap) = figures.cap {
+            // The cap may be exceeded by entities busy at once; allow one pull batch per partition.
+            let slack = 256 * PARTITIONS as usize;
+            report.rows.push(
+                Row::new(
+                    "memory",
+                    case("largest resident count seen while touched"),
+                    figures.peak_resident as f64,
+                    "entities",
+                )
+                .target(
+                    format!("<= cap {cap} + busy ({slack})"),
+                    figures.peak_resident <= cap + slack,
+                ),
+            );
+            report.rows.push(Row::new(
+                "memory",
+                case("RSS growth per entity touched"),
+                resident,
+                "bytes",
+            ));
+        } else {
+            let row = Row::new(
+                "memory",
+                case("resident entity beyond its state"),
+                resident,
+                "bytes",
+            )
+            .against(ractor_bytes);
+            report.rows.push(if variant.state_bytes == 0 {
+                row.target("<= 4 KB", resident <= TARGET_BYTES)
+            } else {
+                row
+            });
+        }
+        details.insert(
+            variant.name.to_owned(),
+            json!({ "variant": variant, "figures": figures }),
+        );
+    }
+    details.insert(
+        "state_inline_bytes".to_owned(),
+        json!(std::mem::size_of::<BenchState>()),
+    );
+    report
+        .details
+        .insert("memory".to_owned(), serde_json::Value::Object(details));
+    Ok(())
+}
+
+/// Runs one variant: a fresh server, the journal written, the child driven through its
+/// three measuring points.
+async fn measure(variant: Variant, n: usize) -> anyhow::Result<Figures> {
+    let server = NatsServer::start().await.context("start nats-server")?;
+    let control = server.connect().await?;
+    let config = ShardConfig::builder(ENTITY_TYPE)
+        .partitions(PARTITIONS)
+        .node_id("provision")
+        .build()?;
+    load::provision(server.connect().await?, config).await?;
+    let ids: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
+    let codec = Codec::default();
+    let event = if variant.state_bytes == 0 {
+        BenchEvt::Stamped { at_ns: 1 }
+    } else {
+        BenchEvt::Filled {
+            blob: vec![7; variant.state_bytes],
+        }
+    };
+    let payload = Bytes::from(codec.encode(&event).context("encode an event")?);
+    let events = ids.iter().map(|id| {
+        let partition = jetshard::fnv1a_32(id.as_bytes()) % PARTITIONS;
+        (partition, id.clone(), payload.clone())
+    });
+    load::write_events(control.clone(), ENTITY_TYPE, events).await?;
+
+    let cap = variant.capped.then_some((n / CAP_DIVISOR).max(1));
+    let mut child = MemoryChild::start(&server.url(), cap).await?;
+    let mut figures = Figures {
+        entities: n,
+        cap,
+        standby_rss: child.rss().await?,
+        ..Figures::default()
+    };
+
+    // One command per partition: every partition is acquired, every state rebuilt.
+    let publisher = CommandPublisher::for_ids(control.clone(), ENTITY_TYPE, ids.clone());
+    let mut window = AckWindow::default();
+    for partition in 0..PARTITIONS {
+        let index = ids
+            .iter()
+            .position(|id| jetshard::fnv1a_32(id.as_bytes()) % PARTITIONS == partition)
+            .context("an entity in every partition")?;
+        window.push(publisher.send_to(index, &BenchCmd::Touch).await?).await?;
+    }
+    window.drain().await?;
+    child
+        .wait_for(Duration::from_secs(300), "every partition acquired", |s| {
+            s.owned == PARTITIONS as usize && s.in_hand == 0 && s.applied >= u64::from(PARTITIONS)
+        })
+        .await?;
+    figures.rebuilt_rss = child.rss().await?;
+
+    // In waves, so that the figure holds the entities, not a backlog's transient buffers.
+    let started = tokio::time::Instant::now();
+    let mut touched = 0;
+    let mut status = ChildStatus::default();
+    while touched < n {
+        let wave = WAVE.min(n - touched);
+        publisher.preload_range(touched, wave, &BenchCmd::Touch).await?;
+        touched += wave;
+        let expected = touched as u64 + u64::from(PARTITIONS);
+        status = child
+            .wait_for(Duration::from_secs(120), "a wave of entities touched", |s| {
+                s.applied >= expected && s.in_hand == 0
+            })
+            .await?;
+    }
+    figures.touch_secs = started.elapsed().as_secs_f64();
+    figures.peak_resident = child.peak_resident;
+    figures.resident_at_end = status.resident;
+    figures.resident_rss = child.rss().await?;
+    if cap.is_none() && status.resident < n {
+        bail!("only {} of {n} entities are resident", status.resident);
+    }
+    child.quit().await?;
+    Ok(figures)
+}
+
+/// The child's status line.
+#[derive(Debug, Clone, Copy, Default)]
+struct ChildStatus {
+    owned: usize,
+    resident: usize,
+    in_hand: usize,
+    applied: u64,
+}
+
+/// The parent's handle on a memory child: requests on its stdin, answers on its stdout.
+struct MemoryChild {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: Lines<BufReader<ChildStdout>>,
+    peak_resident: usize,
+}
+
+impl MemoryChild {
+    async fn start(url: &str, max_resident: Option<usize>) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("find this executable")?;
+        let mut command = Command::new(exe);
+        command.args(["memory-child", "--url", url]);
+        if let Some(cap) = max_resident {
+            command.args(["--max-resident", &cap.to_string()]);
+        }
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawn the memory child")?;
+        let stdin = child.stdin.take().context("the child's stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("the child's stdout")?).lines();
+        let mut child = Self {
+            child,
+            stdin,
+            stdout,
+            peak_resident: 0,
+        };
+        let ready = child.line().await?;
+        if ready != "READY" {
+            bail!("the memory child said {ready:?} instead of READY");
+        }
+        Ok(child)
+    }
+
+    async fn line(&mut self) -> anyhow::Result<String> {
+        tokio::time::timeout(Duration::from_secs(60), self.stdout.next_line())
+            .await
+            .context("the memory child did not answer within 60 s")?
+            .context("read from the memory child")?
+            .context("the memory child exited")
+    }
+
+    async fn ask(&mut self, request: &str) -> anyhow::Result<Vec<u64>> {
+        self.stdin
+            .write_all(format!("{request}\n").as_bytes())
+            .await
+            .context("write to the memory child")?;
+        self.stdin.flush().await.context("write to the memory child")?;
+        let answer = self.line().await?;
+        let mut words = answer.split_whitespace();
+        if words.next() != Some(request) {
+            bail!("the memory child answered {answer:?} to {request}");
+        }
+        words
+            .map(|w| w.parse().with_context(|| format!("a number in {answer:?}")))
+            .collect()
+    }
+
+    async fn rss(&mut self) -> anyhow::Result<u64> {
+        let answer = self.ask("RSS").await?;
+        answer.first().copied().context("an RSS figure")
+    }
+
+    async fn status(&mut self) -> anyhow::Result<ChildStatus> {
+        let answer = self.ask("STATUS").await?;
+        let [owned, resident, in_hand, applied] = answer[..] else {
+            bail!("a status of four numbers, got {answer:?}");
+        };
+        let status = ChildStatus {
+            owned: owned as usize,
+            resident: resident as usize,
+            in_hand: in_hand as usize,
+            applied,
+        };
+        self.peak_resident = self.peak_resident.max(status.resident);
+        Ok(status)
+    }
+
+    /// Polls the child's status until `done` holds.
+    async fn wait_for(
+        &mut self,
+        within: Duration,
+        what: &str,
+        done: impl Fn(&ChildStatus) -> bool,
+    ) -> anyhow::Result<ChildStatus> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let status = self.status().await?;
+            if done(&status) {
+                return Ok(status);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("timed out after {within:?} waiting for {what}; last status {status:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn quit(mut self) -> anyhow::Result<()> {
+        self.stdin
+            .write_all(b"QUIT\n")
+            .await
+            .context("write to the memory child")?;
+        match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
+            Ok(status) => {
+                status.context("wait for the memory child")?;
+            }
+            Err(_) => self.child.kill().await.context("kill the memory child")?,
+        }
+        Ok(())
+    }
+}
+
+/// The body of the hidden `memory-child` subcommand: one shard system, answering `RSS`,
+/// `STATUS` and `QUIT` on stdin.
+pub async fn run_child(args: ChildArgs) -> anyhow::Result<()> {
+    if let Some(n) = args.ractor_baseline {
+        return run_ractor_baseline(n).await;
+    }
+    let client = async_nats::connect(args.url.as_str())
+        .await
+        .with_context(|| format!("connect to {}", args.url))?;
+    let mut config = ShardConfig::builder(ENTITY_TYPE)
+        .partitions(PARTITIONS)
+        .node_id("memory");
+    if let Some(cap) = args.max_resident {
+        config = config.max_resident_entities(cap);
+    }
+    let system = ShardSystem::start::<BenchEntity>(client, config.build()?)
+        .await
+        .context("start the shard system")?;
+    println!("READY");
+    let mut requests = BufReader::new(tokio::io::stdin()).lines();
+    while let Some(request) = requests.next_line().await.context("read a request")? {
+        match request.trim() {
+            "RSS" => println!("RSS {}", rss_bytes().unwrap_or(0)),
+            "STATUS" => {
+                let status = system.status().await.context("read the system status")?;
+                let owned = status.iter().filter(|p| p.generation.is_some()).count();
+                let resident: usize = status.iter().map(|p| p.resident_entities).sum();
+                let in_hand: usize = status.iter().map(|p| p.commands_in_hand).sum();
+                let applied: u64 = status.iter().map(|p| p.applied + p.duplicates).sum();
+                println!("STATUS {owned} {resident} {in_hand} {applied}");
+            }
+            "QUIT" => break,
+            other => eprintln!("memory child: unknown request {other:?}"),
+        }
+    }
+    system.shutdown().await.context("shut down")?;
+    Ok(())
+}
+
+/// RSS per idle ractor actor linked to a supervisor, measured in a child process.
+async fn ractor_baseline(n: usize) -> anyhow::Result<f64> {
+    let exe = std::env::current_exe().context("find this executable")?;
+    let output = Command::new(exe)
+        .args(["memory-child", "--url", "-", "--ractor-baseline", &n.to_string()])
+        .stderr(Stdio::inherit())
+        .output()
+        .await
+        .context("run the ractor baseline child")?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let numbers: Vec<u64> = text
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let [before, after] = numbers[..] else {
+        bail!("the ractor baseline child printed {text:?}");
+    };
+    Ok((after as f64 - before as f64) / n as f64)
+}
+
+/// An actor that does nothing: the smallest resident thing ractor has.
+struct Idle;
+
+impl ractor::Actor for Idle {
+    type Msg = ();
+    type State = ();
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        _: ractor::ActorRef<()>,
+        _: (),
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        Ok(())
+    }
+}
+
+/// The ractor baseline, in the child: one supervisor, `n` idle actors linked to it.
+async fn run_ractor_baseline(n: usize) -> anyhow::Result<()> {
+    let (supervisor, _) = ractor::Actor::spawn(None, Idle, ())
+        .await
+        .context("spawn the supervisor")?;
+    let before = rss_bytes().unwrap_or(0);
+    let mut actors = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (actor, _) = ractor::Actor::spawn_linked(None, Idle, (), supervisor.get_cell())
+            .await
+            .context("spawn an idle actor")?;
+        actors.push(actor);
+    }
+    let after = rss_bytes().unwrap_or(0);
+    println!("RACTOR {before} {after}");
+    supervisor.stop(None);
+    Ok(())
+}

@@ -1,0 +1,332 @@
+//! Scenario 1, throughput: commands/s end to end through jetshard against the bare loop, each
+//! draining the same pre-loaded backlog on a fresh server.
+//!
+//! Protocol, the same for both sides: start the consumer side (a shard system, or the bare
+//! loop), pause every partition's consumer, pre-load `commands` commands round-robin over the
+//! entities, resume every partition and time until the work-queue command stream is empty
+//! (every command acknowledged). Two passes: **cold** (jetshard spawns an actor for each
+//! entity on its first command) and **warm** (the same entities, now resident).
+//!
+//! Every entity has one event in the journal before the run (on both sides), so an acquiring
+//! owner rebuilds it; the cold pass then measures actor spawns, not journal reads. What the
+//! first command of a never-seen entity costs is measured apart ([`fresh_entities`]).
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use jetshard::{ShardConfig, ShardSystem};
+use jetshard_testkit::NatsServer;
+use serde::Serialize;
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::bare::BareLoop;
+use crate::cpu::{CpuMeter, CpuSpent};
+use crate::entity::BenchEntity;
+use crate::load::{self, CommandPublisher, Gate};
+use crate::report::{Report, Row};
+use crate::stats::median;
+use crate::Options;
+
+/// The entity type the throughput runs use.
+const ENTITY_TYPE: &str = "bench";
+
+/// What one drain run is given.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct DrainSpec {
+    /// Partitions.
+    pub partitions: u32,
+    /// Distinct entities the commands go to.
+    pub entities: usize,
+    /// Commands per pass.
+    pub commands: usize,
+    /// Passes (the first is cold).
+    pub passes: usize,
+    /// The longest a pass may take; a pass cut short reports the rate of what it drained.
+    pub time_box: Duration,
+}
+
+/// One timed drain.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Pass {
+    /// Commands acknowledged per second.
+    pub rate: f64,
+    /// Seconds from resume to empty (or to the end of the time box).
+    pub secs: f64,
+    /// Whether every command was acknowledged within the time box.
+    pub complete: bool,
+    /// CPU spent meanwhile.
+    pub cpu: CpuSpent,
+}
+
+impl Pass {
+    /// Client CPU microseconds per command.
+    pub fn client_us_per_command(&self, commands: usize) -> f64 {
+        self.cpu.client_secs * 1e6 / commands as f64
+    }
+
+    /// Server CPU microseconds per command.
+    pub fn server_us_per_command(&self, commands: usize) -> f64 {
+        self.cpu.server_secs * 1e6 / commands as f64
+    }
+}
+
+/// The passes of one run, and how often partitions were acquired during it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DrainRun {
+    /// The passes in order.
+    pub passes: Vec<Pass>,
+    /// Acquisitions (jetshard only): more than `partitions` means ownership moved mid-run.
+    pub acquisitions: Option<u64>,
+}
+
+/// Drains through a jetshard system in this process.
+pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<DrainRun> {
+    let server = NatsServer::start().await.context("start nats-server")?;
+    let control = server.connect().await?;
+    let config = ShardConfig::builder(ENTITY_TYPE)
+        .partitions(spec.partitions)
+        .node_id("bench")
+        .build()?;
+    let system = ShardSystem::start::<BenchEntity>(server.connect().await?, config)
+        .await
+        .context("start the shard system")?;
+    load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
+    let passes = timed_passes(&server, &control, spec, || Ok(())).await;
+    let acquisitions = system
+        .status()
+        .await
+        .map(|s| s.iter().map(|p| p.acquisitions).sum())
+        .ok();
+    system.shutdown().await.context("shut the system down")?;
+    Ok(DrainRun {
+        passes: passes?,
+        acquisitions,
+    })
+}
+
+/// Drains through the bare loop in this process, on streams provisioned by jetshard.
+pub async fn drain_bare(spec: DrainSpec) -> anyhow::Result<DrainRun> {
+    let server = NatsServer::start().await.context("start nats-server")?;
+    let control = server.connect().await?;
+    let config = ShardConfig::builder(ENTITY_TYPE)
+        .partitions(spec.partitions)
+        .node_id("provision")
+        .build()?;
+    load::provision(server.connect().await?, config).await?;
+    load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
+    let bare = BareLoop::start(server.connect().await?, ENTITY_TYPE, spec.partitions).await?;
+    let passes = timed_passes(&server, &control, spec, || bare.check()).await;
+    bare.stop().await?;
+    Ok(DrainRun {
+        passes: passes?,
+        acquisitions: None,
+    })
+}
+
+/// Runs the passes of the protocol against whatever consumes `ENTITY_TYPE`'s partitions.
+pub async fn timed_passes(
+    server: &NatsServer,
+    control: &async_nats::Client,
+    spec: DrainSpec,
+    check: impl Fn() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Pass>> {
+    let gate = Gate::new(control.clone(), ENTITY_TYPE, spec.partitions);
+    let publisher = CommandPublisher::new(control.clone(), ENTITY_TYPE, spec.entities);
+    let mut passes = Vec::new();
+    for pass in 0..spec.passes {
+        gate.close().await?;
+        publisher
+            .preload(spec.commands, &load::preload_command())
+            .await?;
+        check()?;
+        let cpu = CpuMeter::start(server.pid());
+        let started = Instant::now();
+        gate.open().await?;
+        let drained = load::drain(control, ENTITY_TYPE, spec.time_box).await?;
+        let secs = drained.at.duration_since(started).as_secs_f64();
+        let acknowledged = (spec.commands as u64).saturating_sub(drained.remaining);
+        passes.push(Pass {
+            rate: acknowledged as f64 / secs,
+            secs,
+            complete: drained.remaining == 0,
+            cpu: cpu.spent(),
+        });
+        if drained.remaining > 0 {
+            eprintln!(
+                "  pass {pass} did not drain within {:?}: {} commands left",
+                spec.time_box, drained.remaining
+            );
+            if pass + 1 < spec.passes {
+                // The next pass starts from an empty stream.
+                load::wait_drained(control, ENTITY_TYPE, spec.time_box * 3).await?;
+            }
+        }
+        check()?;
+    }
+    Ok(passes)
+}
+
+/// What became of the first commands of never-seen entities.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct FreshRun {
+    /// Entities (one command each).
+    pub entities: usize,
+    /// Seconds until every command was acknowledged or given up, or the timeout.
+    pub secs: f64,
+    /// Whether the stream drained within the timeout.
+    pub drained: bool,
+    /// Commands applied.
+    pub applied: u64,
+    /// Commands given up (dead-lettered) after failing at every delivery.
+    pub dead_lettered: u64,
+}
+
+/// One command to each of `entities` entities that have no event yet: each first command
+/// makes jetshard replay the entity's empty history from the journal.
+pub async fn fresh_entities(partitions: u32, entities: usize) -> anyhow::Result<FreshRun> {
+    const TIMEOUT: Duration = Duration::from_secs(90);
+    let server = NatsServer::start().await.context("start nats-server")?;
+    let control = server.connect().await?;
+    let config = ShardConfig::builder(ENTITY_TYPE)
+        .partitions(partitions)
+        .node_id("bench")
+        .build()?;
+    let system = ShardSystem::start::<BenchEntity>(server.connect().await?, config)
+        .await
+        .context("start the shard system")?;
+    let gate = Gate::new(control.clone(), ENTITY_TYPE, partitions);
+    gate.close().await?;
+    let ids = (0..entities).map(|i| format!("fresh{i}")).collect();
+    CommandPublisher::for_ids(control.clone(), ENTITY_TYPE, ids)
+        .preload(entities, &load::preload_command())
+        .await?;
+    let started = Instant::now();
+    gate.open().await?;
+    let drained = load::wait_drained(&control, ENTITY_TYPE, TIMEOUT).await;
+    let secs = started.elapsed().as_secs_f64();
+    let status = system.status().await.unwrap_or_default();
+    system.shutdown().await.context("shut the system down")?;
+    Ok(FreshRun {
+        entities,
+        secs,
+        drained: drained.is_ok(),
+        applied: status.iter().map(|p| p.applied).sum(),
+        dead_lettered: status.iter().map(|p| p.dead_lettered).sum(),
+    })
+}
+
+/// The figures later scenarios build on.
+#[derive(Debug, Clone, Copy)]
+pub struct Measured {
+    /// jetshard's warm drain rate, commands/s.
+    pub jetshard_warm: f64,
+}
+
+/// Scenario 1.
+pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measured> {
+    let spec = DrainSpec {
+        partitions: options.partitions,
+        entities: options.entities,
+        commands: options.commands,
+        passes: 2,
+        time_box: Duration::from_secs(120),
+    };
+    let mut bare_runs = Vec::new();
+    let mut jetshard_runs = Vec::new();
+    for round in 0..options.rounds {
+        eprintln!(
+            "throughput round {}/{}: bare loop, {} commands",
+            round + 1,
+            options.rounds,
+            spec.commands
+        );
+        if !options.jetshard_only {
+            bare_runs.push(drain_bare(spec).await.context("bare loop")?);
+        }
+        eprintln!("throughput round {}/{}: jetshard", round + 1, options.rounds);
+        jetshard_runs.push(drain_jetshard(spec).await.context("jetshard")?);
+    }
+    let pass_median = |runs: &[DrainRun], pass: usize, f: &dyn Fn(&Pass) -> f64| {
+        median(&runs.iter().map(|r| f(&r.passes[pass])).collect::<Vec<_>>())
+    };
+    let commands = spec.commands;
+    let rate = |p: &Pass| p.rate;
+    let client_us = |p: &Pass| p.client_us_per_command(commands);
+    let server_us = |p: &Pass| p.server_us_per_command(commands);
+    let shape = format!(
+        "{} partitions, {} entities, {} cmds",
+        spec.partitions, spec.entities, spec.commands
+    );
+    let mut jetshard_warm = 0.0;
+    for (pass, name) in [(0, "cold"), (1, "warm")] {
+        let bare = pass_median(&bare_runs, pass, &rate);
+        let jetshard = pass_median(&jetshard_runs, pass, &rate);
+        report.rows.push(Row::new(
+            "throughput",
+            format!("bare loop, {name} pass, {shape}"),
+            bare,
+            "cmd/s",
+        ));
+        let row = Row::new(
+            "throughput",
+            format!("jetshard, {name} pass, {shape}"),
+            jetshard,
+            "cmd/s",
+        )
+        .against(bare);
+        let met = row.ratio.is_some_and(|r| r >= 0.9);
+        report.rows.push(if pass == 1 {
+            jetshard_warm = jetshard;
+            row.target(">= 0.9 x bare", met)
+        } else {
+            row
+        });
+        for (side, runs) in [("bare loop", &bare_runs), ("jetshard", &jetshard_runs)] {
+            report.rows.push(Row::new(
+                "throughput",
+                format!("{side}, {name} pass: client CPU per command"),
+                pass_median(runs, pass, &client_us),
+                "us",
+            ));
+            report.rows.push(Row::new(
+                "throughput",
+                format!("{side}, {name} pass: server CPU per command"),
+                pass_median(runs, pass, &server_us),
+                "us",
+            ));
+        }
+    }
+    let fresh = if options.fresh_entities > 0 && !options.jetshard_only {
+        eprintln!(
+            "throughput: first commands of {} never-seen entities",
+            options.fresh_entities
+        );
+        let fresh = fresh_entities(spec.partitions, options.fresh_entities).await?;
+        let case = |what: &str| format!("jetshard, never-seen entities: {what}, {} entities", fresh.entities);
+        report.rows.push(Row::new(
+            "throughput",
+            case(if fresh.drained { "drained in" } else { "not drained after" }),
+            fresh.secs,
+            "s",
+        ));
+        report.rows.push(
+            Row::new("throughput", case("commands applied"), fresh.applied as f64, "cmds")
+                .target("all", fresh.applied == fresh.entities as u64),
+        );
+        report.rows.push(Row::new(
+            "throughput",
+            case("commands dead-lettered"),
+            fresh.dead_lettered as f64,
+            "cmds",
+        ));
+        Some(fresh)
+    } else {
+        None
+    };
+    report.details.insert(
+        "throughput".to_owned(),
+        json!({ "spec": spec, "bare": bare_runs, "jetshard": jetshard_runs, "fresh_entities": fresh }),
+    );
+    Ok(Measured { jetshard_warm })
+}
