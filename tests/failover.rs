@@ -129,3 +129,58 @@ async fn a_command_written_before_its_owner_crashed_is_not_applied_again() {
     let records = jetshard_tests::journal::read_journal(&js, "ledger").await;
     assert_eq!(ledger_values(&records)["x"], (0..10).collect::<Vec<_>>());
 }
+
+/// A previous owner dead-lettered command `S` and died before terminating it: the next owner's
+/// rebuild reads the dead letters as well as the events, so `S`, recovered from the stream, is
+/// a duplicate and is never applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_dead_lettered_before_its_owner_crashed_is_not_applied_by_the_next() {
+    use async_nats::HeaderMap;
+    use jetshard::ShardSystem;
+    use jetshard::wire::{HDR_COMMAND_SEQ, HDR_ENTITY, HDR_GENERATION, Names};
+
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    let config = ledger_config(1, "n1").build().unwrap();
+    // The streams exist; nobody owns the partition yet.
+    ShardSystem::start::<Ledger>(client.clone(), config.clone())
+        .await
+        .unwrap()
+        .shutdown()
+        .await
+        .unwrap();
+    let sender = CommandSender::<Ledger>::new(client.clone(), &config);
+    let seq = sender.send("x", &LedgerCmd::Push { n: 1 }).await.unwrap();
+    // What the crashed owner of generation 1 left: the dead letter of that command.
+    let names = Names::new("ledger");
+    let mut headers = HeaderMap::new();
+    headers.insert(HDR_GENERATION, "1");
+    headers.insert(HDR_COMMAND_SEQ, seq.to_string());
+    headers.insert(HDR_ENTITY, "x");
+    js.publish_with_headers(names.dead_letter_subject(0), headers, "poison".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    // A later command of the same entity shows when the partition has been worked through.
+    sender.send("x", &LedgerCmd::Push { n: 2 }).await.unwrap();
+
+    let system = ShardSystem::start::<Ledger>(client.clone(), config)
+        .await
+        .unwrap();
+    // `applied` counts duplicates too.
+    wait_until(
+        Duration::from_secs(20),
+        "both commands worked through",
+        || async { jetshard_tests::applied(&system).await == 2 },
+    )
+    .await
+    .unwrap();
+    let status = system.status().await.unwrap();
+    assert_eq!(status[0].duplicates, 1, "{status:?}");
+    system.shutdown().await.unwrap();
+    let records = jetshard_tests::journal::read_journal(&js, "ledger").await;
+    assert_eq!(ledger_values(&records)["x"], vec![2]);
+}

@@ -188,7 +188,9 @@ impl PartitionWriter {
             .context("decode a command")?;
         let events = BenchEntity::decide(&BenchState::default(), command)
             .map_err(|rejection| anyhow!("rejected: {rejection}"))?;
-        let event = events.first().context("the bench command decided no event")?;
+        let event = events
+            .first()
+            .context("the bench command decided no event")?;
         let payload = self.codec.encode(event).context("encode an event")?;
         let mut headers = HeaderMap::new();
         headers.insert(HDR_GENERATION, "1");

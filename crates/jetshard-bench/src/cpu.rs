@@ -1,4 +1,4 @@
-//! CPU time and resident memory of processes, from `/proc` (Linux).
+//! CPU time and memory of processes, from `/proc` and the allocator (Linux).
 
 use std::time::Duration;
 
@@ -14,7 +14,9 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     // SAFETY: sysconf has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let ticks = u64::try_from(ticks).ok().filter(|t| *t > 0)?;
-    Some(Duration::from_nanos((utime + stime) * 1_000_000_000 / ticks))
+    Some(Duration::from_nanos(
+        (utime + stime) * 1_000_000_000 / ticks,
+    ))
 }
 
 /// The resident set size of this process in bytes (`VmRSS` of `/proc/self/status`).
@@ -23,6 +25,22 @@ pub fn rss_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// Bytes of heap this process has allocated and not freed (glibc's `mallinfo2`: small chunks
+/// in use plus mmapped ones). Unlike RSS it falls when memory is freed, so it shows what
+/// passivation gives back; `None` where the allocator is not glibc's.
+pub fn heap_in_use_bytes() -> Option<u64> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's counters.
+        let info = unsafe { libc::mallinfo2() };
+        Some((info.uordblks + info.hblkhd) as u64)
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        None
+    }
 }
 
 /// CPU used by this process and by the server between two readings.
@@ -63,4 +81,12 @@ impl CpuMeter {
             server_secs: since(self.server_start, self.server_pid.and_then(cpu_time)),
         }
     }
+}
+
+/// The memory the kernel says is available for new work (`MemAvailable`), in bytes.
+pub fn available_memory_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }

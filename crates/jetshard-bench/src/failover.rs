@@ -91,7 +91,11 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             let samples = trials(ttl_ms, fault, options.failover_trials).await?;
             let first_event: Vec<f64> = samples.iter().map(|s| s.first_event_ms).collect();
             let summary = Summary::of(&first_event);
-            let rebuild_ms = samples.iter().filter_map(|s| s.rebuild_ms).max().unwrap_or(0);
+            let rebuild_ms = samples
+                .iter()
+                .filter_map(|s| s.rebuild_ms)
+                .max()
+                .unwrap_or(0);
             let bound = ttl_ms as f64 + 300.0 + rebuild_ms as f64;
             let case = |what: &str| {
                 format!(
@@ -102,12 +106,12 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             report
                 .rows
                 .push(Row::new("failover", case("p50"), summary.p50, "ms"));
-            report.rows.push(
-                Row::new("failover", case("p99"), summary.p99, "ms").target(
+            report
+                .rows
+                .push(Row::new("failover", case("p99"), summary.p99, "ms").target(
                     format!("<= TTL + 300 + rebuild ({bound:.0} ms)"),
                     summary.p99 <= bound,
-                ),
-            );
+                ));
             report
                 .rows
                 .push(Row::new("failover", case("max"), summary.max, "ms"));
@@ -145,9 +149,11 @@ async fn trials(ttl_ms: u64, fault: Fault, count: usize) -> anyhow::Result<Vec<S
     let load = offer_load(server.connect().await?);
 
     let all_owned = |node: &NodeProcess| node.owned().len() == PARTITIONS as usize;
-    jetshard_testkit::wait_until(Duration::from_secs(30), "n0 to own every partition", || async {
-        all_owned(&owner)
-    })
+    jetshard_testkit::wait_until(
+        Duration::from_secs(30),
+        "n0 to own every partition",
+        || async { all_owned(&owner) },
+    )
     .await?;
     let mut standby = NodeProcess::start(&node_args(1)).await?;
     let mut samples = Vec::new();
@@ -179,7 +185,8 @@ async fn trials(ttl_ms: u64, fault: Fault, count: usize) -> anyhow::Result<Vec<S
                     trial,
                     partition,
                     first_event_ms: first_event.duration_since(signalled).as_secs_f64() * 1000.0,
-                    acquired_ms: acquired.map(|a| a.at_unix_ms.saturating_sub(signalled_unix) as f64),
+                    acquired_ms: acquired
+                        .map(|a| a.at_unix_ms.saturating_sub(signalled_unix) as f64),
                     rebuild_ms: acquired.map(|a| a.elapsed_ms),
                     rebuilt_events: acquired.map(|a| a.rebuilt_events),
                 });
@@ -188,9 +195,11 @@ async fn trials(ttl_ms: u64, fault: Fault, count: usize) -> anyhow::Result<Vec<S
             let fresh = NodeProcess::start(&node_args(trial + 2)).await?;
             let victim = std::mem::replace(&mut owner, std::mem::replace(&mut standby, fresh));
             victim.kill().await?;
-            jetshard_testkit::wait_until(Duration::from_secs(30), "the new owner to own every partition", || async {
-                all_owned(&owner)
-            })
+            jetshard_testkit::wait_until(
+                Duration::from_secs(30),
+                "the new owner to own every partition",
+                || async { all_owned(&owner) },
+            )
             .await?;
         }
         Ok(())

@@ -7,7 +7,8 @@
 //! falls behind shows up in the figures instead of hiding (no coordinated omission). Every
 //! entity has an event in the journal and is made resident first; the first second of load is a
 //! warm-up, not recorded. The bare loop runs the same load on its own fresh server first, as
-//! the baseline.
+//! the baseline. Rounds alternate the two (`--latency-rounds`); the figures are the medians of
+//! the rounds' percentiles and the largest maximum.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -24,7 +25,7 @@ use crate::bare::BareLoop;
 use crate::entity::{BenchCmd, BenchEntity, BenchEvt};
 use crate::load::{self, AckWindow, CommandPublisher};
 use crate::report::{Report, Row};
-use crate::stats::{Summary, now_ns};
+use crate::stats::{Summary, median, now_ns};
 use crate::throughput::{self, DrainSpec, Measured};
 
 const ENTITY_TYPE: &str = "lat";
@@ -59,17 +60,39 @@ pub async fn run(
     };
     let rate = rate.max(1.0);
     let mut details = serde_json::Map::new();
-    let mut p99 = Vec::new();
+    let mut runs: Vec<(Side, SideFigures)> = Vec::new();
+    for round in 0..options.latency_rounds {
+        for side in [Side::Bare, Side::Jetshard] {
+            eprintln!(
+                "latency round {}/{}: {}, {rate:.0} cmd/s for {} s",
+                round + 1,
+                options.latency_rounds,
+                side.name(),
+                options.latency_secs
+            );
+            let measured = measure(side, options, rate).await?;
+            if measured.received < measured.commands {
+                eprintln!(
+                    "latency: {}: only {} of {} events arrived",
+                    side.name(),
+                    measured.received,
+                    measured.commands
+                );
+            }
+            runs.push((side, measured));
+        }
+    }
+    let mut bare_p99 = None;
     for side in [Side::Bare, Side::Jetshard] {
-        eprintln!(
-            "latency: {}, {rate:.0} cmd/s for {} s",
-            side.name(),
-            options.latency_secs
-        );
-        let measured = measure(side, options, rate).await?;
-        let summary = measured.summary;
-        let baseline = p99.first().copied();
-        p99.push(summary.p99);
+        let of_side: Vec<&SideFigures> = runs
+            .iter()
+            .filter(|(s, _)| *s == side)
+            .map(|(_, m)| m)
+            .collect();
+        let median_of = |f: fn(&Summary) -> f64| {
+            median(&of_side.iter().map(|m| f(&m.summary)).collect::<Vec<_>>())
+        };
+        let p99 = median_of(|s| s.p99);
         let case = |what: &str| {
             format!(
                 "{}, {what}, {rate:.0} cmd/s offered, {} partitions, {} entities",
@@ -78,27 +101,28 @@ pub async fn run(
                 options.entities
             )
         };
-        for (what, value) in [
-            ("p50", summary.p50),
-            ("p99", summary.p99),
-            ("p999", summary.p999),
-            ("max", summary.max),
-        ] {
-            let row = Row::new("latency", case(what), value, "ms");
-            report.rows.push(match (what, baseline) {
-                ("p99", Some(baseline)) => row.against(baseline),
-                _ => row,
-            });
+        report
+            .rows
+            .push(Row::new("latency", case("p50"), median_of(|s| s.p50), "ms"));
+        let row = Row::new("latency", case("p99"), p99, "ms");
+        report.rows.push(match bare_p99 {
+            Some(baseline) => row.against(baseline),
+            None => row,
+        });
+        report.rows.push(Row::new(
+            "latency",
+            case("p999"),
+            median_of(|s| s.p999),
+            "ms",
+        ));
+        let max = of_side.iter().map(|m| m.summary.max).fold(0.0, f64::max);
+        report
+            .rows
+            .push(Row::new("latency", case("max"), max, "ms"));
+        if side == Side::Bare {
+            bare_p99 = Some(p99);
         }
-        if measured.received < measured.commands {
-            eprintln!(
-                "latency: {}: only {} of {} events arrived",
-                side.name(),
-                measured.received,
-                measured.commands
-            );
-        }
-        details.insert(side.name().to_owned(), serde_json::to_value(&measured)?);
+        details.insert(side.name().to_owned(), serde_json::to_value(&of_side)?);
     }
     details.insert("rate".to_owned(), json!(rate));
     report
@@ -108,7 +132,7 @@ pub async fn run(
 }
 
 /// Who consumes the commands.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
     Bare,
     Jetshard,
@@ -130,6 +154,9 @@ struct SideFigures {
     received: usize,
     offered_rate: f64,
     summary: Summary,
+    /// The largest latency of each second of the measured window, ms: periodic stalls show
+    /// as a pattern here.
+    max_per_second_ms: Vec<f64>,
 }
 
 /// A fresh server, the consumer side running with every entity seeded and warmed up, then
@@ -142,11 +169,11 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
         .node_id("bench")
         .build()?;
     let consumer = match side {
-        Side::Jetshard => Consumer::Jetshard(
+        Side::Jetshard => Consumer::Jetshard(Box::new(
             ShardSystem::start::<BenchEntity>(server.connect().await?, config)
                 .await
                 .context("start the shard system")?,
-        ),
+        )),
         Side::Bare => {
             load::provision(server.connect().await?, config).await?;
             Consumer::Bare(
@@ -154,8 +181,13 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
             )
         }
     };
-    load::seed_entities(control.clone(), ENTITY_TYPE, options.partitions, options.entities)
-        .await?;
+    load::seed_entities(
+        control.clone(),
+        ENTITY_TYPE,
+        options.partitions,
+        options.entities,
+    )
+    .await?;
     let publisher = CommandPublisher::new(control.clone(), ENTITY_TYPE, options.entities);
     publisher
         .preload(options.entities, &load::preload_command())
@@ -198,7 +230,12 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
     }
     let offered_secs = started.elapsed().as_secs_f64();
     window.drain().await?;
-    let count = || recorded.lock().unwrap_or_else(PoisonError::into_inner).len();
+    let count = || {
+        recorded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    };
     // Some events may never come (a lost subscription message); the figures say how many.
     let _ = jetshard_testkit::wait_until(SETTLE, "every event to arrive", || async {
         count() >= total
@@ -208,24 +245,33 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
     consumer.stop().await?;
 
     let warm_up_end = started_ns + WARM_UP.as_nanos() as u64;
-    let samples: Vec<f64> = recorded
+    let measured: Vec<(u64, u64)> = recorded
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .iter()
         .filter(|(at, _)| *at >= warm_up_end)
-        .map(|(_, latency)| *latency as f64 / 1e6)
+        .copied()
         .collect();
+    let samples: Vec<f64> = measured.iter().map(|(_, l)| *l as f64 / 1e6).collect();
+    let mut max_per_second_ms = vec![0.0_f64; options.latency_secs as usize + 1];
+    for (at, latency) in &measured {
+        let second = ((at - warm_up_end) / 1_000_000_000) as usize;
+        if let Some(max) = max_per_second_ms.get_mut(second) {
+            *max = max.max(*latency as f64 / 1e6);
+        }
+    }
     Ok(SideFigures {
         commands: total,
         received: count(),
         offered_rate: total as f64 / offered_secs,
         summary: Summary::of(&samples),
+        max_per_second_ms,
     })
 }
 
 /// The running consumer side.
 enum Consumer {
-    Jetshard(ShardSystem),
+    Jetshard(Box<ShardSystem>),
     Bare(BareLoop),
 }
 

@@ -86,6 +86,10 @@ pub struct Options {
     /// Seconds of measured latency load.
     #[arg(long, default_value_t = 10)]
     pub latency_secs: u64,
+    /// Latency rounds (bare, then jetshard, each round); medians of the percentiles are
+    /// reported.
+    #[arg(long, default_value_t = 2)]
+    pub latency_rounds: usize,
     /// Offered rate of the latency scenario, commands/s (default: half the warm throughput
     /// measured in this run, or measured first if throughput is not run).
     #[arg(long)]
@@ -106,7 +110,7 @@ pub struct Options {
     #[arg(long, default_value_t = 100_000)]
     pub memory_entities: usize,
     /// Commands per pass in the scaling scenario.
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(long, default_value_t = 20_000)]
     pub scaling_commands: usize,
     /// Partition counts of the scaling scenario.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
@@ -177,7 +181,11 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> anyhow::Resul
     }
 }
 
-async fn run(scenarios: Vec<Scenario>, mut options: Options, args: Vec<String>) -> anyhow::Result<()> {
+async fn run(
+    scenarios: Vec<Scenario>,
+    mut options: Options,
+    args: Vec<String>,
+) -> anyhow::Result<()> {
     if options.big {
         options.rebuild_events = 1_000_000;
         options.rebuild_entities = 100_000;

@@ -32,7 +32,10 @@ pub async fn provision(client: async_nats::Client, config: ShardConfig) -> anyho
     let system = ShardSystem::start::<BenchEntity>(client, config)
         .await
         .context("provision the streams through a shard system")?;
-    system.shutdown().await.context("stop the provisioning system")
+    system
+        .shutdown()
+        .await
+        .context("stop the provisioning system")
 }
 
 /// Publishes commands to `<t>.cmd.<id>`, keeping many acknowledgements in flight.
@@ -77,7 +80,9 @@ impl CommandPublisher {
         let mut window = AckWindow::default();
         for i in 0..count {
             let subject = self.subjects[i % self.subjects.len()].clone();
-            window.push(self.send(subject, payload.clone()).await?).await?;
+            window
+                .push(self.send(subject, payload.clone()).await?)
+                .await?;
         }
         window.drain().await
     }
@@ -94,7 +99,9 @@ impl CommandPublisher {
         let mut window = AckWindow::default();
         for i in first..first + count {
             let subject = self.subjects[i % self.subjects.len()].clone();
-            window.push(self.send(subject, payload.clone()).await?).await?;
+            window
+                .push(self.send(subject, payload.clone()).await?)
+                .await?;
         }
         window.drain().await
     }
@@ -196,7 +203,9 @@ pub async fn drain(
     time_box: Duration,
 ) -> anyhow::Result<Drain> {
     let js = jetstream::new(client.clone());
-    let name = jetshard::wire::Names::new(entity_type).command_stream().to_owned();
+    let name = jetshard::wire::Names::new(entity_type)
+        .command_stream()
+        .to_owned();
     let stream = js
         .get_stream_no_info(&name)
         .await
@@ -269,7 +278,12 @@ pub async fn write_events(
 }
 
 /// `count` entity ids with the given prefix that live in `partition` of `partitions`.
-pub fn ids_in_partition(prefix: &str, partition: u32, partitions: u32, count: usize) -> Vec<String> {
+pub fn ids_in_partition(
+    prefix: &str,
+    partition: u32,
+    partitions: u32,
+    count: usize,
+) -> Vec<String> {
     (0..)
         .map(|i| format!("{prefix}{i}"))
         .filter(|id| jetshard::fnv1a_32(id.as_bytes()) % partitions == partition)

@@ -217,10 +217,7 @@ impl NodeProcess {
         // SAFETY: kill(2) on our own child's pid, which is not reaped yet (we hold the Child).
         let rc = unsafe { libc::kill(pid, signal) };
         if rc != 0 {
-            bail!(
-                "kill({pid}, {signal}): {}",
-                std::io::Error::last_os_error()
-            );
+            bail!("kill({pid}, {signal}): {}", std::io::Error::last_os_error());
         }
         Ok(())
     }
@@ -247,7 +244,12 @@ impl NodeProcess {
 
 fn record(seen: &Mutex<Seen>, line: &str) {
     let parts: Vec<&str> = line.split_whitespace().collect();
-    let number = |i: usize| parts.get(i).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0);
+    let number = |i: usize| {
+        parts
+            .get(i)
+            .and_then(|p| p.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
     match parts.first().copied() {
         Some("READY") => seen.ready = true,
@@ -265,7 +267,8 @@ fn record(seen: &Mutex<Seen>, line: &str) {
         Some("RELEASED") => {
             let partition = u32::try_from(number(1)).unwrap_or(u32::MAX);
             seen.ownership.push((partition, false));
-            seen.released.push((partition, parts.get(4..).unwrap_or_default().join(" ")));
+            seen.released
+                .push((partition, parts.get(4..).unwrap_or_default().join(" ")));
         }
         _ => {}
     }

@@ -29,7 +29,12 @@ pub struct Row {
 
 impl Row {
     /// A plain figure.
-    pub fn new(scenario: &'static str, case: impl Into<String>, value: f64, unit: &'static str) -> Self {
+    pub fn new(
+        scenario: &'static str,
+        case: impl Into<String>,
+        value: f64,
+        unit: &'static str,
+    ) -> Self {
         Row {
             scenario,
             case: case.into(),
@@ -42,10 +47,12 @@ impl Row {
         }
     }
 
-    /// Adds the baseline and the ratio to it.
+    /// Adds the baseline and the ratio to it (nothing for a baseline that was not measured).
     pub fn against(mut self, baseline: f64) -> Self {
-        self.baseline = Some(baseline);
-        self.ratio = (baseline > 0.0).then(|| self.value / baseline);
+        if baseline > 0.0 {
+            self.baseline = Some(baseline);
+            self.ratio = Some(self.value / baseline);
+        }
         self
     }
 

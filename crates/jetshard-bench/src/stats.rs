@@ -51,7 +51,8 @@ impl Summary {
 
 /// The nearest-rank percentile of already sorted samples.
 fn percentile(sorted: &[f64], pct: f64) -> f64 {
-    let rank = (pct / 100.0 * sorted.len() as f64).ceil() as usize;
+    // The small epsilon keeps 99.9 % of 1000 at rank 999, not 1000 (0.999 * 1000 > 999 in f64).
+    let rank = (pct / 100.0 * sorted.len() as f64 - 1e-9).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
@@ -63,7 +64,7 @@ pub fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let mid = sorted.len() / 2;
-    if sorted.len() % 2 == 0 {
+    if sorted.len().is_multiple_of(2) {
         (sorted[mid - 1] + sorted[mid]) / 2.0
     } else {
         sorted[mid]

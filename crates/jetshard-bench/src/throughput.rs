@@ -20,13 +20,13 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::time::Instant;
 
+use crate::Options;
 use crate::bare::BareLoop;
 use crate::cpu::{CpuMeter, CpuSpent};
 use crate::entity::BenchEntity;
 use crate::load::{self, CommandPublisher, Gate};
 use crate::report::{Report, Row};
 use crate::stats::median;
-use crate::Options;
 
 /// The entity type the throughput runs use.
 const ENTITY_TYPE: &str = "bench";
@@ -55,6 +55,10 @@ pub struct Pass {
     pub secs: f64,
     /// Whether every command was acknowledged within the time box.
     pub complete: bool,
+    /// Deliveries beyond one per command (the consumers' delivery counters): commands the
+    /// server delivered again because an acknowledgement did not come within the ack wait
+    /// (or a nak). Zero on a healthy run.
+    pub redeliveries: u64,
     /// CPU spent meanwhile.
     pub cpu: CpuSpent,
 }
@@ -74,7 +78,7 @@ impl Pass {
 /// The passes of one run, and how often partitions were acquired during it.
 #[derive(Debug, Clone, Serialize)]
 pub struct DrainRun {
-    /// The passes in order.
+    /// The passes in order (fewer than asked for if a backlog never cleared).
     pub passes: Vec<Pass>,
     /// Acquisitions (jetshard only): more than `partitions` means ownership moved mid-run.
     pub acquisitions: Option<u64>,
@@ -140,17 +144,27 @@ pub async fn timed_passes(
             .preload(spec.commands, &load::preload_command())
             .await?;
         check()?;
+        let delivered_before = deliveries(control, spec.partitions).await?;
         let cpu = CpuMeter::start(server.pid());
         let started = Instant::now();
         gate.open().await?;
         let drained = load::drain(control, ENTITY_TYPE, spec.time_box).await?;
         let secs = drained.at.duration_since(started).as_secs_f64();
         let acknowledged = (spec.commands as u64).saturating_sub(drained.remaining);
+        let cpu = cpu.spent();
+        let delivered = deliveries(control, spec.partitions)
+            .await?
+            .saturating_sub(delivered_before);
+        let redeliveries = delivered.saturating_sub(spec.commands as u64);
+        if redeliveries > 0 {
+            eprintln!("  pass {pass}: {redeliveries} commands were delivered more than once");
+        }
         passes.push(Pass {
             rate: acknowledged as f64 / secs,
             secs,
             complete: drained.remaining == 0,
-            cpu: cpu.spent(),
+            redeliveries,
+            cpu,
         });
         if drained.remaining > 0 {
             eprintln!(
@@ -158,8 +172,16 @@ pub async fn timed_passes(
                 spec.time_box, drained.remaining
             );
             if pass + 1 < spec.passes {
-                // The next pass starts from an empty stream.
-                load::wait_drained(control, ENTITY_TYPE, spec.time_box * 3).await?;
+                // The next pass starts from an empty stream; if the backlog does not clear
+                // within another time box, the remaining passes are not run.
+                let rest = load::drain(control, ENTITY_TYPE, spec.time_box).await?;
+                if rest.remaining > 0 {
+                    eprintln!(
+                        "  the backlog did not clear ({} commands left); skipping the remaining passes",
+                        rest.remaining
+                    );
+                    break;
+                }
             }
         }
         check()?;
@@ -216,6 +238,25 @@ pub async fn fresh_entities(partitions: u32, entities: usize) -> anyhow::Result<
     })
 }
 
+/// Deliveries so far over every partition's consumer (their consumer sequences).
+async fn deliveries(control: &async_nats::Client, partitions: u32) -> anyhow::Result<u64> {
+    let names = jetshard::wire::Names::new(ENTITY_TYPE);
+    let js = async_nats::jetstream::new(control.clone());
+    let stream = js
+        .get_stream_no_info(names.command_stream())
+        .await
+        .context("open the command stream")?;
+    let mut total = 0;
+    for partition in 0..partitions {
+        let info = stream
+            .consumer_info(names.consumer(partition))
+            .await
+            .with_context(|| format!("read the consumer of partition {partition}"))?;
+        total += info.delivered.consumer_sequence;
+    }
+    Ok(total)
+}
+
 /// The figures later scenarios build on.
 #[derive(Debug, Clone, Copy)]
 pub struct Measured {
@@ -244,11 +285,20 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
         if !options.jetshard_only {
             bare_runs.push(drain_bare(spec).await.context("bare loop")?);
         }
-        eprintln!("throughput round {}/{}: jetshard", round + 1, options.rounds);
+        eprintln!(
+            "throughput round {}/{}: jetshard",
+            round + 1,
+            options.rounds
+        );
         jetshard_runs.push(drain_jetshard(spec).await.context("jetshard")?);
     }
     let pass_median = |runs: &[DrainRun], pass: usize, f: &dyn Fn(&Pass) -> f64| {
-        median(&runs.iter().map(|r| f(&r.passes[pass])).collect::<Vec<_>>())
+        median(
+            &runs
+                .iter()
+                .filter_map(|r| r.passes.get(pass).map(f))
+                .collect::<Vec<_>>(),
+        )
     };
     let commands = spec.commands;
     let rate = |p: &Pass| p.rate;
@@ -303,16 +353,30 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
             options.fresh_entities
         );
         let fresh = fresh_entities(spec.partitions, options.fresh_entities).await?;
-        let case = |what: &str| format!("jetshard, never-seen entities: {what}, {} entities", fresh.entities);
+        let case = |what: &str| {
+            format!(
+                "jetshard, never-seen entities: {what}, {} entities",
+                fresh.entities
+            )
+        };
         report.rows.push(Row::new(
             "throughput",
-            case(if fresh.drained { "drained in" } else { "not drained after" }),
+            case(if fresh.drained {
+                "drained in"
+            } else {
+                "not drained after"
+            }),
             fresh.secs,
             "s",
         ));
         report.rows.push(
-            Row::new("throughput", case("commands applied"), fresh.applied as f64, "cmds")
-                .target("all", fresh.applied == fresh.entities as u64),
+            Row::new(
+                "throughput",
+                case("commands applied"),
+                fresh.applied as f64,
+                "cmds",
+            )
+            .target("all", fresh.applied == fresh.entities as u64),
         );
         report.rows.push(Row::new(
             "throughput",

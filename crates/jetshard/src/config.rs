@@ -63,7 +63,7 @@ impl ShardConfig {
                 retention: CommandRetention::default(),
                 replicas: 1,
                 duplicate_window: Duration::from_secs(10 * 60),
-                passivate_after: Duration::from_secs(5 * 60),
+                passivate_after: Duration::from_secs(30),
                 max_resident_entities: None,
                 retry_delay: Duration::from_millis(250),
                 write_timeout: Duration::from_secs(10),
@@ -206,8 +206,10 @@ impl ShardConfigBuilder {
         self
     }
 
-    /// An entity with no command for this long leaves memory; its next command revives it from
-    /// the journal (default 5 min).
+    /// An entity with no command for this long is passivated (default 30 s): its actor stops
+    /// and hands its state back to the partition's owner, which keeps it in a compact map
+    /// (tens of bytes beyond the state, against kilobytes for a live actor) until the entity's
+    /// next command starts a new actor with it.
     pub fn passivate_after(mut self, idle: Duration) -> Self {
         self.config.passivate_after = idle;
         self

@@ -4,7 +4,12 @@
 //! each command it decides, makes the events durable through the partition's fenced journal
 //! writer, applies them, and reports an [`Outcome`] to its owner, which acknowledges the command.
 //! After a failure it reports and stops; its owner revives it from the journal.
+//!
+//! Passivation: an idle entity's actor hands its state back to the owner and stops. The state
+//! waits in the owner's dormant map, a few dozen bytes beyond the state itself, against some
+//! kilobytes for a live actor, until the entity's next command spawns a new actor with it.
 
+use std::any::Any;
 use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -33,6 +38,23 @@ impl<E: Entity> Default for Seed<E> {
             last_command_seq: 0,
         }
     }
+}
+
+/// What an entity actor is asked to do.
+pub(crate) enum EntityMsg {
+    /// Apply a command.
+    Work(Work),
+    /// Idle: give the state back to the owner ([`Passivated`]) and stop.
+    Passivate,
+}
+
+/// An entity actor's state, handed back to its owner on passivation.
+pub(crate) struct Passivated {
+    pub(crate) entity: EntityId,
+    pub(crate) generation: u64,
+    /// A `Seed<E>` of the owner's entity type; `None` if the actor holds no state it trusts
+    /// (the next actor revives the entity from the journal).
+    pub(crate) seed: Option<Box<dyn Any + Send>>,
 }
 
 /// A command for the entity.
@@ -69,9 +91,9 @@ pub(crate) struct Outcome {
     pub(crate) verdict: Verdict,
 }
 
-/// What an entity actor needs besides its state.
-pub(crate) struct EntityArgs {
-    pub(crate) id: EntityId,
+/// What the entity actors of one partition under one generation share (one allocation for
+/// all of them: a live actor's size is what passivation is weighed against).
+pub(crate) struct EntityContext {
     pub(crate) partition: u32,
     pub(crate) journal: JournalWriter,
     pub(crate) journal_stream: Stream<()>,
@@ -89,7 +111,8 @@ impl<E> EntityActor<E> {
 }
 
 pub(crate) struct EntityState<E: Entity> {
-    args: EntityArgs,
+    id: EntityId,
+    context: Arc<EntityContext>,
     /// Loaded lazily, so that reviving from the journal runs in this actor, not its owner.
     seed: Option<Seed<E>>,
     /// Set after a failure: later messages are ignored until the actor stops.
@@ -97,18 +120,19 @@ pub(crate) struct EntityState<E: Entity> {
 }
 
 impl<E: Entity> Actor for EntityActor<E> {
-    type Msg = Work;
+    type Msg = EntityMsg;
     type State = EntityState<E>;
     /// The seed is `None` for an entity to revive from the journal.
-    type Arguments = (EntityArgs, Option<Seed<E>>);
+    type Arguments = (EntityId, Arc<EntityContext>, Option<Seed<E>>);
 
     async fn pre_start(
         &self,
-        _: ActorRef<Work>,
-        (args, seed): Self::Arguments,
+        _: ActorRef<EntityMsg>,
+        (id, context, seed): Self::Arguments,
     ) -> Result<EntityState<E>, ActorProcessingErr> {
         Ok(EntityState {
-            args,
+            id,
+            context,
             seed,
             broken: false,
         })
@@ -116,27 +140,44 @@ impl<E: Entity> Actor for EntityActor<E> {
 
     async fn handle(
         &self,
-        myself: ActorRef<Work>,
-        work: Work,
+        myself: ActorRef<EntityMsg>,
+        message: EntityMsg,
         state: &mut EntityState<E>,
     ) -> Result<(), ActorProcessingErr> {
+        let work = match message {
+            EntityMsg::Work(work) => work,
+            EntityMsg::Passivate => {
+                let seed = state.seed.take().filter(|_| !state.broken);
+                let passivated = Passivated {
+                    entity: state.id.clone(),
+                    generation: state.context.journal.generation(),
+                    seed: seed.map(|seed| Box::new(seed) as Box<dyn Any + Send>),
+                };
+                state.broken = true;
+                myself.stop(Some("passivated".to_owned()));
+                let _ = state.context.owner.cast(OwnerMsg::Passivated(passivated));
+                return Ok(());
+            }
+        };
         if state.broken {
             return Ok(());
         }
         let span = tracing::debug_span!(
             "command",
-            partition = state.args.partition,
-            entity = %state.args.id,
-            generation = state.args.journal.generation(),
+            partition = state.context.partition,
+            entity = %state.id,
+            generation = state.context.journal.generation(),
             cmd_seq = work.seq,
         );
         let seq = work.seq;
-        let verdict = process(state, work).instrument(span).await;
+        // Boxed: the actor's task then holds only a pointer to the (large) future of a command
+        // while it is idle.
+        let verdict = Box::pin(process(state, work).instrument(span)).await;
         let stops = matches!(verdict, Verdict::Fenced | Verdict::Failed { .. });
         let outcome = Outcome {
-            entity: state.args.id.clone(),
+            entity: state.id.clone(),
             seq,
-            generation: state.args.journal.generation(),
+            generation: state.context.journal.generation(),
             verdict,
         };
         if stops {
@@ -144,7 +185,7 @@ impl<E: Entity> Actor for EntityActor<E> {
             myself.stop(Some("failed".to_owned()));
         }
         // The owner is gone only when the partition is being dropped; nothing to report then.
-        let _ = state.args.owner.cast(OwnerMsg::Outcome(outcome));
+        let _ = state.context.owner.cast(OwnerMsg::Outcome(outcome));
         Ok(())
     }
 }
@@ -156,7 +197,7 @@ async fn process<E: Entity>(state: &mut EntityState<E>, work: Work) -> Verdict {
         deliveries,
     } = work;
     if state.seed.is_none() {
-        match revive::<E>(&state.args).await {
+        match revive::<E>(&state.id, &state.context).await {
             Ok(seed) => state.seed = Some(seed),
             Err(reason) => {
                 return Verdict::Failed {
@@ -176,14 +217,14 @@ async fn process<E: Entity>(state: &mut EntityState<E>, work: Work) -> Verdict {
         tracing::debug!(last = seed.last_command_seq, "already applied");
         return Verdict::Duplicate;
     }
-    let codec = state.args.codec;
+    let codec = state.context.codec;
     let command: E::Command = match codec.decode(&payload) {
         Ok(command) => command,
         Err(e) => {
             let reason = format!("malformed: {e}");
-            let id = state.args.id.as_str();
+            let id = state.id.as_str();
             let written = state
-                .args
+                .context
                 .journal
                 .dead_letter(id, seq, deliveries, &reason, payload)
                 .await;
@@ -232,12 +273,7 @@ async fn process<E: Entity>(state: &mut EntityState<E>, work: Work) -> Verdict {
             }
         }
     }
-    match state
-        .args
-        .journal
-        .append(&state.args.id, seq, encoded)
-        .await
-    {
+    match state.context.journal.append(&state.id, seq, encoded).await {
         Ok(()) => {}
         Err(WriteError::Fenced { .. }) => return Verdict::Fenced,
         Err(e @ WriteError::Unconfirmed(_)) => {
@@ -274,15 +310,12 @@ async fn process<E: Entity>(state: &mut EntityState<E>, work: Work) -> Verdict {
 }
 
 /// Rebuilds one entity from its events in the journal.
-async fn revive<E: Entity>(args: &EntityArgs) -> Result<Seed<E>, String> {
+async fn revive<E: Entity>(id: &EntityId, context: &EntityContext) -> Result<Seed<E>, String> {
     let mut seed = Seed::<E>::default();
-    let codec = args.codec;
-    let filter = args.names.event_subject(args.partition, &args.id);
-    let fail = |e: crate::Error| format!("cannot revive {} from the journal: {e}", args.id);
-    let upto = journal::last_sequence(&args.journal_stream, &filter)
-        .await
-        .map_err(fail)?;
-    journal::replay(&args.journal_stream, vec![filter], upto, |stored| {
+    let codec = context.codec;
+    let filter = context.names.event_subject(context.partition, id);
+    let fail = |e: crate::Error| format!("cannot revive {id} from the journal: {e}");
+    journal::replay(&context.journal_stream, filter, u64::MAX, |stored| {
         let Some(payload) = stored.payload else {
             return Ok(());
         };

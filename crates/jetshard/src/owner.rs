@@ -29,7 +29,7 @@ use async_nats::jetstream::message::AckKind;
 use async_nats::jetstream::stream::Stream;
 use async_nats::{Client, Subject};
 use bytes::Bytes;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -37,7 +37,9 @@ use tokio::time::Instant;
 use crate::command::CommandOutcome;
 use crate::config::ShardConfig;
 use crate::entity::{Entity, EntityId};
-use crate::entity_actor::{EntityActor, EntityArgs, Outcome, Seed, Verdict, Work, apply_replayed};
+use crate::entity_actor::{
+    EntityActor, EntityContext, EntityMsg, Outcome, Passivated, Seed, Verdict, Work, apply_replayed,
+};
 use crate::fence;
 use crate::journal::{self, JournalWriter};
 use crate::pin::{self, Delivery, PinSignal, PullLoop, PullSettings};
@@ -59,12 +61,12 @@ pub(crate) struct Shared {
 
 /// A live entity actor, counted in [`Shared::resident`] while it is held.
 struct Resident {
-    actor: ActorRef<Work>,
+    actor: ActorRef<EntityMsg>,
     count: Arc<AtomicUsize>,
 }
 
 impl Resident {
-    fn new(actor: ActorRef<Work>, count: &Arc<AtomicUsize>) -> Self {
+    fn new(actor: ActorRef<EntityMsg>, count: &Arc<AtomicUsize>) -> Self {
         count.fetch_add(1, Ordering::Relaxed);
         Self {
             actor,
@@ -85,6 +87,8 @@ pub(crate) enum OwnerMsg {
     Pin(PinSignal),
     /// From an entity actor.
     Outcome(Outcome),
+    /// From a passivated entity actor: its state, for the dormant map.
+    Passivated(Passivated),
     /// Periodic upkeep: in-progress extension, passivation, stuck retries, release deadline.
     Tick,
     /// Graceful stop: finish in-flight commands, release the pin, reply, stop.
@@ -187,8 +191,10 @@ enum Role<E: Entity> {
 struct Owning<E: Entity> {
     generation: u64,
     pin: Arc<str>,
-    journal: JournalWriter,
-    /// States rebuilt on acquisition for entities that have no actor yet.
+    /// The fenced journal writer and the rest of what this generation's entity actors share.
+    context: Arc<EntityContext>,
+    /// The states of entities that have no actor: rebuilt on acquisition, or handed back by
+    /// a passivated actor.
     dormant: HashMap<EntityId, Seed<E>>,
     entities: HashMap<EntityId, Slot>,
     crashes: VecDeque<Instant>,
@@ -197,6 +203,9 @@ struct Owning<E: Entity> {
 /// One entity's commands in hand, in the order they are applied.
 struct Slot {
     actor: Option<Resident>,
+    /// The passivated actor whose state is on its way back: no new actor until it arrives, so
+    /// the entity never runs on a state older than its last command.
+    returning: Option<ActorId>,
     queue: VecDeque<Pending>,
     /// Set after a failed command: nothing of this entity runs until that command is retried,
     /// so later commands cannot overtake it.
@@ -296,6 +305,10 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 Ok(())
             }
             OwnerMsg::Outcome(outcome) => state.on_outcome(&myself, outcome).await,
+            OwnerMsg::Passivated(passivated) => {
+                state.on_passivated(&myself, passivated).await;
+                Ok(())
+            }
             OwnerMsg::Tick => state.on_tick(&myself).await,
             OwnerMsg::Release(reply) => {
                 state.start_release(&myself, Some(reply)).await;
@@ -333,9 +346,22 @@ impl<E: Entity> Actor for OwnerActor<E> {
         let SupervisionEvent::ActorFailed(cell, error) = event else {
             return Ok(());
         };
-        let Role::Owning(o) = &state.role else {
+        let Role::Owning(o) = &mut state.role else {
             return Ok(());
         };
+        let lost = o
+            .entities
+            .iter()
+            .find(|(_, slot)| slot.returning == Some(cell.get_id()))
+            .map(|(entity, _)| entity.clone());
+        if let Some(entity) = lost {
+            // It died passivating, its state with it: the next actor revives from the journal.
+            if let Some(slot) = o.entities.get_mut(&entity) {
+                slot.returning = None;
+            }
+            dispatch_all::<E>(&myself, &state.shared, state.partition, o, &entity).await;
+            return Ok(());
+        }
         let failed = o.entities.iter().find_map(|(entity, slot)| {
             let resident = slot.actor.as_ref()?;
             (resident.actor.get_id() == cell.get_id())
@@ -460,10 +486,18 @@ impl<E: Entity> OwnerState<E> {
             partition,
             fence,
         );
+        let context = Arc::new(EntityContext {
+            partition,
+            journal,
+            journal_stream: self.shared.journal_stream.clone(),
+            names: self.shared.names.clone(),
+            codec: self.shared.config.codec,
+            owner: myself.clone(),
+        });
         self.role = Role::Owning(Box::new(Owning {
             generation: fence.generation,
             pin,
-            journal,
+            context,
             dormant,
             entities: HashMap::new(),
             crashes: VecDeque::new(),
@@ -529,39 +563,42 @@ async fn claim_and_rebuild<E: Entity>(
         let codec = shared.config.codec;
         let mut dormant: HashMap<EntityId, Seed<E>> = HashMap::new();
         let mut failure = None;
-        // Up to our own fence record: everything older owners wrote comes before it.
-        let filters = vec![
+        // Up to our own fence record: everything older owners wrote comes before it. Events
+        // first, then dead letters: a dead letter only raises its entity's high-water mark,
+        // so the order between the two does not matter.
+        let mut rebuilt = 0;
+        for filter in [
             shared.names.partition_events(partition),
             shared.names.dead_letter_subject(partition),
-            shared.names.fence_subject(partition),
-        ];
-        let rebuilt = journal::replay(&shared.journal_stream, filters, fence.seq, |stored| {
-            // Most records belong to entities seen before: look up by `&str`, and make an
-            // `EntityId` only for a new one.
-            let seed = match dormant.get_mut(stored.entity) {
-                Some(seed) => seed,
-                None => dormant.entry(EntityId::new(stored.entity)?).or_default(),
-            };
-            let Some(payload) = stored.payload else {
-                // A dead letter: that command is done with.
-                seed.last_command_seq = seed.last_command_seq.max(stored.command_seq);
-                return Ok(());
-            };
-            let event: E::Event = codec.decode(payload)?;
-            if let Err(reason) = apply_replayed::<E>(seed, &event, stored.command_seq) {
-                failure = Some(reason.clone());
-                return Err(crate::Error::jetstream("rebuild", reason));
-            }
-            Ok(())
-        })
-        .await
-        .map_err(|e| {
-            format!(
-                "rebuilding generation {}: {}",
-                fence.generation,
-                failure.take().unwrap_or_else(|| e.to_string())
-            )
-        })?;
+        ] {
+            rebuilt += journal::replay(&shared.journal_stream, filter, fence.seq, |stored| {
+                // Most records belong to entities seen before: look up by `&str`, and make an
+                // `EntityId` only for a new one.
+                let seed = match dormant.get_mut(stored.entity) {
+                    Some(seed) => seed,
+                    None => dormant.entry(EntityId::new(stored.entity)?).or_default(),
+                };
+                let Some(payload) = stored.payload else {
+                    // A dead letter: that command is done with.
+                    seed.last_command_seq = seed.last_command_seq.max(stored.command_seq);
+                    return Ok(());
+                };
+                let event: E::Event = codec.decode(payload)?;
+                if let Err(reason) = apply_replayed::<E>(seed, &event, stored.command_seq) {
+                    failure = Some(reason.clone());
+                    return Err(crate::Error::jetstream("rebuild", reason));
+                }
+                Ok(())
+            })
+            .await
+            .map_err(|e| {
+                format!(
+                    "rebuilding generation {}: {}",
+                    fence.generation,
+                    failure.take().unwrap_or_else(|| e.to_string())
+                )
+            })?;
+        }
 
         let recovered = recover_window(shared, partition)
             .await
@@ -642,6 +679,7 @@ impl<E: Entity> OwnerState<E> {
         };
         let slot = o.entities.entry(entity.clone()).or_insert_with(|| Slot {
             actor: None,
+            returning: None,
             queue: VecDeque::new(),
             blocked: None,
             last_active: Instant::now(),
@@ -667,11 +705,11 @@ impl<E: Entity> OwnerState<E> {
             if slot.actor.is_none() {
                 dispatch_all::<E>(myself, &self.shared, self.partition, o, entity).await;
             } else if let Some(resident) = &slot.actor {
-                let _ = resident.actor.cast(Work {
+                let _ = resident.actor.cast(EntityMsg::Work(Work {
                     seq,
                     payload,
                     deliveries,
-                });
+                }));
             }
         }
     }
@@ -825,6 +863,35 @@ impl<E: Entity> OwnerState<E> {
         Ok(())
     }
 
+    /// Takes a passivated actor's state into the dormant map, and gives the entity a new actor
+    /// if commands came in meanwhile.
+    async fn on_passivated(&mut self, myself: &ActorRef<OwnerMsg>, passivated: Passivated) {
+        let Role::Owning(o) = &mut self.role else {
+            return;
+        };
+        let entity = passivated.entity;
+        if passivated.generation != o.generation {
+            return;
+        }
+        let Some(slot) = o.entities.get_mut(&entity) else {
+            return;
+        };
+        if slot.returning.take().is_none() {
+            return;
+        }
+        if let Some(seed) = passivated
+            .seed
+            .and_then(|seed| seed.downcast::<Seed<E>>().ok())
+        {
+            o.dormant.insert(entity.clone(), *seed);
+        }
+        if slot.queue.is_empty() && slot.blocked.is_none() {
+            o.entities.remove(&entity);
+        } else {
+            dispatch_all::<E>(myself, &self.shared, self.partition, o, &entity).await;
+        }
+    }
+
     /// Terminates a command for good and leaves a dead-letter record of it.
     async fn give_up(
         &mut self,
@@ -834,7 +901,7 @@ impl<E: Entity> OwnerState<E> {
         reason: &str,
     ) {
         let Role::Owning(o) = &self.role else { return };
-        let journal = o.journal.clone();
+        let journal = o.context.journal.clone();
         self.counters.dead_lettered += 1;
         let written = journal
             .dead_letter(entity, bad.seq, bad.deliveries, reason, bad.payload.clone())
@@ -926,6 +993,7 @@ impl<E: Entity> OwnerState<E> {
             }
             if slot.queue.is_empty()
                 && slot.blocked.is_none()
+                && slot.returning.is_none()
                 && now.duration_since(slot.last_active) >= config.passivate_after
             {
                 idle.push(entity.clone());
@@ -1094,24 +1162,15 @@ async fn dispatch_all<E: Entity>(
     let Some(slot) = o.entities.get_mut(entity) else {
         return;
     };
-    if slot.queue.is_empty() || slot.blocked.is_some() {
+    if slot.queue.is_empty() || slot.blocked.is_some() || slot.returning.is_some() {
         return;
     }
     if slot.actor.is_none() {
         let seed = o.dormant.remove(entity);
-        let args = EntityArgs {
-            id: entity.clone(),
-            partition,
-            journal: o.journal.clone(),
-            journal_stream: shared.journal_stream.clone(),
-            names: shared.names.clone(),
-            codec: shared.config.codec,
-            owner: myself.clone(),
-        };
         match Actor::spawn_linked(
             None,
             EntityActor::<E>::new(),
-            (args, seed),
+            (entity.clone(), Arc::clone(&o.context), seed),
             myself.get_cell(),
         )
         .await
@@ -1133,21 +1192,30 @@ async fn dispatch_all<E: Entity>(
     };
     if let Some(resident) = &slot.actor {
         for pending in &slot.queue {
-            let _ = resident.actor.cast(Work {
+            let _ = resident.actor.cast(EntityMsg::Work(Work {
                 seq: pending.seq,
                 payload: pending.payload.clone(),
                 deliveries: pending.deliveries,
-            });
+            }));
         }
     }
 }
 
-/// Stops an idle entity's actor and forgets it; its next command revives it from the journal.
+/// Asks an idle entity's actor to hand its state back and stop ([`OwnerState::on_passivated`]
+/// takes the state); forgets an entity that has no actor.
 fn passivate<E: Entity>(o: &mut Owning<E>, entity: &EntityId) {
-    if let Some(slot) = o.entities.remove(entity)
-        && let Some(resident) = slot.actor
-    {
-        resident.actor.stop(Some("passivated".to_owned()));
+    let Some(slot) = o.entities.get_mut(entity) else {
+        return;
+    };
+    match slot.actor.take() {
+        Some(resident) => {
+            slot.returning = Some(resident.actor.get_id());
+            let _ = resident.actor.cast(EntityMsg::Passivate);
+        }
+        None if slot.returning.is_none() => {
+            o.entities.remove(entity);
+        }
+        None => {}
     }
 }
 
