@@ -28,6 +28,8 @@ pub struct Acquisition {
     pub rebuilt_events: u64,
     /// In-flight commands of the previous owner recovered.
     pub recovered: u64,
+    /// The replay alone, in milliseconds.
+    pub replay_ms: u64,
     /// Claim + replay + recovery, in milliseconds.
     pub elapsed_ms: u64,
     /// When the line was emitted, unix milliseconds.
@@ -114,6 +116,7 @@ impl<S: tracing::Subscriber> Layer<S> for AcquisitionLayer {
             generation: fields.generation,
             rebuilt_events: fields.rebuilt_events,
             recovered: fields.recovered,
+            replay_ms: fields.replay_ms,
             elapsed_ms: fields.elapsed_ms,
             at_unix_ms: unix_ms(),
         });
@@ -127,6 +130,7 @@ struct Fields {
     generation: u64,
     rebuilt_events: u64,
     recovered: u64,
+    replay_ms: u64,
     elapsed_ms: u64,
 }
 
@@ -137,6 +141,7 @@ impl Visit for Fields {
             "generation" => self.generation = value,
             "rebuilt_events" => self.rebuilt_events = value,
             "recovered" => self.recovered = value,
+            "replay_ms" => self.replay_ms = value,
             "elapsed_ms" => self.elapsed_ms = value,
             _ => {}
         }

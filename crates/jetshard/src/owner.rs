@@ -471,7 +471,13 @@ impl<E: Entity> OwnerState<E> {
         let node = self.config().node_id.clone();
         let pin = first.pin.clone();
         let acquired = claim_and_rebuild::<E>(&self.shared, partition).await;
-        let (fence, dormant, rebuilt_events, recovered) = match acquired {
+        let Acquired {
+            fence,
+            dormant,
+            rebuilt_events,
+            replay_time,
+            recovered,
+        } = match acquired {
             Ok(parts) => parts,
             Err(reason) => {
                 tracing::error!(partition, node = %node, %reason, "cannot take the partition; releasing the pin");
@@ -509,6 +515,7 @@ impl<E: Entity> OwnerState<E> {
             node = %node,
             rebuilt_events,
             recovered = recovered.len(),
+            replay_ms = replay_time.as_millis() as u64,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "acquired partition"
         );
@@ -535,14 +542,17 @@ impl<E: Entity> OwnerState<E> {
     }
 }
 
-/// A claimed fence, the rebuilt states, how many events were replayed, and the recovered
-/// in-flight commands.
-type Acquired<E> = (
-    fence::Fence,
-    HashMap<EntityId, Seed<E>>,
-    u64,
-    Vec<(EntityId, Pending)>,
-);
+/// What an acquisition gained.
+struct Acquired<E: Entity> {
+    fence: fence::Fence,
+    /// The rebuilt states.
+    dormant: HashMap<EntityId, Seed<E>>,
+    /// Events replayed into them, and how long the replay took.
+    rebuilt_events: u64,
+    replay_time: Duration,
+    /// The previous owner's in-flight commands.
+    recovered: Vec<(EntityId, Pending)>,
+}
 
 async fn claim_and_rebuild<E: Entity>(
     shared: &Shared,
@@ -567,6 +577,7 @@ async fn claim_and_rebuild<E: Entity>(
         // first, then dead letters: a dead letter only raises its entity's high-water mark,
         // so the order between the two does not matter.
         let mut rebuilt = 0;
+        let replay_started = Instant::now();
         for filter in [
             shared.names.partition_events(partition),
             shared.names.dead_letter_subject(partition),
@@ -600,10 +611,17 @@ async fn claim_and_rebuild<E: Entity>(
             })?;
         }
 
+        let replay_time = replay_started.elapsed();
         let recovered = recover_window(shared, partition)
             .await
             .map_err(|e| format!("recovering in-flight commands: {e}"))?;
-        Ok((fence, dormant, rebuilt, recovered))
+        Ok(Acquired {
+            fence,
+            dormant,
+            rebuilt_events: rebuilt,
+            replay_time,
+            recovered,
+        })
     }
 }
 
