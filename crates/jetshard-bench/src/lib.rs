@@ -81,7 +81,7 @@ pub struct Options {
     #[arg(long)]
     pub jetshard_only: bool,
     /// Throughput rounds (bare, then jetshard, each round); medians are reported.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 3)]
     pub rounds: usize,
     /// Seconds of measured latency load.
     #[arg(long, default_value_t = 10)]

@@ -1185,14 +1185,15 @@ async fn dispatch_all<E: Entity>(
     }
     if slot.actor.is_none() {
         let seed = o.dormant.remove(entity);
-        match Actor::spawn_linked(
+        // Without waiting for the actor's start (its `pre_start` only stores its arguments, and
+        // cannot fail): the owner goes on routing while the actor starts, and the commands sent
+        // meanwhile wait in its mailbox.
+        match ractor::ActorRuntime::spawn_linked_instant(
             None,
             EntityActor::<E>::new(),
             (entity.clone(), Arc::clone(&o.context), seed),
             myself.get_cell(),
-        )
-        .await
-        {
+        ) {
             Ok((actor, _)) => slot.actor = Some(Resident::new(actor, &shared.resident)),
             Err(e) => {
                 tracing::error!(partition, %entity, error = %e, "cannot spawn entity actor");
