@@ -254,3 +254,53 @@ async fn killing_the_server_an_owner_is_connected_to_loses_nothing() {
     )
     .await;
 }
+
+/// Three processes starting at the same moment on a fresh cluster race to create the R3
+/// streams and consumers while the cluster is still placing them: every one of them starts,
+/// and they end up with one set of streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_starting_at_once_on_a_fresh_cluster_all_start() {
+    use jetshard::ShardSystem;
+    use jetshard_tests::ledger::Ledger;
+
+    init_tracing();
+    let _one = one_at_a_time().await;
+    let cluster = NatsCluster::start(3).await.expect("cluster");
+    let mut clients = Vec::new();
+    for i in 0..3 {
+        clients.push(
+            async_nats::connect(cluster.node(i).url())
+                .await
+                .expect("client"),
+        );
+    }
+    let start = |i: usize| {
+        let client = clients[i].clone();
+        async move {
+            let config = jetshard_tests::ledger_config(PARTITIONS, &format!("n{i}"))
+                .replicas(3)
+                .build()
+                .unwrap();
+            ShardSystem::start::<Ledger>(client, config).await
+        }
+    };
+    let (a, b, c) = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::join!(start(0), start(1), start(2))
+    })
+    .await
+    .expect("starts must not hang");
+    let systems = [a, b, c]
+        .into_iter()
+        .enumerate()
+        .map(|(i, started)| started.unwrap_or_else(|e| panic!("n{i} did not start: {e}")))
+        .collect::<Vec<_>>();
+    let js = jetstream::new(clients[0].clone());
+    let stream = js
+        .get_stream("LEDGER_CMD")
+        .await
+        .expect("the command stream");
+    assert_eq!(stream.cached_info().config.num_replicas, 3);
+    for system in systems {
+        system.shutdown().await.unwrap();
+    }
+}

@@ -12,12 +12,34 @@ use crate::config::{CommandRetention, ShardConfig};
 use crate::error::Error;
 use crate::wire::{Names, PRIORITY_GROUP};
 
-/// Creates or validates both streams and every partition consumer.
+/// How often [`provision`] tries before its error is final.
+const PROVISION_ATTEMPTS: u32 = 4;
+
+/// Creates or validates both streams and every partition consumer, retrying while the failure
+/// is the server's (a timeout, a stream another process is creating at the same moment, a
+/// fresh cluster still electing leaders): processes that start together race each other. A
+/// settings mismatch is final at once.
 pub(crate) async fn provision(
     js: &Context,
     names: &Names,
     config: &ShardConfig,
 ) -> Result<(), Error> {
+    let mut delay = std::time::Duration::from_millis(250);
+    let mut attempt = 1;
+    loop {
+        match provision_once(js, names, config).await {
+            Err(e @ Error::JetStream { .. }) if attempt < PROVISION_ATTEMPTS => {
+                tracing::warn!(entity_type = %names.entity_type, attempt, error = %e, "provisioning failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+                attempt += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
+async fn provision_once(js: &Context, names: &Names, config: &ShardConfig) -> Result<(), Error> {
     ensure_stream(js, command_stream_config(names, config), |existing| {
         check_command_stream(names, config, existing)
     })
