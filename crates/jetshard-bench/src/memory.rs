@@ -50,8 +50,8 @@ const WAVE: usize = 2_000;
 /// The resident cap of the capped variant, as a fraction of the entities.
 const CAP_DIVISOR: usize = 10;
 /// What one resident entity is budgeted at when checking that a variant fits in memory
-/// (measured: about 18 KB for jetshard's, 7 KB for ractor's idle actor).
-const BUDGET_PER_ENTITY: u64 = 24 * 1024;
+/// (measured: about 7.5 KB for jetshard's live entity actor, 6.7 KB for ractor's idle actor).
+const BUDGET_PER_ENTITY: u64 = 10 * 1024;
 /// The share of the available memory a variant may use: the machine is shared.
 const MEMORY_SHARE: f64 = 0.5;
 

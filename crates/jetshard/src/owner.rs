@@ -470,7 +470,12 @@ impl<E: Entity> OwnerState<E> {
         let partition = self.partition;
         let node = self.config().node_id.clone();
         let pin = first.pin.clone();
-        let acquired = claim_and_rebuild::<E>(&self.shared, partition).await;
+        // A first delivery (not a redelivery) under our pin: the consumer delivers new commands
+        // in stream order, so every command before it went to an earlier owner, and every
+        // one from it on to us (they are in this actor's mailbox). Only the earlier ones need
+        // reading back. After a redelivery nothing is known: the whole window is read.
+        let earlier_than = (first.deliveries == 1).then_some(first.seq);
+        let acquired = claim_and_rebuild::<E>(&self.shared, partition, earlier_than).await;
         let Acquired {
             fence,
             dormant,
@@ -557,6 +562,7 @@ struct Acquired<E: Entity> {
 async fn claim_and_rebuild<E: Entity>(
     shared: &Shared,
     partition: u32,
+    earlier_than: Option<u64>,
 ) -> Result<Acquired<E>, String> {
     {
         let fence = fence::claim(
@@ -612,7 +618,7 @@ async fn claim_and_rebuild<E: Entity>(
         }
 
         let replay_time = replay_started.elapsed();
-        let recovered = recover_window(shared, partition)
+        let recovered = recover_window(shared, partition, earlier_than)
             .await
             .map_err(|e| format!("recovering in-flight commands: {e}"))?;
         Ok(Acquired {
@@ -625,68 +631,112 @@ async fn claim_and_rebuild<E: Entity>(
     }
 }
 
+/// Concurrent readers of the in-flight window, each walking its own slice of it.
+const RECOVERY_READERS: u64 = 16;
+/// The narrowest slice (in stream sequences) worth a reader of its own.
+const RECOVERY_SLICE_MIN: u64 = 32;
+
 /// Reads, straight from the command stream, the commands the consumer has delivered but
 /// that are not acknowledged yet: those the previous owner held. Applying them first keeps
 /// each entity's commands in order across the takeover; their redeliveries are then
-/// recognised as already applied.
+/// recognised as already applied. With `earlier_than`, only commands before that stream
+/// sequence are read.
+///
+/// Every read is a get from the stream leader (a replica could lag behind the delivered
+/// sequence), one message per request, so the window `(ack floor, delivered]` is cut into
+/// slices read side by side and joined in order: up to `max_ack_pending` commands cost a few
+/// round trips' worth of time instead of one round trip each.
 async fn recover_window(
     shared: &Shared,
     partition: u32,
+    earlier_than: Option<u64>,
 ) -> Result<Vec<(EntityId, Pending)>, crate::Error> {
-    {
-        let names = &shared.names;
-        let consumer = names.consumer(partition);
-        let info = shared
-            .command_stream
-            .consumer_info(&consumer)
-            .await
-            .map_err(|e| crate::Error::jetstream(format!("read consumer {consumer}"), e))?;
-        let (floor, delivered) = (
-            info.ack_floor.stream_sequence,
-            info.delivered.stream_sequence,
-        );
-        let filter = names.partition_commands(partition);
-        let mut recovered = Vec::new();
-        let mut next = floor + 1;
-        while next <= delivered {
-            let found = shared
-                .command_stream
-                .raw_message_builder()
-                .sequence(next)
-                .next_by_subject(filter.clone())
-                .send()
-                .await;
-            let message = match found {
-                Ok(message) => message,
-                Err(e) if e.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => break,
-                Err(e) => return Err(crate::Error::jetstream(format!("read command {next} of {filter}"), e)),
-            };
-            if message.sequence > delivered {
+    let names = &shared.names;
+    let consumer = names.consumer(partition);
+    let info = shared
+        .command_stream
+        .consumer_info(&consumer)
+        .await
+        .map_err(|e| crate::Error::jetstream(format!("read consumer {consumer}"), e))?;
+    let floor = info.ack_floor.stream_sequence;
+    let delivered = earlier_than.map_or(info.delivered.stream_sequence, |seq| {
+        info.delivered.stream_sequence.min(seq.saturating_sub(1))
+    });
+    if delivered <= floor {
+        return Ok(Vec::new());
+    }
+    let filter = names.partition_commands(partition);
+    let span = delivered - floor;
+    let readers = span.div_ceil(RECOVERY_SLICE_MIN).clamp(1, RECOVERY_READERS);
+    let width = span.div_ceil(readers);
+    let slices = (0..readers).map(|i| {
+        let first = floor + 1 + i * width;
+        let last = (first + width - 1).min(delivered);
+        read_slice(&shared.command_stream, &filter, first, last)
+    });
+    let mut recovered = Vec::new();
+    for slice in futures::future::try_join_all(slices).await? {
+        recovered.extend(slice);
+    }
+    Ok(recovered)
+}
+
+/// The commands on `filter` with stream sequences in `first..=last`, in order.
+async fn read_slice(
+    commands: &Stream<()>,
+    filter: &str,
+    first: u64,
+    last: u64,
+) -> Result<Vec<(EntityId, Pending)>, crate::Error> {
+    let mut recovered = Vec::new();
+    let mut next = first;
+    while next <= last {
+        let found = commands
+            .raw_message_builder()
+            .sequence(next)
+            .next_by_subject(filter.to_owned())
+            .send()
+            .await;
+        let message = match found {
+            Ok(message) => message,
+            Err(e)
+                if e.kind()
+                    == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+            {
                 break;
             }
-            next = message.sequence + 1;
-            let Some(entity) =
-                Names::entity_of_subject(&message.subject).and_then(|id| EntityId::new(id).ok())
-            else {
-                continue;
-            };
-            recovered.push((
-                entity,
-                Pending {
-                    seq: message.sequence,
-                    reply: None,
-                    // Delivered at least once (it is at or below the consumer's delivered
-                    // sequence); how often is not known here.
-                    deliveries: 1,
-                    attempts: 0,
-                    progress_at: Instant::now(),
-                    respond_to: pin::respond_to(Some(&message.headers)),
-                    payload: message.payload,
-                },
-            ));
+            Err(e) => {
+                return Err(crate::Error::jetstream(
+                    format!("read command {next} of {filter}"),
+                    e,
+                ));
+            }
+        };
+        if message.sequence > last {
+            break;
         }
-        Ok(recovered)
+        next = message.sequence + 1;
+        let Some(entity) =
+            Names::entity_of_subject(&message.subject).and_then(|id| EntityId::new(id).ok())
+        else {
+            continue;
+        };
+        recovered.push((
+            entity,
+            Pending {
+                seq: message.sequence,
+                reply: None,
+                // Delivered at least once (it is at or below the consumer's delivered
+                // sequence); how often is not known here.
+                deliveries: 1,
+                attempts: 0,
+                progress_at: Instant::now(),
+                respond_to: pin::respond_to(Some(&message.headers)),
+                payload: message.payload,
+            },
+        ));
     }
+    Ok(recovered)
 }
 
 impl<E: Entity> OwnerState<E> {
