@@ -159,3 +159,107 @@ async fn a_server_that_is_down_at_start_is_a_jetstream_error() {
         started.err()
     );
 }
+
+/// Why jetshard's consumers have no `max_deliver` of their own: once a message's deliveries are
+/// used, the server never delivers it again, though it was never acknowledged, and the ack
+/// floor moves past it with the next acknowledgement. Takeovers alone could use a command's
+/// deliveries up; the next owner, reading the in-flight window from the ack floor, would never
+/// see it: lost without a trace. jetshard gives commands up itself, with a dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_stops_delivering_past_max_deliver_so_jetshard_sets_none() {
+    use async_nats::jetstream::{self, consumer, stream};
+
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let js = jetstream::new(client.clone());
+    let work = js
+        .create_stream(stream::Config {
+            name: "WORK".to_owned(),
+            subjects: vec!["work.>".to_owned()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let ack_wait = Duration::from_millis(500);
+    let consumer = work
+        .create_consumer(pull::Config {
+            durable_name: Some("w".to_owned()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait,
+            max_deliver: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    js.publish("work.1", "job".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    // Two deliveries, neither acknowledged (owners that died or stalled with it in hand), and
+    // then none, for many ack waits.
+    for (delivery, wait) in [(Some(1), 3), (Some(2), 3), (None, 6)] {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1)
+            .expires(ack_wait * wait)
+            .messages()
+            .await
+            .unwrap();
+        let got = batch
+            .next()
+            .await
+            .map(|m| m.unwrap().info().unwrap().delivered);
+        assert_eq!(got, delivery);
+    }
+    let mut consumer = consumer;
+    let info = consumer.info().await.unwrap();
+    assert_eq!(
+        (info.num_ack_pending, info.num_pending),
+        (0, 0),
+        "pending for nobody"
+    );
+    // The next message is delivered and acknowledged: the ack floor moves past the first one,
+    // which stays in the stream. A recovery that reads from the ack floor never sees it again.
+    js.publish("work.2", "next".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1)
+        .expires(ack_wait * 3)
+        .messages()
+        .await
+        .unwrap();
+    let next = batch.next().await.expect("the next message").unwrap();
+    assert_eq!(next.info().unwrap().stream_sequence, 2);
+    next.double_ack().await.unwrap();
+    let info = consumer.info().await.unwrap();
+    assert_eq!(info.ack_floor.stream_sequence, 2);
+    let mut work = js.get_stream("WORK").await.unwrap();
+    assert_eq!(
+        work.info().await.unwrap().state.messages,
+        1,
+        "never acknowledged"
+    );
+
+    // jetshard's consumers never give up at the server.
+    ShardSystem::start::<Ledger>(client.clone(), ledger_config(2, "n1").build().unwrap())
+        .await
+        .unwrap()
+        .shutdown()
+        .await
+        .unwrap();
+    let mut ledger = js.get_stream("LEDGER_CMD").await.unwrap();
+    let mut consumers = ledger.consumers();
+    let mut seen = 0;
+    while let Some(info) = consumers.next().await {
+        assert_eq!(info.unwrap().config.max_deliver, -1);
+        seen += 1;
+    }
+    assert_eq!(seen, 2);
+}

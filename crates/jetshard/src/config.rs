@@ -163,7 +163,10 @@ impl ShardConfigBuilder {
     }
 
     /// How often a command is delivered before it is given up (terminated and dead-lettered)
-    /// (default 5, at least 1).
+    /// (default 5, at least 1): a command that fails on a delivery whose count (the server's,
+    /// takeovers included) has reached this is given up. The server itself never gives a
+    /// command up (the consumers' own `max_deliver` is unlimited), so nothing is dropped
+    /// without a dead letter.
     pub fn max_deliver(mut self, max_deliver: u32) -> Self {
         self.config.max_deliver = max_deliver;
         self

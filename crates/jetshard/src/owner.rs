@@ -470,12 +470,7 @@ impl<E: Entity> OwnerState<E> {
         let partition = self.partition;
         let node = self.config().node_id.clone();
         let pin = first.pin.clone();
-        // A first delivery (not a redelivery) under our pin: the consumer delivers new commands
-        // in stream order, so every command before it went to an earlier owner, and every
-        // one from it on to us (they are in this actor's mailbox). Only the earlier ones need
-        // reading back. After a redelivery nothing is known: the whole window is read.
-        let earlier_than = (first.deliveries == 1).then_some(first.seq);
-        let acquired = claim_and_rebuild::<E>(&self.shared, partition, earlier_than).await;
+        let acquired = claim_and_rebuild::<E>(&self.shared, partition).await;
         let Acquired {
             fence,
             dormant,
@@ -562,7 +557,6 @@ struct Acquired<E: Entity> {
 async fn claim_and_rebuild<E: Entity>(
     shared: &Shared,
     partition: u32,
-    earlier_than: Option<u64>,
 ) -> Result<Acquired<E>, String> {
     {
         let fence = fence::claim(
@@ -618,7 +612,7 @@ async fn claim_and_rebuild<E: Entity>(
         }
 
         let replay_time = replay_started.elapsed();
-        let recovered = recover_window(shared, partition, earlier_than)
+        let recovered = recover_window(shared, partition)
             .await
             .map_err(|e| format!("recovering in-flight commands: {e}"))?;
         Ok(Acquired {
@@ -639,8 +633,13 @@ const RECOVERY_SLICE_MIN: u64 = 32;
 /// Reads, straight from the command stream, the commands the consumer has delivered but
 /// that are not acknowledged yet: those the previous owner held. Applying them first keeps
 /// each entity's commands in order across the takeover; their redeliveries are then
-/// recognised as already applied. With `earlier_than`, only commands before that stream
-/// sequence are read.
+/// recognised as already applied.
+///
+/// The window is the whole of `(ack floor, delivered]`, including what was delivered to this
+/// owner itself since its pin: bounding it by the first delivery under the pin (new commands
+/// are delivered in stream order) loses commands when a consumer leader change resets the
+/// delivery count (seen in `tests/cluster.rs`, seed 1000): a command missing from the window
+/// comes back after later ones of its entity and is taken for a duplicate.
 ///
 /// Every read is a get from the stream leader (a replica could lag behind the delivered
 /// sequence), one message per request, so the window `(ack floor, delivered]` is cut into
@@ -649,7 +648,6 @@ const RECOVERY_SLICE_MIN: u64 = 32;
 async fn recover_window(
     shared: &Shared,
     partition: u32,
-    earlier_than: Option<u64>,
 ) -> Result<Vec<(EntityId, Pending)>, crate::Error> {
     let names = &shared.names;
     let consumer = names.consumer(partition);
@@ -658,10 +656,10 @@ async fn recover_window(
         .consumer_info(&consumer)
         .await
         .map_err(|e| crate::Error::jetstream(format!("read consumer {consumer}"), e))?;
-    let floor = info.ack_floor.stream_sequence;
-    let delivered = earlier_than.map_or(info.delivered.stream_sequence, |seq| {
-        info.delivered.stream_sequence.min(seq.saturating_sub(1))
-    });
+    let (floor, delivered) = (
+        info.ack_floor.stream_sequence,
+        info.delivered.stream_sequence,
+    );
     if delivered <= floor {
         return Ok(Vec::new());
     }
