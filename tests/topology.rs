@@ -254,7 +254,7 @@ async fn the_server_stops_delivering_past_max_deliver_so_jetshard_sets_none() {
         .shutdown()
         .await
         .unwrap();
-    let mut ledger = js.get_stream("LEDGER_CMD").await.unwrap();
+    let ledger = js.get_stream("LEDGER_CMD").await.unwrap();
     let mut consumers = ledger.consumers();
     let mut seen = 0;
     while let Some(info) = consumers.next().await {
