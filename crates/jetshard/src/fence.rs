@@ -8,6 +8,7 @@
 //! Architecture Invariant: only this module writes fence records.
 
 use async_nats::HeaderMap;
+use async_nats::header::IntoHeaderName;
 use async_nats::jetstream::context::{Context, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
@@ -74,7 +75,7 @@ impl FenceRecord {
 }
 
 /// Reads a header as a decimal `u64`.
-pub(crate) fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
+pub(crate) fn header_u64(headers: &HeaderMap, name: impl IntoHeaderName) -> Option<u64> {
     headers
         .get(name)
         .and_then(|v| v.as_str().trim().parse().ok())

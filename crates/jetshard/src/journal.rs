@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
+use async_nats::header::HeaderName;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use async_nats::jetstream::context::{Context, PublishAckFuture, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
@@ -319,10 +320,16 @@ pub(crate) async fn last_sequence(journal: &Stream<()>, subject: &str) -> Result
     }
 }
 
+// Prebuilt: a lookup by `&str` builds (and allocates) a header name each time, and a replay
+// looks up two or three per record.
+const GENERATION: HeaderName = HeaderName::from_static(HDR_GENERATION);
+const COMMAND_SEQ: HeaderName = HeaderName::from_static(HDR_COMMAND_SEQ);
+const ENTITY: HeaderName = HeaderName::from_static(HDR_ENTITY);
+
 fn stored_record(message: &async_nats::Message) -> Option<StoredEvent<'_>> {
     let headers = message.headers.as_ref()?;
-    header_u64(headers, HDR_GENERATION)?;
-    let command_seq = header_u64(headers, HDR_COMMAND_SEQ)?;
+    header_u64(headers, GENERATION)?;
+    let command_seq = header_u64(headers, COMMAND_SEQ)?;
     match message.subject.split('.').nth(1)? {
         "evt" => Some(StoredEvent {
             entity: Names::entity_of_subject(&message.subject)?,
@@ -330,7 +337,7 @@ fn stored_record(message: &async_nats::Message) -> Option<StoredEvent<'_>> {
             payload: Some(&message.payload),
         }),
         "dlq" => Some(StoredEvent {
-            entity: headers.get(HDR_ENTITY)?.as_str(),
+            entity: headers.get(ENTITY)?.as_str(),
             command_seq,
             payload: None,
         }),
