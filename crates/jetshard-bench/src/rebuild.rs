@@ -65,6 +65,15 @@ impl Reading {
     fn rate(&self) -> f64 {
         self.events as f64 / self.secs.max(1e-9)
     }
+
+    /// How a progress line ends: a note if the time box cut the reading short.
+    fn note(&self) -> &'static str {
+        if self.complete {
+            ""
+        } else {
+            " (time box reached)"
+        }
+    }
 }
 
 /// What a baseline reading does.
@@ -166,11 +175,7 @@ pub async fn run(
         eprintln!(
             "rebuild round {round}: jetshard {:.0} events/s{}",
             reading.rate(),
-            if reading.complete {
-                ""
-            } else {
-                " (time box reached)"
-            }
+            reading.note()
         );
         jetshard.push(reading);
         // A system still replaying does not answer within the shutdown timeout; it ends with
@@ -190,11 +195,7 @@ pub async fn run(
             eprintln!(
                 "rebuild round {round}: bare {fold_kind:?} {:.0} events/s{}",
                 reading.rate(),
-                if reading.complete {
-                    ""
-                } else {
-                    " (time box reached)"
-                }
+                reading.note()
             );
             readings.push(reading);
         }
