@@ -346,7 +346,16 @@ impl NatsServer {
     ///
     /// [`Error::NotRunning`] or [`Error::Signal`].
     pub fn pause(&self) -> Result<(), Error> {
-        self.signal_running(Signal::Stop)
+        self.signal_running(Signal::Stop)?;
+        // SIGSTOP takes effect asynchronously, thread by thread: wait (bounded) until every
+        // thread of the server shows as stopped, so that nothing answers once this returns.
+        if let Some(pid) = self.pid() {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline && !all_threads_stopped(pid) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        Ok(())
     }
 
     /// Lets a [`pause`](Self::pause)d process run again (SIGCONT).
@@ -566,6 +575,20 @@ pub(crate) fn free_ports(count: usize) -> Result<Vec<u16>, Error> {
         .map(|listener| listener.local_addr().map(|addr| addr.port()))
         .collect::<Result<_, _>>()
         .map_err(|source| Error::io(action, source))
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            // The command name (field 2) may hold spaces; the state follows its `)`.
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
+        })
+    })
 }
 
 #[cfg(test)]
