@@ -21,6 +21,9 @@ pub enum LedgerCmd {
     Panic,
     /// Always rejected.
     Refuse,
+    /// Aborts the process in `decide`: a command that kills whoever runs it (as a stack
+    /// overflow or an allocation failure would). Only for child node processes.
+    Abort,
 }
 
 /// Its events.
@@ -51,6 +54,7 @@ impl Entity for Ledger {
             LedgerCmd::Push { n } => Ok(vec![LedgerEvt::Appended { n }]),
             LedgerCmd::Panic => panic!("ledger told to panic"),
             LedgerCmd::Refuse => Err("refused".to_owned()),
+            LedgerCmd::Abort => std::process::abort(),
         }
     }
 

@@ -110,6 +110,7 @@ async fn claim(js: &Context, names: &Names, partition: u32) -> anyhow::Result<u6
         partition,
         generation: 1,
         node: "bare".to_owned(),
+        held: Vec::new(),
     };
     let body = serde_json::to_vec(&record).context("encode a fence record")?;
     let publish = PublishMessage::build()

@@ -39,9 +39,7 @@ impl Codec {
     pub fn decode<T: DeserializeOwned>(self, bytes: &[u8]) -> Result<T, CodecError> {
         match self {
             Codec::Bincode => {
-                let (value, read) =
-                    bincode::serde::decode_from_slice(bytes, bincode::config::standard())
-                        .map_err(|e| CodecError::Decode(e.to_string()))?;
+                let (value, read) = bincode_decode_bounded(bytes)?;
                 if read != bytes.len() {
                     return Err(CodecError::Decode(format!(
                         "{} trailing bytes after the value",
@@ -55,6 +53,32 @@ impl Codec {
             }
         }
     }
+}
+
+/// bincode decodes a length before the bytes it announces and allocates for it first: without
+/// a limit, ten bytes announcing a string of 2^50 bytes abort the process (allocation failure
+/// is no panic). The limit is on the bytes that strings, byte buffers and the containers bincode
+/// sizes itself may claim: the smallest power of two at least the message's length (a
+/// well-formed message never claims more than it holds), so a decode allocates at most about
+/// four times the message for them. serde's own sequence visitors cap what they preallocate.
+fn bincode_decode_bounded<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize), CodecError> {
+    macro_rules! bounded {
+        ($($shift:literal)*) => {{
+            let limit = bytes.len().max(1).next_power_of_two();
+            $(
+                if limit <= 1 << $shift {
+                    let config = bincode::config::standard().with_limit::<{ 1 << $shift }>();
+                    return bincode::serde::decode_from_slice(bytes, config)
+                        .map_err(|e| CodecError::Decode(e.to_string()));
+                }
+            )*
+            Err(CodecError::Decode(format!(
+                "{} bytes: larger than any message this codec decodes",
+                bytes.len()
+            )))
+        }};
+    }
+    bounded!(8 10 12 14 16 18 20 22 24 26 28 30)
 }
 
 #[cfg(test)]
@@ -94,6 +118,13 @@ mod tests {
                 ));
             }
         }
+        // "Variant 0, a string of 2^50 bytes": refused, not allocated (an allocation failure
+        // would abort the test process).
+        let huge = [0x00, 0xFD, 0, 0, 0, 0, 0, 0, 0x04, 0x00];
+        assert!(matches!(
+            Codec::Bincode.decode::<Cmd>(&huge),
+            Err(CodecError::Decode(_))
+        ));
         let mut bytes = Codec::Bincode.encode(&Cmd::Ship).unwrap();
         bytes.push(0);
         assert!(Codec::Bincode.decode::<Cmd>(&bytes).is_err());

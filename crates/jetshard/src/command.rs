@@ -15,7 +15,7 @@ use crate::codec::Codec;
 use crate::config::ShardConfig;
 use crate::entity::{Entity, EntityId};
 use crate::error::Error;
-use crate::wire::{HDR_REPLY_TO, Names};
+use crate::wire::{HDR_MSG_ID, HDR_REPLY_TO, Names};
 
 /// What became of a command, as told to a client that asked (`Jetshard-Reply-To`; JSON with an
 /// `outcome` tag, see docs/WIRE.md).
@@ -37,7 +37,9 @@ pub enum CommandOutcome {
         /// The entity's reason.
         reason: String,
     },
-    /// It had been applied before (this was a redelivery).
+    /// It had been processed before (this was a redelivery), and what it came to then is not
+    /// known here any more. A redelivery whose first outcome is known is answered with that
+    /// outcome instead (applied, rejected or dead-lettered).
     Duplicate {
         /// The command's stream sequence.
         command_seq: u64,
@@ -50,6 +52,9 @@ pub enum CommandOutcome {
         reason: String,
     },
 }
+
+/// The longest idempotency key [`CommandSender::send_with_key`] takes, in bytes.
+pub const MAX_KEY_LEN: usize = 128;
 
 /// Publishes commands for one entity type.
 pub struct CommandSender<E: Entity> {
@@ -90,6 +95,34 @@ impl<E: Entity> CommandSender<E> {
     /// if the stream did not confirm (then the command may or may not be stored).
     pub async fn send(&self, id: &str, command: &E::Command) -> Result<u64, Error> {
         self.publish(id, command, HeaderMap::new()).await
+    }
+
+    /// Publishes `command` for the entity `id` under an idempotency `key`: publishing again
+    /// with the same `id` and `key` (a retry after a timeout, or after a crash of the sender)
+    /// stores no second command, as long as the retry comes within the command stream's
+    /// duplicate window (2 minutes). Returns the command's stream sequence: the first one's, for
+    /// a retry.
+    ///
+    /// # Errors
+    /// As [`send`](Self::send); [`Error::InvalidKey`] if `key` is empty, longer than
+    /// [`MAX_KEY_LEN`] bytes, or holds whitespace or control characters.
+    pub async fn send_with_key(
+        &self,
+        id: &str,
+        key: &str,
+        command: &E::Command,
+    ) -> Result<u64, Error> {
+        if key.is_empty()
+            || key.len() > MAX_KEY_LEN
+            || key.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(Error::InvalidKey {
+                key: key.chars().take(MAX_KEY_LEN).collect(),
+            });
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert(HDR_MSG_ID, format!("{id}:{key}"));
+        self.publish(id, command, headers).await
     }
 
     /// Publishes `command` and waits for its outcome: applied (events durable), rejected, a

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::error::InvalidId;
+use crate::codec::Codec;
+use crate::error::{CodecError, InvalidId};
 
 /// One kind of stateful thing the application runs: an order, an account, a device.
 ///
@@ -77,6 +78,40 @@ pub trait Entity: Send + Sync + 'static {
 
     /// Folds one durable event into the state.
     fn apply(state: &mut Self::State, event: &Self::Event);
+
+    /// The version of [`Event`](Entity::Event)'s encoding that this code writes (default 1).
+    /// Every event is written with it (header `Jetshard-Event-Version`); raise it when a change
+    /// of the event type changes its encoding, and read the older versions in
+    /// [`upcast`](Entity::upcast).
+    const EVENT_VERSION: u32 = 1;
+
+    /// Reads an event written with another [`EVENT_VERSION`](Entity::EVENT_VERSION) than this
+    /// code's (events written before versions were recorded count as version 1). The default
+    /// decodes it as the current type, which is right as long as the encoding did not change.
+    ///
+    /// An event that neither decodes nor upcasts quarantines its entity (never the partition):
+    /// the entity's commands are dead-lettered, naming the journal record, until a process
+    /// whose code reads it owns the partition. See "Changing an event type" in docs/guide.md.
+    ///
+    /// # Errors
+    /// [`CodecError`] if the bytes are no event of that version.
+    fn upcast(version: u32, payload: &[u8], codec: Codec) -> Result<Self::Event, CodecError> {
+        let _ = version;
+        codec.decode(payload)
+    }
+}
+
+/// Reads a stored event of `E` written with encoding `version`.
+pub(crate) fn decode_event<E: Entity>(
+    version: u32,
+    payload: &[u8],
+    codec: Codec,
+) -> Result<E::Event, CodecError> {
+    if version == E::EVENT_VERSION {
+        codec.decode(payload)
+    } else {
+        E::upcast(version, payload, codec)
+    }
 }
 
 /// The longest entity id accepted, in bytes.

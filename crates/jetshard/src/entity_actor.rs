@@ -2,8 +2,17 @@
 //!
 //! It holds the entity's state and the stream sequence of the last command applied to it. For
 //! each command it decides, makes the events durable through the partition's fenced journal
-//! writer, applies them, and reports an [`Outcome`] to its owner, which acknowledges the command.
-//! After a failure it reports and stops; its owner revives it from the journal.
+//! writer, applies them, and reports a [`Verdict`] to whoever supervises it (the partition's
+//! owner, through [`EntityContext::report`]; this module knows nothing of the owner). After a
+//! failure it reports and stops; its owner revives it from the journal.
+//!
+//! Nothing the entity's code or data does escapes as a panic: `decide`, `apply`, the codec and
+//! the whole handling of a command run under `catch_unwind`, so a failure is always reported
+//! with the command it belongs to, in order with the verdicts before it.
+//!
+//! An entity whose journal cannot be read back (an event that no longer decodes, an `apply` that
+//! panics) is *quarantined*: its state is not to be trusted, so none of its commands are decided;
+//! each is dead-lettered naming the journal record at fault. Other entities go on.
 //!
 //! Passivation: an idle entity's actor hands its state back to the owner and stops. The state
 //! waits in the owner's dormant map, a few dozen bytes beyond the state itself, against some
@@ -16,19 +25,22 @@ use std::sync::Arc;
 
 use async_nats::jetstream::stream::Stream;
 use bytes::Bytes;
+use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::Instrument;
 
 use crate::codec::Codec;
-use crate::entity::{Entity, EntityId};
-use crate::journal::{self, JournalWriter, WriteError};
-use crate::owner::OwnerMsg;
+use crate::command::CommandOutcome;
+use crate::entity::{Entity, EntityId, decode_event};
+use crate::journal::{self, JournalWriter, Record, WriteError};
 use crate::wire::Names;
 
-/// An entity's state and the last command applied to it.
+/// An entity's state and what its last command came to.
 pub(crate) struct Seed<E: Entity> {
     pub(crate) state: E::State,
     pub(crate) last_command_seq: u64,
+    /// The outcome of the command at `last_command_seq`, told again to a redelivery of it.
+    pub(crate) last_outcome: Option<LastOutcome>,
 }
 
 impl<E: Entity> Default for Seed<E> {
@@ -36,7 +48,111 @@ impl<E: Entity> Default for Seed<E> {
         Self {
             state: E::State::default(),
             last_command_seq: 0,
+            last_outcome: None,
         }
+    }
+}
+
+/// What the last command of an entity came to (kept small: one per dormant entity).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LastOutcome {
+    Applied { events: u32 },
+    Rejected(Box<str>),
+    DeadLettered(Box<str>),
+}
+
+impl LastOutcome {
+    pub(crate) fn to_outcome(&self, command_seq: u64) -> CommandOutcome {
+        match self {
+            LastOutcome::Applied { events } => CommandOutcome::Applied {
+                command_seq,
+                events: *events as usize,
+            },
+            LastOutcome::Rejected(reason) => CommandOutcome::Rejected {
+                command_seq,
+                reason: reason.to_string(),
+            },
+            LastOutcome::DeadLettered(reason) => CommandOutcome::DeadLettered {
+                command_seq,
+                reason: reason.to_string(),
+            },
+        }
+    }
+}
+
+impl<E: Entity> Seed<E> {
+    /// Takes one record read back from the journal into the state. A record of a command
+    /// before the last one seen changes nothing but the outcome memory.
+    ///
+    /// # Errors
+    /// The quarantine of the entity if the record is an event that cannot be read or applied.
+    pub(crate) fn replay(
+        &mut self,
+        entity: &str,
+        stored: &journal::StoredEvent<'_>,
+        codec: Codec,
+    ) -> Result<(), Quarantine> {
+        match &stored.record {
+            Record::DeadLetter { reason } => {
+                if stored.command_seq >= self.last_command_seq {
+                    self.last_outcome = Some(LastOutcome::DeadLettered((*reason).into()));
+                }
+            }
+            Record::Event { version, payload } => {
+                let quarantine = |reason: String| Quarantine {
+                    journal_seq: stored.seq,
+                    reason,
+                    last_command_seq: self.last_command_seq.max(stored.command_seq),
+                };
+                let event: E::Event = match decode_event::<E>(*version, payload, codec) {
+                    Ok(event) => event,
+                    Err(e) => {
+                        return Err(quarantine(format!(
+                            "event of {entity} at journal seq {} (version {version}) does not decode: {e}",
+                            stored.seq
+                        )));
+                    }
+                };
+                if let Err(panic) =
+                    catch_unwind(AssertUnwindSafe(|| E::apply(&mut self.state, &event)))
+                {
+                    return Err(quarantine(format!(
+                        "apply panicked on the event of {entity} at journal seq {}: {}",
+                        stored.seq,
+                        panic_message(&*panic)
+                    )));
+                }
+                let events = match &self.last_outcome {
+                    Some(LastOutcome::Applied { events })
+                        if stored.command_seq == self.last_command_seq =>
+                    {
+                        events + 1
+                    }
+                    _ => 1,
+                };
+                self.last_outcome = Some(LastOutcome::Applied { events });
+            }
+        }
+        self.last_command_seq = self.last_command_seq.max(stored.command_seq);
+        Ok(())
+    }
+}
+
+/// Why an entity's journal cannot be read back: its commands are dead-lettered instead of
+/// decided until a process whose code reads the record owns the partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Quarantine {
+    /// The journal record at fault.
+    pub(crate) journal_seq: u64,
+    pub(crate) reason: String,
+    /// The last command of the entity in the journal: a redelivery of one up to it is known.
+    pub(crate) last_command_seq: u64,
+}
+
+impl Quarantine {
+    /// The reason given to each command of the entity that is dead-lettered.
+    pub(crate) fn dead_letter_reason(&self) -> String {
+        format!("entity quarantined: {}", self.reason)
     }
 }
 
@@ -44,16 +160,24 @@ impl<E: Entity> Default for Seed<E> {
 pub(crate) enum EntityMsg {
     /// Apply a command.
     Work(Work),
-    /// Idle: give the state back to the owner ([`Passivated`]) and stop.
+    /// Idle: give the state back ([`Passivated`]) and stop.
     Passivate,
 }
 
-/// An entity actor's state, handed back to its owner on passivation.
+/// What an entity actor tells its supervisor.
+pub(crate) enum EntityReport {
+    /// What became of a command.
+    Outcome(Outcome),
+    /// The actor stopped on passivation, handing its state back.
+    Passivated(Passivated),
+}
+
+/// An entity actor's state, handed back on passivation.
 pub(crate) struct Passivated {
     pub(crate) entity: EntityId,
     pub(crate) generation: u64,
-    /// A `Seed<E>` of the owner's entity type; `None` if the actor holds no state it trusts
-    /// (the next actor revives the entity from the journal).
+    /// A `Seed<E>` of the entity type; `None` if the actor holds no state it trusts (the next
+    /// actor revives the entity from the journal).
     pub(crate) seed: Option<Box<dyn Any + Send>>,
 }
 
@@ -63,6 +187,9 @@ pub(crate) struct Work {
     pub(crate) payload: Bytes,
     /// How often it has been delivered (for a dead-letter record).
     pub(crate) deliveries: u64,
+    /// Give it up with this reason instead of deciding it: a dead-letter record, written in the
+    /// entity's order, without decoding the command.
+    pub(crate) give_up: Option<Arc<str>>,
 }
 
 /// What became of one command.
@@ -70,26 +197,47 @@ pub(crate) struct Work {
 pub(crate) enum Verdict {
     /// Its events are durable (possibly none).
     Applied { events: usize },
-    /// It had been applied before (a redelivery): acknowledge it, nothing more.
-    Duplicate,
+    /// It had been processed before (a redelivery); how, if this actor knows.
+    Duplicate { earlier: Option<LastOutcome> },
     /// The entity refused it; nothing was written.
     Rejected(String),
-    /// Its payload is not a valid command: a dead-letter record is written (in the entity's
-    /// order), and the command is to be terminated.
+    /// A dead-letter record of it is durable (written in the entity's order): it is to be
+    /// terminated.
     DeadLettered(String),
     /// The write was rejected by the fence: the partition has a newer owner.
     Fenced,
-    /// Not applied; retry it. The entity actor has stopped.
-    Failed { reason: String, crashed: bool },
+    /// Not done; the entity actor has stopped.
+    Failed(Failure),
 }
 
-/// The report sent to the owner for every command.
+/// Why a command was not done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The journal did not confirm a write (leader change, lost connection): the write may be
+    /// stored; retrying with the same message ids is safe and spends no delivery.
+    Unconfirmed(String),
+    /// The entity's code or data failed on it (a panic in `decide` or the codec): a delivery is
+    /// spent.
+    Crashed(String),
+    /// The write can never succeed as it is (an event over the server's payload limit).
+    Refused(String),
+    /// The entity's journal cannot be read back.
+    Quarantined(Quarantine),
+}
+
+/// The report of one command.
 pub(crate) struct Outcome {
     pub(crate) entity: EntityId,
     pub(crate) seq: u64,
     pub(crate) generation: u64,
     pub(crate) verdict: Verdict,
+    /// Set when the command is done but the entity is not to be trusted any more: `apply`
+    /// panicked on its durable events.
+    pub(crate) quarantine: Option<Quarantine>,
 }
+
+/// Where an entity actor's reports go.
+pub(crate) type Reporter = Arc<dyn Fn(EntityReport) + Send + Sync>;
 
 /// What the entity actors of one partition under one generation share (one allocation for
 /// all of them: a live actor's size is what passivation is weighed against).
@@ -99,7 +247,7 @@ pub(crate) struct EntityContext {
     pub(crate) journal_stream: Stream<()>,
     pub(crate) names: Arc<Names>,
     pub(crate) codec: Codec,
-    pub(crate) owner: ActorRef<OwnerMsg>,
+    pub(crate) report: Reporter,
 }
 
 pub(crate) struct EntityActor<E>(PhantomData<fn() -> E>);
@@ -110,11 +258,18 @@ impl<E> EntityActor<E> {
     }
 }
 
+/// What the actor knows of its entity's state.
+pub(crate) enum Loaded<E: Entity> {
+    /// Not read yet: revived from the journal on the first command.
+    No,
+    Yes(Seed<E>),
+    Quarantined(Quarantine),
+}
+
 pub(crate) struct EntityState<E: Entity> {
     id: EntityId,
     context: Arc<EntityContext>,
-    /// Loaded lazily, so that reviving from the journal runs in this actor, not its owner.
-    seed: Option<Seed<E>>,
+    seed: Loaded<E>,
     /// Set after a failure: later messages are ignored until the actor stops.
     broken: bool,
 }
@@ -122,8 +277,7 @@ pub(crate) struct EntityState<E: Entity> {
 impl<E: Entity> Actor for EntityActor<E> {
     type Msg = EntityMsg;
     type State = EntityState<E>;
-    /// The seed is `None` for an entity to revive from the journal.
-    type Arguments = (EntityId, Arc<EntityContext>, Option<Seed<E>>);
+    type Arguments = (EntityId, Arc<EntityContext>, Loaded<E>);
 
     async fn pre_start(
         &self,
@@ -147,15 +301,20 @@ impl<E: Entity> Actor for EntityActor<E> {
         let work = match message {
             EntityMsg::Work(work) => work,
             EntityMsg::Passivate => {
-                let seed = state.seed.take().filter(|_| !state.broken);
+                let seed = match std::mem::replace(&mut state.seed, Loaded::No) {
+                    Loaded::Yes(seed) if !state.broken => {
+                        Some(Box::new(seed) as Box<dyn Any + Send>)
+                    }
+                    _ => None,
+                };
                 let passivated = Passivated {
                     entity: state.id.clone(),
                     generation: state.context.journal.generation(),
-                    seed: seed.map(|seed| Box::new(seed) as Box<dyn Any + Send>),
+                    seed,
                 };
                 state.broken = true;
                 myself.stop(Some("passivated".to_owned()));
-                let _ = state.context.owner.cast(OwnerMsg::Passivated(passivated));
+                (state.context.report)(EntityReport::Passivated(passivated));
                 return Ok(());
             }
         };
@@ -170,58 +329,95 @@ impl<E: Entity> Actor for EntityActor<E> {
             cmd_seq = work.seq,
         );
         let seq = work.seq;
+        let mut quarantine = None;
         // Boxed: the actor's task then holds only a pointer to the (large) future of a command
-        // while it is idle.
-        let verdict = Box::pin(process(state, work).instrument(span)).await;
-        let stops = matches!(verdict, Verdict::Fenced | Verdict::Failed { .. });
+        // while it is idle. Unwound: a panic anywhere in it is this command's failure.
+        let processing = Box::pin(process(state, work, &mut quarantine).instrument(span));
+        let verdict = match AssertUnwindSafe(processing).catch_unwind().await {
+            Ok(verdict) => verdict,
+            Err(panic) => Verdict::Failed(Failure::Crashed(format!(
+                "panicked: {}",
+                panic_message(&*panic)
+            ))),
+        };
+        let stops = matches!(verdict, Verdict::Fenced | Verdict::Failed(_)) || quarantine.is_some();
+        if stops {
+            state.broken = true;
+            myself.stop(Some("failed".to_owned()));
+        }
         let outcome = Outcome {
             entity: state.id.clone(),
             seq,
             generation: state.context.journal.generation(),
             verdict,
+            quarantine,
         };
-        if stops {
-            state.broken = true;
-            myself.stop(Some("failed".to_owned()));
-        }
-        // The owner is gone only when the partition is being dropped; nothing to report then.
-        let _ = state.context.owner.cast(OwnerMsg::Outcome(outcome));
+        (state.context.report)(EntityReport::Outcome(outcome));
         Ok(())
     }
 }
 
-async fn process<E: Entity>(state: &mut EntityState<E>, work: Work) -> Verdict {
+/// Maps a failed journal write to the verdict it means.
+fn write_failed(e: WriteError) -> Verdict {
+    match e {
+        WriteError::Fenced { .. } => Verdict::Fenced,
+        WriteError::Unconfirmed(_) => Verdict::Failed(Failure::Unconfirmed(e.to_string())),
+        WriteError::TooManyEvents { .. } | WriteError::Refused(_) => {
+            Verdict::Failed(Failure::Refused(e.to_string()))
+        }
+    }
+}
+
+async fn process<E: Entity>(
+    state: &mut EntityState<E>,
+    work: Work,
+    quarantine: &mut Option<Quarantine>,
+) -> Verdict {
     let Work {
         seq,
         payload,
         deliveries,
+        give_up,
     } = work;
-    if state.seed.is_none() {
-        match revive::<E>(&state.id, &state.context).await {
-            Ok(seed) => state.seed = Some(seed),
-            Err(reason) => {
-                return Verdict::Failed {
-                    reason,
-                    crashed: false,
-                };
+    if matches!(state.seed, Loaded::No) {
+        state.seed = match revive::<E>(&state.id, &state.context).await {
+            Ok(seed) => Loaded::Yes(seed),
+            Err(Revival::Quarantined(q)) => Loaded::Quarantined(q),
+            Err(Revival::Unreadable(reason)) => {
+                return Verdict::Failed(Failure::Unconfirmed(reason));
             }
-        }
-    }
-    let Some(seed) = state.seed.as_mut() else {
-        return Verdict::Failed {
-            reason: "entity state missing".to_owned(),
-            crashed: false,
         };
-    };
-    if seq <= seed.last_command_seq {
-        tracing::debug!(last = seed.last_command_seq, "already applied");
-        return Verdict::Duplicate;
     }
+    let last_command_seq = match &state.seed {
+        Loaded::Yes(seed) => seed.last_command_seq,
+        Loaded::Quarantined(q) => q.last_command_seq,
+        Loaded::No => 0,
+    };
+    if seq <= last_command_seq {
+        tracing::debug!(last = last_command_seq, "already processed");
+        let earlier = match &state.seed {
+            Loaded::Yes(seed) if seq == seed.last_command_seq => seed.last_outcome.clone(),
+            _ => None,
+        };
+        return Verdict::Duplicate { earlier };
+    }
+    let give_up = match (&state.seed, give_up) {
+        (_, Some(reason)) => Some(reason.to_string()),
+        (Loaded::Quarantined(q), None) => {
+            return Verdict::Failed(Failure::Quarantined(q.clone()));
+        }
+        (_, None) => None,
+    };
     let codec = state.context.codec;
-    let command: E::Command = match codec.decode(&payload) {
+    let decoded = match give_up {
+        Some(reason) => Err(reason),
+        None => codec
+            .decode::<E::Command>(&payload)
+            .map_err(|e| format!("malformed: {e}")),
+    };
+    let command = match decoded {
         Ok(command) => command,
-        Err(e) => {
-            let reason = format!("malformed: {e}");
+        Err(reason) => {
             let id = state.id.as_str();
             let written = state
                 .context
@@ -230,121 +426,133 @@ async fn process<E: Entity>(state: &mut EntityState<E>, work: Work) -> Verdict {
                 .await;
             return match written {
                 Ok(()) => {
-                    seed.last_command_seq = seq;
+                    if let Loaded::Yes(seed) = &mut state.seed {
+                        seed.last_command_seq = seq;
+                        seed.last_outcome = Some(LastOutcome::DeadLettered(reason.as_str().into()));
+                    }
+                    if let Loaded::Quarantined(q) = &mut state.seed {
+                        q.last_command_seq = seq;
+                    }
                     Verdict::DeadLettered(reason)
                 }
-                Err(WriteError::Fenced { .. }) => Verdict::Fenced,
-                Err(e @ WriteError::Unconfirmed(_)) => Verdict::Failed {
-                    reason: e.to_string(),
-                    crashed: false,
-                },
-                Err(e) => Verdict::Failed {
-                    reason: e.to_string(),
-                    crashed: true,
-                },
+                Err(e) => write_failed(e),
             };
         }
+    };
+    let Loaded::Yes(seed) = &mut state.seed else {
+        return Verdict::Failed(Failure::Unconfirmed("entity state missing".to_owned()));
     };
     let decided = match catch_unwind(AssertUnwindSafe(|| E::decide(&seed.state, command))) {
         Ok(decided) => decided,
         Err(panic) => {
-            return Verdict::Failed {
-                reason: format!("decide panicked: {}", panic_message(&*panic)),
-                crashed: true,
-            };
+            return Verdict::Failed(Failure::Crashed(format!(
+                "decide panicked: {}",
+                panic_message(&*panic)
+            )));
         }
     };
     let events = match decided {
         Ok(events) => events,
         Err(rejection) => {
+            let reason = rejection.to_string();
             seed.last_command_seq = seq;
-            return Verdict::Rejected(rejection.to_string());
+            seed.last_outcome = Some(LastOutcome::Rejected(reason.as_str().into()));
+            return Verdict::Rejected(reason);
         }
     };
     let mut encoded = Vec::with_capacity(events.len());
     for event in &events {
         match codec.encode(event) {
             Ok(bytes) => encoded.push(bytes),
-            Err(e) => {
-                return Verdict::Failed {
-                    reason: e.to_string(),
-                    crashed: true,
-                };
-            }
+            Err(e) => return Verdict::Failed(Failure::Crashed(e.to_string())),
         }
     }
-    match state.context.journal.append(&state.id, seq, encoded).await {
-        Ok(()) => {}
-        Err(WriteError::Fenced { .. }) => return Verdict::Fenced,
-        Err(e @ WriteError::Unconfirmed(_)) => {
-            return Verdict::Failed {
-                reason: e.to_string(),
-                crashed: false,
-            };
-        }
-        Err(e @ (WriteError::TooManyEvents { .. } | WriteError::Refused(_))) => {
-            return Verdict::Failed {
-                reason: e.to_string(),
-                crashed: true,
-            };
-        }
-    }
+    let written = state
+        .context
+        .journal
+        .append(&state.id, seq, encoded, E::EVENT_VERSION)
+        .await;
+    let journal_seq = match written {
+        Ok(journal_seq) => journal_seq,
+        Err(e) => return write_failed(e),
+    };
     seed.last_command_seq = seq;
+    seed.last_outcome = Some(LastOutcome::Applied {
+        events: u32::try_from(events.len()).unwrap_or(u32::MAX),
+    });
     let applied = catch_unwind(AssertUnwindSafe(|| {
         for event in &events {
             E::apply(&mut seed.state, event);
         }
     }));
     if let Err(panic) = applied {
-        // The events are durable, so the command is done; the state in memory is not to be
-        // trusted. Drop it: the next command revives the entity from the journal.
-        tracing::error!(
-            panic = panic_message(&*panic),
-            "apply panicked after the events were written"
+        // The events are durable, so the command is done; the state is not to be trusted, and a
+        // rebuild would panic on the same events: the entity is quarantined.
+        let reason = format!(
+            "apply panicked on the events of command {seq} (journal seq {}): {}",
+            journal_seq.unwrap_or(0),
+            panic_message(&*panic)
         );
-        state.seed = None;
+        tracing::error!(%reason, "entity quarantined");
+        *quarantine = Some(Quarantine {
+            journal_seq: journal_seq.unwrap_or(0),
+            reason,
+            last_command_seq: seq,
+        });
+        state.seed = Loaded::No;
     }
     Verdict::Applied {
         events: events.len(),
     }
 }
 
-/// Rebuilds one entity from its events in the journal.
-async fn revive<E: Entity>(id: &EntityId, context: &EntityContext) -> Result<Seed<E>, String> {
+/// Why an entity could not be revived.
+enum Revival {
+    /// A record of it cannot be read back: quarantine it.
+    Quarantined(Quarantine),
+    /// The journal could not be read (server unavailable): try again later.
+    Unreadable(String),
+}
+
+/// Rebuilds one entity from its records in the journal: its events, and the dead letters of
+/// its commands (which count as processed).
+async fn revive<E: Entity>(id: &EntityId, context: &EntityContext) -> Result<Seed<E>, Revival> {
     let mut seed = Seed::<E>::default();
+    let mut quarantine = None;
     let codec = context.codec;
-    let filter = context.names.event_subject(context.partition, id);
-    let fail = |e: crate::Error| format!("cannot revive {id} from the journal: {e}");
-    journal::replay(&context.journal_stream, filter, u64::MAX, |stored| {
-        let Some(payload) = stored.payload else {
-            return Ok(());
-        };
-        let event: E::Event = codec.decode(payload).map_err(crate::Error::from)?;
-        apply_replayed::<E>(&mut seed, &event, stored.command_seq)
-            .map_err(|reason| crate::Error::jetstream("revive", reason))
+    let events = context.names.event_subject(context.partition, id);
+    let read = journal::replay(&context.journal_stream, events, u64::MAX, |stored| {
+        match &mut quarantine {
+            None => quarantine = seed.replay(id.as_str(), &stored, codec).err(),
+            Some(q) => q.last_command_seq = q.last_command_seq.max(stored.command_seq),
+        }
+        Ok(())
     })
-    .await
-    .map_err(fail)?;
-    Ok(seed)
+    .await;
+    read.map_err(|e| Revival::Unreadable(format!("cannot revive {id} from the journal: {e}")))?;
+    // Its dead letters are on the partition's dead-letter subject, among other entities'.
+    let dead_letters = context.names.dead_letter_subject(context.partition);
+    let read = journal::replay(&context.journal_stream, dead_letters, u64::MAX, |stored| {
+        if stored.entity == id.as_str() {
+            match &mut quarantine {
+                None => seed.replay(id.as_str(), &stored, codec).ok(),
+                Some(q) => {
+                    q.last_command_seq = q.last_command_seq.max(stored.command_seq);
+                    None
+                }
+            };
+        }
+        Ok(())
+    })
+    .await;
+    read.map_err(|e| Revival::Unreadable(format!("cannot revive {id} from the journal: {e}")))?;
+    match quarantine {
+        Some(q) => Err(Revival::Quarantined(q)),
+        None => Ok(seed),
+    }
 }
 
-/// Applies one replayed event, catching a panicking `apply`.
-pub(crate) fn apply_replayed<E: Entity>(
-    seed: &mut Seed<E>,
-    event: &E::Event,
-    command_seq: u64,
-) -> Result<(), String> {
-    catch_unwind(AssertUnwindSafe(|| E::apply(&mut seed.state, event))).map_err(|panic| {
-        format!(
-            "apply panicked on a journal event of command {command_seq}: {}",
-            panic_message(&*panic)
-        )
-    })?;
-    seed.last_command_seq = seed.last_command_seq.max(command_seq);
-    Ok(())
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = panic.downcast_ref::<String>() {

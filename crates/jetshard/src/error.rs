@@ -62,6 +62,14 @@ pub enum Error {
     /// An entity id is invalid; nothing was published.
     #[error(transparent)]
     InvalidId(#[from] InvalidId),
+    /// An idempotency key is not usable; nothing was published.
+    #[error(
+        "idempotency key {key:?} is not valid: 1 to 128 bytes, no whitespace or control characters"
+    )]
+    InvalidKey {
+        /// The key (cut at 128 characters).
+        key: String,
+    },
     /// A command could not be encoded; nothing was published.
     #[error(transparent)]
     Codec(#[from] CodecError),

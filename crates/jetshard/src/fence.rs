@@ -24,6 +24,13 @@ pub(crate) struct Fence {
     pub(crate) seq: u64,
 }
 
+/// What a won claim tells: the fence, and the commands in hand it found (see [`HeldRange`]).
+#[derive(Debug)]
+pub(crate) struct Claimed {
+    pub(crate) fence: Fence,
+    pub(crate) held: Vec<HeldRange>,
+}
+
 /// A fence record's body (JSON). Unknown fields are ignored, so later versions may add some.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FenceRecord {
@@ -33,6 +40,82 @@ pub struct FenceRecord {
     pub generation: u64,
     /// The node that claimed it.
     pub node: String,
+    /// The commands in hand at the claim, delivered to earlier owners and not acknowledged
+    /// (the consumer's `(ack floor, delivered]`, in command-stream sequences), each range with
+    /// how many claims in a row found it in hand: a command that kills every process that runs it
+    /// is counted here, since its process cannot count it, and given up past the delivery limit.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<HeldRange>,
+}
+
+/// Commands `first..=last` of the command stream, found in hand by `claims` claims in a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldRange {
+    /// The first command-stream sequence.
+    pub first: u64,
+    /// The last command-stream sequence.
+    pub last: u64,
+    /// Claims in a row that found these commands in hand.
+    pub claims: u32,
+}
+
+/// The most ranges a fence record keeps (the longest runs of claims win).
+const MAX_HELD_RANGES: usize = 64;
+
+/// The ranges of a new claim: the commands in hand now, `window` (inclusive; `None` if nothing
+/// is in hand), each counted once more than the previous claim counted it.
+pub(crate) fn hold(previous: &[HeldRange], window: Option<(u64, u64)>) -> Vec<HeldRange> {
+    let Some((first, last)) = window.filter(|(first, last)| first <= last) else {
+        return Vec::new();
+    };
+    let mut ranges = Vec::new();
+    let mut next = first;
+    let mut earlier: Vec<&HeldRange> = previous
+        .iter()
+        .filter(|r| r.first <= last && r.last >= first)
+        .collect();
+    earlier.sort_by_key(|r| r.first);
+    for range in earlier {
+        let (from, to) = (range.first.max(next), range.last.min(last));
+        if from > to {
+            continue;
+        }
+        if from > next {
+            ranges.push(HeldRange {
+                first: next,
+                last: from - 1,
+                claims: 1,
+            });
+        }
+        ranges.push(HeldRange {
+            first: from,
+            last: to,
+            claims: range.claims.saturating_add(1),
+        });
+        next = to + 1;
+    }
+    if next <= last {
+        ranges.push(HeldRange {
+            first: next,
+            last,
+            claims: 1,
+        });
+    }
+    if ranges.len() > MAX_HELD_RANGES {
+        let mut by_claims = ranges.clone();
+        by_claims.sort_by_key(|r| std::cmp::Reverse(r.claims));
+        let keep = by_claims[MAX_HELD_RANGES - 1].claims;
+        ranges.retain(|r| r.claims >= keep);
+        ranges.truncate(MAX_HELD_RANGES);
+    }
+    ranges
+}
+
+/// How many claims in a row found command `seq` in hand (0: none).
+pub(crate) fn claims_holding(held: &[HeldRange], seq: u64) -> u32 {
+    held.iter()
+        .find(|r| r.first <= seq && seq <= r.last)
+        .map_or(0, |r| r.claims)
 }
 
 /// A fence record that cannot be read.
@@ -120,26 +203,34 @@ pub(crate) async fn latest(
     }
 }
 
-/// Claims the next generation of `partition` for `node`.
+/// The server's code for "wrong last sequence" from a clustered stream while another write
+/// naming the same expected subject is in flight (not the fence's 10071): try again.
+const IN_FLIGHT_COLLISION: u64 = 10164;
+
+/// Claims the next generation of `partition` for `node`. `in_hand`: the command-stream
+/// sequences delivered and not acknowledged at the claim (inclusive), counted into the record.
 pub(crate) async fn claim(
     js: &Context,
     journal: &Stream<()>,
     names: &Names,
     partition: u32,
     node: &str,
-) -> Result<Fence, ClaimError> {
-    const ATTEMPTS: u32 = 3;
+    in_hand: Option<(u64, u64)>,
+) -> Result<Claimed, ClaimError> {
+    const ATTEMPTS: u32 = 6;
     let subject = names.fence_subject(partition);
-    for _ in 0..ATTEMPTS {
-        let (previous_seq, previous_generation) = match latest(journal, names, partition).await? {
-            Some((seq, record)) => (seq, record.generation),
-            None => (0, 0),
-        };
+    for attempt in 1..=ATTEMPTS {
+        let (previous_seq, previous_generation, previous_held) =
+            match latest(journal, names, partition).await? {
+                Some((seq, record)) => (seq, record.generation, record.held),
+                None => (0, 0, Vec::new()),
+            };
         let generation = previous_generation + 1;
         let record = FenceRecord {
             partition,
             generation,
             node: node.to_owned(),
+            held: hold(&previous_held, in_hand),
         };
         let body = serde_json::to_vec(&record)
             .map_err(|e| Error::jetstream("encode a fence record", e))?;
@@ -150,12 +241,21 @@ pub(crate) async fn claim(
         let result = async { js.send_publish(subject.clone(), publish).await?.await }.await;
         match result {
             Ok(ack) => {
-                return Ok(Fence {
-                    generation,
-                    seq: ack.sequence,
+                return Ok(Claimed {
+                    fence: Fence {
+                        generation,
+                        seq: ack.sequence,
+                    },
+                    held: record.held,
                 });
             }
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => continue,
+            Err(e) if crate::journal::server_error_code(&e) == Some(IN_FLIGHT_COLLISION) => {
+                // A write of the previous owner naming the fence subject was in flight on a
+                // clustered journal: read the latest record again and retry shortly.
+                tokio::time::sleep(std::time::Duration::from_millis(20 * u64::from(attempt))).await;
+                continue;
+            }
             Err(e) => {
                 let source: BoxError = Box::new(e);
                 return Err(Error::JetStream {
@@ -179,12 +279,64 @@ mod tests {
         h
     }
 
+    fn range(first: u64, last: u64, claims: u32) -> HeldRange {
+        HeldRange {
+            first,
+            last,
+            claims,
+        }
+    }
+
+    #[test]
+    fn a_claim_counts_the_commands_in_hand_once_more_than_the_claim_before() {
+        assert_eq!(hold(&[], None), vec![]);
+        assert_eq!(hold(&[], Some((5, 4))), vec![]);
+        let first = hold(&[], Some((10, 20)));
+        assert_eq!(first, vec![range(10, 20, 1)]);
+        // The floor moved past 14; 21..=25 came in since.
+        let second = hold(&first, Some((15, 25)));
+        assert_eq!(second, vec![range(15, 20, 2), range(21, 25, 1)]);
+        let third = hold(&second, Some((15, 25)));
+        assert_eq!(third, vec![range(15, 20, 3), range(21, 25, 2)]);
+        assert_eq!(claims_holding(&third, 17), 3);
+        assert_eq!(claims_holding(&third, 25), 2);
+        assert_eq!(claims_holding(&third, 26), 0);
+        // Progress past everything: nothing carried over.
+        assert_eq!(hold(&third, Some((30, 31))), vec![range(30, 31, 1)]);
+        // A window inside an old range, and one spanning gaps between old ranges.
+        assert_eq!(
+            hold(&[range(1, 100, 4)], Some((50, 60))),
+            vec![range(50, 60, 5)]
+        );
+        assert_eq!(
+            hold(&[range(5, 6, 2), range(9, 9, 3)], Some((4, 10))),
+            vec![
+                range(4, 4, 1),
+                range(5, 6, 3),
+                range(7, 8, 1),
+                range(9, 9, 4),
+                range(10, 10, 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_record_keeps_a_bounded_number_of_ranges_the_longest_held_first() {
+        let many: Vec<HeldRange> = (0..200)
+            .map(|i| range(i * 2, i * 2, 1 + (i % 3) as u32))
+            .collect();
+        let next = hold(&many, Some((0, 400)));
+        assert!(next.len() <= MAX_HELD_RANGES);
+        assert!(next.iter().all(|r| r.claims >= 3), "{next:?}");
+    }
+
     #[test]
     fn a_fence_record_round_trips() {
         let record = FenceRecord {
             partition: 3,
             generation: 7,
             node: "n1".into(),
+            held: vec![range(4, 9, 2)],
         };
         let body = serde_json::to_vec(&record).unwrap();
         assert_eq!(FenceRecord::decode(&headers("7"), &body).unwrap(), record);

@@ -22,8 +22,8 @@ use crate::error::{BoxError, Error};
 use crate::fence::{Fence, header_u64};
 use crate::wire::{
     HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE, HDR_COMMAND_SEQ, HDR_DELIVERIES,
-    HDR_ENTITY, HDR_EXPECTED_SUBJECT, HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_MSG_ID,
-    HDR_REASON, Names,
+    HDR_ENTITY, HDR_EVENT_VERSION, HDR_EXPECTED_SUBJECT, HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION,
+    HDR_MSG_ID, HDR_REASON, Names,
 };
 
 /// Why a journal write did not happen.
@@ -54,7 +54,9 @@ pub(crate) const MAX_EVENTS_PER_COMMAND: usize = 1000;
 const BATCH_DUPLICATE_CODE: u64 = 10201;
 
 /// The JetStream error code behind a publish error, if the server answered with one.
-fn server_error_code(error: &async_nats::jetstream::context::PublishError) -> Option<u64> {
+pub(crate) fn server_error_code(
+    error: &async_nats::jetstream::context::PublishError,
+) -> Option<u64> {
     std::error::Error::source(error)?
         .downcast_ref::<async_nats::jetstream::Error>()
         .map(|e| e.error_code().0)
@@ -101,7 +103,9 @@ impl JournalWriter {
         self.fence.generation
     }
 
-    /// Makes a command's events durable, fenced, de-duplicated by `<t>:<command seq>:<index>`.
+    /// Makes a command's events durable, fenced, de-duplicated by `<t>:<command seq>:<index>`,
+    /// each marked with the event encoding's `version`. Returns the journal sequence of the last
+    /// event (`None` for no events; 0 if the server answered a retried batch as a duplicate).
     ///
     /// One event is one publish; several are one atomic batch, so a command's events are stored
     /// all or none (a fence moved mid-way must not leave half a command in the journal). The
@@ -112,7 +116,8 @@ impl JournalWriter {
         entity: &EntityId,
         command_seq: u64,
         events: Vec<Vec<u8>>,
-    ) -> Result<(), WriteError> {
+        version: u32,
+    ) -> Result<Option<u64>, WriteError> {
         if events.len() > MAX_EVENTS_PER_COMMAND {
             return Err(WriteError::TooManyEvents {
                 events: events.len(),
@@ -125,6 +130,7 @@ impl JournalWriter {
         for (index, event) in events.into_iter().enumerate() {
             let mut headers = self.fenced_headers();
             headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+            headers.insert(HDR_EVENT_VERSION, version.to_string());
             headers.insert(HDR_MSG_ID, self.names.event_msg_id(command_seq, index));
             if let Some(batch_id) = &batch_id {
                 headers.insert(HDR_BATCH_ID, batch_id.as_str());
@@ -146,9 +152,9 @@ impl JournalWriter {
                 headers.insert(HDR_BATCH_COMMIT, "1");
             }
             let ack = self.send(subject.clone(), headers, event.into()).await?;
-            return self.confirm(ack).await;
+            return self.confirm(ack).await.map(Some);
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Records a command that was given up (undecodable, or failing at every delivery), so an
@@ -172,7 +178,7 @@ impl JournalWriter {
         );
         let subject = self.names.dead_letter_subject(self.partition);
         let ack = self.send(subject, headers, payload).await?;
-        self.confirm(ack).await
+        self.confirm(ack).await.map(drop)
     }
 
     fn fenced_headers(&self) -> HeaderMap {
@@ -201,15 +207,16 @@ impl JournalWriter {
             })
     }
 
-    async fn confirm(&self, ack: PublishAckFuture) -> Result<(), WriteError> {
+    /// Waits for the server's answer; the stored sequence (0 for a batch known already).
+    async fn confirm(&self, ack: PublishAckFuture) -> Result<u64, WriteError> {
         match ack.await {
-            Ok(_) => Ok(()),
+            Ok(ack) => Ok(ack.sequence),
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Err(WriteError::Fenced {
                 generation: self.fence.generation,
             }),
             // A batch retried after a lost acknowledgement: its message ids are known, so the
             // earlier attempt committed (batches are all or nothing).
-            Err(e) if server_error_code(&e) == Some(BATCH_DUPLICATE_CODE) => Ok(()),
+            Err(e) if server_error_code(&e) == Some(BATCH_DUPLICATE_CODE) => Ok(0),
             Err(e) => Err(WriteError::Unconfirmed(Box::new(e))),
         }
     }
@@ -226,11 +233,21 @@ fn sanitize_header(value: &str) -> String {
 
 /// One record of an entity read back from the journal.
 pub(crate) struct StoredEvent<'a> {
-    /// The entity id (a valid token: the stream only takes one).
+    /// The entity id as written: not necessarily a valid id (a dead letter of a command whose
+    /// subject held none names what it held).
     pub(crate) entity: &'a str,
+    /// The record's journal sequence.
+    pub(crate) seq: u64,
     pub(crate) command_seq: u64,
-    /// The event, or `None` for a dead letter: a command given up, which counts as processed.
-    pub(crate) payload: Option<&'a Bytes>,
+    pub(crate) record: Record<'a>,
+}
+
+/// What a stored record holds.
+pub(crate) enum Record<'a> {
+    /// An event, in the given version of its type's encoding.
+    Event { version: u32, payload: &'a Bytes },
+    /// A dead letter: its command was given up, which counts as processed.
+    DeadLetter { reason: &'a str },
 }
 
 /// Reads, in journal order, every record on `filter` (a subject, wildcards allowed) up to and
@@ -288,9 +305,9 @@ pub(crate) async fn replay(
         if seq > end {
             return Ok(read);
         }
-        match stored_record(&message.message) {
+        match stored_record(&message.message, seq) {
             Some(record) => {
-                read += u64::from(record.payload.is_some());
+                read += u64::from(matches!(record.record, Record::Event { .. }));
                 each(record)?;
             }
             // Not written by jetshard (no generation or command header): never part of any
@@ -325,21 +342,32 @@ pub(crate) async fn last_sequence(journal: &Stream<()>, subject: &str) -> Result
 const GENERATION: HeaderName = HeaderName::from_static(HDR_GENERATION);
 const COMMAND_SEQ: HeaderName = HeaderName::from_static(HDR_COMMAND_SEQ);
 const ENTITY: HeaderName = HeaderName::from_static(HDR_ENTITY);
+const EVENT_VERSION: HeaderName = HeaderName::from_static(HDR_EVENT_VERSION);
+const REASON: HeaderName = HeaderName::from_static(HDR_REASON);
 
-fn stored_record(message: &async_nats::Message) -> Option<StoredEvent<'_>> {
+fn stored_record(message: &async_nats::Message, seq: u64) -> Option<StoredEvent<'_>> {
     let headers = message.headers.as_ref()?;
     header_u64(headers, GENERATION)?;
     let command_seq = header_u64(headers, COMMAND_SEQ)?;
     match message.subject.split('.').nth(1)? {
         "evt" => Some(StoredEvent {
             entity: Names::entity_of_subject(&message.subject)?,
+            seq,
             command_seq,
-            payload: Some(&message.payload),
+            record: Record::Event {
+                // Events written before versions were recorded are version 1.
+                version: header_u64(headers, EVENT_VERSION)
+                    .map_or(1, |v| u32::try_from(v).unwrap_or(u32::MAX)),
+                payload: &message.payload,
+            },
         }),
         "dlq" => Some(StoredEvent {
             entity: headers.get(ENTITY)?.as_str(),
+            seq,
             command_seq,
-            payload: None,
+            record: Record::DeadLetter {
+                reason: headers.get(REASON).map_or("", |r| r.as_str()),
+            },
         }),
         _ => None,
     }

@@ -39,13 +39,13 @@ mod topology;
 pub mod wire;
 
 pub use codec::Codec;
-pub use command::{CommandOutcome, CommandSender};
+pub use command::{CommandOutcome, CommandSender, MAX_KEY_LEN};
 pub use config::{CommandRetention, ShardConfig, ShardConfigBuilder};
 pub use entity::{Entity, EntityId, MAX_ID_LEN};
 pub use error::{CodecError, ConfigError, Error, InvalidId};
-pub use fence::{FenceRecord, FenceRecordError};
+pub use fence::{FenceRecord, FenceRecordError, HeldRange};
 pub use partition::{fnv1a_32, partition_of};
-pub use status::{OwnershipChange, OwnershipEvent, PartitionStatus};
+pub use status::{OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
 pub use system::ShardSystem;
 
 /// The README's code, compiled as a doctest so that it stays true.

@@ -87,6 +87,9 @@ pub(crate) enum PinSignal {
     /// Pulling is paused and no pull request of this loop is open at the server any more:
     /// nothing more can be delivered to this process, and an unpin cannot pin it again.
     Idle,
+    /// The loop has ended (its subscription closed, or the client failed): nothing more will be
+    /// delivered here until a new loop is started.
+    Ended { reason: String },
 }
 
 /// How the loop pulls.
@@ -100,6 +103,7 @@ pub(crate) struct PullSettings {
 pub(crate) struct PullLoop {
     task: JoinHandle<()>,
     paused: watch::Sender<bool>,
+    forget: watch::Sender<Option<Arc<str>>>,
 }
 
 impl PullLoop {
@@ -107,6 +111,12 @@ impl PullLoop {
     /// the loop reports [`PinSignal::Idle`]; it resumes without a pin id.
     pub(crate) fn pause(&self, paused: bool) {
         self.paused.send_replace(paused);
+    }
+
+    /// Pulls on without the pin id `pin` (if the loop still holds it): the server's pin then
+    /// lapses after its TTL, whoever asks to unpin it, and the partition is pinned afresh.
+    pub(crate) fn forget_pin(&self, pin: Arc<str>) {
+        self.forget.send_replace(Some(pin));
     }
 }
 
@@ -123,17 +133,43 @@ pub(crate) fn start(
     stream: &str,
     consumer: &str,
     settings: PullSettings,
-    sink: impl Fn(PinSignal) -> bool + Send + 'static,
+    sink: impl Fn(PinSignal) -> bool + Send + Sync + 'static,
 ) -> PullLoop {
     let request_subject = format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}");
     let consumer = consumer.to_owned();
     let (paused, paused_rx) = watch::channel(false);
+    let (forget, forget_rx) = watch::channel(None);
     let task = tokio::spawn(async move {
-        if let Err(e) = run(js, request_subject, settings, paused_rx, sink).await {
-            tracing::error!(consumer = %consumer, error = %e, "pull loop stopped");
-        }
+        let signals = Signals {
+            paused: paused_rx,
+            forget: forget_rx,
+        };
+        let reason = match run(js, request_subject, settings, signals, &sink).await {
+            Ok(Ended::OwnerGone) => return,
+            Ok(Ended::SubscriptionClosed) => "its subscription closed".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        tracing::error!(consumer = %consumer, %reason, "pull loop ended");
+        sink(PinSignal::Ended { reason });
     });
-    PullLoop { task, paused }
+    PullLoop {
+        task,
+        paused,
+        forget,
+    }
+}
+
+/// What the owner tells a running loop.
+struct Signals {
+    paused: watch::Receiver<bool>,
+    forget: watch::Receiver<Option<Arc<str>>>,
+}
+
+/// Why a loop ended without an error.
+enum Ended {
+    /// The owner is gone: nobody to tell.
+    OwnerGone,
+    SubscriptionClosed,
 }
 
 /// A pull request still open at the server, as far as this loop knows.
@@ -146,9 +182,13 @@ async fn run(
     js: Context,
     request_subject: String,
     settings: PullSettings,
-    mut paused: watch::Receiver<bool>,
-    sink: impl Fn(PinSignal) -> bool,
-) -> Result<(), async_nats::Error> {
+    signals: Signals,
+    sink: &(impl Fn(PinSignal) -> bool + Sync),
+) -> Result<Ended, async_nats::Error> {
+    let Signals {
+        mut paused,
+        mut forget,
+    } = signals;
     let client: Client = js.client();
     let inbox = client.new_inbox();
     let mut subscription = client.subscribe(inbox.clone()).await?;
@@ -167,6 +207,12 @@ async fn run(
         while open.front().is_some_and(|p| now >= p.sent + forget_after) {
             open.pop_front();
         }
+        if let Some(forgotten) = forget.borrow_and_update().as_ref()
+            && pin.as_ref() == Some(forgotten)
+        {
+            tracing::debug!(pin = %forgotten, "pin forgotten");
+            pin = None;
+        }
         let is_paused = *paused.borrow_and_update();
         if is_paused {
             // The next pull, after the pause, asks afresh.
@@ -174,7 +220,7 @@ async fn run(
             if open.is_empty() && !idle_reported {
                 idle_reported = true;
                 if !sink(PinSignal::Idle) {
-                    return Ok(());
+                    return Ok(Ended::OwnerGone);
                 }
             }
         } else {
@@ -204,12 +250,18 @@ async fn run(
         let message = tokio::select! {
             message = subscription.next() => match message {
                 Some(message) => message,
-                None => return Ok(()),
+                None => return Ok(Ended::SubscriptionClosed),
             },
             () = tokio::time::sleep_until(wake_at) => continue,
             changed = paused.changed() => {
                 if changed.is_err() {
-                    return Ok(());
+                    return Ok(Ended::OwnerGone);
+                }
+                continue;
+            }
+            changed = forget.changed() => {
+                if changed.is_err() {
+                    return Ok(Ended::OwnerGone);
                 }
                 continue;
             }
@@ -252,7 +304,7 @@ async fn run(
                 {
                     tracing::warn!(from = last, to = consumer_seq, "deliveries lost in transit");
                     if !sink(PinSignal::Gap { pin: pin.clone() }) {
-                        return Ok(());
+                        return Ok(Ended::OwnerGone);
                     }
                 }
                 last_consumer_seq =
@@ -268,7 +320,7 @@ async fn run(
                     deliveries,
                 };
                 if !sink(PinSignal::Delivered(delivery)) {
-                    return Ok(());
+                    return Ok(Ended::OwnerGone);
                 }
             }
             Some(StatusCode::IDLE_HEARTBEAT) => {}
@@ -277,7 +329,7 @@ async fn run(
                 if let Some(lost) = pin.take() {
                     tracing::debug!(pin = %lost, "pin lost");
                     if !sink(PinSignal::Lost { pin: lost }) {
-                        return Ok(());
+                        return Ok(Ended::OwnerGone);
                     }
                 }
             }

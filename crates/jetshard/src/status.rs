@@ -50,4 +50,21 @@ pub struct PartitionStatus {
     pub dead_lettered: u64,
     /// How often this process acquired the partition.
     pub acquisitions: u64,
+    /// How often this process failed to acquire it (claim, rebuild or recovery failed).
+    pub failed_acquisitions: u64,
+    /// Entities of the partition whose journal cannot be read back, while this process owns it.
+    pub quarantined: Vec<QuarantinedEntity>,
+}
+
+/// An entity whose journal records cannot be read back (an event that no longer decodes, an
+/// `apply` that panics): its commands are dead-lettered, naming the record, until a process whose
+/// code reads it owns the partition (docs/OPERATIONS.md, "Poison").
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct QuarantinedEntity {
+    /// The entity id.
+    pub entity: String,
+    /// The journal record at fault.
+    pub journal_seq: u64,
+    /// What is wrong with it.
+    pub reason: String,
 }

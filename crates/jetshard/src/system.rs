@@ -1,6 +1,6 @@
 //! The shard system: one entity type's partitions in this process, under one supervisor.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use crate::balance::{Heartbeat, Membership};
 use crate::config::ShardConfig;
 use crate::entity::Entity;
 use crate::error::Error;
-use crate::owner::{OwnerActor, OwnerArgs, OwnerMsg, Shared};
+use crate::owner::{FailureWindow, OwnerActor, OwnerArgs, OwnerMsg, Shared};
 use crate::status::{OwnershipEvent, PartitionStatus};
 use crate::topology;
 use crate::wire::Names;
@@ -180,7 +180,8 @@ struct SystemState {
     shared: Arc<Shared>,
     owners: Vec<Option<ActorRef<OwnerMsg>>>,
     partition_of: HashMap<ActorId, u32>,
-    failures: VecDeque<Instant>,
+    /// Owner failures, against the system's restart window.
+    failures: FailureWindow,
     stopping: bool,
     membership: Membership,
     last_hand_off: Option<Instant>,
@@ -208,12 +209,16 @@ impl<E: Entity> Actor for SystemActor<E> {
     ) -> Result<SystemState, ActorProcessingErr> {
         let partitions = shared.config.partitions;
         let pin_ttl = shared.config.pin_ttl;
+        let failures = FailureWindow::new(
+            shared.config.max_owner_restarts,
+            shared.config.owner_restart_window,
+        );
         let mut state = SystemState {
             membership: Membership::new(&shared.config.node_id, pin_ttl * 3),
             shared,
             owners: vec![None; partitions as usize],
             partition_of: HashMap::new(),
-            failures: VecDeque::new(),
+            failures,
             stopping: false,
             last_hand_off: None,
             tasks: Vec::new(),
@@ -325,23 +330,13 @@ impl<E: Entity> Actor for SystemActor<E> {
         }
         let reason = failure.unwrap_or_else(|| "stopped".to_owned());
         tracing::error!(partition, %reason, "partition owner ended; restarting it as a standby");
-        let now = Instant::now();
-        state.failures.push_back(now);
-        let config = &state.shared.config;
-        let window = config.owner_restart_window;
-        while state
-            .failures
-            .front()
-            .is_some_and(|t| now.duration_since(*t) > window)
-        {
-            state.failures.pop_front();
-        }
-        if state.failures.len() > config.max_owner_restarts as usize {
+        let window = state.shared.config.owner_restart_window;
+        if state.failures.exceeded(Instant::now()) {
             // ractor does not stop the children of a failed actor: stop the owners here, so
             // the partitions' pins lapse and other processes take them.
             state.stopping = true;
             myself.stop_children(Some("shard system failed".to_owned()));
-            return Err(format!("{} partition owners failed within {window:?}; last: partition {partition}: {reason}", state.failures.len()).into());
+            return Err(format!("{} partition owners failed within {window:?}; last: partition {partition}: {reason}", state.failures.count()).into());
         }
         myself.send_after(RESPAWN_DELAY, move || SystemMsg::Respawn(partition));
         Ok(())

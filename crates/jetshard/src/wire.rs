@@ -12,6 +12,9 @@ pub const PRIORITY_GROUP: &str = "owners";
 pub const HDR_GENERATION: &str = "Jetshard-Generation";
 /// Header on every event: the stream sequence of the command that caused it.
 pub const HDR_COMMAND_SEQ: &str = "Jetshard-Command-Seq";
+/// Header on every event: the version of the event type's encoding it was written with
+/// (`Entity::EVENT_VERSION`); absent on events written before versions were recorded (read as 1).
+pub const HDR_EVENT_VERSION: &str = "Jetshard-Event-Version";
 /// Header on a dead-letter record: the entity id.
 pub const HDR_ENTITY: &str = "Jetshard-Entity";
 /// Header on a dead-letter record: why the command was given up.

@@ -555,6 +555,7 @@ mod tests {
                     partition,
                     generation: *generation,
                     node: node.to_owned(),
+                    held: Vec::new(),
                 })),
             });
         }

@@ -1,0 +1,937 @@
+//! The shard-owner actor of one partition in one process.
+//!
+//! Every process runs one owner per partition. All of them pull; the server pins one, and that
+//! one owns the partition: it claims a new generation, rebuilds the partition's state, recovers
+//! what earlier owners held, and hands commands to one actor per entity.
+//!
+//! - [`phase`]: the owner's phases (a diagram) and what it holds in each;
+//! - [`acquire`]: claim, rebuild (quarantining entities whose records cannot be read back),
+//!   recovery of the in-flight window;
+//! - [`route`]: each entity's commands in hand, handed to its actor in order;
+//! - [`settle`]: the failure policy, a pure function from an entity's verdict to effects (ack,
+//!   nak, give up, retry, step down), unit-tested without a server.
+//!
+//! This file is the actor: it receives the pull loop's signals and the entity actors' reports,
+//! and carries out the effects [`settle`] decides.
+//!
+//! Architecture Invariant: a partition's state lives in exactly one owner actor (and its entity
+//! actors); the owner is the only place that acknowledges, naks or terminates its commands, and
+//! it does so only while it holds the partition under the generation the outcome was produced
+//! with.
+
+mod acquire;
+mod phase;
+mod route;
+mod settle;
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_nats::jetstream::Context;
+use async_nats::jetstream::message::AckKind;
+use async_nats::jetstream::stream::Stream;
+use async_nats::{Client, Subject};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::command::CommandOutcome;
+use crate::config::ShardConfig;
+use crate::entity::{Entity, EntityId};
+use crate::entity_actor::{EntityContext, EntityReport, Outcome, Passivated, Reporter, Seed};
+use crate::fence;
+use crate::journal::JournalWriter;
+use crate::pin::{self, Delivery, PinSignal, PullLoop, PullSettings};
+use crate::status::{OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
+use crate::wire::{Names, PRIORITY_GROUP};
+use phase::{Counters, Owning, Phase, Refused, Release};
+use route::{Blocked, Pending};
+use settle::{Effect, Head, Policy, RestartWindow, StepDown};
+
+pub(crate) use settle::RestartWindow as FailureWindow;
+
+/// What one entity type's owners share.
+pub(crate) struct Shared {
+    pub(crate) js: Context,
+    pub(crate) client: Client,
+    pub(crate) names: Arc<Names>,
+    pub(crate) config: ShardConfig,
+    pub(crate) command_stream: Stream<()>,
+    pub(crate) journal_stream: Stream<()>,
+    pub(crate) events: broadcast::Sender<OwnershipEvent>,
+    /// Live entity actors over all partitions of this system (for the resident cap).
+    pub(crate) resident: Arc<AtomicUsize>,
+}
+
+/// The owner's messages.
+pub(crate) enum OwnerMsg {
+    /// From the pull loop.
+    Pin(PinSignal),
+    /// From an entity actor.
+    Entity(EntityReport),
+    /// Periodic upkeep: in-progress extension, passivation, retries, release deadline.
+    Tick,
+    /// Graceful stop: finish in-flight commands, release the pin, reply, stop.
+    Release(RpcReplyPort<()>),
+    /// Balancing: hand the partition to another process (as a graceful stop does), then stay
+    /// out of it for a while before pulling again.
+    HandOff,
+    /// A snapshot for status displays.
+    Status(RpcReplyPort<PartitionStatus>),
+}
+
+pub(crate) struct OwnerArgs {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) partition: u32,
+}
+
+pub(crate) struct OwnerActor<E>(PhantomData<fn() -> E>);
+
+impl<E> OwnerActor<E> {
+    pub(crate) fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+pub(crate) struct OwnerState<E: Entity> {
+    partition: u32,
+    shared: Arc<Shared>,
+    myself: ActorRef<OwnerMsg>,
+    pull: PullLoop,
+    ticker: JoinHandle<()>,
+    phase: Phase<E>,
+    policy: Policy,
+    counters: Counters,
+}
+
+impl<E: Entity> Drop for OwnerState<E> {
+    fn drop(&mut self) {
+        self.ticker.abort();
+    }
+}
+
+impl<E: Entity> Actor for OwnerActor<E> {
+    type Msg = OwnerMsg;
+    type State = OwnerState<E>;
+    type Arguments = OwnerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<OwnerMsg>,
+        args: OwnerArgs,
+    ) -> Result<OwnerState<E>, ActorProcessingErr> {
+        let config = &args.shared.config;
+        let settings = PullSettings {
+            batch: config.pull_batch,
+            expires: config.pull_expires(),
+        };
+        let sink = {
+            let myself = myself.clone();
+            move |signal| myself.cast(OwnerMsg::Pin(signal)).is_ok()
+        };
+        let pull = pin::start(
+            args.shared.js.clone(),
+            &args.shared.names.command_stream,
+            &args.shared.names.consumer(args.partition),
+            settings,
+            sink,
+        );
+        let tick = (config.ack_wait / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        let ticker = myself.send_interval(tick, || OwnerMsg::Tick);
+        let policy = Policy {
+            max_deliver: u64::from(config.max_deliver),
+            retry_delay: config.retry_delay,
+            ack_wait: config.ack_wait,
+        };
+        Ok(OwnerState {
+            partition: args.partition,
+            shared: args.shared,
+            myself,
+            pull,
+            ticker,
+            phase: Phase::Standby,
+            policy,
+            counters: Counters::default(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<OwnerMsg>,
+        message: OwnerMsg,
+        state: &mut OwnerState<E>,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            OwnerMsg::Pin(PinSignal::Delivered(delivery)) => state.on_delivery(delivery).await,
+            OwnerMsg::Pin(PinSignal::Lost { pin }) => {
+                state.step_down_under(&pin, StepDown::PinLost).await
+            }
+            // The lost delivery comes back only after the ack wait, behind later ones. Take the
+            // partition afresh: a new generation and the recovery of every unacknowledged
+            // command, in order, before anything newer.
+            OwnerMsg::Pin(PinSignal::Gap { pin }) => {
+                state.step_down_under(&pin, StepDown::DeliveriesLost).await
+            }
+            OwnerMsg::Pin(PinSignal::Idle) => {
+                if let Phase::Releasing(release, _) = &mut state.phase {
+                    release.pulls_idle = true;
+                }
+                state.finish_release_if_drained().await;
+            }
+            OwnerMsg::Pin(PinSignal::Ended { reason }) => {
+                return state.on_pull_loop_ended(reason).await;
+            }
+            OwnerMsg::Entity(EntityReport::Outcome(outcome)) => {
+                return state.on_outcome(outcome).await;
+            }
+            OwnerMsg::Entity(EntityReport::Passivated(passivated)) => {
+                state.on_passivated(passivated);
+            }
+            OwnerMsg::Tick => state.on_tick().await,
+            OwnerMsg::Release(reply) => state.start_release(Some(reply)).await,
+            OwnerMsg::HandOff => {
+                if matches!(state.phase, Phase::Owning(_)) {
+                    state.start_release(None).await;
+                }
+            }
+            OwnerMsg::Status(reply) => {
+                let _ = reply.send(state.status());
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _: ActorRef<OwnerMsg>,
+        event: SupervisionEvent,
+        state: &mut OwnerState<E>,
+    ) -> Result<(), ActorProcessingErr> {
+        // Entity actors report every command's failure themselves, in order (their handling
+        // runs under `catch_unwind`). An actor that dies otherwise takes its state with it and
+        // blames no command: its commands in hand go to a new actor revived from the journal.
+        let SupervisionEvent::ActorFailed(cell, error) = event else {
+            return Ok(());
+        };
+        let partition = state.partition;
+        let Some(o) = state.phase.owning() else {
+            return Ok(());
+        };
+        let id = cell.get_id();
+        let Some((entity, slot)) = o.entities.iter_mut().find(|(_, slot)| {
+            slot.returning == Some(id)
+                || slot.actor.as_ref().is_some_and(|r| r.actor.get_id() == id)
+        }) else {
+            return Ok(());
+        };
+        tracing::error!(partition, %entity, %error, "entity actor died; its state is revived from the journal");
+        let entity = entity.clone();
+        slot.returning = None;
+        slot.actor = None;
+        slot.revive = true;
+        state.dispatch(&entity);
+        Ok(())
+    }
+}
+
+impl<E: Entity> OwnerState<E> {
+    fn config(&self) -> &ShardConfig {
+        &self.shared.config
+    }
+
+    async fn on_delivery(&mut self, delivery: Delivery) {
+        if matches!(self.phase, Phase::Releasing(..) | Phase::CoolingDown(_)) {
+            // Handing over: let the next owner have it soon.
+            acknowledge(
+                &self.shared.client,
+                self.partition,
+                delivery.reply,
+                AckKind::Nak(Some(Duration::from_millis(100))),
+            )
+            .await;
+            return;
+        }
+        let moved = matches!(&self.phase, Phase::Owning(o) if o.pin != delivery.pin);
+        if moved {
+            self.step_down(StepDown::PinMoved).await;
+        }
+        match &mut self.phase {
+            Phase::Owning(_) => self.route_delivery(delivery).await,
+            Phase::Refused(refused) if refused.pin == delivery.pin => {
+                // Not ours to process; back to the server soon for whoever owns it.
+                refused.last_delivery = Some(Instant::now());
+                let nak = AckKind::Nak(Some(self.policy.retry_delay));
+                acknowledge(&self.shared.client, self.partition, delivery.reply, nak).await;
+            }
+            _ => self.acquire(delivery).await,
+        }
+    }
+
+    /// Routes a delivered command to its entity; one whose subject holds no valid entity id is
+    /// given up at once, with a dead-letter record naming what the subject held.
+    async fn route_delivery(&mut self, delivery: Delivery) {
+        let partition = self.partition;
+        let subject = delivery.subject.clone();
+        let mut pending = Pending::delivered(delivery);
+        let Some(o) = self.phase.owning() else { return };
+        pending.deliveries = pending
+            .deliveries
+            .max(u64::from(fence::claims_holding(&o.held, pending.seq)) + 1);
+        let named = Names::entity_of_subject(&subject).unwrap_or_default();
+        match EntityId::new(named) {
+            Ok(entity) => self.route(&entity, pending),
+            Err(invalid) => {
+                tracing::warn!(partition, %subject, %invalid, "command subject holds no valid entity id; dead-lettered");
+                let reason = format!("the subject holds no valid entity id: {invalid}");
+                self.give_up_without_entity(named, pending, reason).await;
+            }
+        }
+    }
+
+    /// Queues a command for its entity, marked to be given up if it was delivered too often,
+    /// and hands it on unless the entity waits.
+    fn route(&mut self, entity: &EntityId, mut pending: Pending) {
+        if let Err(reason) = settle::admit(pending.deliveries, &self.policy) {
+            tracing::warn!(partition = self.partition, %entity, cmd_seq = pending.seq, deliveries = pending.deliveries, "command delivered too often; giving it up before decoding");
+            pending.give_up.get_or_insert_with(|| reason.into());
+        }
+        let Some(o) = self.phase.owning() else { return };
+        if let Some(q) = o.quarantined.get(entity) {
+            pending
+                .give_up
+                .get_or_insert_with(|| q.dead_letter_reason().into());
+        }
+        if route::enqueue(o, entity, pending) {
+            self.dispatch(entity);
+        }
+    }
+
+    /// Hands an entity its commands in hand (starting its actor if needed), then keeps the
+    /// resident cap.
+    fn dispatch(&mut self, entity: &EntityId) {
+        let supervisor = self.myself.get_cell();
+        let resident = &self.shared.resident;
+        let cap = self.shared.config.max_resident_entities;
+        let Some(o) = self.phase.owning() else { return };
+        route::dispatch(o, entity, &supervisor, resident);
+        if let Some(cap) = cap {
+            let live = resident.load(Ordering::Relaxed);
+            if live > cap {
+                route::evict_idle(o, live - cap * 9 / 10);
+            }
+        }
+    }
+
+    /// Takes the partition: a new generation, the state rebuilt, the previous owners'
+    /// unacknowledged commands recovered in order. `first` is the delivery that showed the pin.
+    async fn acquire(&mut self, first: Delivery) {
+        let started = Instant::now();
+        let partition = self.partition;
+        let node = self.config().node_id.clone();
+        let pin = first.pin.clone();
+        let first_new = (first.deliveries == 1).then_some(first.seq);
+        let acquired = acquire::claim_and_rebuild::<E>(&self.shared, partition, first_new).await;
+        let acquired = match acquired {
+            Ok(acquired) => acquired,
+            Err(e) => {
+                self.counters.failed_acquisitions += 1;
+                tracing::error!(partition, node = %node, error = %e, "cannot take the partition; releasing the pin");
+                self.refuse(pin, true).await;
+                return;
+            }
+        };
+        let fence = acquired.claimed.fence;
+        let journal = JournalWriter::new(
+            self.shared.js.clone(),
+            self.shared.names.clone(),
+            partition,
+            fence,
+        );
+        let report: Reporter = {
+            let owner = self.myself.clone();
+            Arc::new(move |report| {
+                // The owner is gone only when the partition is being dropped: nobody to tell.
+                let _ = owner.cast(OwnerMsg::Entity(report));
+            })
+        };
+        let context = Arc::new(EntityContext {
+            partition,
+            journal,
+            journal_stream: self.shared.journal_stream.clone(),
+            names: self.shared.names.clone(),
+            codec: self.shared.config.codec,
+            report,
+        });
+        let quarantined = acquired.quarantined.len();
+        self.phase = Phase::Owning(Box::new(Owning {
+            generation: fence.generation,
+            pin,
+            context,
+            dormant: acquired.dormant,
+            quarantined: acquired.quarantined,
+            entities: HashMap::new(),
+            crashes: RestartWindow::new(
+                self.shared.config.max_entity_restarts,
+                self.shared.config.restart_window,
+            ),
+            held: acquired.claimed.held,
+        }));
+        self.counters.acquisitions += 1;
+        tracing::info!(
+            partition,
+            generation = fence.generation,
+            node = %node,
+            rebuilt_events = acquired.rebuilt_events,
+            quarantined,
+            recovered = acquired.recovered.len(),
+            replay_ms = acquired.replay_time.as_millis() as u64,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "acquired partition"
+        );
+        let _ = self.shared.events.send(OwnershipEvent {
+            partition,
+            generation: fence.generation,
+            node,
+            change: OwnershipChange::Acquired,
+        });
+
+        // The previous owners' unacknowledged commands, and the first delivery, in stream order.
+        let first_seq = first.seq;
+        let mut first = Some(first);
+        for (entity, pending) in acquired.recovered {
+            if let Some(f) = first.take_if(|f| f.seq <= pending.seq) {
+                self.route_delivery(f).await;
+            }
+            if pending.seq != first_seq {
+                self.route(&entity, pending);
+            }
+        }
+        if let Some(f) = first {
+            self.route_delivery(f).await;
+        }
+    }
+
+    async fn on_outcome(&mut self, outcome: Outcome) -> Result<(), ActorProcessingErr> {
+        let partition = self.partition;
+        let policy = self.policy;
+        let Some(o) = self.phase.owning() else {
+            return Ok(());
+        };
+        if outcome.generation != o.generation {
+            return Ok(());
+        }
+        let entity = outcome.entity;
+        let Some(slot) = o.entities.get_mut(&entity) else {
+            return Ok(());
+        };
+        let Some(head) = slot.queue.iter().find(|p| p.seq == outcome.seq) else {
+            return Ok(());
+        };
+        slot.last_active = Instant::now();
+        let head = Head {
+            seq: head.seq,
+            deliveries: head.deliveries,
+            attempts: head.attempts,
+            delivered: head.reply.is_some(),
+        };
+        let stopped = matches!(
+            outcome.verdict,
+            crate::entity_actor::Verdict::Fenced | crate::entity_actor::Verdict::Failed(_)
+        ) || outcome.quarantine.is_some();
+        if stopped {
+            // The actor has stopped, and its state with it.
+            slot.actor = None;
+            slot.revive = true;
+        }
+        match &outcome.verdict {
+            crate::entity_actor::Verdict::Applied { events } => {
+                self.counters.applied += 1;
+                self.counters.events_written += *events as u64;
+            }
+            crate::entity_actor::Verdict::Duplicate { .. } => self.counters.duplicates += 1,
+            crate::entity_actor::Verdict::Rejected(reason) => {
+                self.counters.rejected += 1;
+                tracing::debug!(partition, %entity, cmd_seq = outcome.seq, %reason, "command rejected");
+            }
+            crate::entity_actor::Verdict::DeadLettered(reason) => {
+                self.counters.dead_lettered += 1;
+                tracing::warn!(partition, %entity, cmd_seq = outcome.seq, %reason, "command dead-lettered and terminated");
+            }
+            crate::entity_actor::Verdict::Failed(failure) => {
+                tracing::warn!(partition, %entity, cmd_seq = outcome.seq, deliveries = head.deliveries, ?failure, "command failed");
+            }
+            crate::entity_actor::Verdict::Fenced => {}
+        }
+        let mut effects = settle::settle(&head, outcome.verdict, &policy, Instant::now());
+        if let Some(q) = outcome.quarantine {
+            effects.insert(0, Effect::Quarantine(q));
+        }
+        self.carry_out(&entity, outcome.seq, effects).await
+    }
+
+    /// Carries out what [`settle::settle`] decided for command `seq` of `entity`.
+    async fn carry_out(
+        &mut self,
+        entity: &EntityId,
+        seq: u64,
+        effects: Vec<Effect>,
+    ) -> Result<(), ActorProcessingErr> {
+        let partition = self.partition;
+        for effect in effects {
+            let Some(o) = self.phase.owning() else {
+                break;
+            };
+            let Some(slot) = o.entities.get_mut(entity) else {
+                break;
+            };
+            let position = slot.queue.iter().position(|p| p.seq == seq);
+            match effect {
+                Effect::Finish { terminate, answer } => {
+                    let Some(done) = position.and_then(|at| slot.queue.remove(at)) else {
+                        continue;
+                    };
+                    if let Some(reply) = done.reply {
+                        let kind = if terminate {
+                            AckKind::Term
+                        } else {
+                            AckKind::Ack
+                        };
+                        acknowledge(&self.shared.client, self.partition, reply, kind).await;
+                    }
+                    if let Some(to) = done.respond_to {
+                        respond(&self.shared.client, to, &answer).await;
+                    }
+                }
+                Effect::GiveUp { reason } => {
+                    if let Some(pending) = position.and_then(|at| slot.queue.get_mut(at)) {
+                        pending.give_up = Some(reason.into());
+                    }
+                    slot.blocked = None;
+                    self.dispatch(entity);
+                }
+                Effect::RetryAt(at) => {
+                    if let Some(pending) = position.and_then(|at| slot.queue.get_mut(at)) {
+                        pending.attempts += 1;
+                    }
+                    slot.blocked = Some(Blocked::Retry { at });
+                }
+                Effect::Nak(delay) => {
+                    let reply = position
+                        .and_then(|at| slot.queue.get_mut(at))
+                        .and_then(|p| p.reply.take());
+                    slot.blocked = Some(Blocked::Redelivery {
+                        seq,
+                        since: Instant::now(),
+                    });
+                    if let Some(reply) = reply {
+                        acknowledge(
+                            &self.shared.client,
+                            self.partition,
+                            reply,
+                            AckKind::Nak(Some(delay)),
+                        )
+                        .await;
+                    }
+                }
+                Effect::AwaitRedelivery => {
+                    slot.blocked = Some(Blocked::Redelivery {
+                        seq,
+                        since: Instant::now(),
+                    });
+                }
+                Effect::CountCrash => {
+                    if o.crashes.exceeded(Instant::now()) {
+                        let (generation, crashes) = (o.generation, o.crashes.count());
+                        // Give the partition up at once: another process may fare better.
+                        self.step_down(StepDown::CrashLoop).await;
+                        return Err(format!("partition {partition} generation {generation}: {crashes} entity crashes within the restart window").into());
+                    }
+                }
+                Effect::Quarantine(quarantine) => {
+                    tracing::error!(partition, %entity, journal_seq = quarantine.journal_seq, reason = %quarantine.reason, "entity quarantined");
+                    o.dormant.remove(entity);
+                    o.quarantined.insert(entity.clone(), quarantine);
+                }
+                Effect::StepDown(reason) => self.step_down(reason).await,
+            }
+        }
+        self.finish_release_if_drained().await;
+        Ok(())
+    }
+
+    /// Gives up a command that belongs to no entity (its subject holds no valid id): a
+    /// dead-letter record, then terminated. If the record cannot be written now, the command
+    /// goes back to the server to be delivered again.
+    async fn give_up_without_entity(&mut self, named: &str, pending: Pending, reason: String) {
+        let Some(o) = self.phase.owning() else { return };
+        let journal = o.context.journal.clone();
+        let written = journal
+            .dead_letter(
+                named,
+                pending.seq,
+                pending.deliveries,
+                &reason,
+                pending.payload.clone(),
+            )
+            .await;
+        match written {
+            Ok(()) => {
+                self.counters.dead_lettered += 1;
+                if let Some(reply) = pending.reply {
+                    acknowledge(&self.shared.client, self.partition, reply, AckKind::Term).await;
+                }
+                if let Some(to) = pending.respond_to {
+                    let answer = CommandOutcome::DeadLettered {
+                        command_seq: pending.seq,
+                        reason,
+                    };
+                    respond(&self.shared.client, to, &answer).await;
+                }
+            }
+            Err(crate::journal::WriteError::Fenced { .. }) => {
+                self.step_down(StepDown::Fenced).await;
+            }
+            Err(e) => {
+                tracing::warn!(partition = self.partition, cmd_seq = pending.seq, error = %e, "dead-letter record not written; the command goes back to the server");
+                if let Some(reply) = pending.reply {
+                    let nak = AckKind::Nak(Some(self.policy.retry_delay));
+                    acknowledge(&self.shared.client, self.partition, reply, nak).await;
+                }
+            }
+        }
+    }
+
+    /// Takes a passivated actor's state into the dormant map, and gives the entity a new actor
+    /// if commands came in meanwhile.
+    fn on_passivated(&mut self, passivated: Passivated) {
+        let Some(o) = self.phase.owning() else { return };
+        let entity = passivated.entity;
+        if passivated.generation != o.generation {
+            return;
+        }
+        let Some(slot) = o.entities.get_mut(&entity) else {
+            return;
+        };
+        if slot.returning.take().is_none() {
+            return;
+        }
+        match passivated
+            .seed
+            .and_then(|seed| seed.downcast::<Seed<E>>().ok())
+        {
+            Some(seed) => {
+                o.dormant.insert(entity.clone(), *seed);
+            }
+            None => slot.revive = true,
+        }
+        if slot.is_idle() && !slot.revive {
+            o.entities.remove(&entity);
+        } else {
+            self.dispatch(&entity);
+        }
+    }
+
+    async fn on_tick(&mut self) {
+        let config = self.shared.config.clone();
+        let now = Instant::now();
+        match &mut self.phase {
+            Phase::CoolingDown(until) if now >= *until => {
+                self.phase = Phase::Standby;
+                self.pull.pause(false);
+            }
+            Phase::Releasing(release, _) if now >= release.deadline => {
+                tracing::warn!(
+                    partition = self.partition,
+                    "release deadline passed with commands in flight; they will be redelivered"
+                );
+                self.finish_release().await;
+                return;
+            }
+            Phase::Refused(refused) if refused.wants_unpin(config.pin_ttl) => {
+                tracing::warn!(
+                    partition = self.partition,
+                    "still pinned under a pin this process stepped down from; releasing it"
+                );
+                refused.unpinned = unpin(&self.shared, self.partition).await;
+            }
+            _ => {}
+        }
+        let partition = self.partition;
+        let Some(o) = self.phase.owning() else { return };
+        let mut progress = Vec::new();
+        let mut idle = Vec::new();
+        let mut stuck = Vec::new();
+        let mut due = Vec::new();
+        for (entity, slot) in &mut o.entities {
+            for pending in &mut slot.queue {
+                if let Some(reply) = &pending.reply
+                    && now.duration_since(pending.progress_at) >= config.ack_wait / 2
+                {
+                    // Still in hand (waiting its turn, or slow): not to be redelivered yet.
+                    pending.progress_at = now;
+                    progress.push(reply.clone());
+                }
+            }
+            match slot.blocked {
+                Some(Blocked::Redelivery { seq, since })
+                    if now.duration_since(since) > config.ack_wait * 2 + Duration::from_secs(1) =>
+                {
+                    stuck.push((entity.clone(), seq));
+                }
+                Some(Blocked::Retry { at }) if now >= at => due.push(entity.clone()),
+                _ => {}
+            }
+            if slot.is_idle() && now.duration_since(slot.last_active) >= config.passivate_after {
+                idle.push(entity.clone());
+            }
+        }
+        for entity in idle {
+            route::passivate(o, &entity);
+        }
+        for reply in progress {
+            acknowledge(
+                &self.shared.client,
+                self.partition,
+                reply,
+                AckKind::Progress,
+            )
+            .await;
+        }
+        for entity in due {
+            if let Some(slot) = self
+                .phase
+                .owning()
+                .and_then(|o| o.entities.get_mut(&entity))
+            {
+                slot.blocked = None;
+            }
+            self.dispatch(&entity);
+        }
+        for (entity, seq) in stuck {
+            // The failed command was never delivered again: give it up so the entity can go on.
+            tracing::warn!(partition, %entity, cmd_seq = seq, "a failed command was not redelivered; giving it up");
+            let give_up = Effect::GiveUp {
+                reason: "failed, and not redelivered".to_owned(),
+            };
+            let _ = self.carry_out(&entity, seq, vec![give_up]).await;
+        }
+    }
+
+    /// The pull loop ended: nothing more will be delivered to this owner. It stops owning, and
+    /// fails, so that its supervisor (the shard system) starts a new owner with a new loop, or
+    /// escalates if that keeps happening.
+    async fn on_pull_loop_ended(&mut self, reason: String) -> Result<(), ActorProcessingErr> {
+        if let Phase::Releasing(release, _) = &mut self.phase {
+            release.pulls_idle = true;
+            self.finish_release_if_drained().await;
+            if !matches!(self.phase, Phase::Releasing(..)) {
+                return Ok(());
+            }
+        }
+        self.step_down(StepDown::PullLoopEnded).await;
+        Err(format!(
+            "partition {}: the pull loop ended: {reason}",
+            self.partition
+        )
+        .into())
+    }
+
+    /// Begins handing the partition over: no new pulls, commands in hand finished and
+    /// acknowledged, new deliveries sent back. `reply`: a graceful stop (the owner stops after);
+    /// none: a hand-off (the owner cools down, then pulls again).
+    async fn start_release(&mut self, reply: Option<RpcReplyPort<()>>) {
+        self.pull.pause(true);
+        let deadline = Instant::now() + self.shared.config.ack_wait;
+        match &mut self.phase {
+            Phase::Releasing(release, _) => {
+                // A stop during a hand-off: the stop wins.
+                if reply.is_some() {
+                    release.reply = reply;
+                }
+            }
+            _ => {
+                let owning = self.phase.take_owning();
+                let release = Release {
+                    reply,
+                    deadline,
+                    pulls_idle: false,
+                };
+                self.phase = Phase::Releasing(release, owning);
+            }
+        }
+        self.finish_release_if_drained().await;
+    }
+
+    async fn finish_release_if_drained(&mut self) {
+        // Unpinning while a pull of ours is still open could pin this process again: wait for
+        // the pull loop to be idle as well as for the commands in hand.
+        let done = match &self.phase {
+            Phase::Releasing(release, owning) => {
+                release.pulls_idle
+                    && owning
+                        .as_ref()
+                        .is_none_or(|o| o.entities.values().all(|s| s.queue.is_empty()))
+            }
+            _ => false,
+        };
+        if done {
+            self.finish_release().await;
+        }
+    }
+
+    async fn finish_release(&mut self) {
+        let owned = self.phase.owning_ref().is_some();
+        if owned {
+            unpin(&self.shared, self.partition).await;
+        }
+        let Phase::Releasing(release, owning) = std::mem::replace(&mut self.phase, Phase::Standby)
+        else {
+            return;
+        };
+        let stopping = release.reply.is_some();
+        if let Some(o) = owning {
+            self.left(
+                &o,
+                if stopping {
+                    StepDown::Released
+                } else {
+                    StepDown::HandedOff
+                },
+            );
+        }
+        match release.reply {
+            Some(reply) => {
+                let _ = reply.send(());
+                self.myself.stop(Some("released".to_owned()));
+            }
+            None => {
+                self.phase = Phase::CoolingDown(Instant::now() + self.shared.config.pin_ttl * 2);
+            }
+        }
+    }
+
+    /// Steps down if this owner holds the partition under `pin`.
+    async fn step_down_under(&mut self, pin: &Arc<str>, reason: StepDown) {
+        if self.phase.owning_ref().is_some_and(|o| o.pin == *pin) {
+            self.step_down(reason).await;
+        }
+    }
+
+    /// Stops owning: entity actors stopped, state dropped, nothing acknowledged any more under
+    /// this generation. Commands in hand stay unacknowledged for the next owner.
+    async fn step_down(&mut self, reason: StepDown) {
+        let releasing = matches!(self.phase, Phase::Releasing(..));
+        let Some(o) = self.phase.take_owning() else {
+            return;
+        };
+        self.left(&o, reason);
+        if releasing {
+            // The release goes on (pulls paused); there is nothing left to drain.
+            self.finish_release_if_drained().await;
+            return;
+        }
+        if reason.refuses_pin() {
+            self.refuse(o.pin.clone(), reason == StepDown::CrashLoop)
+                .await;
+        } else {
+            self.phase = Phase::Standby;
+        }
+    }
+
+    /// Says that this owner left generation `o`, stopping its entity actors.
+    fn left(&self, o: &Owning<E>, reason: StepDown) {
+        self.myself.stop_children(Some(reason.to_string()));
+        let node = self.config().node_id.clone();
+        tracing::info!(partition = self.partition, generation = o.generation, node = %node, %reason, "stepped down");
+        let _ = self.shared.events.send(OwnershipEvent {
+            partition: self.partition,
+            generation: o.generation,
+            node,
+            change: OwnershipChange::Released {
+                reason: reason.to_string(),
+            },
+        });
+    }
+
+    /// Refuses `pin`: the pull loop forgets it, so the server moves it after its TTL whatever
+    /// else happens; with `unpin_now`, it is asked to move it at once.
+    async fn refuse(&mut self, pin: Arc<str>, unpin_now: bool) {
+        self.pull.forget_pin(pin.clone());
+        let mut refused = Refused::new(pin);
+        if unpin_now {
+            refused.unpinned = unpin(&self.shared, self.partition).await;
+        }
+        self.phase = Phase::Refused(refused);
+    }
+
+    fn status(&self) -> PartitionStatus {
+        let owning = self.phase.owning_ref();
+        let mut quarantined: Vec<QuarantinedEntity> = owning
+            .map(|o| {
+                o.quarantined
+                    .iter()
+                    .map(|(entity, q)| QuarantinedEntity {
+                        entity: entity.to_string(),
+                        journal_seq: q.journal_seq,
+                        reason: q.reason.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        quarantined.sort_by(|a, b| a.entity.cmp(&b.entity));
+        PartitionStatus {
+            partition: self.partition,
+            generation: owning.map(|o| o.generation),
+            resident_entities: owning.map_or(0, |o| {
+                o.entities.values().filter(|s| s.actor.is_some()).count()
+            }),
+            commands_in_hand: owning
+                .map_or(0, |o| o.entities.values().map(|s| s.queue.len()).sum()),
+            applied: self.counters.applied,
+            events_written: self.counters.events_written,
+            rejected: self.counters.rejected,
+            duplicates: self.counters.duplicates,
+            dead_lettered: self.counters.dead_lettered,
+            acquisitions: self.counters.acquisitions,
+            failed_acquisitions: self.counters.failed_acquisitions,
+            quarantined,
+        }
+    }
+}
+
+/// Asks the server to move the pin at once instead of after the TTL; whether it did.
+async fn unpin(shared: &Shared, partition: u32) -> bool {
+    let consumer = shared.names.consumer(partition);
+    match shared
+        .command_stream
+        .unpin_consumer(&consumer, PRIORITY_GROUP)
+        .await
+    {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(partition, error = %e, "unpin failed; the pin moves after its TTL");
+            false
+        }
+    }
+}
+
+/// Acknowledges one delivery (any kind): a core publish to its reply subject.
+async fn acknowledge(client: &Client, partition: u32, reply: Subject, kind: AckKind) {
+    if let Err(e) = client.publish(reply, kind.into()).await {
+        tracing::warn!(partition, error = %e, "acknowledgement not sent; the server will redeliver");
+    }
+}
+
+/// Tells a client the outcome of its command (best effort: the outcome is in the journal).
+async fn respond(client: &Client, to: Subject, outcome: &CommandOutcome) {
+    let Ok(body) = serde_json::to_vec(outcome) else {
+        return;
+    };
+    if let Err(e) = client.publish(to, body.into()).await {
+        tracing::debug!(error = %e, "outcome reply not sent");
+    }
+}

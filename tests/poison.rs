@@ -1,0 +1,748 @@
+//! Poison: hostile or evolving data never crashes a process or wedges a partition. Each test
+//! feeds one kind of bad input or bad record, checks what becomes of it (a dead letter with its
+//! reason, or a quarantined entity), that everything else goes on, and then restarts the node
+//! and shows that the partition is acquired and serves again: the worst failures are the ones
+//! that appear only at the next takeover.
+//!
+//! Entities here use the default codec (bincode) unless a test says otherwise.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use jetshard::admin::Admin;
+use jetshard::{
+    Codec, CodecError, CommandOutcome, CommandSender, Entity, EntityId, ShardConfig, ShardSystem,
+    partition_of,
+};
+use jetshard_testkit::history::{Record, read_journal};
+use jetshard_testkit::{NatsServer, wait_until};
+use jetshard_tests::init_tracing;
+use serde::{Deserialize, Serialize};
+
+const ASK: Duration = Duration::from_secs(10);
+
+fn config(entity_type: &str, partitions: u32) -> ShardConfig {
+    ShardConfig::builder(entity_type)
+        .partitions(partitions)
+        .node_id("n1")
+        .pin_ttl(Duration::from_secs(1))
+        .ack_wait(Duration::from_secs(3))
+        .retry_delay(Duration::from_millis(50))
+        .max_deliver(3)
+        .build()
+        .unwrap()
+}
+
+/// Starts a shard system and waits until it owns all `config`'s partitions (each is acquired on
+/// its first delivery: `wake` sends one command per partition first).
+async fn start_owning<E: Entity>(
+    client: &async_nats::Client,
+    config: &ShardConfig,
+    wake: impl AsyncFnOnce(),
+) -> ShardSystem {
+    let system = ShardSystem::start::<E>(client.clone(), config.clone())
+        .await
+        .unwrap();
+    wake().await;
+    wait_until(
+        Duration::from_secs(20),
+        "every partition acquired",
+        || async {
+            system
+                .status()
+                .await
+                .is_ok_and(|status| status.iter().all(|p| p.generation.is_some()))
+        },
+    )
+    .await
+    .unwrap();
+    system
+}
+
+/// An id of partition `partition` of `partitions`, with `prefix`.
+fn id_in(prefix: &str, partition: u32, partitions: u32) -> String {
+    (0..)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|id| partition_of(&EntityId::new(id).unwrap(), partitions) == partition)
+        .unwrap()
+}
+
+async fn publish_raw(js: &jetstream::Context, subject: String, payload: Vec<u8>) -> u64 {
+    js.publish(subject, payload.into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored")
+        .sequence
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile commands against the default codec.
+
+struct Profile;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum ProfileCmd {
+    Rename {
+        name: String,
+    },
+    Tag {
+        tags: Vec<String>,
+    },
+    Set {
+        fields: BTreeMap<String, u64>,
+        note: Option<String>,
+    },
+    Pick(Choice),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum Choice {
+    Plain,
+    Number(u32),
+    Pair { x: i64, label: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum ProfileEvt {
+    Renamed(String),
+    Tagged(Vec<String>),
+    FieldsSet(BTreeMap<String, u64>),
+    Picked(Choice),
+}
+
+#[derive(Default)]
+struct ProfileState {
+    name: String,
+    tags: Vec<String>,
+    fields: BTreeMap<String, u64>,
+    picks: u32,
+}
+
+impl Entity for Profile {
+    type Command = ProfileCmd;
+    type Event = ProfileEvt;
+    type State = ProfileState;
+    type Rejection = String;
+
+    fn decide(_: &ProfileState, command: ProfileCmd) -> Result<Vec<ProfileEvt>, String> {
+        Ok(vec![match command {
+            ProfileCmd::Rename { name } if name.is_empty() => return Err("empty name".into()),
+            ProfileCmd::Rename { name } => ProfileEvt::Renamed(name),
+            ProfileCmd::Tag { tags } => ProfileEvt::Tagged(tags),
+            ProfileCmd::Set { fields, .. } => ProfileEvt::FieldsSet(fields),
+            ProfileCmd::Pick(choice) => ProfileEvt::Picked(choice),
+        }])
+    }
+
+    fn apply(state: &mut ProfileState, event: &ProfileEvt) {
+        match event {
+            ProfileEvt::Renamed(name) => state.name.clone_from(name),
+            ProfileEvt::Tagged(tags) => state.tags.extend(tags.iter().cloned()),
+            ProfileEvt::FieldsSet(fields) => state.fields.extend(fields.clone()),
+            ProfileEvt::Picked(_) => state.picks += 1,
+        }
+    }
+}
+
+/// A small deterministic generator (splitmix64): the same payloads at every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn valid_command(rng: &mut Rng) -> ProfileCmd {
+    let word = |rng: &mut Rng| format!("w{}", rng.below(1000));
+    match rng.below(4) {
+        0 => ProfileCmd::Rename { name: word(rng) },
+        1 => ProfileCmd::Tag {
+            tags: (0..rng.below(4)).map(|_| word(rng)).collect(),
+        },
+        2 => ProfileCmd::Set {
+            fields: (0..rng.below(4)).map(|i| (word(rng), i)).collect(),
+            note: (rng.below(2) == 0).then(|| word(rng)),
+        },
+        _ => ProfileCmd::Pick(match rng.below(3) {
+            0 => Choice::Plain,
+            1 => Choice::Number(rng.below(100) as u32),
+            _ => Choice::Pair {
+                x: -(rng.below(100) as i64),
+                label: word(rng),
+            },
+        }),
+    }
+}
+
+/// Payloads no well-behaved client sends: crafted length prefixes that announce far more than
+/// the message holds (each would make an unbounded decoder allocate it first, and abort the
+/// process), random bytes, and valid encodings with bytes flipped, cut or added.
+fn hostile_payloads() -> Vec<Vec<u8>> {
+    let huge = [0xFD, 0, 0, 0, 0, 0, 0, 0x04, 0x00];
+    let max = [0xFD, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF];
+    let mut payloads = vec![
+        // "Variant 0 (Rename), a name of 2^50 bytes": the ten bytes.
+        [&[0x00][..], &huge].concat(),
+        // A tag list of 2^64-1 strings; a map of 2^50 fields; a label of 2^50 bytes inside
+        // `Pick(Pair { x: 0, .. })`.
+        [&[0x01][..], &max].concat(),
+        [&[0x02][..], &huge].concat(),
+        [&[0x03, 0x02, 0x00][..], &huge].concat(),
+        // One real tag, then a second announcing 2^50 bytes.
+        [&[0x01, 0x02, 0x01, b'x'][..], &huge].concat(),
+    ];
+    let mut rng = Rng(0x5eed);
+    for _ in 0..60 {
+        let len = rng.below(48) as usize;
+        payloads.push((0..len).map(|_| rng.next() as u8).collect());
+    }
+    for _ in 0..100 {
+        let mut bytes = Codec::Bincode.encode(&valid_command(&mut rng)).unwrap();
+        match rng.below(3) {
+            0 if !bytes.is_empty() => {
+                let at = rng.below(bytes.len() as u64) as usize;
+                bytes[at] = rng.next() as u8;
+            }
+            1 => bytes.truncate(rng.below(bytes.len() as u64 + 1) as usize),
+            _ => {
+                let at = rng.below(bytes.len() as u64 + 1) as usize;
+                bytes.insert(at, 0xFD);
+            }
+        }
+        payloads.push(bytes);
+    }
+    payloads
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_payloads_to_the_default_codec_are_dead_lettered_and_the_partitions_serve_after_a_restart()
+ {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let js = jetstream::new(client.clone());
+    let config = config("profile", 2);
+    assert_eq!(config.codec(), Codec::Bincode, "the default codec");
+    let sender = CommandSender::<Profile>::new(client.clone(), &config);
+    let system = ShardSystem::start::<Profile>(client.clone(), config.clone())
+        .await
+        .unwrap();
+
+    // Each hostile payload between two valid commands of the same entity.
+    let mut rng = Rng(7);
+    let mut bad = Vec::new();
+    let mut good = Vec::new();
+    let mut fine = 0;
+    for (i, payload) in hostile_payloads().into_iter().enumerate() {
+        let entity = format!("p{}", i % 8);
+        let command = valid_command(&mut rng);
+        good.push(sender.send(&entity, &command).await.unwrap());
+        // The same decoder, in this process: a hostile payload is an error here too, never an
+        // abort. Some mutations are still valid commands.
+        let decodes = Codec::Bincode.decode::<ProfileCmd>(&payload).is_ok();
+        let seq = publish_raw(&js, format!("profile.cmd.{entity}"), payload).await;
+        if decodes {
+            fine += 1;
+        } else {
+            bad.push(seq);
+        }
+    }
+    let last = sender
+        .request("p0", &valid_command(&mut rng), Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(matches!(last, CommandOutcome::Applied { .. }), "{last:?}");
+    let total = (good.len() + bad.len() + fine + 1) as u64;
+    wait_until(Duration::from_secs(30), "every command done", || async {
+        system.status().await.is_ok_and(|s| {
+            s.iter()
+                .map(|p| p.applied + p.rejected + p.dead_lettered)
+                .sum::<u64>()
+                == total
+        })
+    })
+    .await
+    .unwrap();
+
+    // Every payload that does not decode is dead-lettered, with its reason, and nothing else is.
+    let letters = Admin::new(client.clone(), "profile")
+        .dead_letters()
+        .await
+        .unwrap();
+    let mut lettered: Vec<u64> = letters.iter().map(|l| l.command_seq).collect();
+    lettered.sort_unstable();
+    assert_eq!(lettered, bad, "{letters:?}");
+    for letter in &letters {
+        assert!(letter.reason.starts_with("malformed"), "{letter:?}");
+        assert_eq!(letter.deliveries, 1, "{letter:?}");
+    }
+    let journal = read_journal(&js, "profile").await.unwrap();
+    for seq in &good {
+        assert!(
+            journal
+                .iter()
+                .any(|r| matches!(r, Record::Event { command_seq, .. } if command_seq == seq)),
+            "valid command {seq} applied"
+        );
+    }
+    system.shutdown().await.unwrap();
+
+    // The node restarts: every partition is acquired again (rebuilding over the dead letters)
+    // and serves.
+    let ids: Vec<String> = (0..2).map(|p| id_in("after", p, 2)).collect();
+    let system = start_owning::<Profile>(&client, &config, async || {
+        for id in &ids {
+            sender
+                .send(id, &ProfileCmd::Pick(Choice::Plain))
+                .await
+                .unwrap();
+        }
+    })
+    .await;
+    for id in &ids {
+        let outcome = sender
+            .request(id, &ProfileCmd::Pick(Choice::Number(1)), ASK)
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, CommandOutcome::Applied { .. }),
+            "{outcome:?}"
+        );
+    }
+    system.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_of_an_over_long_id_never_wedges_its_partition_at_the_next_takeover() {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let js = jetstream::new(client.clone());
+    let partitions = 8;
+    let config = config("profile", partitions);
+    let sender = CommandSender::<Profile>::new(client.clone(), &config);
+    let system = ShardSystem::start::<Profile>(client.clone(), config.clone())
+        .await
+        .unwrap();
+
+    // Any client allowed to publish commands can publish this valid command for an id of 300
+    // bytes, which no `EntityId` accepts.
+    let long = "x".repeat(300);
+    let payload = Codec::Bincode
+        .encode(&ProfileCmd::Rename { name: "n".into() })
+        .unwrap();
+    let seq = publish_raw(&js, format!("profile.cmd.{long}"), payload).await;
+    let admin = Admin::new(client.clone(), "profile");
+    wait_until(
+        Duration::from_secs(20),
+        "the command dead-lettered",
+        || async {
+            admin
+                .dead_letters()
+                .await
+                .is_ok_and(|l| l.iter().any(|l| l.command_seq == seq))
+        },
+    )
+    .await
+    .unwrap();
+    system.shutdown().await.unwrap();
+
+    // Its partition is the one the server computes from the 300 bytes.
+    let partition = jetshard::fnv1a_32(long.as_bytes()) % partitions;
+    let id = id_in("same", partition, partitions);
+    let system = ShardSystem::start::<Profile>(client.clone(), config.clone())
+        .await
+        .unwrap();
+    let outcome = sender
+        .request(&id, &ProfileCmd::Rename { name: "m".into() }, ASK)
+        .await
+        .unwrap_or_else(|e| panic!("partition {partition} serves after the restart: {e}"));
+    assert!(
+        matches!(outcome, CommandOutcome::Applied { .. }),
+        "{outcome:?}"
+    );
+    let status = system.status().await.unwrap();
+    assert_eq!(
+        status[partition as usize].failed_acquisitions, 0,
+        "{status:?}"
+    );
+    system.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Evolving data: an event type that changed.
+
+/// Version 1 of a note-taking entity: a note is its text.
+struct NoteV1;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum NoteCmd {
+    Write {
+        text: String,
+    },
+    /// Rejected unless the entity holds `count` notes: a test's window on the state.
+    Check {
+        count: u32,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum NoteEvtV1 {
+    Written { text: String },
+}
+
+impl Entity for NoteV1 {
+    type Command = NoteCmd;
+    type Event = NoteEvtV1;
+    type State = Vec<String>;
+    type Rejection = String;
+
+    fn decide(state: &Vec<String>, command: NoteCmd) -> Result<Vec<NoteEvtV1>, String> {
+        match command {
+            NoteCmd::Write { text } => Ok(vec![NoteEvtV1::Written { text }]),
+            NoteCmd::Check { count } if count as usize == state.len() => Ok(vec![]),
+            NoteCmd::Check { .. } => Err(format!("holds {}: {state:?}", state.len())),
+        }
+    }
+
+    fn apply(state: &mut Vec<String>, event: &NoteEvtV1) {
+        let NoteEvtV1::Written { text } = event;
+        state.push(text.clone());
+    }
+}
+
+/// Version 2: a note also counts its words. The encoding changed, so the version is raised;
+/// `UPCAST` says whether this build reads version 1 (the fix) or not (the mistake).
+struct NoteV2<const UPCAST: bool>;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum NoteEvtV2 {
+    Written { text: String, words: u32 },
+}
+
+impl<const UPCAST: bool> Entity for NoteV2<UPCAST> {
+    type Command = NoteCmd;
+    type Event = NoteEvtV2;
+    type State = Vec<String>;
+    type Rejection = String;
+
+    const EVENT_VERSION: u32 = 2;
+
+    fn decide(state: &Vec<String>, command: NoteCmd) -> Result<Vec<NoteEvtV2>, String> {
+        match command {
+            NoteCmd::Write { text } => Ok(vec![NoteEvtV2::Written {
+                words: text.split_whitespace().count() as u32,
+                text,
+            }]),
+            NoteCmd::Check { count } if count as usize == state.len() => Ok(vec![]),
+            NoteCmd::Check { .. } => Err(format!("holds {}: {state:?}", state.len())),
+        }
+    }
+
+    fn apply(state: &mut Vec<String>, event: &NoteEvtV2) {
+        let NoteEvtV2::Written { text, words } = event;
+        state.push(format!("{text} ({words})"));
+    }
+
+    fn upcast(version: u32, payload: &[u8], codec: Codec) -> Result<NoteEvtV2, CodecError> {
+        match version {
+            1 if UPCAST => {
+                let NoteEvtV1::Written { text } = codec.decode(payload)?;
+                let words = text.split_whitespace().count() as u32;
+                Ok(NoteEvtV2::Written { text, words })
+            }
+            _ => codec.decode(payload),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_type_changed_without_an_upcast_quarantines_its_entities_only_and_an_upcast_heals_them()
+ {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let config = config("note", 1);
+    let write = |text: &str| NoteCmd::Write { text: text.into() };
+
+    // Version 1 writes the history of "a".
+    let v1 = CommandSender::<NoteV1>::new(client.clone(), &config);
+    let system = ShardSystem::start::<NoteV1>(client.clone(), config.clone())
+        .await
+        .unwrap();
+    for text in ["one", "two words"] {
+        let outcome = v1.request("a", &write(text), ASK).await.unwrap();
+        assert!(
+            matches!(outcome, CommandOutcome::Applied { .. }),
+            "{outcome:?}"
+        );
+    }
+    system.shutdown().await.unwrap();
+
+    // Version 2, deployed without reading version 1: "a" is quarantined, naming its first
+    // record; the partition is acquired and serves "b".
+    let v2 = CommandSender::<NoteV2<false>>::new(client.clone(), &config);
+    let system = start_owning::<NoteV2<false>>(&client, &config, async || {
+        v2.send("b", &write("b first")).await.unwrap();
+    })
+    .await;
+    let outcome = v2.request("b", &write("b second"), ASK).await.unwrap();
+    assert!(
+        matches!(outcome, CommandOutcome::Applied { .. }),
+        "{outcome:?}"
+    );
+    let outcome = v2.request("a", &write("three"), ASK).await.unwrap();
+    let CommandOutcome::DeadLettered { reason, .. } = &outcome else {
+        panic!("a quarantined entity's command is dead-lettered: {outcome:?}");
+    };
+    assert!(
+        reason.contains("quarantined")
+            && reason.contains("journal seq")
+            && reason.contains("version 1"),
+        "{reason}"
+    );
+    let status = system.status().await.unwrap();
+    let quarantined: Vec<&str> = status[0]
+        .quarantined
+        .iter()
+        .map(|q| q.entity.as_str())
+        .collect();
+    assert_eq!(quarantined, ["a"], "{status:?}");
+    system.shutdown().await.unwrap();
+
+    // The fix: version 2 reads version 1. The quarantine is gone, "a" holds its two notes of
+    // version 1 (its command given up meanwhile is not among them), and both versions rebuild.
+    let fixed = CommandSender::<NoteV2<true>>::new(client.clone(), &config);
+    let system = start_owning::<NoteV2<true>>(&client, &config, async || {
+        fixed.send("b", &NoteCmd::Check { count: 2 }).await.unwrap();
+    })
+    .await;
+    assert!(system.status().await.unwrap()[0].quarantined.is_empty());
+    let outcome = fixed
+        .request("a", &NoteCmd::Check { count: 2 }, ASK)
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, CommandOutcome::Applied { .. }),
+        "{outcome:?}"
+    );
+    let outcome = fixed.request("a", &write("three"), ASK).await.unwrap();
+    assert!(
+        matches!(outcome, CommandOutcome::Applied { .. }),
+        "{outcome:?}"
+    );
+    system.shutdown().await.unwrap();
+
+    let system = start_owning::<NoteV2<true>>(&client, &config, async || {
+        fixed.send("b", &NoteCmd::Check { count: 2 }).await.unwrap();
+    })
+    .await;
+    let outcome = fixed
+        .request("a", &NoteCmd::Check { count: 3 }, ASK)
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, CommandOutcome::Applied { .. }),
+        "versions 1 and 2 rebuild: {outcome:?}"
+    );
+    system.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers that fail: an `apply` that panics on durable events, an event that cannot be encoded.
+
+struct Fragile;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum FragileCmd {
+    Add(u32),
+    /// Decides `Poison`, on which `apply` panics.
+    Poison,
+    /// Decides `Unencodable`, whose serialization panics.
+    BadEncode,
+    /// Rejected unless the entity's sum is this.
+    Check(u32),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+enum FragileEvt {
+    Added(u32),
+    Poison,
+    Unencodable,
+}
+
+impl Serialize for FragileEvt {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            FragileEvt::Added(n) => {
+                serializer.serialize_newtype_variant("FragileEvt", 0, "Added", n)
+            }
+            FragileEvt::Poison => serializer.serialize_unit_variant("FragileEvt", 1, "Poison"),
+            FragileEvt::Unencodable => panic!("this event cannot be encoded"),
+        }
+    }
+}
+
+impl Entity for Fragile {
+    type Command = FragileCmd;
+    type Event = FragileEvt;
+    type State = u32;
+    type Rejection = String;
+
+    fn decide(sum: &u32, command: FragileCmd) -> Result<Vec<FragileEvt>, String> {
+        match command {
+            FragileCmd::Add(n) => Ok(vec![FragileEvt::Added(n)]),
+            FragileCmd::Poison => Ok(vec![FragileEvt::Poison]),
+            FragileCmd::BadEncode => Ok(vec![FragileEvt::Unencodable]),
+            FragileCmd::Check(n) if n == *sum => Ok(vec![]),
+            FragileCmd::Check(_) => Err(format!("the sum is {sum}")),
+        }
+    }
+
+    fn apply(sum: &mut u32, event: &FragileEvt) {
+        match event {
+            FragileEvt::Added(n) => *sum += n,
+            FragileEvt::Poison => panic!("apply cannot take Poison"),
+            FragileEvt::Unencodable => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_that_panics_on_durable_events_quarantines_its_entity_not_the_partition() {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let config = config("fragile", 1);
+    let sender = CommandSender::<Fragile>::new(client.clone(), &config);
+    let system = ShardSystem::start::<Fragile>(client.clone(), config.clone())
+        .await
+        .unwrap();
+    for entity in ["a", "b"] {
+        sender.send(entity, &FragileCmd::Add(1)).await.unwrap();
+    }
+    // The event is durable before `apply` runs: the command is done, the entity is not to be
+    // trusted any more.
+    let outcome = sender.request("a", &FragileCmd::Poison, ASK).await.unwrap();
+    assert!(
+        matches!(outcome, CommandOutcome::Applied { events: 1, .. }),
+        "{outcome:?}"
+    );
+    let outcome = sender.request("a", &FragileCmd::Add(1), ASK).await.unwrap();
+    let CommandOutcome::DeadLettered { reason, .. } = &outcome else {
+        panic!("the quarantined entity's next command is dead-lettered: {outcome:?}");
+    };
+    assert!(
+        reason.contains("quarantined") && reason.contains("apply panicked"),
+        "{reason}"
+    );
+    // The partition goes on for everyone else, at once.
+    for _ in 0..20 {
+        sender.send("b", &FragileCmd::Add(1)).await.unwrap();
+    }
+    let outcome = sender
+        .request("b", &FragileCmd::Check(21), ASK)
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, CommandOutcome::Applied { .. }),
+        "{outcome:?}"
+    );
+    system.shutdown().await.unwrap();
+
+    // At the next takeover the rebuild panics on the same event: "a" is quarantined again,
+    // naming the journal record, and the partition serves "b".
+    let system = start_owning::<Fragile>(&client, &config, async || {
+        sender.send("b", &FragileCmd::Add(1)).await.unwrap();
+    })
+    .await;
+    let outcome = sender
+        .request("b", &FragileCmd::Check(22), ASK)
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, CommandOutcome::Applied { .. }),
+        "{outcome:?}"
+    );
+    let status = system.status().await.unwrap();
+    assert_eq!(status[0].quarantined.len(), 1, "{status:?}");
+    assert_eq!(status[0].quarantined[0].entity, "a");
+    assert!(status[0].quarantined[0].journal_seq > 0);
+    let outcome = sender.request("a", &FragileCmd::Add(1), ASK).await.unwrap();
+    assert!(
+        matches!(outcome, CommandOutcome::DeadLettered { .. }),
+        "{outcome:?}"
+    );
+    system.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_outside_decide_and_apply_is_blamed_on_its_own_command() {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let js = jetstream::new(client.clone());
+    let config = config("fragile", 1);
+    let sender = CommandSender::<Fragile>::new(client.clone(), &config);
+    // The commands wait for an owner, so they reach the entity's actor back to back: the panic
+    // comes while the verdicts of the commands before it are on their way to the owner.
+    ShardSystem::start::<Fragile>(client.clone(), config.clone())
+        .await
+        .unwrap()
+        .shutdown()
+        .await
+        .unwrap();
+    let mut adds = Vec::new();
+    for _ in 0..30 {
+        adds.push(sender.send("a", &FragileCmd::Add(1)).await.unwrap());
+    }
+    let bad = sender.send("a", &FragileCmd::BadEncode).await.unwrap();
+    for _ in 0..30 {
+        adds.push(sender.send("a", &FragileCmd::Add(1)).await.unwrap());
+    }
+    let system = ShardSystem::start::<Fragile>(client.clone(), config.clone())
+        .await
+        .unwrap();
+    let outcome = sender
+        .request("a", &FragileCmd::Check(60), Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, CommandOutcome::Applied { .. }),
+        "{outcome:?}"
+    );
+
+    // Exactly one dead letter, for the command that panicked, after its deliveries.
+    let letters = Admin::new(client.clone(), "fragile")
+        .dead_letters()
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].command_seq, bad, "{letters:?}");
+    assert!(
+        letters[0].reason.contains("cannot be encoded"),
+        "{letters:?}"
+    );
+    assert_eq!(letters[0].deliveries, 3, "{letters:?}");
+    // Every other command applied exactly once.
+    let journal = read_journal(&js, "fragile").await.unwrap();
+    for seq in &adds {
+        let events = journal
+            .iter()
+            .filter(|r| matches!(r, Record::Event { command_seq, .. } if command_seq == seq))
+            .count();
+        assert_eq!(events, 1, "command {seq}");
+    }
+    system.shutdown().await.unwrap();
+}
