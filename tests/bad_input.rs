@@ -546,7 +546,7 @@ mod fuzz {
             generation in any::<u64>(),
             node in ".{0,64}",
         ) {
-            let record = FenceRecord { partition, generation, node, held: Vec::new() };
+            let record = FenceRecord::new(partition, generation, node);
             let mut headers = HeaderMap::new();
             headers.insert("Jetshard-Generation", generation.to_string().as_str());
             let body = serde_json::to_vec(&record).unwrap();

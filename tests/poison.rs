@@ -746,3 +746,326 @@ async fn a_panic_outside_decide_and_apply_is_blamed_on_its_own_command() {
     }
     system.shutdown().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Commands that kill their process; outcomes across a crash. Nodes are child processes.
+
+mod nodes {
+    use super::*;
+    use jetshard_tests::ledger::{Ledger, LedgerCmd};
+    use jetshard_tests::ledger_config;
+    use jetshard_tests::node::{Node, NodeOptions, NodeSpec};
+
+    fn spec(env: Vec<(String, String)>) -> NodeSpec {
+        NodeSpec {
+            partitions: 1,
+            pin_ttl: Duration::from_secs(1),
+            ack_wait: Duration::from_secs(2),
+            env,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_command_that_kills_every_process_that_runs_it_is_dead_lettered_after_max_deliver_runs()
+     {
+        init_tracing();
+        let server = NatsServer::start().await.unwrap();
+        let client = server.connect().await.unwrap();
+        let js = jetstream::new(client.clone());
+        let config = ledger_config(1, "test").max_deliver(2).build().unwrap();
+        let sender = CommandSender::<Ledger>::new(client.clone(), &config);
+        let options = NodeOptions {
+            args: vec!["--max-deliver".into(), "2".into()],
+            log_file: None,
+        };
+        let url = server.url();
+        let mut started = 0;
+        let mut start = async || {
+            started += 1;
+            Node::start_with(&url, &format!("n{started}"), &spec(vec![]), &options).await
+        };
+        let mut nodes = vec![start().await, start().await];
+
+        let mut pushes = Vec::new();
+        for n in 0..5 {
+            pushes.push(sender.send("x", &LedgerCmd::Push { n }).await.unwrap());
+        }
+        let killer = sender.send("k", &LedgerCmd::Abort).await.unwrap();
+        for n in 5..10 {
+            pushes.push(sender.send("x", &LedgerCmd::Push { n }).await.unwrap());
+        }
+
+        // Whoever runs it dies; a node that died is started again, as a supervisor would.
+        let admin = Admin::new(client.clone(), "ledger");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut crashes = 0;
+        loop {
+            let letters = admin.dead_letters().await.unwrap();
+            if let Some(letter) = letters.iter().find(|l| l.command_seq == killer) {
+                assert!(
+                    letter.reason.contains("given up before decoding"),
+                    "{letter:?}"
+                );
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the killer was not given up; {crashes} crashes"
+            );
+            for node in &mut nodes {
+                if !node.is_running() {
+                    crashes += 1;
+                    *node = start().await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // It ran at most max_deliver times side by side with others, then once more alone (in
+        // isolation, which tells it from the commands around it), and never again.
+        assert!((1..=3).contains(&crashes), "{crashes} crashes");
+
+        // Everything else was applied exactly once.
+        let last = sender
+            .request("x", &LedgerCmd::Push { n: 10 }, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(matches!(last, CommandOutcome::Applied { .. }), "{last:?}");
+        let journal = read_journal(&js, "ledger").await.unwrap();
+        for seq in &pushes {
+            let events = journal
+                .iter()
+                .filter(|r| matches!(r, Record::Event { command_seq, .. } if command_seq == seq))
+                .count();
+            assert_eq!(events, 1, "command {seq}");
+        }
+
+        // A whole restart: the partition is acquired and serves.
+        for node in &mut nodes {
+            node.kill().await;
+        }
+        let _node = start().await;
+        let outcome = sender
+            .request("x", &LedgerCmd::Push { n: 11 }, Duration::from_secs(20))
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, CommandOutcome::Applied { .. }),
+            "{outcome:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_whose_command_outlived_a_crash_after_its_write_is_told_it_was_applied() {
+        init_tracing();
+        let server = NatsServer::start().await.unwrap();
+        let client = server.connect().await.unwrap();
+        let config = ledger_config(1, "test").build().unwrap();
+        let sender = CommandSender::<Ledger>::new(client.clone(), &config);
+        let url = server.url();
+        // `a` dies between the durable write of `Appended { n: 5 }` and the acknowledgement.
+        let abort = vec![("LEDGER_ABORT_ON_APPLY".to_owned(), "5".to_owned())];
+        let a = Node::start(&url, "a", &spec(abort)).await;
+        sender.send("w", &LedgerCmd::Push { n: 0 }).await.unwrap();
+        wait_until(Duration::from_secs(20), "a owns the partition", || async {
+            a.owned() == vec![0]
+        })
+        .await
+        .unwrap();
+        let _b = Node::start(&url, "b", &spec(vec![])).await;
+
+        // The client asks for the outcome; `b` recovers the command, finds it applied, and
+        // answers what happened the first time (the reply subject travels with the command).
+        let outcome = sender
+            .request("x", &LedgerCmd::Push { n: 5 }, Duration::from_secs(20))
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, CommandOutcome::Applied { events: 1, .. }),
+            "{outcome:?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Retries, pins and pull loops.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_sent_twice_with_one_idempotency_key_is_one_command() {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let config = config("fragile", 1);
+    let sender = CommandSender::<Fragile>::new(client.clone(), &config);
+    let system = ShardSystem::start::<Fragile>(client.clone(), config.clone())
+        .await
+        .unwrap();
+    // A client that timed out and sends again.
+    let first = sender
+        .send_with_key("a", "deposit-1", &FragileCmd::Add(5))
+        .await
+        .unwrap();
+    let again = sender
+        .send_with_key("a", "deposit-1", &FragileCmd::Add(5))
+        .await
+        .unwrap();
+    assert_eq!(first, again, "the retry is the first command");
+    // The same key for another entity is another command.
+    sender
+        .send_with_key("b", "deposit-1", &FragileCmd::Add(5))
+        .await
+        .unwrap();
+    let outcome = sender
+        .request("a", &FragileCmd::Check(5), ASK)
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, CommandOutcome::Applied { .. }),
+        "{outcome:?}"
+    );
+    for key in ["", "has space", &"k".repeat(jetshard::MAX_KEY_LEN + 1)] {
+        assert!(
+            matches!(
+                sender.send_with_key("a", key, &FragileCmd::Add(1)).await,
+                Err(jetshard::Error::InvalidKey { .. })
+            ),
+            "{key:?}"
+        );
+    }
+    system.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_loop_that_ends_releases_its_partition_and_escalates() {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let node = server.connect().await.unwrap();
+    let config = ShardConfig::builder("fragile")
+        .partitions(2)
+        .node_id("n1")
+        .pin_ttl(Duration::from_secs(1))
+        .max_owner_restarts(2, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let sender = CommandSender::<Fragile>::new(client.clone(), &config);
+    let ids: Vec<String> = (0..2).map(|p| id_in("e", p, 2)).collect();
+    let system = start_owning::<Fragile>(&node, &config, async || {
+        for id in &ids {
+            sender.send(id, &FragileCmd::Add(1)).await.unwrap();
+        }
+    })
+    .await;
+    let mut events = system.ownership_events();
+
+    // The node's connection is drained and closed: its pull loops end.
+    node.drain().await.unwrap();
+    let mut released = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while released.len() < 2 {
+            if let Ok(event) = events.recv().await
+                && let jetshard::OwnershipChange::Released { reason } = event.change
+            {
+                assert_eq!(reason, "pull loop ended");
+                released.push(event.partition);
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("partitions released: {released:?}"));
+    // Owners restarted on a closed client fail again: the system gives up, and its supervisor
+    // is told.
+    wait_until(Duration::from_secs(20), "the system failed", || async {
+        system.status().await.is_err()
+    })
+    .await
+    .unwrap();
+}
+
+/// A server where the node may do everything but unpin.
+async fn server_without_unpin() -> NatsServer {
+    let config = r#"
+accounts {
+  APP {
+    jetstream: enabled
+    users: [
+      { user: admin, password: admin }
+      { user: node, password: node, permissions: {
+          publish: { allow: [">"], deny: ["$JS.API.CONSUMER.UNPIN.>"] }
+          subscribe: { allow: [">"] } } }
+    ]
+  }
+}
+"#;
+    NatsServer::builder()
+        .config(config)
+        .connect_options(async_nats::ConnectOptions::with_user_and_password(
+            "admin".into(),
+            "admin".into(),
+        ))
+        .start()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_pin_moves_even_when_it_cannot_be_unpinned() {
+    init_tracing();
+    let server = server_without_unpin().await;
+    let admin = server.connect().await.unwrap();
+    let node = async_nats::ConnectOptions::with_user_and_password("node".into(), "node".into())
+        .connect(server.url())
+        .await
+        .unwrap();
+    let config = ShardConfig::builder("fragile")
+        .partitions(1)
+        .node_id("n1")
+        .pin_ttl(Duration::from_secs(1))
+        .ack_wait(Duration::from_secs(3))
+        .write_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let sender = CommandSender::<Fragile>::new(admin.clone(), &config);
+    let system = start_owning::<Fragile>(&node, &config, async || {
+        sender.send("a", &FragileCmd::Add(1)).await.unwrap();
+    })
+    .await;
+    let generation = system.status().await.unwrap()[0].generation.unwrap();
+
+    // Another claimant takes a generation without being pinned (a stalled process waking up
+    // with buffered commands): the node's next write is fenced, and it refuses its pin.
+    let js = jetstream::new(admin.clone());
+    let journal = js.get_stream("FRAGILE_JOURNAL").await.unwrap();
+    let last = journal
+        .get_last_raw_message_by_subject("fragile.fence.0")
+        .await
+        .unwrap();
+    let record = jetshard::FenceRecord::new(0, generation + 1, "rogue");
+    js.send_publish(
+        "fragile.fence.0",
+        async_nats::jetstream::message::PublishMessage::build()
+            .payload(serde_json::to_vec(&record).unwrap().into())
+            .header("Jetshard-Generation", (generation + 1).to_string())
+            .expected_last_subject_sequence(last.sequence),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+
+    // The node cannot unpin itself; the pin lapses all the same, and it is pinned afresh and
+    // takes a new generation.
+    let outcome = sender
+        .request("a", &FragileCmd::Add(1), Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, CommandOutcome::Applied { .. }),
+        "{outcome:?}"
+    );
+    let status = system.status().await.unwrap();
+    assert!(
+        status[0].generation.is_some_and(|g| g > generation + 1),
+        "{status:?}"
+    );
+    system.shutdown().await.unwrap();
+}

@@ -106,12 +106,7 @@ impl BareLoop {
 
 /// Writes generation 1's fence record of `partition`; returns its journal sequence.
 async fn claim(js: &Context, names: &Names, partition: u32) -> anyhow::Result<u64> {
-    let record = FenceRecord {
-        partition,
-        generation: 1,
-        node: "bare".to_owned(),
-        held: Vec::new(),
-    };
+    let record = FenceRecord::new(partition, 1, "bare");
     let body = serde_json::to_vec(&record).context("encode a fence record")?;
     let publish = PublishMessage::build()
         .payload(body.into())

@@ -24,15 +24,51 @@ pub(crate) struct Fence {
     pub(crate) seq: u64,
 }
 
-/// What a won claim tells: the fence, and the commands in hand it found (see [`HeldRange`]).
+/// What a won claim tells: the fence, the commands in hand it found (see [`HeldRange`]), and
+/// whether to run them in isolation.
 #[derive(Debug)]
 pub(crate) struct Claimed {
     pub(crate) fence: Fence,
     pub(crate) held: Vec<HeldRange>,
+    pub(crate) trial: Option<Trial>,
+}
+
+/// What a claimant knows of the commands in hand before it claims.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct InHand {
+    /// Those delivered to earlier owners: counted (inclusive range; `None`: none).
+    pub(crate) counted: Option<(u64, u64)>,
+    /// The first of them that is a command of this partition.
+    pub(crate) head: Option<u64>,
+    /// Isolate once a command has been in hand at this many claims in a row.
+    pub(crate) isolate_at: u32,
+}
+
+/// The trial of a claim: whether it isolates, and how often its head was first in hand at an
+/// isolated owner's death.
+pub(crate) fn trial(
+    previous: Option<Trial>,
+    held: &[HeldRange],
+    in_hand: &InHand,
+) -> Option<Trial> {
+    let head = in_hand.head?;
+    let suspect = held.iter().any(|r| r.claims >= in_hand.isolate_at.max(1));
+    if !suspect || claims_holding(held, head) == 0 {
+        return None;
+    }
+    let runs = match previous {
+        // The previous owner ran one command at a time: it stopped with `head` first in hand.
+        Some(t) if t.seq == head => t.runs.saturating_add(1),
+        Some(_) => 1,
+        // Commands ran side by side: nothing tells which one was running.
+        None => 0,
+    };
+    Some(Trial { seq: head, runs })
 }
 
 /// A fence record's body (JSON). Unknown fields are ignored, so later versions may add some.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct FenceRecord {
     /// The partition.
     pub partition: u32,
@@ -46,6 +82,21 @@ pub struct FenceRecord {
     /// is counted here, since its process cannot count it, and given up past the delivery limit.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<HeldRange>,
+    /// Set when the claimant suspects a command that kills its owners (a command was in hand at
+    /// two claims in a row): it runs the commands in hand one at a time, in order, so that the
+    /// first one still in hand at the next claim is the one that was running at its death.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trial: Option<Trial>,
+}
+
+/// The first command in hand at a claim made in isolation (see [`FenceRecord::trial`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Trial {
+    /// Its command-stream sequence.
+    pub seq: u64,
+    /// How many owners in a row, each running the commands in hand one at a time, stopped with
+    /// it first in hand: the owners it most likely killed.
+    pub runs: u32,
 }
 
 /// Commands `first..=last` of the command stream, found in hand by `claims` claims in a row.
@@ -139,6 +190,17 @@ pub enum FenceRecordError {
 }
 
 impl FenceRecord {
+    /// A record of `generation` of `partition` claimed by `node`, with nothing in hand.
+    pub fn new(partition: u32, generation: u64, node: impl Into<String>) -> Self {
+        Self {
+            partition,
+            generation,
+            node: node.into(),
+            held: Vec::new(),
+            trial: None,
+        }
+    }
+
     /// Reads a stored fence record, checking its header against its body.
     ///
     /// # Errors
@@ -207,30 +269,35 @@ pub(crate) async fn latest(
 /// naming the same expected subject is in flight (not the fence's 10071): try again.
 const IN_FLIGHT_COLLISION: u64 = 10164;
 
-/// Claims the next generation of `partition` for `node`. `in_hand`: the command-stream
-/// sequences delivered and not acknowledged at the claim (inclusive), counted into the record.
+/// Claims the next generation of `partition` for `node`, counting the commands `in_hand` into
+/// the record.
 pub(crate) async fn claim(
     js: &Context,
     journal: &Stream<()>,
     names: &Names,
     partition: u32,
     node: &str,
-    in_hand: Option<(u64, u64)>,
+    in_hand: InHand,
 ) -> Result<Claimed, ClaimError> {
     const ATTEMPTS: u32 = 6;
     let subject = names.fence_subject(partition);
     for attempt in 1..=ATTEMPTS {
-        let (previous_seq, previous_generation, previous_held) =
-            match latest(journal, names, partition).await? {
-                Some((seq, record)) => (seq, record.generation, record.held),
-                None => (0, 0, Vec::new()),
-            };
-        let generation = previous_generation + 1;
+        let (previous_seq, previous) = match latest(journal, names, partition).await? {
+            Some((seq, record)) => (seq, Some(record)),
+            None => (0, None),
+        };
+        let generation = previous.as_ref().map_or(0, |r| r.generation) + 1;
+        let held = hold(
+            previous.as_ref().map_or(&[][..], |r| &r.held),
+            in_hand.counted,
+        );
+        let trial = trial(previous.and_then(|r| r.trial), &held, &in_hand);
         let record = FenceRecord {
             partition,
             generation,
             node: node.to_owned(),
-            held: hold(&previous_held, in_hand),
+            held,
+            trial,
         };
         let body = serde_json::to_vec(&record)
             .map_err(|e| Error::jetstream("encode a fence record", e))?;
@@ -247,6 +314,7 @@ pub(crate) async fn claim(
                         seq: ack.sequence,
                     },
                     held: record.held,
+                    trial: record.trial,
                 });
             }
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => continue,
@@ -321,6 +389,34 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_isolates_once_a_command_was_in_hand_twice_and_counts_the_heads_of_isolated_owners() {
+        let in_hand = |head| InHand {
+            counted: Some((10, 20)),
+            head: Some(head),
+            isolate_at: 2,
+        };
+        // In hand once: no suspicion.
+        assert_eq!(trial(None, &[range(10, 20, 1)], &in_hand(10)), None);
+        // Twice: isolate; nothing known yet of who was running.
+        let first = trial(None, &[range(10, 20, 2)], &in_hand(10));
+        assert_eq!(first, Some(Trial { seq: 10, runs: 0 }));
+        // The isolated owner died with 12 first in hand (10 and 11 were done), then again.
+        let second = trial(first, &[range(12, 20, 3)], &in_hand(12));
+        assert_eq!(second, Some(Trial { seq: 12, runs: 1 }));
+        assert_eq!(
+            trial(second, &[range(12, 20, 4)], &in_hand(12)),
+            Some(Trial { seq: 12, runs: 2 })
+        );
+        // Nothing in hand from earlier owners: no trial.
+        let none = InHand {
+            counted: None,
+            head: None,
+            isolate_at: 2,
+        };
+        assert_eq!(trial(second, &[], &none), None);
+    }
+
+    #[test]
     fn a_record_keeps_a_bounded_number_of_ranges_the_longest_held_first() {
         let many: Vec<HeldRange> = (0..200)
             .map(|i| range(i * 2, i * 2, 1 + (i % 3) as u32))
@@ -337,6 +433,7 @@ mod tests {
             generation: 7,
             node: "n1".into(),
             held: vec![range(4, 9, 2)],
+            trial: Some(Trial { seq: 5, runs: 1 }),
         };
         let body = serde_json::to_vec(&record).unwrap();
         assert_eq!(FenceRecord::decode(&headers("7"), &body).unwrap(), record);

@@ -43,7 +43,7 @@ pub use command::{CommandOutcome, CommandSender, MAX_KEY_LEN};
 pub use config::{CommandRetention, ShardConfig, ShardConfigBuilder};
 pub use entity::{Entity, EntityId, MAX_ID_LEN};
 pub use error::{CodecError, ConfigError, Error, InvalidId};
-pub use fence::{FenceRecord, FenceRecordError, HeldRange};
+pub use fence::{FenceRecord, FenceRecordError, HeldRange, Trial};
 pub use partition::{fnv1a_32, partition_of};
 pub use status::{OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
 pub use system::ShardSystem;

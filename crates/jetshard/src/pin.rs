@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use crate::wire::{HDR_PIN_ID, HDR_REPLY_TO, PRIORITY_GROUP};
 
 /// A command delivered to this process, with the pin it came under.
+#[derive(Debug)]
 pub(crate) struct Delivery {
     pub(crate) pin: Arc<str>,
     /// The stored subject, `<t>.cmd.<p>.<id>`.

@@ -551,12 +551,7 @@ mod tests {
                 seq: self.journal.len() as u64 + 1,
                 partition,
                 generation: Some(*generation),
-                kind: RecordKind::Fence(Ok(FenceRecord {
-                    partition,
-                    generation: *generation,
-                    node: node.to_owned(),
-                    held: Vec::new(),
-                })),
+                kind: RecordKind::Fence(Ok(FenceRecord::new(partition, *generation, node))),
             });
         }
 

@@ -12,7 +12,7 @@ use super::route::Pending;
 use crate::entity::{Entity, EntityId};
 use crate::entity_actor::{Quarantine, Seed};
 use crate::error::Error;
-use crate::fence::{self, Claimed, HeldRange};
+use crate::fence::{self, Claimed, InHand};
 use crate::journal;
 use crate::pin;
 use crate::wire::Names;
@@ -56,7 +56,7 @@ pub(super) async fn claim_and_rebuild<E: Entity>(
     partition: u32,
     first_new: Option<u64>,
 ) -> Result<Acquired<E>, AcquireError> {
-    // The commands in hand, read before the claim so the claim can count them (a command
+    // The commands in hand, read before the claim so that the claim can count them (one
     // acknowledged meanwhile is recovered in vain and found applied).
     let in_hand = in_hand(shared, partition)
         .await
@@ -67,15 +67,30 @@ pub(super) async fn claim_and_rebuild<E: Entity>(
         let last = first_new.map_or(last, |new| last.min(new.saturating_sub(1)));
         (first <= last).then_some((first, last))
     });
+    let mut recovered = recover_window(shared, partition, in_hand)
+        .await
+        .map_err(AcquireError::Recover)?;
+    let head = recovered
+        .first()
+        .map(|(_, p)| p.seq)
+        .filter(|seq| counted.is_some_and(|(_, last)| *seq <= last));
+    let max_deliver = shared.config.max_deliver;
     let claimed = fence::claim(
         &shared.js,
         &shared.journal_stream,
         &shared.names,
         partition,
         &shared.config.node_id,
-        counted,
+        InHand {
+            counted,
+            head,
+            isolate_at: max_deliver.min(2),
+        },
     )
     .await?;
+    for (_, pending) in &mut recovered {
+        pending.deliveries = u64::from(fence::claims_holding(&claimed.held, pending.seq)) + 1;
+    }
     let fence = claimed.fence;
 
     // Every event of this partition precedes our fence record: older owners are fenced.
@@ -128,9 +143,6 @@ pub(super) async fn claim_and_rebuild<E: Entity>(
         })?;
     }
     let replay_time = replay_started.elapsed();
-    let recovered = recover_window(shared, partition, in_hand, &claimed.held)
-        .await
-        .map_err(AcquireError::Recover)?;
     Ok(Acquired {
         claimed,
         dormant,
@@ -173,9 +185,8 @@ const RECOVERY_SLICE_MIN: u64 = 32;
 /// delivery count (seen in `tests/cluster.rs`, seed 1000): a command missing from the window
 /// comes back after later ones of its entity and is taken for a duplicate.
 ///
-/// Each command's delivery count is the number of claims that found it in hand, plus this
-/// owner's own run of it: a command that crashes every process that runs it is never
-/// acknowledged, so this count rises with each takeover until it is given up.
+/// Each command's delivery count (set by the caller) is the number of claims that found it in
+/// hand, plus this owner's own run of it.
 ///
 /// Every read is a get from the stream leader (a replica could lag behind the delivered
 /// sequence), one message per request, so the window is cut into slices read side by side and
@@ -184,7 +195,6 @@ async fn recover_window(
     shared: &Shared,
     partition: u32,
     window: Option<(u64, u64)>,
-    held: &[HeldRange],
 ) -> Result<Vec<(EntityId, Pending)>, Error> {
     let Some((first, last)) = window else {
         return Ok(Vec::new());
@@ -200,10 +210,7 @@ async fn recover_window(
     });
     let mut recovered = Vec::new();
     for slice in futures::future::try_join_all(slices).await? {
-        recovered.extend(slice.into_iter().map(|(entity, mut pending)| {
-            pending.deliveries = u64::from(fence::claims_holding(held, pending.seq)) + 1;
-            (entity, pending)
-        }));
+        recovered.extend(slice);
     }
     Ok(recovered)
 }

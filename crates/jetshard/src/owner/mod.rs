@@ -20,6 +20,7 @@
 //! with.
 
 mod acquire;
+mod isolate;
 mod phase;
 mod route;
 mod settle;
@@ -48,6 +49,7 @@ use crate::journal::JournalWriter;
 use crate::pin::{self, Delivery, PinSignal, PullLoop, PullSettings};
 use crate::status::{OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
 use crate::wire::{Names, PRIORITY_GROUP};
+use isolate::{Isolation, Next};
 use phase::{Counters, Owning, Phase, Refused, Release};
 use route::{Blocked, Pending};
 use settle::{Effect, Head, Policy, RestartWindow, StepDown};
@@ -260,7 +262,7 @@ impl<E: Entity> OwnerState<E> {
             self.step_down(StepDown::PinMoved).await;
         }
         match &mut self.phase {
-            Phase::Owning(_) => self.route_delivery(delivery).await,
+            Phase::Owning(_) => self.deliver(delivery).await,
             Phase::Refused(refused) if refused.pin == delivery.pin => {
                 // Not ours to process; back to the server soon for whoever owns it.
                 refused.last_delivery = Some(Instant::now());
@@ -271,12 +273,66 @@ impl<E: Entity> OwnerState<E> {
         }
     }
 
-    /// Routes a delivered command to its entity; one whose subject holds no valid entity id is
-    /// given up at once, with a dead-letter record naming what the subject held.
-    async fn route_delivery(&mut self, delivery: Delivery) {
+    /// Takes a delivery while owning: routed at once, or, in isolation, when its turn comes.
+    async fn deliver(&mut self, delivery: Delivery) {
+        let Some(o) = self.phase.owning() else { return };
+        let Some(isolation) = &mut o.isolation else {
+            return self.route_delivery(delivery, None).await;
+        };
+        if let Some(now) = isolation.offer(delivery) {
+            self.route_delivery(now, None).await;
+        }
+        self.step_isolation().await;
+    }
+
+    /// Runs the next command of an isolated acquisition once the one before is settled, and
+    /// ends the isolation when all are.
+    async fn step_isolation(&mut self) {
+        loop {
+            let Some(o) = self.phase.owning() else { return };
+            if let Some(running) = o.isolation.as_ref().and_then(Isolation::running) {
+                if o.entities
+                    .values()
+                    .any(|s| s.queue.iter().any(|p| p.seq == running))
+                {
+                    return;
+                }
+                if let Some(isolation) = &mut o.isolation {
+                    isolation.settled(running);
+                }
+            }
+            let Some(isolation) = &mut o.isolation else {
+                return;
+            };
+            match isolation.next(Instant::now()) {
+                Next::Wait => return,
+                Next::Run(delivery) => {
+                    let give_up = o
+                        .suspect
+                        .take_if(|(seq, _)| *seq == delivery.seq)
+                        .map(|(_, reason)| reason);
+                    self.route_delivery(delivery, give_up).await;
+                }
+                Next::Done(rest) => {
+                    tracing::info!(partition = self.partition, "isolation over");
+                    o.isolation = None;
+                    for delivery in rest {
+                        self.route_delivery(delivery, None).await;
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Routes a delivered command to its entity (to be given up, with `give_up`); one whose
+    /// subject holds no valid entity id is given up at once, with a dead-letter record naming
+    /// what the subject held.
+    async fn route_delivery(&mut self, delivery: Delivery, give_up: Option<String>) {
         let partition = self.partition;
         let subject = delivery.subject.clone();
         let mut pending = Pending::delivered(delivery);
+        pending.give_up = give_up.map(Into::into);
         let Some(o) = self.phase.owning() else { return };
         pending.deliveries = pending
             .deliveries
@@ -292,13 +348,8 @@ impl<E: Entity> OwnerState<E> {
         }
     }
 
-    /// Queues a command for its entity, marked to be given up if it was delivered too often,
-    /// and hands it on unless the entity waits.
+    /// Queues a command for its entity and hands it on unless the entity waits.
     fn route(&mut self, entity: &EntityId, mut pending: Pending) {
-        if let Err(reason) = settle::admit(pending.deliveries, &self.policy) {
-            tracing::warn!(partition = self.partition, %entity, cmd_seq = pending.seq, deliveries = pending.deliveries, "command delivered too often; giving it up before decoding");
-            pending.give_up.get_or_insert_with(|| reason.into());
-        }
         let Some(o) = self.phase.owning() else { return };
         if let Some(q) = o.quarantined.get(entity) {
             pending
@@ -367,6 +418,29 @@ impl<E: Entity> OwnerState<E> {
             report,
         });
         let quarantined = acquired.quarantined.len();
+        let trial = acquired.claimed.trial;
+        let isolation = trial.map(|_| {
+            let held = acquired.recovered.iter().map(|(_, p)| p.seq);
+            Isolation::new(held, Instant::now() + self.shared.config.ack_wait * 2)
+        });
+        let suspect = trial.and_then(|t| {
+            let deliveries = acquired
+                .recovered
+                .iter()
+                .find(|(_, p)| p.seq == t.seq)
+                .map_or(0, |(_, p)| p.deliveries);
+            settle::suspect(t.runs, deliveries, &self.policy).map(|reason| (t.seq, reason))
+        });
+        if let Some(t) = trial {
+            tracing::warn!(
+                partition,
+                generation = fence.generation,
+                first_in_hand = t.seq,
+                runs = t.runs,
+                suspect = suspect.is_some(),
+                "commands were in hand at two takeovers in a row: running them one at a time"
+            );
+        }
         self.phase = Phase::Owning(Box::new(Owning {
             generation: fence.generation,
             pin,
@@ -379,6 +453,8 @@ impl<E: Entity> OwnerState<E> {
                 self.shared.config.restart_window,
             ),
             held: acquired.claimed.held,
+            isolation,
+            suspect,
         }));
         self.counters.acquisitions += 1;
         tracing::info!(
@@ -399,19 +475,24 @@ impl<E: Entity> OwnerState<E> {
             change: OwnershipChange::Acquired,
         });
 
+        if trial.is_some() {
+            // In isolation, the commands earlier owners held run as the server delivers them
+            // again, one at a time.
+            return self.deliver(first).await;
+        }
         // The previous owners' unacknowledged commands, and the first delivery, in stream order.
         let first_seq = first.seq;
         let mut first = Some(first);
         for (entity, pending) in acquired.recovered {
             if let Some(f) = first.take_if(|f| f.seq <= pending.seq) {
-                self.route_delivery(f).await;
+                self.route_delivery(f, None).await;
             }
             if pending.seq != first_seq {
                 self.route(&entity, pending);
             }
         }
         if let Some(f) = first {
-            self.route_delivery(f).await;
+            self.route_delivery(f, None).await;
         }
     }
 
@@ -500,7 +581,21 @@ impl<E: Entity> OwnerState<E> {
                         } else {
                             AckKind::Ack
                         };
-                        acknowledge(&self.shared.client, self.partition, reply, kind).await;
+                        if o.isolation.is_some() {
+                            // The next command runs only once this one is surely off the
+                            // consumer's books: the next claim must find the one running first.
+                            let timeout = self.shared.config.write_timeout;
+                            acknowledge_confirmed(
+                                &self.shared.client,
+                                partition,
+                                reply,
+                                kind,
+                                timeout,
+                            )
+                            .await;
+                        } else {
+                            acknowledge(&self.shared.client, partition, reply, kind).await;
+                        }
                     }
                     if let Some(to) = done.respond_to {
                         respond(&self.shared.client, to, &answer).await;
@@ -559,6 +654,7 @@ impl<E: Entity> OwnerState<E> {
                 Effect::StepDown(reason) => self.step_down(reason).await,
             }
         }
+        self.step_isolation().await;
         self.finish_release_if_drained().await;
         Ok(())
     }
@@ -660,6 +756,7 @@ impl<E: Entity> OwnerState<E> {
             }
             _ => {}
         }
+        self.step_isolation().await;
         let partition = self.partition;
         let Some(o) = self.phase.owning() else { return };
         let mut progress = Vec::new();
@@ -923,6 +1020,22 @@ async fn unpin(shared: &Shared, partition: u32) -> bool {
 async fn acknowledge(client: &Client, partition: u32, reply: Subject, kind: AckKind) {
     if let Err(e) = client.publish(reply, kind.into()).await {
         tracing::warn!(partition, error = %e, "acknowledgement not sent; the server will redeliver");
+    }
+}
+
+/// Acknowledges one delivery and waits (bounded) for the server to confirm it.
+async fn acknowledge_confirmed(
+    client: &Client,
+    partition: u32,
+    reply: Subject,
+    kind: AckKind,
+    timeout: Duration,
+) {
+    let request = client.request(reply, kind.into());
+    match tokio::time::timeout(timeout, request).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(partition, error = %e, "acknowledgement not confirmed"),
+        Err(_) => tracing::warn!(partition, "acknowledgement not confirmed in time"),
     }
 }
 

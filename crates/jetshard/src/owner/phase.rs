@@ -19,6 +19,7 @@ use std::sync::Arc;
 use ractor::RpcReplyPort;
 use tokio::time::Instant;
 
+use super::isolate::Isolation;
 use super::route::Slot;
 use super::settle::RestartWindow;
 use crate::entity::{Entity, EntityId};
@@ -57,6 +58,10 @@ pub(super) struct Owning<E: Entity> {
     pub(super) crashes: RestartWindow,
     /// The claim's count of the commands in hand at acquisition (their delivery counts).
     pub(super) held: Vec<HeldRange>,
+    /// Set while the commands earlier owners held run one at a time (see `isolate.rs`).
+    pub(super) isolation: Option<Isolation>,
+    /// The command to give up before decoding when its turn comes in isolation, and why.
+    pub(super) suspect: Option<(u64, String)>,
 }
 
 /// A hand-over in progress.

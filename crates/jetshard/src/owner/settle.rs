@@ -117,16 +117,16 @@ pub(crate) fn backoff(base: Duration, attempt: u64, cap: Duration) -> Duration {
 /// Local retries of unconfirmed writes back off up to this.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
-/// A command delivered this often (takeovers included) is given up before it is decoded or
-/// decided: it may be what killed the processes that ran it before.
-pub(crate) fn admit(deliveries: u64, policy: &Policy) -> Result<(), String> {
-    if deliveries > policy.max_deliver {
-        return Err(format!(
-            "delivered {deliveries} times (takeovers included), more than max_deliver {}: given up before decoding (it may have crashed the processes that ran it)",
+/// Whether the first command in hand at an isolated acquisition is given up before it is decoded
+/// or decided, and why: it was first in hand when an isolated owner died (`runs` times in a
+/// row), and it has been in hand for more deliveries than allowed (takeovers included).
+pub(crate) fn suspect(runs: u32, deliveries: u64, policy: &Policy) -> Option<String> {
+    (runs >= 1 && deliveries > policy.max_deliver).then(|| {
+        format!(
+            "delivered {deliveries} times (takeovers included), more than max_deliver {}, and running when {runs} owner(s) in a row died: given up before decoding",
             policy.max_deliver
-        ));
-    }
-    Ok(())
+        )
+    })
 }
 
 /// Decides what becomes of the command `head` given its entity's `verdict`.
@@ -393,10 +393,15 @@ mod tests {
     }
 
     #[test]
-    fn commands_past_the_delivery_limit_are_given_up_before_decoding() {
-        assert!(admit(3, &POLICY).is_ok());
-        let refused = admit(4, &POLICY).unwrap_err();
-        assert!(refused.contains("delivered 4 times"), "{refused}");
+    fn a_suspect_past_the_delivery_limit_is_given_up_before_decoding() {
+        assert_eq!(
+            suspect(0, 9, &POLICY),
+            None,
+            "no owner died running it alone"
+        );
+        assert_eq!(suspect(1, 3, &POLICY), None, "within the limit");
+        let reason = suspect(1, 4, &POLICY).unwrap();
+        assert!(reason.contains("delivered 4 times"), "{reason}");
     }
 
     #[test]
