@@ -679,6 +679,13 @@ async fn an_apply_that_panics_on_durable_events_quarantines_its_entity_not_the_p
     assert_eq!(status[0].quarantined.len(), 1, "{status:?}");
     assert_eq!(status[0].quarantined[0].entity, "a");
     assert!(status[0].quarantined[0].journal_seq > 0);
+    // An operator sees it from anywhere (what `jetshard quarantined` prints).
+    let nodes = Admin::new(client.clone(), "fragile")
+        .nodes(Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    assert_eq!(nodes[0].partitions[0].quarantined, status[0].quarantined);
     let outcome = sender.request("a", &FragileCmd::Add(1), ASK).await.unwrap();
     assert!(
         matches!(outcome, CommandOutcome::DeadLettered { .. }),
@@ -1067,5 +1074,90 @@ async fn a_refused_pin_moves_even_when_it_cannot_be_unpinned() {
         status[0].generation.is_some_and(|g| g > generation + 1),
         "{status:?}"
     );
+    system.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_given_up_while_its_dead_letter_cannot_be_written_waits_until_it_can() {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let js = jetstream::new(client.clone());
+    let config = ShardConfig::builder("fragile")
+        .partitions(1)
+        .node_id("n1")
+        .pin_ttl(Duration::from_secs(1))
+        .ack_wait(Duration::from_secs(3))
+        .retry_delay(Duration::from_millis(50))
+        .max_deliver(1)
+        .build()
+        .unwrap();
+    let sender = CommandSender::<Fragile>::new(client.clone(), &config);
+    let system = ShardSystem::start::<Fragile>(client.clone(), config.clone())
+        .await
+        .unwrap();
+    let outcome = sender.request("a", &FragileCmd::Add(1), ASK).await.unwrap();
+    assert!(
+        matches!(outcome, CommandOutcome::Applied { .. }),
+        "{outcome:?}"
+    );
+
+    // The journal takes no more records (a full stream refuses them).
+    let mut journal = js.get_stream("FRAGILE_JOURNAL").await.unwrap();
+    let open = journal.info().await.unwrap().config.clone();
+    let full = async_nats::jetstream::stream::Config {
+        max_messages: journal.info().await.unwrap().state.messages as i64,
+        discard: async_nats::jetstream::stream::DiscardPolicy::New,
+        ..open.clone()
+    };
+    js.update_stream(full).await.unwrap();
+
+    // It fails at its only delivery: given up, but its dead letter cannot be written.
+    let bad = sender.send("a", &FragileCmd::BadEncode).await.unwrap();
+    sender.send("a", &FragileCmd::Add(1)).await.unwrap();
+    wait_until(
+        Duration::from_secs(20),
+        "dead-letter writes refused",
+        || async {
+            system
+                .status()
+                .await
+                .is_ok_and(|s| s[0].unconfirmed_writes >= 3 && s[0].commands_in_hand == 2)
+        },
+    )
+    .await
+    .unwrap();
+
+    // Once the journal takes records again, the dead letter is written, the command
+    // terminated, and the entity goes on after it, in order.
+    js.update_stream(open).await.unwrap();
+    let outcome = sender
+        .request("a", &FragileCmd::Check(2), Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, CommandOutcome::Applied { .. }),
+        "{outcome:?}"
+    );
+    let letters = Admin::new(client.clone(), "fragile")
+        .dead_letters()
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].command_seq, bad);
+    assert!(
+        letters[0].reason.contains("cannot be encoded"),
+        "{letters:?}"
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "the command stream drained",
+        || async {
+            let mut commands = js.get_stream("FRAGILE_CMD").await.unwrap();
+            commands.info().await.is_ok_and(|i| i.state.messages == 0)
+        },
+    )
+    .await
+    .unwrap();
     system.shutdown().await.unwrap();
 }

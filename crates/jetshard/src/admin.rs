@@ -11,6 +11,7 @@ use futures::StreamExt;
 
 use crate::error::Error;
 use crate::fence;
+use crate::status::NodeStatus;
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_GENERATION, HDR_REASON, Names, PRIORITY_GROUP,
 };
@@ -178,6 +179,34 @@ impl Admin {
             .unpin_consumer(&self.names.consumer(partition), PRIORITY_GROUP)
             .await
             .map_err(|e| Error::jetstream(format!("unpin partition {partition}"), e))
+    }
+
+    /// What every running process of the entity type says of its partitions (asked on
+    /// `<t>.status`; the answers that come within `wait`), node ids in order. Quarantined
+    /// entities are in [`PartitionStatus::quarantined`](crate::PartitionStatus::quarantined).
+    ///
+    /// # Errors
+    /// [`Error::JetStream`] if the request cannot be sent.
+    pub async fn nodes(&self, wait: Duration) -> Result<Vec<NodeStatus>, Error> {
+        let client = self.js.client();
+        let inbox = client.new_inbox();
+        let mut answers = client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| Error::jetstream("subscribe for status answers", e))?;
+        client
+            .publish_with_reply(self.names.status_subject(), inbox, Default::default())
+            .await
+            .map_err(|e| Error::jetstream("ask for status", e))?;
+        let mut nodes = Vec::new();
+        let until = tokio::time::Instant::now() + wait;
+        while let Ok(Some(answer)) = tokio::time::timeout_at(until, answers.next()).await {
+            if let Ok(node) = serde_json::from_slice::<NodeStatus>(&answer.payload) {
+                nodes.push(node);
+            }
+        }
+        nodes.sort_by(|a, b| a.node.cmp(&b.node));
+        Ok(nodes)
     }
 
     /// Every dead-letter record in the journal, oldest first.

@@ -58,9 +58,9 @@ impl Codec {
 /// bincode decodes a length before the bytes it announces and allocates for it first: without
 /// a limit, ten bytes announcing a string of 2^50 bytes abort the process (allocation failure
 /// is no panic). The limit is on the bytes that strings, byte buffers and the containers bincode
-/// sizes itself may claim: the smallest power of two at least the message's length (a
-/// well-formed message never claims more than it holds), so a decode allocates at most about
-/// four times the message for them. serde's own sequence visitors cap what they preallocate.
+/// sizes itself may claim: the smallest power of four (from 256) at least the message's length
+/// (a well-formed message never claims more than it holds), so a decode allocates at most four
+/// times the message for them. serde's own sequence visitors cap what they preallocate.
 fn bincode_decode_bounded<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize), CodecError> {
     macro_rules! bounded {
         ($($shift:literal)*) => {{

@@ -45,21 +45,23 @@ pub(crate) struct InHand {
 }
 
 /// The trial of a claim: whether it isolates, and how often its head was first in hand at an
-/// isolated owner's death.
+/// isolated owner's death (`died`: whether the previous owner's process is gone).
 pub(crate) fn trial(
     previous: Option<Trial>,
     held: &[HeldRange],
     in_hand: &InHand,
+    died: bool,
 ) -> Option<Trial> {
     let head = in_hand.head?;
     let suspect = held.iter().any(|r| r.claims >= in_hand.isolate_at.max(1));
     if !suspect || claims_holding(held, head) == 0 {
         return None;
     }
+    let more = u32::from(died);
     let runs = match previous {
-        // The previous owner ran one command at a time: it stopped with `head` first in hand.
-        Some(t) if t.seq == head => t.runs.saturating_add(1),
-        Some(_) => 1,
+        // The previous owner ran one command at a time: it died with `head` first in hand.
+        Some(t) if t.seq == head => t.runs.saturating_add(more),
+        Some(_) => more,
         // Commands ran side by side: nothing tells which one was running.
         None => 0,
     };
@@ -76,10 +78,15 @@ pub struct FenceRecord {
     pub generation: u64,
     /// The node that claimed it.
     pub node: String,
+    /// The claiming process's incarnation: it answers on `<t>.alive.<incarnation>` while it
+    /// runs, so that the next claimant can tell a takeover after its death from one after it lost
+    /// the pin alive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<String>,
     /// The commands in hand at the claim, delivered to earlier owners and not acknowledged
     /// (the consumer's `(ack floor, delivered]`, in command-stream sequences), each range with
-    /// how many claims in a row found it in hand: a command that kills every process that runs it
-    /// is counted here, since its process cannot count it, and given up past the delivery limit.
+    /// how many claims in a row found it in hand after the previous owner died: a command that
+    /// kills every process that runs it is counted here, since its process cannot count it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<HeldRange>,
     /// Set when the claimant suspects a command that kills its owners (a command was in hand at
@@ -114,11 +121,18 @@ pub struct HeldRange {
 const MAX_HELD_RANGES: usize = 64;
 
 /// The ranges of a new claim: the commands in hand now, `window` (inclusive; `None` if nothing
-/// is in hand), each counted once more than the previous claim counted it.
-pub(crate) fn hold(previous: &[HeldRange], window: Option<(u64, u64)>) -> Vec<HeldRange> {
+/// is in hand), each counted once more than the previous claim counted it if the previous owner
+/// `died` (its process is gone), as often as before if it is alive (it lost the pin; whatever
+/// it held did not kill it). Commands counted 0 times are not kept.
+pub(crate) fn hold(
+    previous: &[HeldRange],
+    window: Option<(u64, u64)>,
+    died: bool,
+) -> Vec<HeldRange> {
     let Some((first, last)) = window.filter(|(first, last)| first <= last) else {
         return Vec::new();
     };
+    let more = u32::from(died);
     let mut ranges = Vec::new();
     let mut next = first;
     let mut earlier: Vec<&HeldRange> = previous
@@ -135,13 +149,13 @@ pub(crate) fn hold(previous: &[HeldRange], window: Option<(u64, u64)>) -> Vec<He
             ranges.push(HeldRange {
                 first: next,
                 last: from - 1,
-                claims: 1,
+                claims: more,
             });
         }
         ranges.push(HeldRange {
             first: from,
             last: to,
-            claims: range.claims.saturating_add(1),
+            claims: range.claims.saturating_add(more),
         });
         next = to + 1;
     }
@@ -149,9 +163,10 @@ pub(crate) fn hold(previous: &[HeldRange], window: Option<(u64, u64)>) -> Vec<He
         ranges.push(HeldRange {
             first: next,
             last,
-            claims: 1,
+            claims: more,
         });
     }
+    ranges.retain(|r| r.claims > 0);
     if ranges.len() > MAX_HELD_RANGES {
         let mut by_claims = ranges.clone();
         by_claims.sort_by_key(|r| std::cmp::Reverse(r.claims));
@@ -196,6 +211,7 @@ impl FenceRecord {
             partition,
             generation,
             node: node.into(),
+            incarnation: None,
             held: Vec::new(),
             trial: None,
         }
@@ -269,14 +285,45 @@ pub(crate) async fn latest(
 /// naming the same expected subject is in flight (not the fence's 10071): try again.
 const IN_FLIGHT_COLLISION: u64 = 10164;
 
-/// Claims the next generation of `partition` for `node`, counting the commands `in_hand` into
-/// the record.
+/// Whether the process behind an incarnation is still there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Liveness {
+    /// It answered.
+    Alive,
+    /// The server knows no one answering for it, twice: its connection is gone.
+    Gone,
+    /// No answer in time (stalled, or busy): not taken for dead.
+    Unknown,
+}
+
+/// Asks the process of `incarnation` whether it is there (`<t>.alive.<incarnation>`). A process
+/// that is reconnecting may miss the first ask: "no responders" counts only when it holds a
+/// moment later too.
+async fn probe(client: &async_nats::Client, names: &Names, incarnation: &str) -> Liveness {
+    let subject = names.alive_subject(incarnation);
+    for attempt in 0..2 {
+        if attempt > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+        let ask = client.request(subject.clone(), Default::default());
+        match tokio::time::timeout(std::time::Duration::from_millis(500), ask).await {
+            Ok(Ok(_)) => return Liveness::Alive,
+            Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => continue,
+            _ => return Liveness::Unknown,
+        }
+    }
+    Liveness::Gone
+}
+
+/// Claims the next generation of `partition` for `node` (this process: `incarnation`),
+/// counting the commands `in_hand` into the record.
 pub(crate) async fn claim(
     js: &Context,
     journal: &Stream<()>,
     names: &Names,
     partition: u32,
     node: &str,
+    incarnation: &str,
     in_hand: InHand,
 ) -> Result<Claimed, ClaimError> {
     const ATTEMPTS: u32 = 6;
@@ -287,15 +334,23 @@ pub(crate) async fn claim(
             None => (0, None),
         };
         let generation = previous.as_ref().map_or(0, |r| r.generation) + 1;
+        let died = match previous.as_ref().and_then(|r| r.incarnation.as_deref()) {
+            Some(theirs) if theirs != incarnation => {
+                probe(&js.client(), names, theirs).await == Liveness::Gone
+            }
+            _ => false,
+        };
         let held = hold(
             previous.as_ref().map_or(&[][..], |r| &r.held),
             in_hand.counted,
+            died,
         );
-        let trial = trial(previous.and_then(|r| r.trial), &held, &in_hand);
+        let trial = trial(previous.and_then(|r| r.trial), &held, &in_hand, died);
         let record = FenceRecord {
             partition,
             generation,
             node: node.to_owned(),
+            incarnation: Some(incarnation.to_owned()),
             held,
             trial,
         };
@@ -357,27 +412,32 @@ mod tests {
 
     #[test]
     fn a_claim_counts_the_commands_in_hand_once_more_than_the_claim_before() {
-        assert_eq!(hold(&[], None), vec![]);
-        assert_eq!(hold(&[], Some((5, 4))), vec![]);
-        let first = hold(&[], Some((10, 20)));
+        assert_eq!(hold(&[], None, true), vec![]);
+        assert_eq!(hold(&[], Some((5, 4)), true), vec![]);
+        let first = hold(&[], Some((10, 20)), true);
         assert_eq!(first, vec![range(10, 20, 1)]);
         // The floor moved past 14; 21..=25 came in since.
-        let second = hold(&first, Some((15, 25)));
+        let second = hold(&first, Some((15, 25)), true);
         assert_eq!(second, vec![range(15, 20, 2), range(21, 25, 1)]);
-        let third = hold(&second, Some((15, 25)));
+        let third = hold(&second, Some((15, 25)), true);
         assert_eq!(third, vec![range(15, 20, 3), range(21, 25, 2)]);
         assert_eq!(claims_holding(&third, 17), 3);
         assert_eq!(claims_holding(&third, 25), 2);
         assert_eq!(claims_holding(&third, 26), 0);
+        // The previous owner lost its pin alive: nothing it held killed it; counts carry over.
+        assert_eq!(
+            hold(&third, Some((15, 40)), false),
+            vec![range(15, 20, 3), range(21, 25, 2)]
+        );
         // Progress past everything: nothing carried over.
-        assert_eq!(hold(&third, Some((30, 31))), vec![range(30, 31, 1)]);
+        assert_eq!(hold(&third, Some((30, 31)), true), vec![range(30, 31, 1)]);
         // A window inside an old range, and one spanning gaps between old ranges.
         assert_eq!(
-            hold(&[range(1, 100, 4)], Some((50, 60))),
+            hold(&[range(1, 100, 4)], Some((50, 60)), true),
             vec![range(50, 60, 5)]
         );
         assert_eq!(
-            hold(&[range(5, 6, 2), range(9, 9, 3)], Some((4, 10))),
+            hold(&[range(5, 6, 2), range(9, 9, 3)], Some((4, 10)), true),
             vec![
                 range(4, 4, 1),
                 range(5, 6, 3),
@@ -396,15 +456,15 @@ mod tests {
             isolate_at: 2,
         };
         // In hand once: no suspicion.
-        assert_eq!(trial(None, &[range(10, 20, 1)], &in_hand(10)), None);
+        assert_eq!(trial(None, &[range(10, 20, 1)], &in_hand(10), true), None);
         // Twice: isolate; nothing known yet of who was running.
-        let first = trial(None, &[range(10, 20, 2)], &in_hand(10));
+        let first = trial(None, &[range(10, 20, 2)], &in_hand(10), true);
         assert_eq!(first, Some(Trial { seq: 10, runs: 0 }));
         // The isolated owner died with 12 first in hand (10 and 11 were done), then again.
-        let second = trial(first, &[range(12, 20, 3)], &in_hand(12));
+        let second = trial(first, &[range(12, 20, 3)], &in_hand(12), true);
         assert_eq!(second, Some(Trial { seq: 12, runs: 1 }));
         assert_eq!(
-            trial(second, &[range(12, 20, 4)], &in_hand(12)),
+            trial(second, &[range(12, 20, 4)], &in_hand(12), true),
             Some(Trial { seq: 12, runs: 2 })
         );
         // Nothing in hand from earlier owners: no trial.
@@ -413,7 +473,12 @@ mod tests {
             head: None,
             isolate_at: 2,
         };
-        assert_eq!(trial(second, &[], &none), None);
+        assert_eq!(trial(second, &[], &none, true), None);
+        // An isolated owner that lost its pin alive: its head did not kill it.
+        assert_eq!(
+            trial(second, &[range(12, 20, 4)], &in_hand(12), false),
+            Some(Trial { seq: 12, runs: 1 })
+        );
     }
 
     #[test]
@@ -421,7 +486,7 @@ mod tests {
         let many: Vec<HeldRange> = (0..200)
             .map(|i| range(i * 2, i * 2, 1 + (i % 3) as u32))
             .collect();
-        let next = hold(&many, Some((0, 400)));
+        let next = hold(&many, Some((0, 400)), true);
         assert!(next.len() <= MAX_HELD_RANGES);
         assert!(next.iter().all(|r| r.claims >= 3), "{next:?}");
     }
@@ -432,6 +497,7 @@ mod tests {
             partition: 3,
             generation: 7,
             node: "n1".into(),
+            incarnation: Some("abc".into()),
             held: vec![range(4, 9, 2)],
             trial: Some(Trial { seq: 5, runs: 1 }),
         };

@@ -62,8 +62,9 @@ pub(crate) fn server_error_code(
         .map(|e| e.error_code().0)
 }
 
-/// A unique token for batch ids: the process id, a clock reading and a counter.
-fn nuid_like() -> String {
+/// A unique token (batch ids, incarnations): the process id, a clock reading and a counter, in
+/// hex (a valid subject token).
+pub(crate) fn unique_token() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
@@ -125,8 +126,13 @@ impl JournalWriter {
         }
         let subject = self.names.event_subject(self.partition, entity);
         let last = events.len().saturating_sub(1);
-        let batch_id =
-            (last > 0).then(|| format!("{}-{command_seq}-{}", self.names.entity_type, nuid_like()));
+        let batch_id = (last > 0).then(|| {
+            format!(
+                "{}-{command_seq}-{}",
+                self.names.entity_type,
+                unique_token()
+            )
+        });
         for (index, event) in events.into_iter().enumerate() {
             let mut headers = self.fenced_headers();
             headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());

@@ -45,7 +45,7 @@ pub use entity::{Entity, EntityId, MAX_ID_LEN};
 pub use error::{CodecError, ConfigError, Error, InvalidId};
 pub use fence::{FenceRecord, FenceRecordError, HeldRange, Trial};
 pub use partition::{fnv1a_32, partition_of};
-pub use status::{OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
+pub use status::{NodeStatus, OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
 pub use system::ShardSystem;
 
 /// The README's code, compiled as a doctest so that it stays true.

@@ -27,7 +27,7 @@ pub enum OwnershipChange {
 }
 
 /// A snapshot of one partition in this process.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct PartitionStatus {
     /// The partition.
@@ -51,9 +51,26 @@ pub struct PartitionStatus {
     /// How often this process acquired the partition.
     pub acquisitions: u64,
     /// How often this process failed to acquire it (claim, rebuild or recovery failed).
+    #[serde(default)]
     pub failed_acquisitions: u64,
+    /// Journal writes the server did not confirm (timeouts, leader changes, a full stream):
+    /// retried here without spending a delivery.
+    #[serde(default)]
+    pub unconfirmed_writes: u64,
     /// Entities of the partition whose journal cannot be read back, while this process owns it.
+    #[serde(default)]
     pub quarantined: Vec<QuarantinedEntity>,
+}
+
+/// What one process running an entity type says of itself when asked on `<t>.status`
+/// ([`Admin::nodes`](crate::admin::Admin::nodes)).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct NodeStatus {
+    /// Its node id.
+    pub node: String,
+    /// Each of its partitions' owners, owning or not.
+    pub partitions: Vec<PartitionStatus>,
 }
 
 /// An entity whose journal records cannot be read back (an event that no longer decodes, an

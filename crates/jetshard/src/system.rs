@@ -19,7 +19,7 @@ use crate::config::ShardConfig;
 use crate::entity::Entity;
 use crate::error::Error;
 use crate::owner::{FailureWindow, OwnerActor, OwnerArgs, OwnerMsg, Shared};
-use crate::status::{OwnershipEvent, PartitionStatus};
+use crate::status::{NodeStatus, OwnershipEvent, PartitionStatus};
 use crate::topology;
 use crate::wire::Names;
 
@@ -99,6 +99,7 @@ impl ShardSystem {
             journal_stream,
             events: events.clone(),
             resident: Arc::default(),
+            incarnation: crate::journal::unique_token(),
         });
         let actor = SystemActor::<E>(std::marker::PhantomData);
         let spawned = match supervisor {
@@ -172,6 +173,8 @@ pub(crate) enum SystemMsg {
     /// Time to say how many partitions this process owns, and to hand one off if it owns too
     /// many.
     Balance,
+    /// A status request on `<t>.status`: answer it there.
+    Report(async_nats::Subject),
 }
 
 struct SystemActor<E>(std::marker::PhantomData<fn() -> E>);
@@ -226,6 +229,32 @@ impl<E: Entity> Actor for SystemActor<E> {
         for partition in 0..partitions {
             spawn_owner::<E>(&myself, &mut state, partition).await?;
         }
+        // Answers liveness probes of claimants (fence.rs) for as long as this system runs.
+        let alive = state.shared.names.alive_subject(&state.shared.incarnation);
+        let mut probes = state.shared.client.subscribe(alive).await?;
+        let client = state.shared.client.clone();
+        state.tasks.push(tokio::spawn(async move {
+            while let Some(probe) = probes.next().await {
+                if let Some(reply) = probe.reply {
+                    let _ = client.publish(reply, Default::default()).await;
+                }
+            }
+        }));
+        let mut requests = state
+            .shared
+            .client
+            .subscribe(state.shared.names.status_subject())
+            .await?;
+        let listener = myself.clone();
+        state.tasks.push(tokio::spawn(async move {
+            while let Some(request) = requests.next().await {
+                if let Some(reply) = request.reply
+                    && listener.cast(SystemMsg::Report(reply)).is_err()
+                {
+                    return;
+                }
+            }
+        }));
         if state.shared.config.balance {
             let subject = state.shared.names.membership_subject();
             let mut heartbeats = state.shared.client.subscribe(subject).await?;
@@ -260,16 +289,16 @@ impl<E: Entity> Actor for SystemActor<E> {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             SystemMsg::Status(reply) => {
-                let mut all = Vec::with_capacity(state.owners.len());
-                for owner in state.owners.iter().flatten() {
-                    if let Ok(ractor::rpc::CallResult::Success(status)) = owner
-                        .call(OwnerMsg::Status, Some(Duration::from_secs(5)))
-                        .await
-                    {
-                        all.push(status);
-                    }
+                let _ = reply.send(statuses(state).await);
+            }
+            SystemMsg::Report(to) => {
+                let node = NodeStatus {
+                    node: state.shared.config.node_id.clone(),
+                    partitions: statuses(state).await,
+                };
+                if let Ok(body) = serde_json::to_vec(&node) {
+                    let _ = state.shared.client.publish(to, body.into()).await;
                 }
-                let _ = reply.send(all);
             }
             SystemMsg::Shutdown(reply) => {
                 state.stopping = true;
@@ -341,6 +370,20 @@ impl<E: Entity> Actor for SystemActor<E> {
         myself.send_after(RESPAWN_DELAY, move || SystemMsg::Respawn(partition));
         Ok(())
     }
+}
+
+/// Every owner's status.
+async fn statuses(state: &SystemState) -> Vec<PartitionStatus> {
+    let mut all = Vec::with_capacity(state.owners.len());
+    for owner in state.owners.iter().flatten() {
+        if let Ok(ractor::rpc::CallResult::Success(status)) = owner
+            .call(OwnerMsg::Status, Some(Duration::from_secs(5)))
+            .await
+        {
+            all.push(status);
+        }
+    }
+    all
 }
 
 /// Says how many partitions this process owns, and hands partitions off if it owns more than

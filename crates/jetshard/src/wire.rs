@@ -139,6 +139,18 @@ impl Names {
         format!("{}.nodes", self.entity_type)
     }
 
+    /// Where the processes of the entity type answer status requests (core NATS request/reply,
+    /// one answer per process: a `NodeStatus`, JSON): `<t>.status`.
+    pub fn status_subject(&self) -> String {
+        format!("{}.status", self.entity_type)
+    }
+
+    /// Where the process of `incarnation` answers while it runs (core NATS request/reply, an
+    /// empty answer): `<t>.alive.<incarnation>`.
+    pub fn alive_subject(&self, incarnation: &str) -> String {
+        format!("{}.alive.{incarnation}", self.entity_type)
+    }
+
     /// `Nats-Msg-Id` of the `index`th event of the command at `command_seq`.
     pub fn event_msg_id(&self, command_seq: u64, index: usize) -> String {
         format!("{}:{command_seq}:{index}", self.entity_type)

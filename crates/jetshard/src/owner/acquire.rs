@@ -81,6 +81,7 @@ pub(super) async fn claim_and_rebuild<E: Entity>(
         &shared.names,
         partition,
         &shared.config.node_id,
+        &shared.incarnation,
         InHand {
             counted,
             head,

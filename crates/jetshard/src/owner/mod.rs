@@ -67,6 +67,9 @@ pub(crate) struct Shared {
     pub(crate) events: broadcast::Sender<OwnershipEvent>,
     /// Live entity actors over all partitions of this system (for the resident cap).
     pub(crate) resident: Arc<AtomicUsize>,
+    /// This process's run of the shard system: it answers on `<t>.alive.<incarnation>`, and its
+    /// fence records name it.
+    pub(crate) incarnation: String,
 }
 
 /// The owner's messages.
@@ -543,6 +546,9 @@ impl<E: Entity> OwnerState<E> {
                 tracing::warn!(partition, %entity, cmd_seq = outcome.seq, %reason, "command dead-lettered and terminated");
             }
             crate::entity_actor::Verdict::Failed(failure) => {
+                if matches!(failure, crate::entity_actor::Failure::Unconfirmed(_)) {
+                    self.counters.unconfirmed_writes += 1;
+                }
                 tracing::warn!(partition, %entity, cmd_seq = outcome.seq, deliveries = head.deliveries, ?failure, "command failed");
             }
             crate::entity_actor::Verdict::Fenced => {}
@@ -995,6 +1001,7 @@ impl<E: Entity> OwnerState<E> {
             dead_lettered: self.counters.dead_lettered,
             acquisitions: self.counters.acquisitions,
             failed_acquisitions: self.counters.failed_acquisitions,
+            unconfirmed_writes: self.counters.unconfirmed_writes,
             quarantined,
         }
     }

@@ -143,4 +143,5 @@ pub(super) struct Counters {
     pub(super) dead_lettered: u64,
     pub(super) acquisitions: u64,
     pub(super) failed_acquisitions: u64,
+    pub(super) unconfirmed_writes: u64,
 }
