@@ -19,14 +19,15 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, Context};
 use faults::{
-    Figures, Load, Nodes, Op, Rng, Totals, check_journal, encode, journal_excerpt, one_at_a_time,
-    publish, replay_hint, seeds, wait_consumers_drained, wait_drained,
+    Figures, Load, Nodes, Rng, Totals, encode, one_at_a_time, publish, replay_hint, seeds,
+    wait_consumers_drained,
 };
 use jetshard::{EntityId, FenceRecord, partition_of};
 use jetshard_testkit::history::{Ack, History, Violation};
 use jetshard_testkit::{NatsServer, TcpProxy};
-use jetshard_tests::init_tracing;
+use jetshard_tests::model::{Op, check_journal, journal_excerpt};
 use jetshard_tests::node::NodeSpec;
+use jetshard_tests::{init_tracing, wait_drained};
 
 const PIN_TTL: Duration = Duration::from_millis(1000);
 const ACK_WAIT: Duration = Duration::from_millis(3000);

@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, Context};
 use faults::{
-    Figures, Load, Nodes, Rng, Totals, check_journal, journal_excerpt, one_at_a_time, replay_hint,
-    seeds, wait_consumers_drained,
+    Figures, Load, Nodes, Rng, Totals, one_at_a_time, replay_hint, seeds, wait_consumers_drained,
 };
 use jetshard_testkit::{NatsCluster, wait_until};
 use jetshard_tests::init_tracing;
+use jetshard_tests::model::{check_journal, journal_excerpt};
 use jetshard_tests::node::NodeSpec;
 
 const PARTITIONS: u32 = 3;

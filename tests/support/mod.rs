@@ -1,7 +1,47 @@
-//! Shared helpers for the integration tests.
+//! What the integration tests share: the `ledger` test entity, its model for the history
+//! checker, node child processes, and the [`Scenario`] every test starts from.
 //!
 //! Each test file is its own binary and pulls these in as the `jetshard_tests` library.
-//! Servers, clusters, proxies and `wait_until` come from `jetshard-testkit`.
+//! Servers, clusters, proxies, `wait_until` and the history checker come from
+//! `jetshard-testkit`.
+//!
+//! # Writing a test
+//!
+//! A test starts a [`Scenario`] (a real server, or a 3-server cluster, with a client, a
+//! `CommandSender<Ledger>` and an empty history), starts the shard systems or `ledger-node`
+//! processes it needs, sends commands with [`Scenario::send`] (which records each as a
+//! [`model::Op`] in the history), applies its fault, and ends with [`Scenario::check`]: that
+//! waits for the command stream to drain and judges the whole journal against the history with
+//! `jetshard_testkit::history` and [`model::LedgerModel`] (nothing lost, doubled or reordered,
+//! every outcome what the ledger does, no stale generation), panicking with the report and a
+//! journal excerpt. What is left is the test's own fault and assertions:
+//!
+//! ```no_run
+//! # async fn example() {
+//! use jetshard_tests::{Scenario, model::Op};
+//!
+//! let mut s = Scenario::single(2).await; // pin TTL 1 s, ack wait 3 s; `.pin_ttl(..)` to change
+//! let mut a = s.node("a").await; // a `ledger-node` child process
+//! s.send("e1", Op::Append(0)).await;
+//! s.wait_owns_all(&a).await;
+//! let b = s.node("b").await;
+//! a.kill().await; // SIGKILL
+//! s.send("e1", Op::Append(1)).await;
+//! s.check().await; // drained, and the journal holds exactly what the history says
+//! # drop(b);
+//! # }
+//! ```
+//!
+//! In-process systems come from [`Scenario::system`] (or [`Scenario::system_with`] and
+//! [`Scenario::config`] for more settings); [`provision`] (or [`Scenario::provision`]) creates
+//! the streams without owning anything, so that commands sent next wait for an owner.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`ledger`] | the `Ledger` test entity: numbers appended in order, with injectable faults |
+//! | [`model`] | `Op` (a command and what it must leave), `LedgerModel`, `check_journal` |
+//! | [`node`] | `ledger-node` child processes: SIGKILL, SIGSTOP, SIGTERM, ownership lines |
+//! | [`scenario`] | `Scenario`, `provision`, `wait_drained` |
 
 /// Sends `tracing` output to the test harness, which shows it for failing tests only.
 ///
@@ -16,7 +56,11 @@ pub fn init_tracing() {
 
 pub mod journal;
 pub mod ledger;
+pub mod model;
 pub mod node;
+pub mod scenario;
+
+pub use scenario::{Scenario, describe_consumers, provision, wait_drained};
 
 use std::time::Duration;
 
