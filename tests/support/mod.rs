@@ -54,7 +54,6 @@ pub fn init_tracing() {
         .try_init();
 }
 
-pub mod journal;
 pub mod ledger;
 pub mod model;
 pub mod node;
