@@ -450,10 +450,7 @@ async fn a_node_process_with_runtime_permissions_only_runs_streams_an_operator_p
     let server = permissions_server().await;
     // The operator provisions (here: a first start and stop as admin).
     let admin = user("admin").connect(server.url()).await.unwrap();
-    let provisioning = ShardSystem::start::<Ledger>(admin.clone(), config("ledger"))
-        .await
-        .unwrap();
-    provisioning.shutdown().await.unwrap();
+    jetshard_tests::provision(admin.clone(), &config("ledger")).await;
 
     // The node process holds only the runtime permissions.
     let spec = NodeSpec {
