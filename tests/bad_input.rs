@@ -13,7 +13,7 @@ use jetshard::{CommandSender, Entity, Error, InvalidId, ShardConfig, ShardSystem
 use jetshard_testkit::{NatsServer, wait_until};
 use jetshard_tests::ledger::LedgerCmd;
 use jetshard_tests::model::Op;
-use jetshard_tests::{Scenario, init_tracing, wait_drained};
+use jetshard_tests::{Scenario, counts, init_tracing, wait_drained};
 use serde::{Deserialize, Serialize};
 
 /// A command as JSON, the ledger's codec, as a foreign client would publish it.
@@ -88,12 +88,9 @@ async fn undecodable_payloads_are_terminated_counted_and_never_block_their_parti
     assert_eq!(report.summary().dead_letters as u64, bad, "{report}");
 
     // Counted by the owners, and visible to an operator with the payload and the reason.
-    let status = system.status().await.unwrap();
-    assert_eq!(status.iter().map(|p| p.dead_lettered).sum::<u64>(), bad);
-    assert_eq!(
-        status.iter().map(|p| p.applied).sum::<u64>(),
-        (n + 1) * entities.len() as u64
-    );
+    let c = counts(&system).await;
+    assert_eq!(c.dead_lettered, bad, "{c:?}");
+    assert_eq!(c.applied, (n + 1) * entities.len() as u64, "{c:?}");
     let letters = Admin::new(s.client.clone(), "ledger")
         .dead_letters()
         .await
@@ -180,13 +177,7 @@ async fn a_foreign_command_for_an_over_long_id_is_terminated_and_reported_as_a_d
         .dead_letters()
         .await
         .unwrap();
-    let counted: u64 = system
-        .status()
-        .await
-        .unwrap()
-        .iter()
-        .map(|p| p.dead_lettered)
-        .sum();
+    let counted = counts(&system).await.dead_lettered;
     system.shutdown().await.unwrap();
     // An operator can see what was thrown away, as for any other command given up.
     assert!(
@@ -257,12 +248,10 @@ fn note_config() -> ShardConfig {
         .unwrap()
 }
 
+/// Commands applied and dead-lettered.
 async fn applied(system: &ShardSystem) -> (u64, u64) {
-    let status = system.status().await.unwrap();
-    (
-        status.iter().map(|p| p.applied).sum(),
-        status.iter().map(|p| p.dead_lettered).sum(),
-    )
+    let c = counts(system).await;
+    (c.applied, c.dead_lettered)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

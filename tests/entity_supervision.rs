@@ -5,21 +5,10 @@
 
 use std::time::Duration;
 
-use jetshard::ShardSystem;
 use jetshard::admin::Admin;
 use jetshard_testkit::wait_until;
 use jetshard_tests::model::Op;
-use jetshard_tests::{Scenario, init_tracing};
-
-async fn totals(system: &ShardSystem) -> (u64, u64, u64, usize) {
-    let status = system.status().await.unwrap();
-    (
-        status.iter().map(|p| p.applied).sum(),
-        status.iter().map(|p| p.dead_lettered).sum(),
-        status.iter().map(|p| p.rejected).sum(),
-        status.iter().map(|p| p.resident_entities).sum(),
-    )
-}
+use jetshard_tests::{Scenario, counts, init_tracing};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_handler_is_retried_then_dead_lettered_while_other_entities_go_on() {
@@ -36,7 +25,7 @@ async fn a_panicking_handler_is_retried_then_dead_lettered_while_other_entities_
     wait_until(
         Duration::from_secs(10),
         "good applied while bad retries",
-        || async { totals(&system).await.0 >= 20 },
+        || async { counts(&system).await.applied >= 20 },
     )
     .await
     .unwrap();
@@ -44,14 +33,14 @@ async fn a_panicking_handler_is_retried_then_dead_lettered_while_other_entities_
         Duration::from_secs(20),
         "bad dead-lettered and its next command applied",
         || async {
-            let (applied, dead, _, _) = totals(&system).await;
-            applied == 21 && dead == 1
+            let c = counts(&system).await;
+            c.applied == 21 && c.dead_lettered == 1
         },
     )
     .await
     .unwrap();
     assert_eq!(
-        totals(&system).await.2,
+        counts(&system).await.rejected,
         0,
         "no command rejected: order kept behind the retried one"
     );
@@ -86,8 +75,8 @@ async fn an_undecodable_payload_is_terminated_and_does_not_block_its_entity() {
         Duration::from_secs(10),
         "poison terminated, next applied",
         || async {
-            let (applied, dead, _, _) = totals(&system).await;
-            applied == 1 && dead == 1
+            let c = counts(&system).await;
+            c.applied == 1 && c.dead_lettered == 1
         },
     )
     .await
@@ -124,24 +113,24 @@ async fn idle_entities_are_passivated_and_come_back_with_their_state() {
         s.send(e, Op::Many { from: 0, count: 3 }).await;
     }
     wait_until(Duration::from_secs(10), "applied", || async {
-        totals(&system).await.0 == 10
+        counts(&system).await.applied == 10
     })
     .await
     .unwrap();
     wait_until(Duration::from_secs(10), "all passivated", || async {
-        totals(&system).await.3 == 0
+        counts(&system).await.resident_entities == 0
     })
     .await
     .unwrap();
     // Back from the owner's dormant map: the next index must follow on from the three events.
     s.append_to_all(&entities, 3).await;
     wait_until(Duration::from_secs(10), "applied after revival", || async {
-        totals(&system).await.0 == 20
+        counts(&system).await.applied == 20
     })
     .await
     .unwrap();
     assert_eq!(
-        totals(&system).await.2,
+        counts(&system).await.rejected,
         0,
         "a revived entity lost its state"
     );
@@ -166,17 +155,17 @@ async fn the_resident_entity_cap_holds_and_evicted_entities_come_back_whole() {
         s.append_to_all(&entities, round).await;
     }
     wait_until(Duration::from_secs(30), "applied", || async {
-        totals(&system).await.0 == entities.len() as u64 * rounds
+        counts(&system).await.applied == entities.len() as u64 * rounds
     })
     .await
     .unwrap();
-    let resident = totals(&system).await.3;
+    let resident = counts(&system).await.resident_entities;
     assert!(
         resident <= cap,
         "{resident} entities resident over a cap of {cap}"
     );
     assert_eq!(
-        totals(&system).await.2,
+        counts(&system).await.rejected,
         0,
         "an evicted entity lost its state"
     );

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::stream::DiscardPolicy;
 use jetshard_testkit::wait_until;
-use jetshard_tests::{Scenario, init_tracing};
+use jetshard_tests::{Scenario, counts, init_tracing};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_wait_out_a_journal_that_refuses_writes_and_are_applied_once() {
@@ -18,16 +18,7 @@ async fn commands_wait_out_a_journal_that_refuses_writes_and_are_applied_once() 
     s.append_to_all(&entities, 0).await;
     let applied = |n: u64| {
         let system = &system;
-        async move {
-            system
-                .status()
-                .await
-                .unwrap()
-                .iter()
-                .map(|p| p.applied)
-                .sum::<u64>()
-                == n
-        }
+        async move { counts(system).await.applied == n }
     };
     wait_until(Duration::from_secs(10), "warm-up applied", || applied(5))
         .await
@@ -46,17 +37,9 @@ async fn commands_wait_out_a_journal_that_refuses_writes_and_are_applied_once() 
     }
     // Let several writes fail and be retried: this is the outage, not a wait for a condition.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let status = system.status().await.unwrap();
-    assert_eq!(
-        status.iter().map(|p| p.applied).sum::<u64>(),
-        5,
-        "nothing can be applied: {status:?}"
-    );
-    assert_eq!(
-        status.iter().map(|p| p.commands_in_hand).sum::<usize>(),
-        15,
-        "{status:?}"
-    );
+    let c = counts(&system).await;
+    assert_eq!(c.applied, 5, "nothing can be applied: {c:?}");
+    assert_eq!(c.commands_in_hand, 15, "{c:?}");
 
     stream_config.max_messages = -1;
     js.update_stream(stream_config).await.unwrap();
@@ -67,15 +50,8 @@ async fn commands_wait_out_a_journal_that_refuses_writes_and_are_applied_once() 
     )
     .await
     .unwrap();
-    let status = system.status().await.unwrap();
-    assert_eq!(
-        status
-            .iter()
-            .map(|p| p.dead_lettered + p.rejected)
-            .sum::<u64>(),
-        0,
-        "{status:?}"
-    );
+    let c = counts(&system).await;
+    assert_eq!(c.dead_lettered + c.rejected, 0, "{c:?}");
     system.shutdown().await.unwrap();
     // Every entity holds 0, 1, 2, 3, each once, in order.
     s.check().await;

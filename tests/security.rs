@@ -13,7 +13,7 @@ use jetshard::{CommandSender, ShardConfig, ShardSystem};
 use jetshard_testkit::{NatsServer, wait_until};
 use jetshard_tests::ledger::{Ledger, LedgerCmd};
 use jetshard_tests::node::{Node, NodeOptions, NodeSpec};
-use jetshard_tests::{applied, init_tracing};
+use jetshard_tests::{applied, counts, init_tracing};
 
 /// The ledger's config for these tests; `entity_type` lets one test run two types.
 fn config(entity_type: &str) -> ShardConfig {
@@ -52,12 +52,8 @@ async fn runs(entity_type: &str, node: async_nats::Client, client: async_nats::C
     })
     .await
     .unwrap();
-    let status = system.status().await.unwrap();
-    assert_eq!(
-        status.iter().map(|p| p.rejected).sum::<u64>(),
-        0,
-        "{status:?}"
-    );
+    let c = counts(&system).await;
+    assert_eq!(c.rejected, 0, "{c:?}");
     system.shutdown().await.unwrap();
 }
 

@@ -7,7 +7,7 @@ use jetshard::{CommandOutcome, Error};
 use jetshard_testkit::wait_until;
 use jetshard_tests::ledger::LedgerCmd;
 use jetshard_tests::model::Op;
-use jetshard_tests::{Scenario, applied, init_tracing};
+use jetshard_tests::{Scenario, applied, counts, init_tracing};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_command_is_applied_once_in_order_and_state_survives_a_restart() {
@@ -26,12 +26,8 @@ async fn every_command_is_applied_once_in_order_and_state_survives_a_restart() {
     })
     .await
     .unwrap();
-    let status = system.status().await.unwrap();
-    assert_eq!(
-        status.iter().map(|p| p.rejected).sum::<u64>(),
-        0,
-        "{status:?}"
-    );
+    let c = counts(&system).await;
+    assert_eq!(c.rejected, 0, "{c:?}");
     system.shutdown().await.unwrap();
 
     // A new process rebuilds every entity from the journal: the next Append must follow on.
@@ -44,12 +40,8 @@ async fn every_command_is_applied_once_in_order_and_state_survives_a_restart() {
     )
     .await
     .unwrap();
-    let status = system.status().await.unwrap();
-    assert_eq!(
-        status.iter().map(|p| p.rejected).sum::<u64>(),
-        0,
-        "state was not rebuilt: {status:?}"
-    );
+    let c = counts(&system).await;
+    assert_eq!(c.rejected, 0, "state was not rebuilt: {c:?}");
     system.shutdown().await.unwrap();
 
     // Each entity's commands applied once each, in command order, across the restart.
@@ -70,13 +62,12 @@ async fn rejected_commands_are_acknowledged_and_write_nothing() {
     s.send("a", Op::Misplaced(7)).await;
     s.send("a", Op::Append(0)).await;
     wait_until(Duration::from_secs(20), "three outcomes", || async {
-        let s = system.status().await.unwrap();
-        s.iter().map(|p| p.applied + p.rejected).sum::<u64>() >= 3
+        let c = counts(&system).await;
+        c.applied + c.rejected >= 3
     })
     .await
     .unwrap();
-    let status = system.status().await.unwrap();
-    assert_eq!(status.iter().map(|p| p.rejected).sum::<u64>(), 2);
+    assert_eq!(counts(&system).await.rejected, 2);
     system.shutdown().await.unwrap();
     // Acknowledged (the check waits for an empty work queue), and the rejected two wrote
     // nothing.

@@ -76,11 +76,45 @@ pub fn ledger_config(partitions: u32, node: &str) -> jetshard::ShardConfigBuilde
         .retry_delay(Duration::from_millis(50))
 }
 
-/// How many commands this system has applied, over all partitions.
+/// How many commands this system has worked through as applied (duplicates included), over
+/// all partitions; 0 while its status cannot be read.
 pub async fn applied(system: &ShardSystem) -> u64 {
     system
         .status()
         .await
         .map(|s| s.iter().map(|p| p.applied + p.duplicates).sum())
         .unwrap_or(0)
+}
+
+/// A system's status counters, summed over its partitions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Commands applied.
+    pub applied: u64,
+    /// Commands the entity rejected.
+    pub rejected: u64,
+    /// Commands acknowledged as already applied.
+    pub duplicates: u64,
+    /// Commands given up with a dead letter.
+    pub dead_lettered: u64,
+    /// Entity actors alive.
+    pub resident_entities: usize,
+    /// Commands delivered and not yet acknowledged.
+    pub commands_in_hand: usize,
+}
+
+/// `system`'s counters summed over its partitions.
+///
+/// # Panics
+/// If the system does not answer with its status.
+pub async fn counts(system: &ShardSystem) -> Counts {
+    let status = system.status().await.expect("the system's status");
+    status.iter().fold(Counts::default(), |sum, p| Counts {
+        applied: sum.applied + p.applied,
+        rejected: sum.rejected + p.rejected,
+        duplicates: sum.duplicates + p.duplicates,
+        dead_lettered: sum.dead_lettered + p.dead_lettered,
+        resident_entities: sum.resident_entities + p.resident_entities,
+        commands_in_hand: sum.commands_in_hand + p.commands_in_hand,
+    })
 }
