@@ -14,11 +14,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, context::Context, message::PublishMessage};
-use jetshard_testkit::history::{Ack, History};
+use jetshard_testkit::history::{Ack, History, Violation};
 use jetshard_testkit::wait_until;
 use jetshard_tests::describe_consumers;
 use jetshard_tests::ledger::LedgerCmd;
-use jetshard_tests::model::Op;
+use jetshard_tests::model::{Op, check_journal, journal_excerpt};
 use jetshard_tests::node::{Node, NodeOptions, NodeSpec};
 use serde::Serialize;
 use tokio::task::JoinHandle;
@@ -553,6 +553,68 @@ impl Totals {
             f.violations
         )
     }
+}
+
+/// One schedule of a test, for its messages.
+#[derive(Clone, Copy, Debug)]
+pub struct Run<'a> {
+    /// The test file (`chaos`, `cluster`).
+    pub file: &'a str,
+    /// The test.
+    pub test: &'a str,
+    /// The seed.
+    pub seed: u64,
+}
+
+/// Ends a schedule: waits (bounded by `within`) until no partition consumer holds a command,
+/// checks the journal against `history`, and panics with everything needed to debug a failure
+/// (the replay line, the report, the journal of the entities it names, the node log lines of
+/// the first commands it names, every node's log tail). Returns the schedule's figures and how
+/// many acknowledged commands the command stream still holds.
+pub async fn verify(
+    js: &Context,
+    nodes: &Nodes,
+    run: Run<'_>,
+    history: &History<Op>,
+    injected: &[String],
+    retries: u64,
+    within: Duration,
+) -> (Figures, u64) {
+    let Run { file, test, seed } = run;
+    let drained = wait_consumers_drained(js, nodes.spec().partitions, within).await;
+    let report = check_journal(js, history).await;
+    let summary = report.summary();
+    let figures = Figures {
+        commands: summary.commands,
+        unknown: summary.unknown,
+        retries,
+        faults: injected.len(),
+        violations: report.violations().len(),
+        dead_letters: summary.dead_letters,
+        fences: summary.fences,
+    };
+    eprintln!("seed {seed}: {report}\n  faults: {injected:#?}");
+    if drained.is_err() || !report.is_ok() {
+        let mut traces = String::new();
+        for violation in report.violations().iter().take(3) {
+            if let Violation::Lost { command_seq, .. }
+            | Violation::Duplicated { command_seq, .. }
+            | Violation::Reordered { command_seq, .. } = violation
+            {
+                traces += &format!(
+                    "node log lines of command {command_seq}:\n{}\n",
+                    nodes.grep_logs(&format!("cmd_seq={command_seq}"), 40)
+                );
+            }
+        }
+        panic!(
+            "{test} seed {seed} failed\n{}\ndrained: {drained:?}\n{report}\n{}\n{traces}faults: {injected:#?}\n{}",
+            replay_hint(file, test, seed),
+            journal_excerpt(js, &report, 3).await,
+            nodes.describe()
+        );
+    }
+    (figures, drained.unwrap_or_default())
 }
 
 /// The line that tells how to run one seed again.
