@@ -33,8 +33,11 @@
 //! ```
 //!
 //! In-process systems come from [`Scenario::system`] (or [`Scenario::system_with`] and
-//! [`Scenario::config`] for more settings); [`provision`] (or [`Scenario::provision`]) creates
-//! the streams without owning anything, so that commands sent next wait for an owner.
+//! [`Scenario::config`] for more settings), and [`counts`] sums their status counters;
+//! [`provision`] (or [`Scenario::provision`]) creates the streams without owning anything, so
+//! that commands sent next wait for an owner. A command that is no `LedgerCmd` goes out with
+//! [`Scenario::send_raw`]; a test that expects a rejection records [`model::Op::Refuse`] or
+//! [`model::Op::Misplaced`] (a rejection writes nothing, and the check expects nothing).
 //!
 //! | module | what |
 //! |---|---|
