@@ -76,32 +76,33 @@ async fn refuses_anonymous(server: &NatsServer) {
     assert!(anonymous.is_err(), "an anonymous client got in");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_connects_with_user_and_password() {
-    init_tracing();
-    let options = || ConnectOptions::with_user_and_password("node".into(), "s3cret".into());
-    let server = server(
-        "authorization { user: node, password: s3cret }\n".into(),
-        options(),
-    )
-    .await;
+/// A server configured with `config` refuses anonymous clients, and a node and client that
+/// connect with `options` run the ledger.
+async fn a_node_runs_with(config: String, options: impl Fn() -> ConnectOptions) {
+    let server = server(config, options()).await;
     refuses_anonymous(&server).await;
     let client = options().connect(server.url()).await.unwrap();
     runs("ledger", client.clone(), client).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_connects_with_a_token() {
+async fn a_node_connects_with_user_and_password() {
     init_tracing();
-    let options = || ConnectOptions::with_token("t0k3n-for-nodes".into());
-    let server = server(
-        "authorization { token: \"t0k3n-for-nodes\" }\n".into(),
-        options(),
+    a_node_runs_with(
+        "authorization { user: node, password: s3cret }\n".into(),
+        || ConnectOptions::with_user_and_password("node".into(), "s3cret".into()),
     )
     .await;
-    refuses_anonymous(&server).await;
-    let client = options().connect(server.url()).await.unwrap();
-    runs("ledger", client.clone(), client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_connects_with_a_token() {
+    init_tracing();
+    a_node_runs_with(
+        "authorization { token: \"t0k3n-for-nodes\" }\n".into(),
+        || ConnectOptions::with_token("t0k3n-for-nodes".into()),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,18 +110,14 @@ async fn a_node_connects_with_an_nkey() {
     init_tracing();
     let user = nkeys::KeyPair::new_user();
     let seed = user.seed().unwrap();
-    let options = || ConnectOptions::with_nkey(seed.clone());
-    let server = server(
+    a_node_runs_with(
         format!(
             "authorization {{ users: [ {{ nkey: {} }} ] }}\n",
             user.public_key()
         ),
-        options(),
+        || ConnectOptions::with_nkey(seed.clone()),
     )
     .await;
-    refuses_anonymous(&server).await;
-    let client = options().connect(server.url()).await.unwrap();
-    runs("ledger", client.clone(), client).await;
 }
 
 /// base64url without padding, as JWTs are written.

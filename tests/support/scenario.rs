@@ -54,11 +54,6 @@ impl Scenario {
         Scenario::on(Servers::Single(Box::new(server)), partitions, 1).await
     }
 
-    /// A scenario on a server the test started itself (with its own config, say).
-    pub async fn on_server(server: NatsServer, partitions: u32) -> Scenario {
-        Scenario::on(Servers::Single(Box::new(server)), partitions, 1).await
-    }
-
     /// A fresh 3-server JetStream cluster with R3 streams (the client knows every server).
     pub async fn cluster(partitions: u32) -> Scenario {
         let cluster = NatsCluster::start(3).await.expect("start the cluster");
@@ -105,11 +100,6 @@ impl Scenario {
     pub fn ack_wait(mut self, ack_wait: Duration) -> Scenario {
         self.ack_wait = ack_wait;
         self
-    }
-
-    /// The partition count.
-    pub fn partitions(&self) -> u32 {
-        self.partitions
     }
 
     /// The single server (panics on a cluster).
