@@ -5,31 +5,20 @@
 //! Covered elsewhere, not repeated here: a partition-count mismatch with existing streams and a
 //! server that is down at start (`tests/topology.rs`).
 
-#[allow(dead_code)] // shared with chaos.rs and cluster.rs, which use other parts
-#[path = "faults/mod.rs"]
-mod faults;
-
 use std::time::Duration;
 
 use async_nats::jetstream;
-use faults::{Op, check_journal, encode, journal_excerpt, wait_drained};
 use jetshard::admin::Admin;
 use jetshard::{CommandSender, Entity, Error, InvalidId, ShardConfig, ShardSystem};
-use jetshard_testkit::history::{Ack, History};
 use jetshard_testkit::{NatsServer, wait_until};
-use jetshard_tests::ledger::{Ledger, LedgerCmd};
-use jetshard_tests::{init_tracing, ledger_config};
+use jetshard_tests::ledger::LedgerCmd;
+use jetshard_tests::model::Op;
+use jetshard_tests::{Scenario, counts, init_tracing, wait_drained};
 use serde::{Deserialize, Serialize};
 
-/// Publishes raw bytes as a command for `entity` and returns the stream's acknowledgement.
-async fn publish_raw(js: &jetstream::Context, entity: &str, payload: Vec<u8>) -> Ack {
-    let ack = js
-        .publish(format!("ledger.cmd.{entity}"), payload.into())
-        .await
-        .expect("publish")
-        .await
-        .expect("stored");
-    Ack::Acked(ack.sequence)
+/// A command as JSON, the ledger's codec, as a foreign client would publish it.
+fn encode(command: &LedgerCmd) -> Vec<u8> {
+    serde_json::to_vec(command).expect("encode")
 }
 
 async fn stream_messages(js: &jetstream::Context, stream: &str) -> u64 {
@@ -72,58 +61,37 @@ fn garbage() -> Vec<(&'static str, Vec<u8>)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_payloads_are_terminated_counted_and_never_block_their_partition() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let js = jetstream::new(client.clone());
-    let config = ledger_config(2, "n1").build().unwrap();
+    let mut s = Scenario::single(2).await;
     // The streams exist; the commands wait for an owner, so it gets them in one batch.
-    ShardSystem::start::<Ledger>(client.clone(), config.clone())
-        .await
-        .unwrap()
-        .shutdown()
-        .await
-        .unwrap();
+    s.provision().await;
 
     // Every entity gets good commands with garbage between them, in both partitions.
-    let mut history = History::new();
     let entities = ["g0", "g1", "g2", "g3"];
     let garbage = garbage();
     let mut n = 0;
     for (_, payload) in &garbage {
         for entity in entities {
-            let ack = publish_raw(&js, entity, encode(&LedgerCmd::Push { n })).await;
-            history.record(entity, Op::Push(n), ack);
-            let ack = publish_raw(&js, entity, payload.clone()).await;
-            history.record(entity, Op::Garbage, ack);
+            s.send_raw(entity, encode(&LedgerCmd::Push { n }), Op::Push(n))
+                .await;
+            s.send_raw(entity, payload.clone(), Op::Garbage).await;
         }
         n += 1;
     }
     for entity in entities {
-        let ack = publish_raw(&js, entity, encode(&LedgerCmd::Push { n })).await;
-        history.record(entity, Op::Push(n), ack);
+        s.send_raw(entity, encode(&LedgerCmd::Push { n }), Op::Push(n))
+            .await;
     }
-    let system = ShardSystem::start::<Ledger>(client.clone(), config)
-        .await
-        .unwrap();
+    let system = s.system("n1").await;
 
-    wait_drained(&js, Duration::from_secs(30)).await.unwrap();
-    let report = check_journal(&js, &history).await;
-    assert!(
-        report.is_ok(),
-        "{report}\n{}",
-        journal_excerpt(&js, &report, 2).await
-    );
+    let report = s.check_within(Duration::from_secs(30)).await;
     let bad = (garbage.len() * entities.len()) as u64;
     assert_eq!(report.summary().dead_letters as u64, bad, "{report}");
 
     // Counted by the owners, and visible to an operator with the payload and the reason.
-    let status = system.status().await.unwrap();
-    assert_eq!(status.iter().map(|p| p.dead_lettered).sum::<u64>(), bad);
-    assert_eq!(
-        status.iter().map(|p| p.applied).sum::<u64>(),
-        (n + 1) * entities.len() as u64
-    );
-    let letters = Admin::new(client.clone(), "ledger")
+    let c = counts(&system).await;
+    assert_eq!(c.dead_lettered, bad, "{c:?}");
+    assert_eq!(c.applied, (n + 1) * entities.len() as u64, "{c:?}");
+    let letters = Admin::new(s.client.clone(), "ledger")
         .dead_letters()
         .await
         .unwrap();
@@ -142,14 +110,9 @@ async fn undecodable_payloads_are_terminated_counted_and_never_block_their_parti
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ids_that_are_not_one_token_are_a_typed_error_at_publish_and_nothing_is_stored() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let js = jetstream::new(client.clone());
-    let config = ledger_config(2, "n1").build().unwrap();
-    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone())
-        .await
-        .unwrap();
-    let sender = CommandSender::<Ledger>::new(client.clone(), &config);
+    let s = Scenario::single(2).await;
+    let system = s.system("n1").await;
+    let (js, sender) = (&s.js, &s.sender);
     let command = LedgerCmd::Push { n: 0 };
 
     let too_long = "x".repeat(jetshard::MAX_ID_LEN + 1);
@@ -185,50 +148,36 @@ async fn ids_that_are_not_one_token_are_a_typed_error_at_publish_and_nothing_is_
     };
     assert!(refused.is_err(), "a two-token id was stored");
 
-    assert_eq!(stream_messages(&js, "LEDGER_CMD").await, 0);
-    assert_eq!(stream_messages(&js, "LEDGER_JOURNAL").await, 0);
+    assert_eq!(stream_messages(js, "LEDGER_CMD").await, 0);
+    assert_eq!(stream_messages(js, "LEDGER_JOURNAL").await, 0);
     // The sender still works for a good id.
     sender.send("ok", &command).await.unwrap();
-    wait_drained(&js, Duration::from_secs(10)).await.unwrap();
+    wait_drained(js, Duration::from_secs(10)).await.unwrap();
     system.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_command_for_an_over_long_id_is_terminated_and_reported_as_a_dead_letter() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let js = jetstream::new(client.clone());
-    let config = ledger_config(1, "n1").build().unwrap();
-    let system = ShardSystem::start::<Ledger>(client.clone(), config)
-        .await
-        .unwrap();
+    let mut s = Scenario::single(1).await;
+    let system = s.system("n1").await;
 
     // One subject token to the server, but longer than an entity id may be.
     let long = "y".repeat(jetshard::MAX_ID_LEN + 44);
-    let mut history = History::new();
-    let ack = publish_raw(&js, "before", encode(&LedgerCmd::Push { n: 0 })).await;
-    history.record("before", Op::Push(0), ack);
-    let bad = publish_raw(&js, &long, encode(&LedgerCmd::Push { n: 0 })).await;
+    let push = encode(&LedgerCmd::Push { n: 0 });
+    s.send_raw("before", push.clone(), Op::Push(0)).await;
     // Not a command the entity can take: the checker expects it dead-lettered.
-    history.record(long.as_str(), Op::Garbage, bad);
-    let ack = publish_raw(&js, "after", encode(&LedgerCmd::Push { n: 0 })).await;
-    history.record("after", Op::Push(0), ack);
+    let bad = s.send_raw(&long, push.clone(), Op::Garbage).await;
+    s.send_raw("after", push, Op::Push(0)).await;
 
-    // The partition moves on.
-    wait_drained(&js, Duration::from_secs(10)).await.unwrap();
-    let report = check_journal(&js, &history).await;
-    let letters = Admin::new(client.clone(), "ledger")
+    // The partition moves on: every command worked through, and the over-long one has its
+    // dead letter (the check panics with the report otherwise).
+    let report = s.check_within(Duration::from_secs(10)).await;
+    let letters = Admin::new(s.client.clone(), "ledger")
         .dead_letters()
         .await
         .unwrap();
-    let counted: u64 = system
-        .status()
-        .await
-        .unwrap()
-        .iter()
-        .map(|p| p.dead_lettered)
-        .sum();
+    let counted = counts(&system).await.dead_lettered;
     system.shutdown().await.unwrap();
     // An operator can see what was thrown away, as for any other command given up.
     assert!(
@@ -299,12 +248,10 @@ fn note_config() -> ShardConfig {
         .unwrap()
 }
 
+/// Commands applied and dead-lettered.
 async fn applied(system: &ShardSystem) -> (u64, u64) {
-    let status = system.status().await.unwrap();
-    (
-        status.iter().map(|p| p.applied).sum(),
-        status.iter().map(|p| p.dead_lettered).sum(),
-    )
+    let c = counts(system).await;
+    (c.applied, c.dead_lettered)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -411,38 +358,26 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 async fn a_handler_that_always_panics_is_dead_lettered_after_max_deliver_and_its_partition_moves_on()
  {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let js = jetstream::new(client.clone());
-    let config = ledger_config(2, "n1").max_deliver(3).build().unwrap();
-    let system = ShardSystem::start::<Ledger>(client.clone(), config)
-        .await
-        .unwrap();
+    let mut s = Scenario::single(2).await;
+    let system = s.system_with(s.config("n1").max_deliver(3)).await;
 
-    let mut history = History::new();
     let entities = ["p0", "p1", "p2", "p3", "p4", "p5"];
     for entity in entities {
-        for (op, command) in [
-            (Op::Push(0), LedgerCmd::Push { n: 0 }),
-            (Op::Panic, LedgerCmd::Panic),
-            (Op::Push(1), LedgerCmd::Push { n: 1 }),
-        ] {
-            let ack = publish_raw(&js, entity, encode(&command)).await;
-            history.record(entity, op, ack);
+        for op in [Op::Push(0), Op::Panic, Op::Push(1)] {
+            let command = op.command().unwrap();
+            s.send_raw(entity, encode(&command), op).await;
         }
     }
     // Bystanders in the same partitions keep going while the panics are retried.
     for n in 0..20 {
         for entity in ["q0", "q1"] {
-            let ack = publish_raw(&js, entity, encode(&LedgerCmd::Push { n })).await;
-            history.record(entity, Op::Push(n), ack);
+            s.send_raw(entity, encode(&LedgerCmd::Push { n }), Op::Push(n))
+                .await;
         }
     }
 
-    wait_drained(&js, Duration::from_secs(60)).await.unwrap();
-    let report = check_journal(&js, &history).await;
-    assert!(report.is_ok(), "{report}");
-    let letters = Admin::new(client.clone(), "ledger")
+    s.check_within(Duration::from_secs(60)).await;
+    let letters = Admin::new(s.client.clone(), "ledger")
         .dead_letters()
         .await
         .unwrap();

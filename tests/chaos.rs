@@ -17,16 +17,16 @@ mod faults;
 
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, Context};
+use async_nats::jetstream::Context;
 use faults::{
-    Figures, Load, Nodes, Op, Rng, Totals, check_journal, encode, journal_excerpt, one_at_a_time,
-    publish, replay_hint, seeds, wait_consumers_drained, wait_drained,
+    Figures, Load, Nodes, Rng, Run, Totals, encode, one_at_a_time, publish, replay_hint, seeds,
+    verify,
 };
 use jetshard::{EntityId, FenceRecord, partition_of};
-use jetshard_testkit::history::{Ack, History, Violation};
-use jetshard_testkit::{NatsServer, TcpProxy};
-use jetshard_tests::init_tracing;
-use jetshard_tests::node::NodeSpec;
+use jetshard_testkit::TcpProxy;
+use jetshard_testkit::history::{Ack, History};
+use jetshard_tests::model::{Op, check_journal, journal_excerpt};
+use jetshard_tests::{Scenario, init_tracing, wait_drained};
 
 const PIN_TTL: Duration = Duration::from_millis(1000);
 const ACK_WAIT: Duration = Duration::from_millis(3000);
@@ -150,44 +150,29 @@ fn schedule(seed: u64, kinds: &[Kind], faults: u64, partitions: u32) -> Vec<(Dur
         .collect()
 }
 
-/// One schedule's world: a server, one proxy per node slot, the nodes, a client.
+/// One schedule's world: a server with its client ([`Scenario`]), one proxy per node slot, the
+/// nodes.
 struct World {
-    server: NatsServer,
+    s: Scenario,
     proxies: Vec<TcpProxy>,
     nodes: Nodes,
-    client: async_nats::Client,
-    js: Context,
 }
 
 impl World {
     async fn start(partitions: u32) -> World {
-        let server = NatsServer::start().await.expect("server");
+        let s = Scenario::single(partitions)
+            .await
+            .pin_ttl(PIN_TTL)
+            .ack_wait(ACK_WAIT);
         let mut proxies = Vec::new();
         for _ in 0..NODES {
-            proxies.push(TcpProxy::start(server.addr()).await.expect("proxy"));
+            proxies.push(TcpProxy::start(s.server().addr()).await.expect("proxy"));
         }
-        let client = async_nats::ConnectOptions::new()
-            .reconnect_delay_callback(|_| Duration::from_millis(100))
-            .connect(server.url())
-            .await
-            .expect("client");
-        let js = jetstream::new(client.clone());
-        let spec = NodeSpec {
-            partitions,
-            pin_ttl: PIN_TTL,
-            ack_wait: ACK_WAIT,
-            // Debug lines name each command's fate (`already applied`, acks), for failures.
-            env: vec![("RUST_LOG".into(), "jetshard=debug".into())],
-        };
+        // Debug lines name each command's fate (`already applied`, acks), for failures.
+        let spec = s.node_spec(&[("RUST_LOG", "jetshard=debug")]);
         let urls = proxies.iter().map(TcpProxy::url).collect();
         let nodes = Nodes::start(urls, spec, vec![]).await;
-        World {
-            server,
-            proxies,
-            nodes,
-            client,
-            js,
-        }
+        World { s, proxies, nodes }
     }
 
     /// The slot a fault on `partition` hits: its owner's, or `fallback`.
@@ -232,13 +217,13 @@ impl World {
             }
             Fault::ServerRestart { crash, down } => {
                 if crash {
-                    self.server.kill().expect("kill server");
+                    self.s.server().kill().expect("kill server");
                 } else {
-                    self.server.stop().await.expect("stop server");
+                    self.s.server().stop().await.expect("stop server");
                 }
                 // Part of the fault: the server stays down this long.
                 tokio::time::sleep(down).await;
-                self.server.restart().await.expect("restart server");
+                self.s.server().restart().await.expect("restart server");
                 let how = if crash { "SIGKILL" } else { "SIGTERM" };
                 format!("server-restart ({how}), down {down:?}")
             }
@@ -247,36 +232,25 @@ impl World {
                 fallback,
                 hold,
             } => {
-                let (slot, owner) = self.target(partition, fallback);
-                self.proxies[slot].cut();
-                // Part of the fault: the node cannot reach the server this long.
-                tokio::time::sleep(hold).await;
-                self.proxies[slot].heal();
-                format!("cut slot {slot} (owner of p{partition}: {owner}) for {hold:?}")
+                self.at_proxy(partition, fallback, hold, TcpProxy::cut, "cut")
+                    .await
             }
+            // A short drop, under the pin TTL.
             Fault::Blip {
                 partition,
                 fallback,
                 hold,
             } => {
-                let (slot, owner) = self.target(partition, fallback);
-                self.proxies[slot].cut();
-                // Part of the fault: a short drop, under the pin TTL.
-                tokio::time::sleep(hold).await;
-                self.proxies[slot].heal();
-                format!("blip slot {slot} (owner of p{partition}: {owner}) for {hold:?}")
+                self.at_proxy(partition, fallback, hold, TcpProxy::cut, "blip")
+                    .await
             }
             Fault::Stall {
                 partition,
                 fallback,
                 hold,
             } => {
-                let (slot, owner) = self.target(partition, fallback);
-                self.proxies[slot].stall();
-                // Part of the fault: the node's traffic is held this long.
-                tokio::time::sleep(hold).await;
-                self.proxies[slot].heal();
-                format!("stall slot {slot} (owner of p{partition}: {owner}) for {hold:?}")
+                self.at_proxy(partition, fallback, hold, TcpProxy::stall, "stall")
+                    .await
             }
             Fault::Terminate {
                 partition,
@@ -297,6 +271,24 @@ impl World {
         }
     }
 
+    /// Breaks the connection of the owner of `partition` (or of slot `fallback`) at its proxy
+    /// with `fault` (cut or stall) for `hold`, then heals it; returns what happened.
+    async fn at_proxy(
+        &mut self,
+        partition: u32,
+        fallback: usize,
+        hold: Duration,
+        fault: fn(&TcpProxy),
+        what: &str,
+    ) -> String {
+        let (slot, owner) = self.target(partition, fallback);
+        fault(&self.proxies[slot]);
+        // Part of the fault: the node's traffic is dropped or held this long.
+        tokio::time::sleep(hold).await;
+        self.proxies[slot].heal();
+        format!("{what} slot {slot} (owner of p{partition}: {owner}) for {hold:?}")
+    }
+
     /// Undoes whatever is still broken: proxies healed, nodes thawed or started again.
     async fn recover(&mut self) {
         for proxy in &self.proxies {
@@ -305,8 +297,7 @@ impl World {
         self.nodes.recover().await;
     }
 
-    /// Waits for the command stream to drain, checks the journal against `history`, and
-    /// panics with everything needed to debug a failure.
+    /// Ends a schedule: [`faults::verify`] (panics with everything needed to debug a failure).
     async fn verify(
         &mut self,
         test: &str,
@@ -318,44 +309,23 @@ impl World {
         // A restart of a single server (SIGKILL) has been seen to leave acknowledged commands in
         // the work-queue stream while every consumer's ack floor is past them (as a clustered
         // stream does after leader changes): judge by the consumers, and report what is left.
-        let partitions = self.nodes.spec().partitions;
-        let drained = wait_consumers_drained(&self.js, partitions, Duration::from_secs(90)).await;
-        if let Ok(left) = &drained
-            && *left > 0
-        {
-            eprintln!("seed {seed}: the command stream keeps {left} acknowledged commands");
-        }
-        let report = check_journal(&self.js, history).await;
-        let summary = report.summary();
-        let figures = Figures {
-            commands: summary.commands,
-            unknown: summary.unknown,
-            retries,
-            faults: injected.len(),
-            violations: report.violations().len(),
-            dead_letters: summary.dead_letters,
-            fences: summary.fences,
+        let run = Run {
+            file: "chaos",
+            test,
+            seed,
         };
-        eprintln!("seed {seed}: {report}\n  faults: {injected:#?}");
-        if drained.is_err() || !report.is_ok() {
-            let mut traces = String::new();
-            for violation in report.violations().iter().take(3) {
-                if let Violation::Lost { command_seq, .. }
-                | Violation::Duplicated { command_seq, .. }
-                | Violation::Reordered { command_seq, .. } = violation
-                {
-                    traces += &format!(
-                        "node log lines of command {command_seq}:\n{}\n",
-                        self.nodes.grep_logs(&format!("cmd_seq={command_seq}"), 40)
-                    );
-                }
-            }
-            panic!(
-                "{test} seed {seed} failed\n{}\ndrained: {drained:?}\n{report}\n{}\n{traces}faults: {injected:#?}\n{}",
-                replay_hint("chaos", test, seed),
-                journal_excerpt(&self.js, &report, 2).await,
-                self.nodes.describe()
-            );
+        let (figures, left) = verify(
+            &self.s.js,
+            &self.nodes,
+            run,
+            history,
+            injected,
+            retries,
+            Duration::from_secs(90),
+        )
+        .await;
+        if left > 0 {
+            eprintln!("seed {seed}: the command stream keeps {left} acknowledged commands");
         }
         figures
     }
@@ -374,7 +344,7 @@ async fn run_scenario(test: &str, base: u64, default_seeds: u64, kinds: &[Kind],
         let mut world = World::start(partitions).await;
         let entities: Vec<String> = (0..ENTITIES).map(|e| format!("s{seed}-e{e}")).collect();
         let load = Load::start(
-            world.client.clone(),
+            world.s.client.clone(),
             &entities,
             LOAD_INTERVAL,
             Duration::from_secs(20),
@@ -550,7 +520,7 @@ async fn a_node_killed_in_the_middle_of_a_rebuild_is_replaced_and_loses_nothing(
                 };
                 let payload = encode(&op.command().unwrap());
                 let ack = publish(
-                    &world.js,
+                    &world.s.js,
                     &bulk,
                     payload,
                     &format!("{bulk}:{i}"),
@@ -562,13 +532,13 @@ async fn a_node_killed_in_the_middle_of_a_rebuild_is_replaced_and_loses_nothing(
                 history.record(bulk.clone(), op, ack);
             }
         }
-        wait_drained(&world.js, Duration::from_secs(60))
+        wait_drained(&world.s.js, Duration::from_secs(60))
             .await
             .expect("bulk commands applied");
 
         let entities: Vec<String> = (0..ENTITIES).map(|e| format!("r{seed}-e{e}")).collect();
         let load = Load::start(
-            world.client.clone(),
+            world.s.client.clone(),
             &entities,
             LOAD_INTERVAL,
             Duration::from_secs(20),
@@ -592,14 +562,16 @@ async fn a_node_killed_in_the_middle_of_a_rebuild_is_replaced_and_loses_nothing(
             let Some(owner) = world.nodes.owner_of(partition) else {
                 continue;
             };
-            let (generation, _) = latest_fence(&world.js, partition).await.unwrap_or_default();
+            let (generation, _) = latest_fence(&world.s.js, partition)
+                .await
+                .unwrap_or_default();
             world.nodes.kill(owner).await;
             // The next claimant starts rebuilding as soon as it has won its generation: kill it
             // then, before it reports the partition acquired.
             let mut victim = None;
             let deadline = Instant::now() + Duration::from_secs(15);
             while victim.is_none() && Instant::now() < deadline {
-                if let Some((claimed, node)) = latest_fence(&world.js, partition).await
+                if let Some((claimed, node)) = latest_fence(&world.s.js, partition).await
                     && claimed > generation
                 {
                     let slot = world
@@ -670,23 +642,17 @@ async fn a_node_killed_in_the_middle_of_a_rebuild_is_replaced_and_loses_nothing(
 async fn a_delivery_lost_with_a_dropped_connection_is_not_overtaken_by_the_next_command() {
     init_tracing();
     let _one = one_at_a_time().await;
-    let server = NatsServer::start().await.expect("server");
-    let proxy = TcpProxy::start(server.addr()).await.expect("proxy");
-    let client = server.connect().await.expect("client");
-    let js = jetstream::new(client.clone());
-    let spec = NodeSpec {
-        partitions: 1,
-        // Long enough that the owner keeps its pin through the drop.
-        pin_ttl: Duration::from_secs(6),
-        ack_wait: Duration::from_secs(3),
-        env: vec![("RUST_LOG".into(), "jetshard=debug".into())],
-    };
+    // A pin TTL long enough that the owner keeps its pin through the drop.
+    let s = Scenario::single(1).await.pin_ttl(Duration::from_secs(6));
+    let js = &s.js;
+    let proxy = TcpProxy::start(s.server().addr()).await.expect("proxy");
+    let spec = s.node_spec(&[("RUST_LOG", "jetshard=debug")]);
     let mut nodes = Nodes::start(vec![proxy.url()], spec, vec![]).await;
     let retries = std::sync::atomic::AtomicU64::new(0);
     let mut history = History::new();
     let mut send = async |n: u64| {
         let ack = publish(
-            &js,
+            js,
             "x",
             encode(&Op::Push(n).command().unwrap()),
             &format!("x:{n}"),
@@ -714,10 +680,10 @@ async fn a_delivery_lost_with_a_dropped_connection_is_not_overtaken_by_the_next_
     proxy.heal();
     // Command 2 is delivered over the new connection, long before command 1 comes back.
     send(2).await;
-    wait_drained(&js, Duration::from_secs(30))
+    wait_drained(js, Duration::from_secs(30))
         .await
         .expect("drained");
-    let report = check_journal(&js, &history).await;
+    let report = check_journal(js, &history).await;
     let owner = nodes.slots[0].node.as_ref().expect("node");
     let kept_pin = owner
         .lines()
@@ -728,7 +694,7 @@ async fn a_delivery_lost_with_a_dropped_connection_is_not_overtaken_by_the_next_
     assert!(
         report.is_ok(),
         "{report}\n{}\nthe owner kept its pin: {kept_pin}\nthe owner's 'already applied' lines:\n{}",
-        journal_excerpt(&js, &report, 1).await,
+        journal_excerpt(js, &report, 1).await,
         nodes.grep_logs("already applied", 10)
     );
 }

@@ -14,13 +14,9 @@ mod faults;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, Context};
-use faults::{
-    Figures, Load, Nodes, Rng, Totals, check_journal, journal_excerpt, one_at_a_time, replay_hint,
-    seeds, wait_consumers_drained,
-};
-use jetshard_testkit::{NatsCluster, wait_until};
-use jetshard_tests::init_tracing;
-use jetshard_tests::node::NodeSpec;
+use faults::{Load, Nodes, Rng, Run, Totals, one_at_a_time, replay_hint, seeds, verify};
+use jetshard_testkit::wait_until;
+use jetshard_tests::{Scenario, init_tracing};
 
 const PARTITIONS: u32 = 3;
 const ENTITIES: usize = 9;
@@ -123,31 +119,14 @@ async fn run(test: &str, base: u64, victims: &[Victim]) {
         );
         let started = Instant::now();
         let mut rng = Rng::new(seed);
-        let cluster = NatsCluster::start(3).await.expect("cluster");
-        let client = async_nats::ConnectOptions::new()
-            .reconnect_delay_callback(|_| Duration::from_millis(100))
-            .connect(cluster.nodes().iter().map(|n| n.url()).collect::<Vec<_>>())
+        let s = Scenario::cluster(PARTITIONS)
             .await
-            .expect("client");
-        let js = jetstream::ContextBuilder::new()
-            .timeout(Duration::from_secs(5))
-            .build(client.clone());
-        let spec = NodeSpec {
-            partitions: PARTITIONS,
-            pin_ttl: Duration::from_millis(1500),
-            ack_wait: Duration::from_millis(5000),
-            env: vec![],
-        };
+            .pin_ttl(Duration::from_millis(1500))
+            .ack_wait(Duration::from_millis(5000));
+        let (cluster, client, js) = (s.cluster_servers(), &s.client, &s.js);
         // Each node lists every server, its own first: node i starts on server i.
-        let urls = (0..3)
-            .map(|i| {
-                (0..3)
-                    .map(|k| cluster.node((i + k) % 3).url())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .collect();
-        let mut nodes = Nodes::start(urls, spec, vec!["--replicas".into(), "3".into()]).await;
+        let urls = (0..3).map(|i| s.urls_from(i)).collect();
+        let mut nodes = Nodes::start(urls, s.node_spec(&[]), s.node_options().args).await;
         let entities: Vec<String> = (0..ENTITIES).map(|e| format!("c{seed}-e{e}")).collect();
         let load = Load::start(
             client.clone(),
@@ -167,7 +146,7 @@ async fn run(test: &str, base: u64, victims: &[Victim]) {
             let victim = rng.pick(victims);
             let partition = rng.below(u64::from(PARTITIONS)) as u32;
             let down = rng.millis(500, 4000);
-            let Some(name) = victim_server(&js, &mut nodes, victim, partition).await else {
+            let Some(name) = victim_server(js, &mut nodes, victim, partition).await else {
                 injected.push(format!("{victim:?}: no such server now, skipped"));
                 continue;
             };
@@ -179,7 +158,7 @@ async fn run(test: &str, base: u64, victims: &[Victim]) {
             server.restart().await.expect("restart");
             let restarted = killed.elapsed();
             let healed = wait_until(Duration::from_secs(60), "the cluster to heal", || {
-                healthy(&js)
+                healthy(js)
             })
             .await;
             injected.push(format!(
@@ -194,31 +173,24 @@ async fn run(test: &str, base: u64, victims: &[Victim]) {
         nodes.recover().await;
         let retries = load.retries.load(std::sync::atomic::Ordering::Relaxed);
         let history = load.finish().await;
-        let drained = wait_consumers_drained(&js, PARTITIONS, Duration::from_secs(120)).await;
-        let report = check_journal(&js, &history).await;
-        let summary = report.summary();
-        eprintln!("seed {seed}: {report}\n  faults: {injected:#?}");
-        if drained.is_err() || !report.is_ok() {
-            panic!(
-                "{test} seed {seed} failed\n{}\ndrained: {drained:?}\n{report}\n{}\nfaults: {injected:#?}\n{}",
-                replay_hint("cluster", test, seed),
-                journal_excerpt(&js, &report, 3).await,
-                nodes.describe()
-            );
-        }
-        let figures = Figures {
-            commands: summary.commands,
-            unknown: summary.unknown,
-            retries,
-            faults: injected.len(),
-            violations: 0,
-            dead_letters: summary.dead_letters,
-            fences: summary.fences,
+        let run = Run {
+            file: "cluster",
+            test,
+            seed,
         };
+        let (figures, left) = verify(
+            js,
+            &nodes,
+            run,
+            &history,
+            &injected,
+            retries,
+            Duration::from_secs(120),
+        )
+        .await;
         eprintln!(
-            "{test}: seed {seed} passed in {:.1?}: {figures:?}; acknowledged commands the R3 work-queue stream still holds: {}",
+            "{test}: seed {seed} passed in {:.1?}: {figures:?}; acknowledged commands the R3 work-queue stream still holds: {left}",
             started.elapsed(),
-            drained.as_ref().map_or(0, |left| *left)
         );
         totals.add(&figures, &injected);
     }
@@ -265,7 +237,8 @@ async fn three_processes_starting_at_once_on_a_fresh_cluster_all_start() {
 
     init_tracing();
     let _one = one_at_a_time().await;
-    let cluster = NatsCluster::start(3).await.expect("cluster");
+    let s = Scenario::cluster(PARTITIONS).await;
+    let cluster = s.cluster_servers();
     let mut clients = Vec::new();
     for i in 0..3 {
         clients.push(
@@ -276,13 +249,8 @@ async fn three_processes_starting_at_once_on_a_fresh_cluster_all_start() {
     }
     let start = |i: usize| {
         let client = clients[i].clone();
-        async move {
-            let config = jetshard_tests::ledger_config(PARTITIONS, &format!("n{i}"))
-                .replicas(3)
-                .build()
-                .unwrap();
-            ShardSystem::start::<Ledger>(client, config).await
-        }
+        let config = s.config(&format!("n{i}")).build().unwrap();
+        ShardSystem::start::<Ledger>(client, config)
     };
     let (a, b, c) = tokio::time::timeout(Duration::from_secs(60), async {
         tokio::join!(start(0), start(1), start(2))

@@ -3,44 +3,23 @@
 
 use std::time::Duration;
 
-use jetshard::CommandSender;
-use jetshard_testkit::{NatsServer, wait_until};
-use jetshard_tests::journal::{check_fencing, ledger_values, wait_for_events};
-use jetshard_tests::ledger::{Ledger, LedgerCmd};
-use jetshard_tests::node::{Node, NodeSpec, now_ms};
-use jetshard_tests::{init_tracing, ledger_config};
+use jetshard_tests::node::now_ms;
+use jetshard_tests::{Scenario, init_tracing};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_node_hands_its_partitions_over_well_before_the_pin_ttl() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
     // A long pin TTL: a takeover that waited for it would take 5 s.
-    let spec = NodeSpec {
-        partitions: 2,
-        pin_ttl: Duration::from_secs(5),
-        ack_wait: Duration::from_secs(5),
-        env: vec![],
-    };
-    let config = ledger_config(spec.partitions, "test").build().unwrap();
-    let sender = CommandSender::<Ledger>::new(client.clone(), &config);
-    let entities = 10;
+    let mut s = Scenario::single(2)
+        .await
+        .pin_ttl(Duration::from_secs(5))
+        .ack_wait(Duration::from_secs(5));
+    let entities: Vec<String> = (0..10).map(|e| format!("e{e}")).collect();
 
-    let mut a = Node::start(&server.url(), "a", &spec).await;
-    for e in 0..entities {
-        sender
-            .send(&format!("e{e}"), &LedgerCmd::Append { n: 0 })
-            .await
-            .unwrap();
-    }
-    wait_until(
-        Duration::from_secs(20),
-        "a owns both partitions",
-        || async { a.owned().len() == 2 },
-    )
-    .await
-    .unwrap();
-    let b = Node::start(&server.url(), "b", &spec).await;
+    let mut a = s.node("a").await;
+    s.append_to_all(&entities, 0).await;
+    s.wait_owns_all(&a).await;
+    let b = s.node("b").await;
 
     let rounds = 20;
     let mut stopped_at = 0;
@@ -52,29 +31,11 @@ async fn a_stopping_node_hands_its_partitions_over_well_before_the_pin_ttl() {
             stopped_at = now_ms();
             a.terminate().await;
         }
-        for e in 0..entities {
-            sender
-                .send(&format!("e{e}"), &LedgerCmd::Append { n })
-                .await
-                .unwrap();
-        }
+        s.append_to_all(&entities, n).await;
     }
-    assert!(
-        a.lines().iter().any(|l| l.what == "STOPPED"),
-        "a did not stop gracefully"
-    );
-    let js = async_nats::jetstream::new(client);
-    let records = wait_for_events(
-        &js,
-        "ledger",
-        (entities * rounds) as usize,
-        Duration::from_secs(30),
-    )
-    .await;
-    check_fencing(&records).unwrap();
-    for (entity, values) in ledger_values(&records) {
-        assert_eq!(values, (0..rounds).collect::<Vec<_>>(), "{entity}");
-    }
+    assert!(a.printed("STOPPED"), "a did not stop gracefully");
+    // Every entity holds 0..rounds, each once, in order, under its partition's generation.
+    s.check_within(Duration::from_secs(30)).await;
     assert!(!a_owned.is_empty());
     for partition in a_owned {
         let taken = b

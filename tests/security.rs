@@ -13,7 +13,7 @@ use jetshard::{CommandSender, ShardConfig, ShardSystem};
 use jetshard_testkit::{NatsServer, wait_until};
 use jetshard_tests::ledger::{Ledger, LedgerCmd};
 use jetshard_tests::node::{Node, NodeOptions, NodeSpec};
-use jetshard_tests::{applied, init_tracing};
+use jetshard_tests::{applied, counts, init_tracing};
 
 /// The ledger's config for these tests; `entity_type` lets one test run two types.
 fn config(entity_type: &str) -> ShardConfig {
@@ -52,12 +52,8 @@ async fn runs(entity_type: &str, node: async_nats::Client, client: async_nats::C
     })
     .await
     .unwrap();
-    let status = system.status().await.unwrap();
-    assert_eq!(
-        status.iter().map(|p| p.rejected).sum::<u64>(),
-        0,
-        "{status:?}"
-    );
+    let c = counts(&system).await;
+    assert_eq!(c.rejected, 0, "{c:?}");
     system.shutdown().await.unwrap();
 }
 
@@ -80,32 +76,33 @@ async fn refuses_anonymous(server: &NatsServer) {
     assert!(anonymous.is_err(), "an anonymous client got in");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_connects_with_user_and_password() {
-    init_tracing();
-    let options = || ConnectOptions::with_user_and_password("node".into(), "s3cret".into());
-    let server = server(
-        "authorization { user: node, password: s3cret }\n".into(),
-        options(),
-    )
-    .await;
+/// A server configured with `config` refuses anonymous clients, and a node and client that
+/// connect with `options` run the ledger.
+async fn a_node_runs_with(config: String, options: impl Fn() -> ConnectOptions) {
+    let server = server(config, options()).await;
     refuses_anonymous(&server).await;
     let client = options().connect(server.url()).await.unwrap();
     runs("ledger", client.clone(), client).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_connects_with_a_token() {
+async fn a_node_connects_with_user_and_password() {
     init_tracing();
-    let options = || ConnectOptions::with_token("t0k3n-for-nodes".into());
-    let server = server(
-        "authorization { token: \"t0k3n-for-nodes\" }\n".into(),
-        options(),
+    a_node_runs_with(
+        "authorization { user: node, password: s3cret }\n".into(),
+        || ConnectOptions::with_user_and_password("node".into(), "s3cret".into()),
     )
     .await;
-    refuses_anonymous(&server).await;
-    let client = options().connect(server.url()).await.unwrap();
-    runs("ledger", client.clone(), client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_connects_with_a_token() {
+    init_tracing();
+    a_node_runs_with(
+        "authorization { token: \"t0k3n-for-nodes\" }\n".into(),
+        || ConnectOptions::with_token("t0k3n-for-nodes".into()),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -113,18 +110,14 @@ async fn a_node_connects_with_an_nkey() {
     init_tracing();
     let user = nkeys::KeyPair::new_user();
     let seed = user.seed().unwrap();
-    let options = || ConnectOptions::with_nkey(seed.clone());
-    let server = server(
+    a_node_runs_with(
         format!(
             "authorization {{ users: [ {{ nkey: {} }} ] }}\n",
             user.public_key()
         ),
-        options(),
+        || ConnectOptions::with_nkey(seed.clone()),
     )
     .await;
-    refuses_anonymous(&server).await;
-    let client = options().connect(server.url()).await.unwrap();
-    runs("ledger", client.clone(), client).await;
 }
 
 /// base64url without padding, as JWTs are written.
@@ -450,10 +443,7 @@ async fn a_node_process_with_runtime_permissions_only_runs_streams_an_operator_p
     let server = permissions_server().await;
     // The operator provisions (here: a first start and stop as admin).
     let admin = user("admin").connect(server.url()).await.unwrap();
-    let provisioning = ShardSystem::start::<Ledger>(admin.clone(), config("ledger"))
-        .await
-        .unwrap();
-    provisioning.shutdown().await.unwrap();
+    jetshard_tests::provision(admin.clone(), &config("ledger")).await;
 
     // The node process holds only the runtime permissions.
     let spec = NodeSpec {

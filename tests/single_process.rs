@@ -3,128 +3,88 @@
 
 use std::time::Duration;
 
-use jetshard::{CommandOutcome, CommandSender, Error, ShardSystem};
-use jetshard_testkit::{NatsServer, wait_until};
-use jetshard_tests::journal::{check_fencing, commands_by_entity, read_journal};
-use jetshard_tests::ledger::{Ledger, LedgerCmd};
-use jetshard_tests::{applied, init_tracing, ledger_config};
+use jetshard::{CommandOutcome, Error};
+use jetshard_testkit::wait_until;
+use jetshard_tests::ledger::LedgerCmd;
+use jetshard_tests::model::Op;
+use jetshard_tests::{Scenario, applied, counts, init_tracing};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_command_is_applied_once_in_order_and_state_survives_a_restart() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let config = ledger_config(4, "n1").build().unwrap();
-    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone())
-        .await
-        .unwrap();
-    let sender = CommandSender::<Ledger>::new(client.clone(), &config);
+    let mut s = Scenario::single(4).await;
+    let system = s.system("n1").await;
 
-    let entities = 40;
+    let entities: Vec<String> = (0..40).map(|e| format!("e{e}")).collect();
     let rounds = 5;
     for n in 0..rounds {
-        for e in 0..entities {
-            sender
-                .send(&format!("e{e}"), &LedgerCmd::Append { n })
-                .await
-                .unwrap();
-        }
+        s.append_to_all(&entities, n).await;
     }
-    let total = entities * rounds;
+    let total = entities.len() as u64 * rounds;
     wait_until(Duration::from_secs(30), "all commands applied", || async {
         applied(&system).await >= total
     })
     .await
     .unwrap();
-    let status = system.status().await.unwrap();
-    assert_eq!(
-        status.iter().map(|p| p.rejected).sum::<u64>(),
-        0,
-        "{status:?}"
-    );
+    let c = counts(&system).await;
+    assert_eq!(c.rejected, 0, "{c:?}");
     system.shutdown().await.unwrap();
 
     // A new process rebuilds every entity from the journal: the next Append must follow on.
-    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone())
-        .await
-        .unwrap();
-    for e in 0..entities {
-        sender
-            .send(&format!("e{e}"), &LedgerCmd::Append { n: rounds })
-            .await
-            .unwrap();
-    }
+    let system = s.system("n1").await;
+    s.append_to_all(&entities, rounds).await;
     wait_until(
         Duration::from_secs(30),
         "commands after restart applied",
-        || async { applied(&system).await >= entities },
+        || async { applied(&system).await >= entities.len() as u64 },
     )
     .await
     .unwrap();
-    let status = system.status().await.unwrap();
-    assert_eq!(
-        status.iter().map(|p| p.rejected).sum::<u64>(),
-        0,
-        "state was not rebuilt: {status:?}"
-    );
+    let c = counts(&system).await;
+    assert_eq!(c.rejected, 0, "state was not rebuilt: {c:?}");
     system.shutdown().await.unwrap();
 
-    let js = async_nats::jetstream::new(client);
-    let records = read_journal(&js, "ledger").await;
-    check_fencing(&records).unwrap();
-    let by_entity = commands_by_entity(&records);
-    assert_eq!(by_entity.len(), entities as usize);
-    for (entity, seqs) in by_entity {
-        assert_eq!(seqs.len() as u64, rounds + 1, "{entity}: {seqs:?}");
-        assert!(
-            seqs.windows(2).all(|w| w[0] < w[1]),
-            "{entity} out of command order: {seqs:?}"
-        );
-    }
+    // Each entity's commands applied once each, in command order, across the restart.
+    let report = s.check().await;
+    assert_eq!(report.summary().entities, entities.len());
+    assert_eq!(
+        report.summary().events,
+        entities.len() * (rounds as usize + 1)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_commands_are_acknowledged_and_write_nothing() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let config = ledger_config(2, "n1").build().unwrap();
-    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone())
-        .await
-        .unwrap();
-    let sender = CommandSender::<Ledger>::new(client.clone(), &config);
-    sender.send("a", &LedgerCmd::Refuse).await.unwrap();
-    sender.send("a", &LedgerCmd::Append { n: 7 }).await.unwrap();
-    sender.send("a", &LedgerCmd::Append { n: 0 }).await.unwrap();
+    let mut s = Scenario::single(2).await;
+    let system = s.system("n1").await;
+    s.send("a", Op::Refuse).await;
+    s.send("a", Op::Misplaced(7)).await;
+    s.send("a", Op::Append(0)).await;
     wait_until(Duration::from_secs(20), "three outcomes", || async {
-        let s = system.status().await.unwrap();
-        s.iter().map(|p| p.applied + p.rejected).sum::<u64>() >= 3
+        let c = counts(&system).await;
+        c.applied + c.rejected >= 3
     })
     .await
     .unwrap();
-    let status = system.status().await.unwrap();
-    assert_eq!(status.iter().map(|p| p.rejected).sum::<u64>(), 2);
+    assert_eq!(counts(&system).await.rejected, 2);
     system.shutdown().await.unwrap();
-    let js = async_nats::jetstream::new(client);
-    let events: Vec<_> = read_journal(&js, "ledger")
-        .await
-        .into_iter()
-        .filter(|r| r.kind == "evt")
-        .collect();
-    assert_eq!(events.len(), 1);
-    // Acknowledged: nothing left in the work queue.
-    let mut stream = js.get_stream("LEDGER_CMD").await.unwrap();
-    assert_eq!(stream.info().await.unwrap().state.messages, 0);
+    // Acknowledged (the check waits for an empty work queue), and the rejected two wrote
+    // nothing.
+    let report = s.check().await;
+    assert_eq!(
+        (report.summary().events, report.summary().silent),
+        (1, 2),
+        "{report}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ids_that_are_not_one_subject_token_are_refused_before_publishing() {
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let config = ledger_config(2, "n1").build().unwrap();
-    let sender = CommandSender::<Ledger>::new(client, &config);
+    let s = Scenario::single(2).await;
     for bad in ["", "a.b", "a b", "*", ">", &"x".repeat(300)] {
-        let error = sender
+        let error = s
+            .sender
             .send(bad, &LedgerCmd::Append { n: 0 })
             .await
             .unwrap_err();
@@ -135,13 +95,9 @@ async fn ids_that_are_not_one_subject_token_are_refused_before_publishing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_can_wait_for_the_outcome_of_its_command() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let config = ledger_config(2, "n1").max_deliver(1).build().unwrap();
-    let system = ShardSystem::start::<Ledger>(client.clone(), config.clone())
-        .await
-        .unwrap();
-    let sender = CommandSender::<Ledger>::new(client.clone(), &config);
+    let s = Scenario::single(2).await;
+    let system = s.system_with(s.config("n1").max_deliver(1)).await;
+    let sender = &s.sender;
     let within = Duration::from_secs(10);
 
     let applied = sender

@@ -66,14 +66,7 @@ async fn a_linked_system_runs_under_the_application_supervisor_and_stops_cleanly
         .await
         .unwrap();
     wait_until(Duration::from_secs(10), "applied", || async {
-        system
-            .status()
-            .await
-            .unwrap()
-            .iter()
-            .map(|p| p.applied)
-            .sum::<u64>()
-            == 1
+        jetshard_tests::counts(&system).await.applied == 1
     })
     .await
     .unwrap();

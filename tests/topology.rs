@@ -9,7 +9,7 @@ use futures::StreamExt;
 use jetshard::{EntityId, Error, ShardConfig, ShardSystem, partition_of};
 use jetshard_testkit::NatsServer;
 use jetshard_tests::ledger::Ledger;
-use jetshard_tests::{init_tracing, ledger_config};
+use jetshard_tests::{init_tracing, ledger_config, provision};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_placement_matches_the_server_for_2000_ids() {
@@ -18,16 +18,11 @@ async fn partition_placement_matches_the_server_for_2000_ids() {
     let client = server.connect().await.unwrap();
     let partitions = 13;
     // Streams exactly as the shard system creates them.
-    let system = ShardSystem::start::<Ledger>(
-        client.clone(),
-        ledger_config(partitions, "n1")
-            .command_retention(jetshard::CommandRetention::Limits)
-            .build()
-            .unwrap(),
-    )
-    .await
-    .unwrap();
-    system.shutdown().await.unwrap();
+    let config = ledger_config(partitions, "n1")
+        .command_retention(jetshard::CommandRetention::Limits)
+        .build()
+        .unwrap();
+    provision(client.clone(), &config).await;
     let js = async_nats::jetstream::new(client);
     let mut ids = Vec::new();
     for i in 0..2000 {
@@ -79,11 +74,7 @@ async fn a_partition_count_mismatch_with_existing_streams_is_a_clear_error() {
     init_tracing();
     let server = NatsServer::start().await.unwrap();
     let client = server.connect().await.unwrap();
-    let system =
-        ShardSystem::start::<Ledger>(client.clone(), ledger_config(8, "n1").build().unwrap())
-            .await
-            .unwrap();
-    system.shutdown().await.unwrap();
+    provision(client.clone(), &ledger_config(8, "n1").build().unwrap()).await;
     let error = match ShardSystem::start::<Ledger>(
         client.clone(),
         ledger_config(16, "n1").build().unwrap(),
@@ -106,10 +97,7 @@ async fn a_partition_count_mismatch_with_existing_streams_is_a_clear_error() {
     }
     assert!(error.to_string().contains("8 partitions but 16"), "{error}");
     // The streams are untouched: the old count still starts.
-    let system = ShardSystem::start::<Ledger>(client, ledger_config(8, "n1").build().unwrap())
-        .await
-        .unwrap();
-    system.shutdown().await.unwrap();
+    provision(client, &ledger_config(8, "n1").build().unwrap()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -117,11 +105,7 @@ async fn a_consumer_with_other_settings_is_a_clear_error() {
     init_tracing();
     let server = NatsServer::start().await.unwrap();
     let client = server.connect().await.unwrap();
-    let system =
-        ShardSystem::start::<Ledger>(client.clone(), ledger_config(2, "n1").build().unwrap())
-            .await
-            .unwrap();
-    system.shutdown().await.unwrap();
+    provision(client.clone(), &ledger_config(2, "n1").build().unwrap()).await;
     let other = ledger_config(2, "n1")
         .ack_wait(Duration::from_secs(9))
         .build()
@@ -248,12 +232,7 @@ async fn the_server_stops_delivering_past_max_deliver_so_jetshard_sets_none() {
     );
 
     // jetshard's consumers never give up at the server.
-    ShardSystem::start::<Ledger>(client.clone(), ledger_config(2, "n1").build().unwrap())
-        .await
-        .unwrap()
-        .shutdown()
-        .await
-        .unwrap();
+    provision(client.clone(), &ledger_config(2, "n1").build().unwrap()).await;
     let ledger = js.get_stream("LEDGER_CMD").await.unwrap();
     let mut consumers = ledger.consumers();
     let mut seen = 0;

@@ -1,6 +1,6 @@
 //! What the fault-injection suites (`chaos.rs`, `cluster.rs`) share: seeds and their random
-//! choices, the ledger's model for the history checker, a load generator that records the
-//! history, node processes by slot, and the end-of-run check.
+//! choices, a load generator that records the history, node processes by slot, and the
+//! reporting of a run. The ledger's model and the journal check are `jetshard_tests::model`.
 //!
 //! A schedule is a function of its seed: which faults, on which node or partition, when and for
 //! how long. The real processes and the server then run in real time, so a seed replays the same
@@ -14,9 +14,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, context::Context, message::PublishMessage};
-use jetshard_testkit::history::{self, Ack, History, Model, Record};
+use jetshard_testkit::history::{Ack, History, Violation};
 use jetshard_testkit::wait_until;
-use jetshard_tests::ledger::{LedgerCmd, LedgerEvt};
+use jetshard_tests::describe_consumers;
+use jetshard_tests::ledger::LedgerCmd;
+use jetshard_tests::model::{Op, check_journal, journal_excerpt};
 use jetshard_tests::node::{Node, NodeOptions, NodeSpec};
 use serde::Serialize;
 use tokio::task::JoinHandle;
@@ -88,129 +90,6 @@ pub async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
     // A tokio mutex: held across awaits, and not poisoned by a failed schedule.
     static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     LOCK.lock().await
-}
-
-// ---------------------------------------------------------------------------------------------
-// The model
-
-/// A command as the history records it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Op {
-    /// `LedgerCmd::Push { n }`: must leave exactly `Appended { n }`; `n` rises per entity.
-    Push(u64),
-    /// `LedgerCmd::AppendMany { from, count }`, sent only when `from` is the entity's length.
-    Many { from: u64, count: u64 },
-    /// `LedgerCmd::Panic`: must be dead-lettered.
-    Panic,
-    /// A payload that is no command: must be dead-lettered.
-    Garbage,
-}
-
-impl Op {
-    /// The command it stands for, if it is one.
-    pub fn command(&self) -> Option<LedgerCmd> {
-        match *self {
-            Op::Push(n) => Some(LedgerCmd::Push { n }),
-            Op::Many { from, count } => Some(LedgerCmd::AppendMany { from, count }),
-            Op::Panic => Some(LedgerCmd::Panic),
-            Op::Garbage => None,
-        }
-    }
-}
-
-/// The ledger, sequentially: an entity is a list of numbers.
-pub struct LedgerModel;
-
-/// An entity in the model.
-#[derive(Default)]
-pub struct LedgerState {
-    len: u64,
-    last_push: Option<u64>,
-}
-
-fn expected_events(op: &Op) -> Vec<LedgerEvt> {
-    match *op {
-        Op::Push(n) => vec![LedgerEvt::Appended { n }],
-        Op::Many { from, count } => (from..from + count)
-            .map(|n| LedgerEvt::Appended { n })
-            .collect(),
-        Op::Panic | Op::Garbage => Vec::new(),
-    }
-}
-
-impl Model for LedgerModel {
-    type Command = Op;
-    type Event = LedgerEvt;
-    type State = LedgerState;
-
-    fn step(&self, state: &mut LedgerState, op: &Op, events: &[LedgerEvt]) -> Result<(), String> {
-        let expected = expected_events(op);
-        if expected.is_empty() {
-            return Err(format!("{op:?} must be dead-lettered, but left {events:?}"));
-        }
-        if events != expected {
-            return Err(format!(
-                "{op:?} left {} events {:?}, expected {:?}",
-                events.len(),
-                short(events),
-                short(&expected)
-            ));
-        }
-        match *op {
-            Op::Push(n) => {
-                if let Some(last) = state.last_push
-                    && n <= last
-                {
-                    return Err(format!("Push({n}) applied after Push({last})"));
-                }
-                state.last_push = Some(n);
-                state.len += 1;
-            }
-            Op::Many { from, count } => {
-                if from != state.len {
-                    return Err(format!(
-                        "AppendMany from {from} applied at length {}",
-                        state.len
-                    ));
-                }
-                state.len += count;
-            }
-            Op::Panic | Op::Garbage => {}
-        }
-        Ok(())
-    }
-
-    fn dead_lettered(&self, _: &mut LedgerState, op: &Op, reason: &str) -> Result<(), String> {
-        match op {
-            Op::Panic | Op::Garbage => Ok(()),
-            _ => Err(format!("{op:?} was dead-lettered: {reason}")),
-        }
-    }
-
-    fn identifies(&self, op: &Op, events: &[LedgerEvt]) -> bool {
-        events == expected_events(op)
-    }
-}
-
-fn short(events: &[LedgerEvt]) -> String {
-    if events.len() <= 4 {
-        format!("{events:?}")
-    } else {
-        format!("[{:?} .. {:?}]", events[0], events[events.len() - 1])
-    }
-}
-
-/// Reads the ledger's journal back and checks it against `history`.
-pub async fn check_journal(js: &Context, history: &History<Op>) -> history::Report {
-    let records = history::read_journal(js, "ledger")
-        .await
-        .expect("read the journal");
-    let records: Vec<Record<LedgerEvt>> = records
-        .into_iter()
-        .map(|r| r.try_map_event(|body| serde_json::from_slice::<LedgerEvt>(&body)))
-        .collect::<Result<_, _>>()
-        .expect("every event is a ledger event");
-    history::check(&LedgerModel, history, &records)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -327,25 +206,6 @@ impl Load {
     }
 }
 
-/// Waits (bounded) until the command stream holds nothing: every command was acknowledged or
-/// terminated by its owner.
-pub async fn wait_drained(js: &Context, within: Duration) -> Result<(), String> {
-    let drained = wait_until(within, "the command stream to drain", || async {
-        match js.get_stream("LEDGER_CMD").await {
-            Ok(mut stream) => stream
-                .info()
-                .await
-                .is_ok_and(|info| info.state.messages == 0),
-            Err(_) => false,
-        }
-    })
-    .await;
-    match drained {
-        Ok(()) => Ok(()),
-        Err(e) => Err(format!("{e}\n{}", describe_consumers(js).await)),
-    }
-}
-
 /// Waits (bounded) until no partition consumer has a command pending or unacknowledged, then
 /// returns how many messages the command stream still holds (it should hold none; a clustered
 /// work-queue stream has been seen to keep a few acknowledged ones).
@@ -385,34 +245,6 @@ pub async fn wait_consumers_drained(
     .await;
     let left = left().await;
     Ok(left)
-}
-
-/// What the partition consumers hold, for a failure message.
-pub async fn describe_consumers(js: &Context) -> String {
-    let mut text = String::new();
-    let Ok(mut stream) = js.get_stream("LEDGER_CMD").await else {
-        return "(LEDGER_CMD unreadable)".to_owned();
-    };
-    if let Ok(info) = stream.info().await {
-        let _ = writeln!(text, "LEDGER_CMD state: {:?}", info.state);
-    }
-    for partition in 0..16 {
-        let Ok(info) = stream.consumer_info(format!("ledger-p{partition}")).await else {
-            break;
-        };
-        let _ = writeln!(
-            text,
-            "ledger-p{partition}: pending {} ack_pending {} redelivered {} waiting {} delivered {:?} ack_floor {:?} pinned {:?}",
-            info.num_pending,
-            info.num_ack_pending,
-            info.num_redelivered,
-            info.num_waiting,
-            info.delivered,
-            info.ack_floor,
-            info.priority_groups
-        );
-    }
-    text
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -723,65 +555,71 @@ impl Totals {
     }
 }
 
+/// One schedule of a test, for its messages.
+#[derive(Clone, Copy, Debug)]
+pub struct Run<'a> {
+    /// The test file (`chaos`, `cluster`).
+    pub file: &'a str,
+    /// The test.
+    pub test: &'a str,
+    /// The seed.
+    pub seed: u64,
+}
+
+/// Ends a schedule: waits (bounded by `within`) until no partition consumer holds a command,
+/// checks the journal against `history`, and panics with everything needed to debug a failure
+/// (the replay line, the report, the journal of the entities it names, the node log lines of
+/// the first commands it names, every node's log tail). Returns the schedule's figures and how
+/// many acknowledged commands the command stream still holds.
+pub async fn verify(
+    js: &Context,
+    nodes: &Nodes,
+    run: Run<'_>,
+    history: &History<Op>,
+    injected: &[String],
+    retries: u64,
+    within: Duration,
+) -> (Figures, u64) {
+    let Run { file, test, seed } = run;
+    let drained = wait_consumers_drained(js, nodes.spec().partitions, within).await;
+    let report = check_journal(js, history).await;
+    let summary = report.summary();
+    let figures = Figures {
+        commands: summary.commands,
+        unknown: summary.unknown,
+        retries,
+        faults: injected.len(),
+        violations: report.violations().len(),
+        dead_letters: summary.dead_letters,
+        fences: summary.fences,
+    };
+    eprintln!("seed {seed}: {report}\n  faults: {injected:#?}");
+    if drained.is_err() || !report.is_ok() {
+        let mut traces = String::new();
+        for violation in report.violations().iter().take(3) {
+            if let Violation::Lost { command_seq, .. }
+            | Violation::Duplicated { command_seq, .. }
+            | Violation::Reordered { command_seq, .. } = violation
+            {
+                traces += &format!(
+                    "node log lines of command {command_seq}:\n{}\n",
+                    nodes.grep_logs(&format!("cmd_seq={command_seq}"), 40)
+                );
+            }
+        }
+        panic!(
+            "{test} seed {seed} failed\n{}\ndrained: {drained:?}\n{report}\n{}\n{traces}faults: {injected:#?}\n{}",
+            replay_hint(file, test, seed),
+            journal_excerpt(js, &report, 3).await,
+            nodes.describe()
+        );
+    }
+    (figures, drained.unwrap_or_default())
+}
+
 /// The line that tells how to run one seed again.
 pub fn replay_hint(test_file: &str, test: &str, seed: u64) -> String {
     format!(
         "replay: JETSHARD_SEED={seed} cargo test -p jetshard-tests --test {test_file} {test} -- --nocapture"
     )
-}
-
-/// The journal records of the entities a report names (at most `limit` entities), one line
-/// each, for a failure message.
-pub async fn journal_excerpt(js: &Context, report: &history::Report, limit: usize) -> String {
-    use jetshard_testkit::history::Violation;
-    let mut entities: Vec<String> = Vec::new();
-    for violation in report.violations() {
-        let entity = match violation {
-            Violation::Lost { entity, .. }
-            | Violation::Duplicated { entity, .. }
-            | Violation::Unexpected { entity, .. }
-            | Violation::Reordered { entity, .. }
-            | Violation::Model { entity, .. }
-            | Violation::StaleGeneration { entity, .. } => entity.clone(),
-            _ => continue,
-        };
-        if !entities.contains(&entity) && entities.len() < limit {
-            entities.push(entity);
-        }
-    }
-    let Ok(records) = history::read_journal(js, "ledger").await else {
-        return "(journal unreadable)".to_owned();
-    };
-    let mut text = String::new();
-    for entity in entities {
-        let _ = writeln!(text, "journal of {entity:?}:");
-        for record in &records {
-            let line = match record {
-                Record::Event {
-                    seq,
-                    partition,
-                    entity: e,
-                    generation,
-                    command_seq,
-                    event,
-                } if *e == entity => format!(
-                    "  seq {seq} p{partition} gen {generation} event of command {command_seq}: {}",
-                    String::from_utf8_lossy(event)
-                ),
-                Record::DeadLetter {
-                    seq,
-                    partition,
-                    entity: e,
-                    generation,
-                    command_seq,
-                    reason,
-                } if *e == entity => format!(
-                    "  seq {seq} p{partition} gen {generation} dead letter of command {command_seq}: {reason}"
-                ),
-                _ => continue,
-            };
-            let _ = writeln!(text, "{line}");
-        }
-    }
-    text
 }

@@ -1,7 +1,50 @@
-//! Shared helpers for the integration tests.
+//! What the integration tests share: the `ledger` test entity, its model for the history
+//! checker, node child processes, and the [`Scenario`] every test starts from.
 //!
 //! Each test file is its own binary and pulls these in as the `jetshard_tests` library.
-//! Servers, clusters, proxies and `wait_until` come from `jetshard-testkit`.
+//! Servers, clusters, proxies, `wait_until` and the history checker come from
+//! `jetshard-testkit`.
+//!
+//! # Writing a test
+//!
+//! A test starts a [`Scenario`] (a real server, or a 3-server cluster, with a client, a
+//! `CommandSender<Ledger>` and an empty history), starts the shard systems or `ledger-node`
+//! processes it needs, sends commands with [`Scenario::send`] (which records each as a
+//! [`model::Op`] in the history), applies its fault, and ends with [`Scenario::check`]: that
+//! waits for the command stream to drain and judges the whole journal against the history with
+//! `jetshard_testkit::history` and [`model::LedgerModel`] (nothing lost, doubled or reordered,
+//! every outcome what the ledger does, no stale generation), panicking with the report and a
+//! journal excerpt. What is left is the test's own fault and assertions:
+//!
+//! ```no_run
+//! # async fn example() {
+//! use jetshard_tests::{Scenario, model::Op};
+//!
+//! let mut s = Scenario::single(2).await; // pin TTL 1 s, ack wait 3 s; `.pin_ttl(..)` to change
+//! let mut a = s.node("a").await; // a `ledger-node` child process
+//! s.send("e1", Op::Append(0)).await;
+//! s.wait_owns_all(&a).await;
+//! let b = s.node("b").await;
+//! a.kill().await; // SIGKILL
+//! s.send("e1", Op::Append(1)).await;
+//! s.check().await; // drained, and the journal holds exactly what the history says
+//! # drop(b);
+//! # }
+//! ```
+//!
+//! In-process systems come from [`Scenario::system`] (or [`Scenario::system_with`] and
+//! [`Scenario::config`] for more settings), and [`counts`] sums their status counters;
+//! [`provision`] (or [`Scenario::provision`]) creates the streams without owning anything, so
+//! that commands sent next wait for an owner. A command that is no `LedgerCmd` goes out with
+//! [`Scenario::send_raw`]; a test that expects a rejection records [`model::Op::Refuse`] or
+//! [`model::Op::Misplaced`] (a rejection writes nothing, and the check expects nothing).
+//!
+//! | module | what |
+//! |---|---|
+//! | [`ledger`] | the `Ledger` test entity: numbers appended in order, with injectable faults |
+//! | [`model`] | `Op` (a command and what it must leave), `LedgerModel`, `check_journal` |
+//! | [`node`] | `ledger-node` child processes: SIGKILL, SIGSTOP, SIGTERM, ownership lines |
+//! | [`scenario`] | `Scenario`, `provision`, `wait_drained` |
 
 /// Sends `tracing` output to the test harness, which shows it for failing tests only.
 ///
@@ -14,9 +57,12 @@ pub fn init_tracing() {
         .try_init();
 }
 
-pub mod journal;
 pub mod ledger;
+pub mod model;
 pub mod node;
+pub mod scenario;
+
+pub use scenario::{Scenario, describe_consumers, provision, wait_drained};
 
 use std::time::Duration;
 
@@ -33,11 +79,45 @@ pub fn ledger_config(partitions: u32, node: &str) -> jetshard::ShardConfigBuilde
         .retry_delay(Duration::from_millis(50))
 }
 
-/// How many commands this system has applied, over all partitions.
+/// How many commands this system has worked through as applied (duplicates included), over
+/// all partitions; 0 while its status cannot be read.
 pub async fn applied(system: &ShardSystem) -> u64 {
     system
         .status()
         .await
         .map(|s| s.iter().map(|p| p.applied + p.duplicates).sum())
         .unwrap_or(0)
+}
+
+/// A system's status counters, summed over its partitions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Commands applied.
+    pub applied: u64,
+    /// Commands the entity rejected.
+    pub rejected: u64,
+    /// Commands acknowledged as already applied.
+    pub duplicates: u64,
+    /// Commands given up with a dead letter.
+    pub dead_lettered: u64,
+    /// Entity actors alive.
+    pub resident_entities: usize,
+    /// Commands delivered and not yet acknowledged.
+    pub commands_in_hand: usize,
+}
+
+/// `system`'s counters summed over its partitions.
+///
+/// # Panics
+/// If the system does not answer with its status.
+pub async fn counts(system: &ShardSystem) -> Counts {
+    let status = system.status().await.expect("the system's status");
+    status.iter().fold(Counts::default(), |sum, p| Counts {
+        applied: sum.applied + p.applied,
+        rejected: sum.rejected + p.rejected,
+        duplicates: sum.duplicates + p.duplicates,
+        dead_lettered: sum.dead_lettered + p.dead_lettered,
+        resident_entities: sum.resident_entities + p.resident_entities,
+        commands_in_hand: sum.commands_in_hand + p.commands_in_hand,
+    })
 }

@@ -9,7 +9,7 @@
 //!
 //! | property | violation |
 //! |---|---|
-//! | every acknowledged command left exactly one outcome: its events, or a dead letter | [`Violation::Lost`], [`Violation::Duplicated`] |
+//! | every acknowledged command left exactly one outcome: its events, or a dead letter (none, if the model expects none: [`Model::expects_outcome`]) | [`Violation::Lost`], [`Violation::Duplicated`] |
 //! | nothing has an outcome that no client sent | [`Violation::Unexpected`] |
 //! | per entity, outcomes come in command order (command sequences rise) | [`Violation::Reordered`] |
 //! | per entity, the outcomes follow the model, folded in journal order | [`Violation::Model`] |
@@ -21,9 +21,11 @@
 //!
 //! # What the checker needs from a test
 //!
-//! - **Every command leaves an outcome.** jetshard writes nothing for a command its entity
-//!   rejects, so a rejected command looks lost. Check with an entity whose every command emits
-//!   an event (or that records rejections as events).
+//! - **Every command leaves an outcome, or the model knows it leaves none.** jetshard writes
+//!   nothing for a command its entity rejects, so a rejected command looks lost unless
+//!   [`Model::expects_outcome`] says no for it (the test knows it sent a command the entity
+//!   refuses). Such a command that does leave an outcome is still folded through the model,
+//!   which can refuse it.
 //! - **One command in flight per entity.** A client publishes an entity's next command only
 //!   after the previous one was acknowledged or given up as unknown, and records them in that
 //!   order. Then an entity's stored commands are in client order, which is how an outcome of an
@@ -550,6 +552,16 @@ pub trait Model {
         Ok(())
     }
 
+    /// Whether `command`, acknowledged, must leave an outcome (events or a dead letter). The
+    /// default says yes. Say no for a command the entity rejects (jetshard writes nothing for a
+    /// rejection): it is then not reported [`Violation::Lost`] when it leaves none, and counted
+    /// in [`Summary::silent`]. An outcome it leaves anyway still goes through
+    /// [`step`](Model::step) or [`dead_lettered`](Model::dead_lettered).
+    fn expects_outcome(&self, command: &Self::Command) -> bool {
+        let _ = command;
+        true
+    }
+
     /// Whether `events` can be the outcome of `command`: used only to match an outcome to one
     /// of several [`Ack::Unknown`] commands. The default says yes to any.
     fn identifies(&self, command: &Self::Command, events: &[Self::Event]) -> bool {
@@ -745,6 +757,9 @@ pub struct Summary {
     pub dead_letters: usize,
     /// Fence records.
     pub fences: usize,
+    /// Acknowledged commands that left no outcome, as the model expects of them
+    /// ([`Model::expects_outcome`]).
+    pub silent: usize,
 }
 
 /// What [`check`] found.
@@ -791,6 +806,9 @@ impl fmt::Display for Report {
             s.dead_letters,
             s.fences
         )?;
+        if s.silent > 0 {
+            write!(f, ", {} commands silent as expected", s.silent)?;
+        }
         for violation in self.violations.iter().take(DISPLAY_LIMIT) {
             write!(f, "\n  {violation}")?;
         }
@@ -1015,10 +1033,14 @@ where
         if let Ack::Acked(command_seq) = sent.ack
             && !answered.contains(&index)
         {
-            violations.push(Violation::Lost {
-                entity: sent.entity.clone(),
-                command_seq,
-            });
+            if model.expects_outcome(&sent.command) {
+                violations.push(Violation::Lost {
+                    entity: sent.entity.clone(),
+                    command_seq,
+                });
+            } else {
+                summary.silent += 1;
+            }
         }
     }
     Report {
@@ -1418,6 +1440,58 @@ mod tests {
                 journal_seq: 3
             }),
             "{found:?}"
+        );
+    }
+
+    /// [`Rising`], but a command of 100 or more is one the entity rejects: it must leave nothing.
+    struct Refusing;
+
+    impl Model for Refusing {
+        type Command = u64;
+        type Event = u64;
+        type State = Option<u64>;
+
+        fn step(&self, last: &mut Option<u64>, n: &u64, events: &[u64]) -> Result<(), String> {
+            if *n >= 100 {
+                return Err(format!("command {n} must be rejected, but left {events:?}"));
+            }
+            Rising.step(last, n, events)
+        }
+
+        fn expects_outcome(&self, n: &u64) -> bool {
+            *n < 100
+        }
+    }
+
+    #[test]
+    fn a_command_the_model_expects_no_outcome_of_is_not_lost_when_it_leaves_none() {
+        let mut history = history();
+        history.record("e", 100, Ack::Acked(13));
+        let report = check(&Refusing, &history, &journal());
+        assert!(report.is_ok(), "{report}");
+        assert_eq!(report.summary().silent, 1);
+        assert!(report.to_string().contains("1 commands silent"), "{report}");
+        // The same command under a model that expects an outcome of every command is lost.
+        assert_eq!(
+            violations(&history, &journal()),
+            vec![Violation::Lost {
+                entity: "e".into(),
+                command_seq: 13
+            }]
+        );
+    }
+
+    #[test]
+    fn an_outcome_of_a_command_expected_to_leave_none_goes_through_the_model() {
+        let mut history = history();
+        history.record("e", 100, Ack::Acked(13));
+        let mut journal = journal();
+        journal.push(Record::event(5, 0, "e", 1, 13, 100));
+        let report = check(&Refusing, &history, &journal);
+        assert_eq!(report.summary().silent, 0);
+        assert!(
+            matches!(report.violations(), [Violation::Model { command_seq: 13, reason, .. }] if reason.contains("must be rejected")),
+            "{report}"
         );
     }
 

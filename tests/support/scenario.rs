@@ -1,0 +1,338 @@
+//! [`Scenario`]: what a test of the ledger starts from.
+//!
+//! A scenario owns a real server (or a 3-node cluster), a client, a
+//! [`CommandSender<Ledger>`] and the [`History`] of what the test sent, and starts in-process
+//! [`ShardSystem`]s and `ledger-node` child processes ([`Node`]) with one set of timings. A test
+//! is then its fault and its assertions; [`Scenario::check`] judges the journal with
+//! `jetshard_testkit::history` (see [`crate::model`]).
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, Context};
+use jetshard::{CommandSender, ShardConfig, ShardConfigBuilder, ShardSystem};
+use jetshard_testkit::history::{Ack, History, Report};
+use jetshard_testkit::{NatsCluster, NatsServer, wait_until};
+
+use crate::ledger::Ledger;
+use crate::model::{Op, check_journal, journal_excerpt};
+use crate::node::{Node, NodeOptions, NodeSpec};
+
+/// How long [`Scenario::check`] waits for the command stream to drain.
+const DRAIN_WITHIN: Duration = Duration::from_secs(60);
+/// How long [`Scenario::wait_owns_all`] waits.
+const OWN_WITHIN: Duration = Duration::from_secs(20);
+
+/// The servers of a scenario.
+enum Servers {
+    Single(Box<NatsServer>),
+    Cluster(NatsCluster),
+}
+
+/// A ledger test's world: server(s), client, sender, history, and the timings every shard
+/// system and node of the test runs with. Dropping it stops the servers.
+pub struct Scenario {
+    servers: Servers,
+    /// A client of the servers (reconnecting quickly).
+    pub client: async_nats::Client,
+    /// JetStream on [`client`](Scenario::client).
+    pub js: Context,
+    /// Sends ledger commands; [`Scenario::send`] also records them.
+    pub sender: CommandSender<Ledger>,
+    /// What the test sent, for [`Scenario::check`].
+    pub history: History<Op>,
+    partitions: u32,
+    pin_ttl: Duration,
+    ack_wait: Duration,
+    replicas: usize,
+}
+
+impl Scenario {
+    /// One fresh server; `partitions` partitions, pin TTL 1 s, ack wait 3 s.
+    pub async fn single(partitions: u32) -> Scenario {
+        let server = NatsServer::start().await.expect("start nats-server");
+        Scenario::on(Servers::Single(Box::new(server)), partitions, 1).await
+    }
+
+    /// A fresh 3-server JetStream cluster with R3 streams (the client knows every server).
+    pub async fn cluster(partitions: u32) -> Scenario {
+        let cluster = NatsCluster::start(3).await.expect("start the cluster");
+        Scenario::on(Servers::Cluster(cluster), partitions, 3).await
+    }
+
+    async fn on(servers: Servers, partitions: u32, replicas: usize) -> Scenario {
+        let urls = match &servers {
+            Servers::Single(server) => vec![server.url()],
+            Servers::Cluster(cluster) => cluster.nodes().iter().map(|n| n.url()).collect(),
+        };
+        let client = async_nats::ConnectOptions::new()
+            .reconnect_delay_callback(|_| Duration::from_millis(100))
+            .connect(urls)
+            .await
+            .expect("connect");
+        // A leader election takes seconds: a request may wait that long.
+        let js = jetstream::ContextBuilder::new()
+            .timeout(Duration::from_secs(5))
+            .build(client.clone());
+        let config = crate::ledger_config(partitions, "test")
+            .build()
+            .expect("config");
+        Scenario {
+            servers,
+            sender: CommandSender::new(client.clone(), &config),
+            client,
+            js,
+            history: History::new(),
+            partitions,
+            pin_ttl: Duration::from_secs(1),
+            ack_wait: Duration::from_secs(3),
+            replicas,
+        }
+    }
+
+    /// Sets the pin TTL of every system and node started from now on.
+    pub fn pin_ttl(mut self, pin_ttl: Duration) -> Scenario {
+        self.pin_ttl = pin_ttl;
+        self
+    }
+
+    /// Sets the ack wait of every system and node started from now on.
+    pub fn ack_wait(mut self, ack_wait: Duration) -> Scenario {
+        self.ack_wait = ack_wait;
+        self
+    }
+
+    /// The single server (panics on a cluster).
+    pub fn server(&self) -> &NatsServer {
+        match &self.servers {
+            Servers::Single(server) => server,
+            Servers::Cluster(_) => panic!("a cluster scenario has no single server"),
+        }
+    }
+
+    /// The cluster (panics on a single server).
+    pub fn cluster_servers(&self) -> &NatsCluster {
+        match &self.servers {
+            Servers::Cluster(cluster) => cluster,
+            Servers::Single(_) => panic!("a single-server scenario has no cluster"),
+        }
+    }
+
+    /// The server URLs, comma-separated, starting at server `first` (a cluster node connects
+    /// to its own server first).
+    pub fn urls_from(&self, first: usize) -> String {
+        match &self.servers {
+            Servers::Single(server) => server.url(),
+            Servers::Cluster(cluster) => {
+                let count = cluster.nodes().len();
+                (0..count)
+                    .map(|k| cluster.node((first + k) % count).url())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }
+        }
+    }
+
+    /// The ledger's config for node `node` with this scenario's partitions, timings and
+    /// replicas; add settings before `build()`.
+    pub fn config(&self, node: &str) -> ShardConfigBuilder {
+        crate::ledger_config(self.partitions, node)
+            .pin_ttl(self.pin_ttl)
+            .ack_wait(self.ack_wait)
+            .replicas(self.replicas)
+    }
+
+    /// Creates the streams and consumers as node `provisioner` would, and owns nothing: the
+    /// commands sent next wait for an owner.
+    pub async fn provision(&self) {
+        provision(
+            self.client.clone(),
+            &self.config("provisioner").build().expect("config"),
+        )
+        .await;
+    }
+
+    /// Starts an in-process shard system as node `node`.
+    pub async fn system(&self, node: &str) -> ShardSystem {
+        self.system_with(self.config(node)).await
+    }
+
+    /// Starts an in-process shard system with `config` (from [`Scenario::config`]).
+    pub async fn system_with(&self, config: ShardConfigBuilder) -> ShardSystem {
+        let config = config.build().expect("config");
+        ShardSystem::start::<Ledger>(self.client.clone(), config)
+            .await
+            .expect("start the shard system")
+    }
+
+    /// The settings of a node process, with `env` (faults: `LEDGER_DECIDE_DELAY_MS`,
+    /// `LEDGER_ABORT_ON_APPLY`).
+    pub fn node_spec(&self, env: &[(&str, &str)]) -> NodeSpec {
+        NodeSpec {
+            partitions: self.partitions,
+            pin_ttl: self.pin_ttl,
+            ack_wait: self.ack_wait,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }
+    }
+
+    /// The options of a node process: `--replicas 3` on a cluster.
+    pub fn node_options(&self) -> NodeOptions {
+        NodeOptions {
+            args: if self.replicas > 1 {
+                vec!["--replicas".into(), self.replicas.to_string()]
+            } else {
+                vec![]
+            },
+            log_file: None,
+        }
+    }
+
+    /// Starts a `ledger-node` process with id `id` and waits (bounded) until it runs.
+    pub async fn node(&self, id: &str) -> Node {
+        self.node_with(id, &[]).await
+    }
+
+    /// Starts a `ledger-node` process with faults in its environment (see
+    /// [`Scenario::node_spec`]) and waits (bounded) until it runs.
+    pub async fn node_with(&self, id: &str, env: &[(&str, &str)]) -> Node {
+        Node::start_with(
+            &self.urls_from(0),
+            id,
+            &self.node_spec(env),
+            &self.node_options(),
+        )
+        .await
+    }
+
+    /// Waits (bounded) until `node` owns every partition, by its own account.
+    pub async fn wait_owns_all(&self, node: &Node) {
+        let what = format!("{} to own all {} partitions", node.id, self.partitions);
+        wait_until(OWN_WITHIN, &what, || async {
+            node.owned().len() == self.partitions as usize
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}: it owns {:?}", node.owned()));
+    }
+
+    /// Sends `op`'s command to `entity` and records it in the history; returns its sequence.
+    pub async fn send(&mut self, entity: &str, op: Op) -> u64 {
+        let command = op.command().expect("an op that is a command");
+        let seq = self
+            .sender
+            .send(entity, &command)
+            .await
+            .unwrap_or_else(|e| panic!("send {op:?} to {entity}: {e}"));
+        self.history.record(entity, op, Ack::Acked(seq));
+        seq
+    }
+
+    /// Publishes `payload` as a command for `entity`, as any client could, and records it as
+    /// `op` (e.g. [`Op::Garbage`]); returns its sequence.
+    pub async fn send_raw(&mut self, entity: &str, payload: Vec<u8>, op: Op) -> u64 {
+        let seq = self
+            .js
+            .publish(format!("ledger.cmd.{entity}"), payload.into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored")
+            .sequence;
+        self.history.record(entity, op, Ack::Acked(seq));
+        seq
+    }
+
+    /// Sends `Append { n }` to each of `entities`.
+    pub async fn append_to_all(&mut self, entities: &[String], n: u64) {
+        for entity in entities {
+            self.send(entity, Op::Append(n)).await;
+        }
+    }
+
+    /// Waits (bounded, 60 s) until every command was acknowledged or terminated, then checks
+    /// the journal against the history: panics with the report and the journal of the first
+    /// entities it names if anything is lost, doubled, reordered, not what the ledger does, or
+    /// written under a stale generation. Returns the report for more assertions.
+    pub async fn check(&self) -> Report {
+        self.check_within(DRAIN_WITHIN).await
+    }
+
+    /// [`Scenario::check`], waiting up to `within` for the command stream to drain.
+    pub async fn check_within(&self, within: Duration) -> Report {
+        let drained = wait_drained(&self.js, within).await;
+        let report = check_journal(&self.js, &self.history).await;
+        if drained.is_err() || !report.is_ok() {
+            panic!(
+                "drained: {drained:?}\n{report}\n{}",
+                journal_excerpt(&self.js, &report, 3).await
+            );
+        }
+        report
+    }
+}
+
+/// Creates the streams and consumers of `config`'s entity type, as a starting shard system
+/// does, and stops at once: nobody owns a partition (a partition is owned only once a command
+/// is delivered).
+pub async fn provision(client: async_nats::Client, config: &ShardConfig) {
+    // The library provisions only inside `ShardSystem::start`.
+    ShardSystem::start::<Ledger>(client, config.clone())
+        .await
+        .expect("provision the streams")
+        .shutdown()
+        .await
+        .expect("stop the provisioning system");
+}
+
+/// Waits (bounded) until the ledger's command stream holds nothing: every command was
+/// acknowledged or terminated by its owner.
+///
+/// # Errors
+/// The timeout, with what the partition consumers hold.
+pub async fn wait_drained(js: &Context, within: Duration) -> Result<(), String> {
+    let drained = wait_until(within, "the command stream to drain", || async {
+        match js.get_stream("LEDGER_CMD").await {
+            Ok(mut stream) => stream
+                .info()
+                .await
+                .is_ok_and(|info| info.state.messages == 0),
+            Err(_) => false,
+        }
+    })
+    .await;
+    match drained {
+        Ok(()) => Ok(()),
+        Err(e) => Err(format!("{e}\n{}", describe_consumers(js).await)),
+    }
+}
+
+/// What the ledger's partition consumers hold, for a failure message.
+pub async fn describe_consumers(js: &Context) -> String {
+    let mut text = String::new();
+    let Ok(mut stream) = js.get_stream("LEDGER_CMD").await else {
+        return "(LEDGER_CMD unreadable)".to_owned();
+    };
+    if let Ok(info) = stream.info().await {
+        let _ = writeln!(text, "LEDGER_CMD state: {:?}", info.state);
+    }
+    for partition in 0.. {
+        let Ok(info) = stream.consumer_info(format!("ledger-p{partition}")).await else {
+            break;
+        };
+        let _ = writeln!(
+            text,
+            "ledger-p{partition}: pending {} ack_pending {} redelivered {} waiting {} delivered {:?} ack_floor {:?} pinned {:?}",
+            info.num_pending,
+            info.num_ack_pending,
+            info.num_redelivered,
+            info.num_waiting,
+            info.delivered,
+            info.ack_floor,
+            info.priority_groups
+        );
+    }
+    text
+}
