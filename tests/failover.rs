@@ -89,11 +89,7 @@ async fn a_command_dead_lettered_before_its_owner_crashed_is_not_applied_by_the_
     let names = Names::new("ledger");
     let mut headers = HeaderMap::new();
     headers.insert(HDR_GENERATION, "1");
-    let fence = FenceRecord {
-        partition: 0,
-        generation: 1,
-        node: "crashed".into(),
-    };
+    let fence = FenceRecord::new(0, 1, "crashed");
     s.js.publish_with_headers(
         names.fence_subject(0),
         headers.clone(),
