@@ -272,3 +272,53 @@ async fn three_processes_starting_at_once_on_a_fresh_cluster_all_start() {
         system.shutdown().await.unwrap();
     }
 }
+
+/// A claim while the previous owner's writes are in flight on a clustered journal: the server
+/// answers 10164 ("wrong last sequence", another write naming the fence subject is in flight),
+/// which the claim retries rather than failing the acquisition. Two processes, one partition,
+/// the pin moved by an operator's unpin again and again while commands stream in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_racing_writes_in_flight_on_a_clustered_journal_all_succeed() {
+    use jetshard::admin::Admin;
+    use jetshard_tests::counts;
+    use jetshard_tests::model::Op;
+
+    init_tracing();
+    let _one = one_at_a_time().await;
+    let mut s = Scenario::cluster(1).await;
+    let a = s.system("a").await;
+    let b = s.system("b").await;
+    let admin = Admin::new(s.client.clone(), "ledger");
+    let entities: Vec<String> = (0..20).map(|e| format!("race-{e}")).collect();
+    let mut unpins = 0;
+    for n in 0..30 {
+        for entity in &entities {
+            s.send(entity, Op::Push(n)).await;
+        }
+        if n % 5 == 4 {
+            // Moves the pin while this round's writes are in flight.
+            if admin.unpin(0).await.is_ok() {
+                unpins += 1;
+            }
+        }
+    }
+    s.check_within(Duration::from_secs(120)).await;
+    let mut acquisitions = 0;
+    for system in [&a, &b] {
+        let status = system.status().await.unwrap();
+        assert_eq!(
+            status[0].failed_acquisitions, 0,
+            "every claim succeeded: {status:?}"
+        );
+        acquisitions += status[0].acquisitions;
+    }
+    assert!(unpins >= 3, "{unpins} unpins");
+    assert!(
+        acquisitions >= 2,
+        "the pin moved: {acquisitions} acquisitions"
+    );
+    let c = counts(&a).await;
+    eprintln!("acquisitions {acquisitions}, unpins {unpins}, a: {c:?}");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}

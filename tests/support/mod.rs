@@ -121,3 +121,39 @@ pub async fn counts(system: &ShardSystem) -> Counts {
         commands_in_hand: sum.commands_in_hand + p.commands_in_hand,
     })
 }
+
+/// Starts a shard system and waits until it owns all `config`'s partitions (each is acquired on
+/// its first delivery: `wake` sends one command per partition first).
+pub async fn start_owning<E: jetshard::Entity>(
+    client: &async_nats::Client,
+    config: &ShardConfig,
+    wake: impl AsyncFnOnce(),
+) -> ShardSystem {
+    let system = ShardSystem::start::<E>(client.clone(), config.clone())
+        .await
+        .unwrap();
+    wake().await;
+    jetshard_testkit::wait_until(
+        Duration::from_secs(20),
+        "every partition acquired",
+        || async {
+            system
+                .status()
+                .await
+                .is_ok_and(|status| status.iter().all(|p| p.generation.is_some()))
+        },
+    )
+    .await
+    .unwrap();
+    system
+}
+
+/// An id of partition `partition` of `partitions`, with `prefix`.
+pub fn id_in(prefix: &str, partition: u32, partitions: u32) -> String {
+    (0..)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|id| {
+            jetshard::partition_of(&jetshard::EntityId::new(id).unwrap(), partitions) == partition
+        })
+        .unwrap()
+}

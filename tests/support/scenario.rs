@@ -252,6 +252,32 @@ impl Scenario {
         }
     }
 
+    /// Restarts the node: `system` shuts down, a new shard system starts as `node`, and every
+    /// partition must be acquired again and serve a new command (recorded in the history).
+    /// Bad input and bad records often show only at the next takeover.
+    pub async fn restart_serves(&mut self, system: ShardSystem, node: &str) -> ShardSystem {
+        system.shutdown().await.expect("shut down the system");
+        let restarted = self.system(node).await;
+        for partition in 0..self.partitions {
+            let entity = crate::id_in(&format!("restart-{node}-"), partition, self.partitions);
+            self.send(&entity, Op::Push(0)).await;
+        }
+        let partitions = u64::from(self.partitions);
+        wait_until(
+            Duration::from_secs(20),
+            "every partition acquired and serving after the restart",
+            || async {
+                restarted.status().await.is_ok_and(|s| {
+                    s.iter().all(|p| p.generation.is_some())
+                        && s.iter().map(|p| p.applied).sum::<u64>() >= partitions
+                })
+            },
+        )
+        .await
+        .unwrap();
+        restarted
+    }
+
     /// Waits (bounded, 60 s) until every command was acknowledged or terminated, then checks
     /// the journal against the history: panics with the report and the journal of the first
     /// entities it names if anything is lost, doubled, reordered, not what the ledger does, or

@@ -303,7 +303,7 @@ async fn probe(client: &async_nats::Client, names: &Names, incarnation: &str) ->
     let subject = names.alive_subject(incarnation);
     for attempt in 0..2 {
         if attempt > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         let ask = client.request(subject.clone(), Default::default());
         match tokio::time::timeout(std::time::Duration::from_millis(500), ask).await {
@@ -376,7 +376,12 @@ pub(crate) async fn claim(
             Err(e) if crate::journal::server_error_code(&e) == Some(IN_FLIGHT_COLLISION) => {
                 // A write of the previous owner naming the fence subject was in flight on a
                 // clustered journal: read the latest record again and retry shortly.
-                tokio::time::sleep(std::time::Duration::from_millis(20 * u64::from(attempt))).await;
+                let delay = crate::retry::backoff(
+                    std::time::Duration::from_millis(20),
+                    u64::from(attempt),
+                    std::time::Duration::from_millis(500),
+                );
+                tokio::time::sleep(delay).await;
                 continue;
             }
             Err(e) => {

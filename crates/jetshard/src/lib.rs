@@ -33,6 +33,7 @@ mod journal;
 mod owner;
 mod partition;
 mod pin;
+mod retry;
 mod status;
 mod system;
 mod topology;

@@ -18,7 +18,8 @@ use crate::balance::{Heartbeat, Membership};
 use crate::config::ShardConfig;
 use crate::entity::Entity;
 use crate::error::Error;
-use crate::owner::{FailureWindow, OwnerActor, OwnerArgs, OwnerMsg, Shared};
+use crate::owner::{OwnerActor, OwnerArgs, OwnerMsg, Shared};
+use crate::retry::RestartWindow;
 use crate::status::{NodeStatus, OwnershipEvent, PartitionStatus};
 use crate::topology;
 use crate::wire::Names;
@@ -184,7 +185,7 @@ struct SystemState {
     owners: Vec<Option<ActorRef<OwnerMsg>>>,
     partition_of: HashMap<ActorId, u32>,
     /// Owner failures, against the system's restart window.
-    failures: FailureWindow,
+    failures: RestartWindow,
     stopping: bool,
     membership: Membership,
     last_hand_off: Option<Instant>,
@@ -212,7 +213,7 @@ impl<E: Entity> Actor for SystemActor<E> {
     ) -> Result<SystemState, ActorProcessingErr> {
         let partitions = shared.config.partitions;
         let pin_ttl = shared.config.pin_ttl;
-        let failures = FailureWindow::new(
+        let failures = RestartWindow::new(
             shared.config.max_owner_restarts,
             shared.config.owner_restart_window,
         );

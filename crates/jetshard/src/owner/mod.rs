@@ -47,14 +47,13 @@ use crate::entity_actor::{EntityContext, EntityReport, Outcome, Passivated, Repo
 use crate::fence;
 use crate::journal::JournalWriter;
 use crate::pin::{self, Delivery, PinSignal, PullLoop, PullSettings};
+use crate::retry::RestartWindow;
 use crate::status::{OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
 use crate::wire::{Names, PRIORITY_GROUP};
 use isolate::{Isolation, Next};
 use phase::{Counters, Owning, Phase, Refused, Release};
 use route::{Blocked, Pending};
-use settle::{Effect, Head, Policy, RestartWindow, StepDown};
-
-pub(crate) use settle::RestartWindow as FailureWindow;
+use settle::{Effect, Head, Policy, StepDown};
 
 /// What one entity type's owners share.
 pub(crate) struct Shared {

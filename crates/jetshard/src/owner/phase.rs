@@ -21,10 +21,10 @@ use tokio::time::Instant;
 
 use super::isolate::Isolation;
 use super::route::Slot;
-use super::settle::RestartWindow;
 use crate::entity::{Entity, EntityId};
 use crate::entity_actor::{EntityContext, Quarantine, Seed};
 use crate::fence::HeldRange;
+use crate::retry::RestartWindow;
 
 /// Where an owner stands.
 pub(super) enum Phase<E: Entity> {

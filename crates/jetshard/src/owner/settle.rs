@@ -1,7 +1,6 @@
 //! The owner's failure policy, as a pure function: what becomes of a command given what its
 //! entity actor reported. No I/O, no actor: unit-tested without a server.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::time::Duration;
 
@@ -9,6 +8,7 @@ use tokio::time::Instant;
 
 use crate::command::CommandOutcome;
 use crate::entity_actor::{Failure, Quarantine, Verdict};
+use crate::retry::backoff;
 
 /// The settings the policy reads.
 #[derive(Debug, Clone, Copy)]
@@ -108,12 +108,6 @@ pub(crate) enum Effect {
     StepDown(StepDown),
 }
 
-/// The one backoff: `base` doubled per `attempt` after the first, at most `cap`.
-pub(crate) fn backoff(base: Duration, attempt: u64, cap: Duration) -> Duration {
-    let doublings = attempt.clamp(1, 17) - 1;
-    base.saturating_mul(1 << doublings).min(cap)
-}
-
 /// Local retries of unconfirmed writes back off up to this.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
@@ -196,43 +190,6 @@ pub(crate) fn settle(head: &Head, verdict: Verdict, policy: &Policy, now: Instan
             };
             vec![Effect::CountCrash, next]
         }
-    }
-}
-
-/// Counts failures within a sliding window: the one restart-intensity rule of entity actors
-/// (per partition) and of owners (per system).
-#[derive(Debug)]
-pub(crate) struct RestartWindow {
-    max: u32,
-    window: Duration,
-    at: VecDeque<Instant>,
-}
-
-impl RestartWindow {
-    pub(crate) fn new(max: u32, window: Duration) -> Self {
-        Self {
-            max,
-            window,
-            at: VecDeque::new(),
-        }
-    }
-
-    /// Counts a failure at `now`; `true` if more than `max` fell within the window.
-    pub(crate) fn exceeded(&mut self, now: Instant) -> bool {
-        self.at.push_back(now);
-        while self
-            .at
-            .front()
-            .is_some_and(|t| now.duration_since(*t) > self.window)
-        {
-            self.at.pop_front();
-        }
-        self.at.len() > self.max as usize
-    }
-
-    /// Failures within the window at the last count.
-    pub(crate) fn count(&self) -> usize {
-        self.at.len()
     }
 }
 
@@ -402,29 +359,5 @@ mod tests {
         assert_eq!(suspect(1, 3, &POLICY), None, "within the limit");
         let reason = suspect(1, 4, &POLICY).unwrap();
         assert!(reason.contains("delivered 4 times"), "{reason}");
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_its_cap() {
-        let base = Duration::from_millis(250);
-        let cap = Duration::from_secs(2);
-        let delays: Vec<_> = (0..6).map(|a| backoff(base, a, cap)).collect();
-        assert_eq!(
-            delays,
-            [250, 250, 500, 1000, 2000, 2000].map(Duration::from_millis)
-        );
-        assert_eq!(backoff(base, u64::MAX, Duration::MAX), base * (1 << 16));
-    }
-
-    #[test]
-    fn the_restart_window_counts_failures_within_it_only() {
-        let mut window = RestartWindow::new(2, Duration::from_secs(10));
-        let t0 = Instant::now();
-        assert!(!window.exceeded(t0));
-        assert!(!window.exceeded(t0 + Duration::from_secs(1)));
-        assert!(window.exceeded(t0 + Duration::from_secs(2)));
-        // The first two fell out of the window.
-        assert!(!window.exceeded(t0 + Duration::from_secs(12)));
-        assert_eq!(window.count(), 2);
     }
 }
