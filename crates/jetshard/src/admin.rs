@@ -14,6 +14,7 @@ use crate::fence;
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_GENERATION, HDR_REASON, Names, PRIORITY_GROUP,
 };
+use crate::wire::{HDR_MSG_ID, HDR_REPLAY_OF};
 
 /// One partition as the server sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +60,60 @@ pub struct DeadLetter {
     pub generation: u64,
     /// The command's payload, as published.
     pub payload: bytes::Bytes,
+}
+
+/// What [`Admin::replay`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Replayed {
+    /// The dead letter's journal sequence.
+    pub dead_letter_seq: u64,
+    /// The entity the command is for.
+    pub entity: String,
+    /// The new command's sequence in the command stream.
+    pub command_seq: u64,
+    /// The command stream had it already: this dead letter was replayed before, within the
+    /// stream's duplicate window, and nothing new was stored (`command_seq` is the earlier one).
+    pub duplicate: bool,
+}
+
+/// Which dead letters [`Admin::purge_dead_letters`] removes: by default every one of the entity
+/// type; narrowed to one partition and to those up to a journal sequence.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[must_use]
+pub struct DeadLetterPurge {
+    partition: Option<u32>,
+    up_to: Option<u64>,
+}
+
+impl DeadLetterPurge {
+    /// Every dead letter of the entity type.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Only those of `partition`.
+    pub fn partition(mut self, partition: u32) -> Self {
+        self.partition = Some(partition);
+        self
+    }
+
+    /// Only those at journal sequence `seq` or below.
+    pub fn up_to(mut self, seq: u64) -> Self {
+        self.up_to = Some(seq);
+        self
+    }
+}
+
+/// The journal record named for a replay is not a dead letter of the entity type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("journal record {seq} is on {subject}, not a dead letter of this entity type")]
+#[non_exhaustive]
+pub struct NotADeadLetter {
+    /// The journal sequence asked for.
+    pub seq: u64,
+    /// The record's subject.
+    pub subject: String,
 }
 
 /// Administration of one entity type.
@@ -237,5 +292,97 @@ impl Admin {
             }
         }
         Ok(letters)
+    }
+
+    /// Sends the command of the dead letter at journal sequence `dead_letter_seq` again, as a
+    /// new command: its payload, as published, to `<t>.cmd.<entity>`, with the header
+    /// `Jetshard-Replay-Of: <dead_letter_seq>` and the `Nats-Msg-Id` `<t>:replay:<seq>`, so a
+    /// second replay within the command stream's duplicate window (the server's default, 2
+    /// min) is stored once. The dead letter stays in the journal.
+    ///
+    /// The command takes its turn after everything its entity received since: it is decided
+    /// against the entity's state as it is now, not as it was when the command was given up.
+    ///
+    /// # Errors
+    /// [`Error::JetStream`] if the record cannot be read (for instance there is none at that
+    /// sequence), if it is not a dead letter of this entity type (the source is a
+    /// [`NotADeadLetter`]), or if the command stream does not confirm the command;
+    /// [`Error::InvalidId`] if the dead letter's entity id cannot name a command subject.
+    pub async fn replay(&self, dead_letter_seq: u64) -> Result<Replayed, Error> {
+        let (_, journal) = self.streams().await?;
+        let context = || format!("replay dead letter {dead_letter_seq}");
+        let record = journal
+            .get_raw_message(dead_letter_seq)
+            .await
+            .map_err(|e| Error::jetstream(context(), e))?;
+        let dead_letters = format!("{}.dlq.", self.names.entity_type);
+        if !record.subject.starts_with(&dead_letters) {
+            return Err(Error::jetstream(
+                context(),
+                NotADeadLetter {
+                    seq: dead_letter_seq,
+                    subject: record.subject.to_string(),
+                },
+            ));
+        }
+        let entity = record
+            .headers
+            .get(HDR_ENTITY)
+            .map(|v| v.as_str())
+            .unwrap_or_default();
+        let id = crate::EntityId::new(entity)?;
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            HDR_MSG_ID,
+            format!("{}:replay:{dead_letter_seq}", self.names.entity_type).as_str(),
+        );
+        headers.insert(HDR_REPLAY_OF, dead_letter_seq.to_string().as_str());
+        let subject = self.names.command_subject(&id);
+        let ack = self
+            .js
+            .publish_with_headers(subject.clone(), headers, record.payload)
+            .await
+            .map_err(|e| Error::jetstream(format!("publish to {subject}"), e))?
+            .await
+            .map_err(|e| Error::jetstream(format!("publish to {subject}"), e))?;
+        Ok(Replayed {
+            dead_letter_seq,
+            entity: id.as_str().to_owned(),
+            command_seq: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    /// Removes dead letters from the journal (those `which` selects), and returns how many.
+    ///
+    /// A dead letter is also what tells a new owner that its command is done with: on
+    /// acquisition, an entity's last applied command sequence is the highest command sequence
+    /// among its events and dead letters. Purging one lowers that only for an entity whose
+    /// latest record it was, and matters only if the command itself is delivered again, which
+    /// happens only when the owner stopped between writing the dead letter and terminating the
+    /// command (docs/OPERATIONS.md, "Dead letters").
+    ///
+    /// # Errors
+    /// [`Error::JetStream`] if the server refuses.
+    pub async fn purge_dead_letters(&self, which: DeadLetterPurge) -> Result<u64, Error> {
+        let (_, journal) = self.streams().await?;
+        let filter = match which.partition {
+            Some(partition) => self.names.dead_letter_subject(partition),
+            None => format!("{}.dlq.*", self.names.entity_type),
+        };
+        let context = || format!("purge {filter}");
+        let purged = match which.up_to {
+            // The server purges below its `seq`: `up_to` itself goes too.
+            Some(seq) => {
+                journal
+                    .purge()
+                    .filter(filter.clone())
+                    .sequence(seq.saturating_add(1))
+                    .await
+            }
+            None => journal.purge().filter(filter.clone()).await,
+        }
+        .map_err(|e| Error::jetstream(context(), e))?;
+        Ok(purged.purged)
     }
 }

@@ -324,8 +324,16 @@ impl ShardConfigBuilder {
         for (field, duration, reason) in [
             ("passivate_after", c.passivate_after, "must be above zero"),
             ("write_timeout", c.write_timeout, "must be above zero"),
-            ("max_entity_restarts", c.restart_window, "the window must be above zero"),
-            ("max_owner_restarts", c.owner_restart_window, "the window must be above zero"),
+            (
+                "max_entity_restarts",
+                c.restart_window,
+                "the window must be above zero",
+            ),
+            (
+                "max_owner_restarts",
+                c.owner_restart_window,
+                "the window must be above zero",
+            ),
         ] {
             if duration.is_zero() {
                 return fail(field, reason);
