@@ -17,6 +17,7 @@ pub fn init_tracing() {
 pub mod journal;
 pub mod ledger;
 pub mod node;
+pub mod secure;
 
 use std::time::Duration;
 
