@@ -238,6 +238,30 @@ fn client_permissions(entity_type: &str, inbox: &str) -> String {
     )
 }
 
+/// An operator of `entity_type` (`jetshard::admin`, the `jetshard` command: status, pause,
+/// resume, unpin, dead letters listed, replayed and purged), as `docs/SECURITY.md` lists it.
+fn operator_permissions(entity_type: &str, inbox: &str) -> String {
+    let t = entity_type;
+    let upper = t.to_ascii_uppercase().replace('-', "_");
+    let (cmd, journal) = (format!("{upper}_CMD"), format!("{upper}_JOURNAL"));
+    let publish = [
+        format!("$JS.API.STREAM.INFO.{cmd}"),
+        format!("$JS.API.STREAM.INFO.{journal}"),
+        format!("$JS.API.CONSUMER.INFO.{cmd}.*"),
+        format!("$JS.API.STREAM.MSG.GET.{journal}"),
+        format!("$JS.API.CONSUMER.PAUSE.{cmd}.*"),
+        format!("$JS.API.CONSUMER.UNPIN.{cmd}.*"),
+        format!("$JS.API.CONSUMER.CREATE.{journal}"),
+        format!("$JS.API.CONSUMER.CREATE.{journal}.>"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{journal}.*"),
+        format!("{t}.cmd.*"),
+        format!("$JS.API.STREAM.PURGE.{journal}"),
+    ]
+    .map(|s| format!("\"{s}\""))
+    .join(", ");
+    format!("{{ publish: {{ allow: [{publish}] }}, subscribe: {{ allow: [\"{inbox}.>\"] }} }}")
+}
+
 /// One account with JetStream and the users of the permission tests.
 fn permissions_config() -> String {
     format!(
@@ -248,6 +272,7 @@ fn permissions_config() -> String {
          {{ user: ledger_client, password: ledger_client, permissions: {} }}\n\
          {{ user: parcel, password: parcel, permissions: {} }}\n\
          {{ user: parcel_client, password: parcel_client, permissions: {} }}\n\
+         {{ user: ledger_operator, password: ledger_operator, permissions: {} }}\n\
          ]\n  }}\n}}\n",
         node_permissions("ledger", true, "_INBOX_ledger", "_INBOX_ledger_client"),
         node_permissions(
@@ -259,6 +284,7 @@ fn permissions_config() -> String {
         client_permissions("ledger", "_INBOX_ledger_client"),
         node_permissions("parcel", true, "_INBOX_parcel", "_INBOX_parcel_client"),
         client_permissions("parcel", "_INBOX_parcel_client"),
+        operator_permissions("ledger", "_INBOX_ledger_operator"),
     )
 }
 
@@ -335,6 +361,86 @@ async fn a_node_with_only_the_documented_permissions_answers_a_request() {
         matches!(rejected, jetshard::CommandOutcome::Rejected { .. }),
         "{rejected:?}"
     );
+    system.shutdown().await.unwrap();
+    assert_eq!(violations(&server), Vec::<String>::new());
+}
+
+/// Runs `jetshard --json <args>` as the user `ledger_operator`, and parses its output.
+async fn as_operator(url: &str, args: &[&str]) -> serde_json::Value {
+    let mut out = Vec::new();
+    let argv = [
+        "jetshard",
+        "--nats-url",
+        url,
+        "--user",
+        "ledger_operator",
+        "--password",
+        "ledger_operator",
+        "--inbox-prefix",
+        "_INBOX_ledger_operator",
+        "--json",
+    ]
+    .into_iter()
+    .chain(args.iter().copied());
+    jetshard_cli::run(argv, &mut out)
+        .await
+        .unwrap_or_else(|e| panic!("{args:?}: {e:#}"));
+    serde_json::from_slice(&out).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_with_only_the_documented_permissions_runs_every_admin_command() {
+    init_tracing();
+    let server = permissions_server().await;
+    let url = server.url();
+    let config = config("ledger");
+    let node = user("ledger").connect(&url).await.unwrap();
+    let system = ShardSystem::start::<Ledger>(node, config.clone())
+        .await
+        .unwrap();
+    // A command, and a body that is no command: a dead letter.
+    let client = user("ledger_client").connect(&url).await.unwrap();
+    CommandSender::<Ledger>::new(client.clone(), &config)
+        .send("a", &LedgerCmd::Append { n: 0 })
+        .await
+        .unwrap();
+    let js = jetstream::new(client);
+    js.publish("ledger.cmd.a", "no command".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let dead_lettered = || async {
+        let status = system.status().await.unwrap();
+        status.iter().map(|p| p.dead_lettered).sum::<u64>()
+    };
+    wait_until(Duration::from_secs(15), "a dead letter", || async {
+        dead_lettered().await == 1
+    })
+    .await
+    .unwrap();
+
+    // The `jetshard` command as the operator, connected with the flags a secured server needs.
+    let status = as_operator(&url, &["status", "ledger"]).await;
+    assert_eq!(status.as_array().unwrap().len(), 2, "{status}");
+    as_operator(&url, &["pause", "ledger", "0", "--for-secs", "60"]).await;
+    as_operator(&url, &["resume", "ledger", "0"]).await;
+    as_operator(&url, &["unpin", "ledger", "1"]).await;
+    let letters = as_operator(&url, &["dead-letters", "ledger"]).await;
+    let seq = letters[0]["seq"].as_u64().unwrap();
+    // Replayed as it is, it is dead-lettered again.
+    let seq = seq.to_string();
+    let replayed = as_operator(&url, &["dead-letters", "replay", "ledger", &seq]).await;
+    assert_eq!(replayed["duplicate"], false, "{replayed}");
+    wait_until(
+        Duration::from_secs(15),
+        "the replay dead-lettered",
+        || async { dead_lettered().await == 2 },
+    )
+    .await
+    .unwrap();
+    let purged = as_operator(&url, &["dead-letters", "purge", "ledger"]).await;
+    assert_eq!(purged["purged"], 2, "{purged}");
     system.shutdown().await.unwrap();
     assert_eq!(violations(&server), Vec::<String>::new());
 }
