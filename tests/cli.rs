@@ -105,6 +105,24 @@ async fn jetshard_json(args: &[&str]) -> Value {
         .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&out)))
 }
 
+/// Waits until no command of the ledger is pending or unacknowledged: every partition's ack
+/// floor is at its last delivery.
+async fn drained(client: &async_nats::Client) {
+    let admin = jetshard::admin::Admin::new(client.clone(), "ledger");
+    wait_until(
+        Duration::from_secs(15),
+        "every command acknowledged",
+        || async {
+            let overview = admin.overview().await.unwrap();
+            overview
+                .iter()
+                .all(|p| p.pending == 0 && p.ack_pending == 0)
+        },
+    )
+    .await
+    .unwrap();
+}
+
 /// The dead letters of the ledger, as `dead-letters --json` lists them.
 async fn dead_letters(url: &str) -> Vec<Value> {
     let letters = jetshard_json(&["--nats-url", url, "dead-letters", "ledger"]).await;
@@ -234,7 +252,9 @@ async fn a_dead_letter_is_replayed_once_as_a_new_command_and_dead_letters_are_pu
         "{error:#}"
     );
 
-    // Purge: one partition up to a sequence, then everything.
+    // Purge: one partition up to a sequence, then everything. (Every command is acknowledged
+    // by now; a dead letter whose command is not stays: the next test.)
+    drained(&client).await;
     let second = letter("late-1");
     let (partition, second_seq) = (second["partition"].to_string(), second["seq"].to_string());
     let purge = [
@@ -249,7 +269,11 @@ async fn a_dead_letter_is_replayed_once_as_a_new_command_and_dead_letters_are_pu
         &second_seq,
     ];
     let purged = jetshard_json(&purge).await;
-    assert_eq!(purged["purged"], 1, "{purged}");
+    assert_eq!(
+        (&purged["purged"], &purged["kept"]),
+        (&1.into(), &0.into()),
+        "{purged}"
+    );
     let left = dead_letters(&url).await;
     assert_eq!(left.len(), 1, "{left:#?}");
     assert_eq!(left[0]["entity"], "late-0");
@@ -372,5 +396,74 @@ async fn the_admin_command_reaches_a_server_that_requires_creds_and_tls() {
     )
     .await;
     assert!(refused.is_err(), "connected without creds");
+    system.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_keeps_a_dead_letter_whose_command_could_still_come_back() {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let url = server.url();
+    let client = server.connect().await.unwrap();
+    // One partition. A command that panics at every delivery is retried for a long while (50
+    // deliveries here), and holds the partition's ack floor below it meanwhile.
+    let patient = ledger_config(1, "node-a").max_deliver(50).build().unwrap();
+    let system = ShardSystem::start::<Ledger>(client.clone(), patient)
+        .await
+        .unwrap();
+    let config = system.config().clone();
+    CommandSender::<Ledger>::new(client.clone(), &config)
+        .send("stuck", &LedgerCmd::Panic)
+        .await
+        .unwrap();
+    // A body that is no command, after it: dead-lettered and terminated at once, but above
+    // the floor. A new owner would read it back from the stream with the rest of the window,
+    // and only its dead letter says it is done.
+    jetstream::new(client.clone())
+        .publish("ledger.cmd.bad", "no command".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(15), "a dead letter", || async {
+        let status = system.status().await.unwrap();
+        status.iter().map(|p| p.dead_lettered).sum::<u64>() == 1
+    })
+    .await
+    .unwrap();
+    let purge = ["--nats-url", &url, "dead-letters", "purge", "ledger"];
+    let purged = jetshard_json(&purge).await;
+    assert_eq!(
+        (&purged["purged"], &purged["kept"]),
+        (&0.into(), &1.into()),
+        "{purged}"
+    );
+    assert_eq!(dead_letters(&url).await.len(), 1);
+    system.shutdown().await.unwrap();
+
+    // A node that gives up at the first failure (max_deliver is each process's own): the
+    // stuck command is dead-lettered too, the floor passes both, and both dead letters go.
+    let hasty = ledger_config(1, "node-b").max_deliver(1).build().unwrap();
+    let system = ShardSystem::start::<Ledger>(client.clone(), hasty)
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(15),
+        "the stuck command given up",
+        || async {
+            let status = system.status().await.unwrap();
+            status.iter().map(|p| p.dead_lettered).sum::<u64>() == 1
+        },
+    )
+    .await
+    .unwrap();
+    drained(&client).await;
+    let purged = jetshard_json(&purge).await;
+    assert_eq!(
+        (&purged["purged"], &purged["kept"]),
+        (&2.into(), &0.into()),
+        "{purged}"
+    );
+    assert_eq!(dead_letters(&url).await, Vec::<Value>::new());
     system.shutdown().await.unwrap();
 }

@@ -106,7 +106,8 @@ enum DeadLetterAction {
         /// The dead letter's journal sequence (`seq` in the list).
         seq: u64,
     },
-    /// Remove dead letters from the journal (see docs/OPERATIONS.md before you do).
+    /// Remove dead letters from the journal, except those whose command is not acknowledged
+    /// yet (see docs/OPERATIONS.md).
     Purge {
         /// The entity type.
         entity_type: String,
@@ -242,13 +243,21 @@ async fn dead_letters(
             if let Some(upto) = upto {
                 which = which.up_to(upto);
             }
-            let purged = Admin::new(client, &entity_type)
+            let done = Admin::new(client, &entity_type)
                 .purge_dead_letters(which)
                 .await?;
+            let mut text = format!("purged {} dead letters of {entity_type}", done.purged);
+            if done.kept > 0 {
+                text += &format!(
+                    "; kept {}: their commands are not acknowledged yet and would be handled \
+                     again without them (purge again once the partition has caught up)",
+                    done.kept
+                );
+            }
             Report::Done {
-                text: format!("purged {purged} dead letters of {entity_type}"),
+                text,
                 json: json!({"entity_type": entity_type, "partition": partition,
-                             "upto": upto, "purged": purged}),
+                             "upto": upto, "purged": done.purged, "kept": done.kept}),
             }
         }
     })

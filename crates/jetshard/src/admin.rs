@@ -1,6 +1,7 @@
 //! Operating an entity type from any process: who owns which partition, backlogs, pause and
 //! resume, moving a pin, dead letters. Reads and asks the server; needs no running system.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_nats::Client;
@@ -103,6 +104,17 @@ impl DeadLetterPurge {
         self.up_to = Some(seq);
         self
     }
+}
+
+/// What [`Admin::purge_dead_letters`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Purged {
+    /// Dead letters removed.
+    pub purged: u64,
+    /// Dead letters selected but kept: their command is above its partition's ack floor and
+    /// could be handled again without them. Purge again once the partition has caught up.
+    pub kept: u64,
 }
 
 /// The journal record named for a replay is not a dead letter of the entity type.
@@ -353,36 +365,80 @@ impl Admin {
         })
     }
 
-    /// Removes dead letters from the journal (those `which` selects), and returns how many.
+    /// Removes the dead letters `which` selects from the journal, except those whose command
+    /// could still come back; returns how many went and how many stayed.
     ///
     /// A dead letter is also what tells a new owner that its command is done with: on
-    /// acquisition, an entity's last applied command sequence is the highest command sequence
-    /// among its events and dead letters. Purging one lowers that only for an entity whose
-    /// latest record it was, and matters only if the command itself is delivered again, which
-    /// happens only when the owner stopped between writing the dead letter and terminating the
-    /// command (docs/OPERATIONS.md, "Dead letters").
+    /// acquisition, an entity's last handled command is the highest command sequence among its
+    /// events and dead letters, and a new owner reads every command above its partition's ack
+    /// floor back from the stream (the previous owner's in-flight window). So a dead letter is
+    /// kept while its command is above the ack floor of its partition's consumer (its
+    /// termination has not reached the server, or, with limits retention, older commands of
+    /// the partition are still unacknowledged): purged, that command would be handled again.
+    /// Below the floor a command never comes back, and its dead letter is only a report.
+    /// docs/OPERATIONS.md, "Dead letters", has the whole argument.
     ///
     /// # Errors
-    /// [`Error::JetStream`] if the server refuses.
-    pub async fn purge_dead_letters(&self, which: DeadLetterPurge) -> Result<u64, Error> {
-        let (_, journal) = self.streams().await?;
-        let filter = match which.partition {
-            Some(partition) => self.names.dead_letter_subject(partition),
-            None => format!("{}.dlq.*", self.names.entity_type),
+    /// [`Error::JetStream`] if the journal or a consumer cannot be read, or the server refuses
+    /// the purge.
+    pub async fn purge_dead_letters(&self, which: DeadLetterPurge) -> Result<Purged, Error> {
+        let (commands, journal) = self.streams().await?;
+        // Dead letters written after this are not looked at, so not purged.
+        let last = self
+            .js
+            .get_stream(&self.names.journal_stream)
+            .await
+            .map_err(|e| Error::jetstream(format!("read {}", self.names.journal_stream), e))?
+            .cached_info()
+            .state
+            .last_sequence;
+        let letters = self.dead_letters().await?;
+        // The list is read in journal order: whatever lies beyond its last record (none after
+        // `last`, unless the read ended early) was not looked at.
+        let Some(examined) = letters.iter().map(|l| l.seq).max() else {
+            return Ok(Purged::default());
         };
-        let context = || format!("purge {filter}");
-        let purged = match which.up_to {
-            // The server purges below its `seq`: `up_to` itself goes too.
-            Some(seq) => {
-                journal
-                    .purge()
-                    .filter(filter.clone())
-                    .sequence(seq.saturating_add(1))
-                    .await
+        let up_to = which.up_to.unwrap_or(u64::MAX).min(last).min(examined);
+        let mut by_partition: BTreeMap<u32, Vec<DeadLetter>> = BTreeMap::new();
+        for letter in letters {
+            if letter.seq <= up_to && which.partition.is_none_or(|p| p == letter.partition) {
+                by_partition
+                    .entry(letter.partition)
+                    .or_default()
+                    .push(letter);
             }
-            None => journal.purge().filter(filter.clone()).await,
         }
-        .map_err(|e| Error::jetstream(context(), e))?;
-        Ok(purged.purged)
+        let mut done = Purged::default();
+        for (partition, letters) in by_partition {
+            let consumer = self.names.consumer(partition);
+            let floor = commands
+                .consumer_info(&consumer)
+                .await
+                .map_err(|e| Error::jetstream(format!("read consumer {consumer}"), e))?
+                .ack_floor
+                .stream_sequence;
+            // Purge below the first dead letter whose command may come back (all of them if
+            // none may); the server's purge takes everything below its `seq`.
+            let below = letters
+                .iter()
+                .filter(|l| l.command_seq > floor)
+                .map(|l| l.seq)
+                .min()
+                .unwrap_or(up_to.saturating_add(1));
+            let going = letters.iter().filter(|l| l.seq < below).count() as u64;
+            done.kept += letters.len() as u64 - going;
+            if going == 0 {
+                continue;
+            }
+            let filter = self.names.dead_letter_subject(partition);
+            let purged = journal
+                .purge()
+                .filter(filter.clone())
+                .sequence(below)
+                .await
+                .map_err(|e| Error::jetstream(format!("purge {filter}"), e))?;
+            done.purged += purged.purged;
+        }
+        Ok(done)
     }
 }
