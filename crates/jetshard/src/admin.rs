@@ -1,5 +1,6 @@
 //! Operating an entity type from any process: who owns which partition, backlogs, pause and
-//! resume, moving a pin, dead letters. Reads and asks the server; needs no running system.
+//! resume, moving a pin, dead letters (listed, replayed, purged). Reads and asks the server;
+//! needs no running system.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
