@@ -1,6 +1,6 @@
 //! The `jetshard` admin command against a running system: status shows owners and generations,
 //! pause and resume take effect, dead letters are listed, replayed and purged, and it reaches a
-//! server that requires a creds file and TLS with a client certificate. (The binary's own exit
+//! server that requires a creds file and TLS (first) with a client certificate. (The binary's own exit
 //! statuses, help and version: `crates/jetshard-cli/tests/exit_status.rs`.)
 
 use std::time::Duration;
@@ -296,9 +296,11 @@ async fn the_admin_command_reaches_a_server_that_requires_creds_and_tls() {
             .require_tls(true)
             .add_root_certificates(path("ca.pem").into())
             .add_client_certificate(path("client.pem").into(), path("client-key.pem").into())
+            .tls_first()
     };
+    // TLS first, too: the server expects the handshake before it says anything.
     let server = NatsServer::builder()
-        .config(format!("{operator_config}{}", tls_config(dir.path())))
+        .config(format!("{operator_config}{}", tls_config(dir.path(), true)))
         .connect_options(options())
         .start()
         .await
@@ -337,6 +339,7 @@ async fn the_admin_command_reaches_a_server_that_requires_creds_and_tls() {
         &cert,
         "--tls-key",
         &key,
+        "--tls-first",
         "status",
         "ledger",
     ])
@@ -365,7 +368,7 @@ async fn the_admin_command_reaches_a_server_that_requires_creds_and_tls() {
     let settings = serde_json::json!({
         "description": "the test server", "url": url, "creds": creds_path, "ca": ca,
         "cert": cert, "key": key, "nkey": "", "token": "", "user": "", "password": "",
-        "jetstream_domain": "", "inbox_prefix": "", "tls_first": false,
+        "jetstream_domain": "", "inbox_prefix": "", "tls_first": true,
     });
     std::fs::write(&context, settings.to_string()).unwrap();
     let context = context.display().to_string();
@@ -375,6 +378,29 @@ async fn the_admin_command_reaches_a_server_that_requires_creds_and_tls() {
         2,
         "{from_context:#}"
     );
+
+    // Without --tls-first, the server does not answer (it waits for a TLS handshake).
+    let mut out = Vec::new();
+    let not_first = jetshard_cli::run(
+        [
+            "jetshard",
+            "--nats-url",
+            &url,
+            "--creds",
+            &creds_path,
+            "--tls-ca",
+            &ca,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "status",
+            "ledger",
+        ],
+        &mut out,
+    )
+    .await;
+    assert!(not_first.is_err(), "connected without TLS first");
 
     // Without the creds, the server refuses.
     let mut out = Vec::new();
@@ -389,6 +415,7 @@ async fn the_admin_command_reaches_a_server_that_requires_creds_and_tls() {
             &cert,
             "--tls-key",
             &key,
+            "--tls-first",
             "status",
             "ledger",
         ],

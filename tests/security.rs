@@ -157,7 +157,7 @@ async fn a_node_connects_over_tls_with_a_client_certificate() {
             .add_root_certificates(path("ca.pem"))
             .add_client_certificate(path("client.pem"), path("client-key.pem"))
     };
-    let server = server(tls_config(dir.path()), tls(ConnectOptions::new())).await;
+    let server = server(tls_config(dir.path(), false), tls(ConnectOptions::new())).await;
     // Without a client certificate the server refuses, even over TLS.
     let no_certificate = ConnectOptions::new()
         .require_tls(true)

@@ -144,11 +144,13 @@ pub fn certificates(dir: &Path) {
 }
 
 /// The server's `tls` block for the certificates [`certificates`] wrote to `dir`, verifying
-/// client certificates.
-pub fn tls_config(dir: &Path) -> String {
+/// client certificates; `handshake_first`: clients must start TLS before the server's INFO
+/// (`ConnectOptions::tls_first`).
+pub fn tls_config(dir: &Path, handshake_first: bool) -> String {
     let path = |name: &str| dir.join(name);
     format!(
-        "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n}}\n",
+        "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n  \
+         handshake_first: {handshake_first}\n}}\n",
         path("server.pem").display(),
         path("server-key.pem").display(),
         path("ca.pem").display()
