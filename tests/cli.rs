@@ -494,3 +494,62 @@ async fn a_purge_keeps_a_dead_letter_whose_command_could_still_come_back() {
     assert_eq!(dead_letters(&url).await, Vec::<Value>::new());
     system.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_command_connects_with_a_token_or_an_nkey_seed_file() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let user = nkeys::KeyPair::new_user();
+    let seed = user.seed().unwrap();
+    let seed_file = dir.path().join("user.nk");
+    std::fs::write(&seed_file, format!("{seed}\n")).unwrap();
+    let seed_file = seed_file.display().to_string();
+    let cases = [
+        (
+            "authorization { token: \"t0k3n\" }\n".to_owned(),
+            ConnectOptions::with_token("t0k3n".into()),
+            ["--token", "t0k3n"],
+        ),
+        (
+            format!(
+                "authorization {{ users: [ {{ nkey: {} }} ] }}\n",
+                user.public_key()
+            ),
+            ConnectOptions::with_nkey(seed.clone()),
+            ["--nkey", seed_file.as_str()],
+        ),
+    ];
+    for (server_config, options, flags) in cases {
+        let server = NatsServer::builder()
+            .config(server_config)
+            .connect_options(options.clone())
+            .start()
+            .await
+            .unwrap();
+        let url = server.url();
+        // The streams exist: a system started and stopped.
+        let client = options.connect(&url).await.unwrap();
+        let config = ledger_config(2, "node-a").build().unwrap();
+        ShardSystem::start::<Ledger>(client, config)
+            .await
+            .unwrap()
+            .shutdown()
+            .await
+            .unwrap();
+        let args = [
+            "--nats-url",
+            url.as_str(),
+            flags[0],
+            flags[1],
+            "status",
+            "ledger",
+        ];
+        let status = jetshard_json(&args).await;
+        assert_eq!(status.as_array().unwrap().len(), 2, "{flags:?}: {status}");
+        // Without the flags, the server refuses.
+        let mut out = Vec::new();
+        let anonymous = ["jetshard", "--nats-url", url.as_str(), "status", "ledger"];
+        let refused = jetshard_cli::run(anonymous, &mut out).await;
+        assert!(refused.is_err(), "{flags:?}: an anonymous client got in");
+    }
+}
