@@ -2,9 +2,8 @@
 //! (operator mode, JWTs made here) and TLS with a client certificate (certificates made here),
 //! all passed straight through `async_nats::ConnectOptions`; and a node holding only the
 //! permissions `docs/SECURITY.md` lists runs its entity type, while a node of another entity
-//! type cannot touch its streams.
+//! type cannot touch its streams, and answers a client's request.
 
-use std::path::Path;
 use std::time::Duration;
 
 use async_nats::ConnectOptions;
@@ -13,6 +12,7 @@ use jetshard::{CommandSender, ShardConfig, ShardSystem};
 use jetshard_testkit::{NatsServer, wait_until};
 use jetshard_tests::ledger::{Ledger, LedgerCmd};
 use jetshard_tests::node::{Node, NodeOptions, NodeSpec};
+use jetshard_tests::secure::{certificates, operator_setup, tls_config};
 use jetshard_tests::{applied, counts, init_tracing};
 
 /// The ledger's config for these tests; `entity_type` lets one test run two types.
@@ -120,107 +120,6 @@ async fn a_node_connects_with_an_nkey() {
     .await;
 }
 
-/// base64url without padding, as JWTs are written.
-fn base64url(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..=chunk.len() {
-            out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
-        }
-    }
-    out
-}
-
-/// A NATS JWT (`ed25519-nkey`) for `subject`, signed by `issuer`.
-fn jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, nats: serde_json::Value) -> String {
-    let header = base64url(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
-    let issued_at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let claims = serde_json::json!({
-        "jti": format!("{name}{issued_at}"),
-        "iat": issued_at,
-        "iss": issuer.public_key(),
-        "name": name,
-        "sub": subject,
-        "nats": nats,
-    });
-    let payload = base64url(&serde_json::to_vec(&claims).unwrap());
-    let signing_input = format!("{header}.{payload}");
-    let signature = issuer.sign(signing_input.as_bytes()).unwrap();
-    format!("{signing_input}.{}", base64url(&signature))
-}
-
-/// Operator mode: an operator, an account with JetStream (and the system account), a user;
-/// returns the server
-/// configuration and the user's creds file contents.
-fn operator_setup() -> (String, String) {
-    let operator = nkeys::KeyPair::new_operator();
-    let account = nkeys::KeyPair::new_account();
-    let user = nkeys::KeyPair::new_user();
-    let operator_jwt = jwt(
-        &operator,
-        &operator.public_key(),
-        "jetshard-test-operator",
-        serde_json::json!({"type": "operator", "version": 2}),
-    );
-    let account_jwt = jwt(
-        &operator,
-        &account.public_key(),
-        "APP",
-        serde_json::json!({
-            "type": "account", "version": 2,
-            "limits": {
-                "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
-                "wildcards": true, "conn": -1, "leaf": -1,
-                "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1
-            },
-            "default_permissions": {"pub": {}, "sub": {}}
-        }),
-    );
-    let user_jwt = jwt(
-        &account,
-        &user.public_key(),
-        "node",
-        serde_json::json!({
-            "type": "user", "version": 2,
-            "pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1
-        }),
-    );
-    // JetStream needs a system account.
-    let system = nkeys::KeyPair::new_account();
-    let system_jwt = jwt(
-        &operator,
-        &system.public_key(),
-        "SYS",
-        serde_json::json!({"type": "account", "version": 2}),
-    );
-    let config = format!(
-        "operator: \"{operator_jwt}\"\nsystem_account: {}\nresolver: MEMORY\n\
-         resolver_preload: {{\n  {}: \"{account_jwt}\"\n  {}: \"{system_jwt}\"\n}}\n",
-        system.public_key(),
-        account.public_key(),
-        system.public_key()
-    );
-    let creds = format!(
-        "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
-         ************************* IMPORTANT *************************\n\
-         NKEY Seed printed below can be used to sign and prove identity.\n\n\
-         -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n\n\
-         *************************************************************\n",
-        user.seed().unwrap()
-    );
-    (config, creds)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_connects_with_a_creds_file() {
     init_tracing();
@@ -239,45 +138,6 @@ async fn a_node_connects_with_a_creds_file() {
     runs("ledger", client.clone(), client).await;
 }
 
-/// A CA, and a server and a client certificate it signed, as PEM files in `dir`.
-fn certificates(dir: &Path) {
-    use rcgen::{
-        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
-        IsCa, KeyPair, KeyUsagePurpose,
-    };
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    ca.distinguished_name
-        .push(DnType::CommonName, "jetshard test CA");
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
-    for (name, usage, names) in [
-        (
-            "server",
-            ExtendedKeyUsagePurpose::ServerAuth,
-            vec!["127.0.0.1".to_owned(), "localhost".to_owned()],
-        ),
-        (
-            "client",
-            ExtendedKeyUsagePurpose::ClientAuth,
-            vec!["node".to_owned()],
-        ),
-    ] {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(names).unwrap();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.extended_key_usages = vec![usage];
-        let cert = params.signed_by(&key, &ca).unwrap();
-        std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
-        std::fs::write(dir.join(format!("{name}-key.pem")), key.serialize_pem()).unwrap();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_connects_over_tls_with_a_client_certificate() {
     init_tracing();
@@ -290,13 +150,7 @@ async fn a_node_connects_over_tls_with_a_client_certificate() {
             .add_root_certificates(path("ca.pem"))
             .add_client_certificate(path("client.pem"), path("client-key.pem"))
     };
-    let config = format!(
-        "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n}}\n",
-        path("server.pem").display(),
-        path("server-key.pem").display(),
-        path("ca.pem").display()
-    );
-    let server = server(config, tls(ConnectOptions::new())).await;
+    let server = server(tls_config(dir.path(), false), tls(ConnectOptions::new())).await;
     // Without a client certificate the server refuses, even over TLS.
     let no_certificate = ConnectOptions::new()
         .require_tls(true)
@@ -318,8 +172,9 @@ async fn a_node_connects_over_tls_with_a_client_certificate() {
 
 /// The permissions of a node of `entity_type`, as `docs/SECURITY.md` lists them, as a
 /// `nats-server` configuration `permissions` block. `provision` adds what creating the
-/// streams and consumers needs; `inbox` is the node's inbox prefix.
-fn node_permissions(entity_type: &str, provision: bool, inbox: &str) -> String {
+/// streams and consumers needs; `inbox` is the node's inbox prefix, `replies` its clients'
+/// (where it publishes the outcomes `CommandSender::request` waits for).
+fn node_permissions(entity_type: &str, provision: bool, inbox: &str, replies: &str) -> String {
     let t = entity_type;
     let upper = t.to_ascii_uppercase().replace('-', "_");
     let (cmd, journal) = (format!("{upper}_CMD"), format!("{upper}_JOURNAL"));
@@ -346,6 +201,12 @@ fn node_permissions(entity_type: &str, provision: bool, inbox: &str) -> String {
         format!("{t}.dlq.*"),
         // Heartbeats between the entity type's processes (partition balance).
         format!("{t}.nodes"),
+        // Asking whether an earlier owner's process is still there (on a takeover), and
+        // answering such asks of other nodes, in their inboxes.
+        format!("{t}.alive.*"),
+        format!("{inbox}.>"),
+        // Outcomes of commands sent with `Jetshard-Reply-To` (`CommandSender::request`).
+        format!("{replies}.>"),
     ];
     if provision {
         publish.extend([
@@ -362,7 +223,7 @@ fn node_permissions(entity_type: &str, provision: bool, inbox: &str) -> String {
             .join(", ")
     };
     format!(
-        "{{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [\"{inbox}.>\", \"{t}.nodes\"] }} }}",
+        "{{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [\"{inbox}.>\", \"{t}.nodes\", \"{t}.alive.*\", \"{t}.status\"] }} }}",
         quoted(&publish)
     )
 }
@@ -372,6 +233,30 @@ fn client_permissions(entity_type: &str, inbox: &str) -> String {
     format!(
         "{{ publish: {{ allow: [\"{entity_type}.cmd.*\"] }}, subscribe: {{ allow: [\"{inbox}.>\"] }} }}"
     )
+}
+
+/// An operator of `entity_type` (`jetshard::admin`, the `jetshard` command: status, pause,
+/// resume, unpin, dead letters listed, replayed and purged), as `docs/SECURITY.md` lists it.
+fn operator_permissions(entity_type: &str, inbox: &str) -> String {
+    let t = entity_type;
+    let upper = t.to_ascii_uppercase().replace('-', "_");
+    let (cmd, journal) = (format!("{upper}_CMD"), format!("{upper}_JOURNAL"));
+    let publish = [
+        format!("$JS.API.STREAM.INFO.{cmd}"),
+        format!("$JS.API.STREAM.INFO.{journal}"),
+        format!("$JS.API.CONSUMER.INFO.{cmd}.*"),
+        format!("$JS.API.STREAM.MSG.GET.{journal}"),
+        format!("$JS.API.CONSUMER.PAUSE.{cmd}.*"),
+        format!("$JS.API.CONSUMER.UNPIN.{cmd}.*"),
+        format!("$JS.API.CONSUMER.CREATE.{journal}"),
+        format!("$JS.API.CONSUMER.CREATE.{journal}.>"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{journal}.*"),
+        format!("{t}.cmd.*"),
+        format!("$JS.API.STREAM.PURGE.{journal}"),
+    ]
+    .map(|s| format!("\"{s}\""))
+    .join(", ");
+    format!("{{ publish: {{ allow: [{publish}] }}, subscribe: {{ allow: [\"{inbox}.>\"] }} }}")
 }
 
 /// One account with JetStream and the users of the permission tests.
@@ -384,12 +269,19 @@ fn permissions_config() -> String {
          {{ user: ledger_client, password: ledger_client, permissions: {} }}\n\
          {{ user: parcel, password: parcel, permissions: {} }}\n\
          {{ user: parcel_client, password: parcel_client, permissions: {} }}\n\
+         {{ user: ledger_operator, password: ledger_operator, permissions: {} }}\n\
          ]\n  }}\n}}\n",
-        node_permissions("ledger", true, "_INBOX_ledger"),
-        node_permissions("ledger", false, "_INBOX_ledger_runtime"),
+        node_permissions("ledger", true, "_INBOX_ledger", "_INBOX_ledger_client"),
+        node_permissions(
+            "ledger",
+            false,
+            "_INBOX_ledger_runtime",
+            "_INBOX_ledger_client"
+        ),
         client_permissions("ledger", "_INBOX_ledger_client"),
-        node_permissions("parcel", true, "_INBOX_parcel"),
+        node_permissions("parcel", true, "_INBOX_parcel", "_INBOX_parcel_client"),
         client_permissions("parcel", "_INBOX_parcel_client"),
+        operator_permissions("ledger", "_INBOX_ledger_operator"),
     )
 }
 
@@ -434,6 +326,137 @@ async fn nodes_with_only_the_documented_permissions_run_their_entity_types() {
         connect("parcel_client").await,
     );
     futures::future::join(ledger, parcel).await;
+    assert_eq!(violations(&server), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_only_the_documented_permissions_answers_a_request() {
+    init_tracing();
+    let server = permissions_server().await;
+    let config = config("ledger");
+    let node = user("ledger").connect(server.url()).await.unwrap();
+    let system = ShardSystem::start::<Ledger>(node, config.clone())
+        .await
+        .unwrap();
+    let client = user("ledger_client").connect(server.url()).await.unwrap();
+    let sender = CommandSender::<Ledger>::new(client, &config);
+    // The node publishes each outcome to the client's inbox (`Jetshard-Reply-To`).
+    let timeout = Duration::from_secs(10);
+    let applied = sender
+        .request("r", &LedgerCmd::Append { n: 0 }, timeout)
+        .await
+        .unwrap();
+    assert!(
+        matches!(applied, jetshard::CommandOutcome::Applied { events: 1, .. }),
+        "{applied:?}"
+    );
+    let rejected = sender
+        .request("r", &LedgerCmd::Refuse, timeout)
+        .await
+        .unwrap();
+    assert!(
+        matches!(rejected, jetshard::CommandOutcome::Rejected { .. }),
+        "{rejected:?}"
+    );
+    system.shutdown().await.unwrap();
+    assert_eq!(violations(&server), Vec::<String>::new());
+}
+
+/// Runs `jetshard --json <args>` as the user `ledger_operator`, and parses its output.
+async fn as_operator(url: &str, args: &[&str]) -> serde_json::Value {
+    let mut out = Vec::new();
+    let argv = [
+        "jetshard",
+        "--nats-url",
+        url,
+        "--user",
+        "ledger_operator",
+        "--password",
+        "ledger_operator",
+        "--inbox-prefix",
+        "_INBOX_ledger_operator",
+        "--json",
+    ]
+    .into_iter()
+    .chain(args.iter().copied());
+    jetshard_cli::run(argv, &mut out)
+        .await
+        .unwrap_or_else(|e| panic!("{args:?}: {e:#}"));
+    serde_json::from_slice(&out).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_with_only_the_documented_permissions_runs_every_admin_command() {
+    init_tracing();
+    let server = permissions_server().await;
+    let url = server.url();
+    let config = config("ledger");
+    let node = user("ledger").connect(&url).await.unwrap();
+    let system = ShardSystem::start::<Ledger>(node, config.clone())
+        .await
+        .unwrap();
+    // A command, and a body that is no command: a dead letter.
+    let client = user("ledger_client").connect(&url).await.unwrap();
+    CommandSender::<Ledger>::new(client.clone(), &config)
+        .send("a", &LedgerCmd::Append { n: 0 })
+        .await
+        .unwrap();
+    let js = jetstream::new(client);
+    js.publish("ledger.cmd.a", "no command".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let dead_lettered = || async {
+        let status = system.status().await.unwrap();
+        status.iter().map(|p| p.dead_lettered).sum::<u64>()
+    };
+    wait_until(Duration::from_secs(15), "a dead letter", || async {
+        dead_lettered().await == 1
+    })
+    .await
+    .unwrap();
+
+    // The `jetshard` command as the operator, connected with the flags a secured server needs.
+    let status = as_operator(&url, &["status", "ledger"]).await;
+    assert_eq!(status.as_array().unwrap().len(), 2, "{status}");
+    as_operator(&url, &["pause", "ledger", "0", "--for-secs", "60"]).await;
+    as_operator(&url, &["resume", "ledger", "0"]).await;
+    as_operator(&url, &["unpin", "ledger", "1"]).await;
+    let letters = as_operator(&url, &["dead-letters", "ledger"]).await;
+    let seq = letters[0]["seq"].as_u64().unwrap();
+    // Replayed as it is, it is dead-lettered again.
+    let seq = seq.to_string();
+    let replayed = as_operator(&url, &["dead-letters", "replay", "ledger", &seq]).await;
+    assert_eq!(replayed["duplicate"], false, "{replayed}");
+    wait_until(
+        Duration::from_secs(15),
+        "the replay dead-lettered",
+        || async { dead_lettered().await == 2 },
+    )
+    .await
+    .unwrap();
+    // Once the replay's termination has reached the server, both go.
+    let admin = jetshard::admin::Admin::new(user("admin").connect(&url).await.unwrap(), "ledger");
+    wait_until(
+        Duration::from_secs(15),
+        "every command acknowledged",
+        || async {
+            let overview = admin.overview().await.unwrap();
+            overview
+                .iter()
+                .all(|p| p.pending == 0 && p.ack_pending == 0)
+        },
+    )
+    .await
+    .unwrap();
+    let purged = as_operator(&url, &["dead-letters", "purge", "ledger"]).await;
+    assert_eq!(
+        (&purged["purged"], &purged["kept"]),
+        (&2.into(), &0.into()),
+        "{purged}"
+    );
+    system.shutdown().await.unwrap();
     assert_eq!(violations(&server), Vec::<String>::new());
 }
 

@@ -61,6 +61,7 @@ pub mod ledger;
 pub mod model;
 pub mod node;
 pub mod scenario;
+pub mod secure;
 
 pub use scenario::{Scenario, describe_consumers, provision, wait_drained};
 

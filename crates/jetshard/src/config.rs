@@ -213,6 +213,10 @@ impl ShardConfigBuilder {
     /// and hands its state back to the partition's owner, which keeps it in a compact map
     /// (tens of bytes beyond the state, against kilobytes for a live actor) until the entity's
     /// next command starts a new actor with it.
+    ///
+    /// Passivation frees the actor only, never the state: every entity of a partition this
+    /// process owns stays in memory, passivated or not (unlike Akka, where a passivated entity
+    /// leaves memory). Memory is bounded by the entities owned, not by the active ones.
     pub fn passivate_after(mut self, idle: Duration) -> Self {
         self.config.passivate_after = idle;
         self
@@ -315,12 +319,25 @@ impl ShardConfigBuilder {
                 "must be at least ack_wait * max_deliver",
             );
         }
-        if c.passivate_after.is_zero()
-            || c.write_timeout.is_zero()
-            || c.restart_window.is_zero()
-            || c.owner_restart_window.is_zero()
-        {
-            return fail("passivate_after", "durations must be above zero");
+        // Each zero duration names its own builder setting (the windows are the second
+        // argument of the escalation settings).
+        for (field, duration, reason) in [
+            ("passivate_after", c.passivate_after, "must be above zero"),
+            ("write_timeout", c.write_timeout, "must be above zero"),
+            (
+                "max_entity_restarts",
+                c.restart_window,
+                "the window must be above zero",
+            ),
+            (
+                "max_owner_restarts",
+                c.owner_restart_window,
+                "the window must be above zero",
+            ),
+        ] {
+            if duration.is_zero() {
+                return fail(field, reason);
+            }
         }
         Ok(c)
     }
@@ -364,6 +381,33 @@ mod tests {
         ];
         for (builder, field) in cases {
             assert_eq!(builder.build().unwrap_err().field, field);
+        }
+    }
+
+    #[test]
+    fn a_zero_duration_names_its_own_setting() {
+        let cases = [
+            (
+                ShardConfig::builder("order").passivate_after(Duration::ZERO),
+                "passivate_after",
+            ),
+            (
+                ShardConfig::builder("order").write_timeout(Duration::ZERO),
+                "write_timeout",
+            ),
+            (
+                ShardConfig::builder("order").max_entity_restarts(3, Duration::ZERO),
+                "max_entity_restarts",
+            ),
+            (
+                ShardConfig::builder("order").max_owner_restarts(3, Duration::ZERO),
+                "max_owner_restarts",
+            ),
+        ];
+        for (builder, field) in cases {
+            let error = builder.build().unwrap_err();
+            assert_eq!(error.field, field, "{error}");
+            assert!(error.reason.contains("above zero"), "{error}");
         }
     }
 }

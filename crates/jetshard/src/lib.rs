@@ -18,7 +18,80 @@
 //!
 //! Start with [`ShardConfig::builder`] and [`ShardSystem::start`]; send commands with
 //! [`CommandSender`] or any NATS client (see `docs/WIRE.md`).
+//!
+//! # Example
+//!
+//! An account entity, run by this process (start the same program on other machines and they
+//! share the partitions), and one command sent and answered. It needs a `nats-server` 2.11+
+//! with JetStream (`nats-server -js`).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use jetshard::{CommandOutcome, CommandSender, Entity, ShardConfig, ShardSystem};
+//! use serde::{Deserialize, Serialize};
+//!
+//! struct Account;
+//!
+//! #[derive(Serialize, Deserialize)]
+//! enum Command { Deposit(u64), Withdraw(u64) }
+//!
+//! #[derive(Serialize, Deserialize)]
+//! enum Event { Deposited(u64), Withdrew(u64) }
+//!
+//! impl Entity for Account {
+//!     type Command = Command;
+//!     type Event = Event;
+//!     type State = u64; // the balance
+//!     type Rejection = String;
+//!
+//!     fn decide(balance: &u64, command: Command) -> Result<Vec<Event>, String> {
+//!         match command {
+//!             Command::Deposit(n) => Ok(vec![Event::Deposited(n)]),
+//!             Command::Withdraw(n) if n <= *balance => Ok(vec![Event::Withdrew(n)]),
+//!             Command::Withdraw(_) => Err("insufficient funds".into()),
+//!         }
+//!     }
+//!
+//!     fn apply(balance: &mut u64, event: &Event) {
+//!         match event {
+//!             Event::Deposited(n) => *balance += n,
+//!             Event::Withdrew(n) => *balance -= n,
+//!         }
+//!     }
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // The re-exported client: the very version jetshard is built against.
+//!     let client = jetshard::async_nats::connect("nats://127.0.0.1:4222").await?;
+//!     let config = ShardConfig::builder("account").partitions(16).build()?;
+//!     let system = ShardSystem::start::<Account>(client.clone(), config.clone()).await?;
+//!
+//!     let sender = CommandSender::<Account>::new(client, &config);
+//!     let outcome = sender
+//!         .request("acc-17", &Command::Deposit(100), Duration::from_secs(5))
+//!         .await?;
+//!     assert!(matches!(outcome, CommandOutcome::Applied { events: 1, .. }));
+//!
+//!     // Drains, acknowledges, and hands this process's partitions to the others at once.
+//!     system.shutdown().await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! # Versions of async-nats and ractor
+//!
+//! Both appear in jetshard's signatures ([`ShardSystem::start`] takes an
+//! [`async_nats::Client`], [`ShardSystem::start_linked`] a [`ractor::ActorCell`]) and are
+//! re-exported: use `jetshard::async_nats` and `jetshard::ractor`, or depend on the same minor
+//! versions (async-nats 0.51, ractor 0.16), so that the types are the same.
 #![deny(missing_docs)]
+
+/// The NATS client jetshard is built on; its types appear in jetshard's API.
+pub use async_nats;
+/// The actor runtime jetshard is built on; its types appear in jetshard's API.
+pub use ractor;
 
 pub mod admin;
 mod balance;

@@ -37,6 +37,10 @@ pub const HDR_BATCH_SEQUENCE: &str = "Nats-Batch-Sequence";
 pub const HDR_BATCH_COMMIT: &str = "Nats-Batch-Commit";
 /// Server header for de-duplication.
 pub const HDR_MSG_ID: &str = "Nats-Msg-Id";
+/// Header on a command an operator replayed from a dead letter (`Admin::replay`): the dead
+/// letter's journal sequence. Its `Nats-Msg-Id` is `<t>:replay:<that sequence>`, so a second
+/// replay within the command stream's duplicate window is stored once.
+pub const HDR_REPLAY_OF: &str = "Jetshard-Replay-Of";
 
 /// All names of one entity type, computed once.
 #[derive(Debug, Clone)]
