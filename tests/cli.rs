@@ -69,7 +69,10 @@ async fn the_admin_command_shows_owners_pauses_resumes_and_lists_dead_letters() 
     let nodes = jetshard(&url, &["nodes", "ledger", "--json"]).await;
     let nodes: serde_json::Value = serde_json::from_str(&nodes).unwrap();
     assert_eq!(nodes[0]["node"], "node-a", "{nodes}");
-    assert_eq!(nodes[0]["partitions"][1]["quarantined"], serde_json::json!([]));
+    assert_eq!(
+        nodes[0]["partitions"][1]["quarantined"],
+        serde_json::json!([])
+    );
 
     jetshard(&url, &["pause", "ledger", "0", "--for-secs", "60"]).await;
     let status = jetshard(&url, &["status", "ledger"]).await;

@@ -556,7 +556,18 @@ impl<E: Entity> OwnerState<E> {
         if let Some(q) = outcome.quarantine {
             effects.insert(0, Effect::Quarantine(q));
         }
-        self.carry_out(&entity, outcome.seq, effects).await
+        self.carry_out(&entity, outcome.seq, effects).await?;
+        // The actor stopped: commands queued behind the settled one (cast to it while it was
+        // stopping) go to a new actor, unless the entity waits.
+        let idle_actor = self
+            .phase
+            .owning()
+            .and_then(|o| o.entities.get(&entity))
+            .is_some_and(|slot| slot.actor.is_none());
+        if stopped && idle_actor {
+            self.dispatch(&entity);
+        }
+        Ok(())
     }
 
     /// Carries out what [`settle::settle`] decided for command `seq` of `entity`.
