@@ -20,7 +20,7 @@ use jetshard_testkit::history::{Record, read_journal};
 use jetshard_testkit::{NatsServer, wait_until};
 use jetshard_tests::ledger::LedgerCmd;
 use jetshard_tests::model::Op;
-use jetshard_tests::{Scenario, counts, id_in, init_tracing, start_owning};
+use jetshard_tests::{Scenario, assert_applied, counts, id_in, init_tracing, start_owning};
 use serde::{Deserialize, Serialize};
 
 /// A command as JSON, the ledger's codec, as a foreign client would publish it.
@@ -688,10 +688,7 @@ async fn hostile_payloads_to_the_default_codec_are_dead_lettered_and_the_partiti
             .request(id, &ProfileCmd::Pick(Choice::Number(1)), ASK)
             .await
             .unwrap();
-        assert!(
-            matches!(outcome, CommandOutcome::Applied { .. }),
-            "{outcome:?}"
-        );
+        assert_applied(&outcome);
     }
     system.shutdown().await.unwrap();
 }
@@ -741,10 +738,7 @@ async fn a_dead_letter_of_an_over_long_id_never_wedges_its_partition_at_the_next
         .request(&id, &ProfileCmd::Rename { name: "m".into() }, ASK)
         .await
         .unwrap_or_else(|e| panic!("partition {partition} serves after the restart: {e}"));
-    assert!(
-        matches!(outcome, CommandOutcome::Applied { .. }),
-        "{outcome:?}"
-    );
+    assert_applied(&outcome);
     let status = system.status().await.unwrap();
     assert_eq!(
         status[partition as usize].failed_acquisitions, 0,

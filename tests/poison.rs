@@ -16,7 +16,7 @@ use jetshard::{
 };
 use jetshard_testkit::history::{Record, read_journal};
 use jetshard_testkit::{NatsServer, wait_until};
-use jetshard_tests::{id_in, init_tracing, start_owning};
+use jetshard_tests::{assert_applied, id_in, init_tracing, start_owning};
 use serde::{Deserialize, Serialize};
 
 const ASK: Duration = Duration::from_secs(10);
@@ -136,10 +136,7 @@ async fn an_event_type_changed_without_an_upcast_quarantines_its_entities_only_a
         .unwrap();
     for text in ["one", "two words"] {
         let outcome = v1.request("a", &write(text), ASK).await.unwrap();
-        assert!(
-            matches!(outcome, CommandOutcome::Applied { .. }),
-            "{outcome:?}"
-        );
+        assert_applied(&outcome);
     }
     system.shutdown().await.unwrap();
 
@@ -151,10 +148,7 @@ async fn an_event_type_changed_without_an_upcast_quarantines_its_entities_only_a
     })
     .await;
     let outcome = v2.request("b", &write("b second"), ASK).await.unwrap();
-    assert!(
-        matches!(outcome, CommandOutcome::Applied { .. }),
-        "{outcome:?}"
-    );
+    assert_applied(&outcome);
     let outcome = v2.request("a", &write("three"), ASK).await.unwrap();
     let CommandOutcome::DeadLettered { reason, .. } = &outcome else {
         panic!("a quarantined entity's command is dead-lettered: {outcome:?}");
@@ -186,15 +180,9 @@ async fn an_event_type_changed_without_an_upcast_quarantines_its_entities_only_a
         .request("a", &NoteCmd::Check { count: 2 }, ASK)
         .await
         .unwrap();
-    assert!(
-        matches!(outcome, CommandOutcome::Applied { .. }),
-        "{outcome:?}"
-    );
+    assert_applied(&outcome);
     let outcome = fixed.request("a", &write("three"), ASK).await.unwrap();
-    assert!(
-        matches!(outcome, CommandOutcome::Applied { .. }),
-        "{outcome:?}"
-    );
+    assert_applied(&outcome);
     system.shutdown().await.unwrap();
 
     let system = start_owning::<NoteV2<true>>(&client, &config, async || {
@@ -313,10 +301,7 @@ async fn an_apply_that_panics_on_durable_events_quarantines_its_entity_not_the_p
         .request("b", &FragileCmd::Check(21), ASK)
         .await
         .unwrap();
-    assert!(
-        matches!(outcome, CommandOutcome::Applied { .. }),
-        "{outcome:?}"
-    );
+    assert_applied(&outcome);
     system.shutdown().await.unwrap();
 
     // At the next takeover the rebuild panics on the same event: "a" is quarantined again,
@@ -329,10 +314,7 @@ async fn an_apply_that_panics_on_durable_events_quarantines_its_entity_not_the_p
         .request("b", &FragileCmd::Check(22), ASK)
         .await
         .unwrap();
-    assert!(
-        matches!(outcome, CommandOutcome::Applied { .. }),
-        "{outcome:?}"
-    );
+    assert_applied(&outcome);
     let status = system.status().await.unwrap();
     assert_eq!(status[0].quarantined.len(), 1, "{status:?}");
     assert_eq!(status[0].quarantined[0].entity, "a");
@@ -390,10 +372,7 @@ async fn a_panic_outside_decide_and_apply_is_blamed_on_its_own_command() {
         .request("a", &FragileCmd::Check(2), Duration::from_secs(30))
         .await
         .unwrap();
-    assert!(
-        matches!(outcome, CommandOutcome::Applied { .. }),
-        "{outcome:?}"
-    );
+    assert_applied(&outcome);
 
     // Exactly one dead letter, for the command that panicked, after its deliveries.
     let letters = Admin::new(client.clone(), "fragile")
@@ -520,10 +499,7 @@ mod nodes {
             .request("x", &LedgerCmd::Push { n: 11 }, Duration::from_secs(20))
             .await
             .unwrap();
-        assert!(
-            matches!(outcome, CommandOutcome::Applied { .. }),
-            "{outcome:?}"
-        );
+        assert_applied(&outcome);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -590,10 +566,7 @@ async fn a_command_sent_twice_with_one_idempotency_key_is_one_command() {
         .request("a", &FragileCmd::Check(5), ASK)
         .await
         .unwrap();
-    assert!(
-        matches!(outcome, CommandOutcome::Applied { .. }),
-        "{outcome:?}"
-    );
+    assert_applied(&outcome);
     for key in ["", "has space", &"k".repeat(jetshard::MAX_KEY_LEN + 1)] {
         assert!(
             matches!(
@@ -730,10 +703,7 @@ async fn a_refused_pin_moves_even_when_it_cannot_be_unpinned() {
         .request("a", &FragileCmd::Add(1), Duration::from_secs(20))
         .await
         .unwrap();
-    assert!(
-        matches!(outcome, CommandOutcome::Applied { .. }),
-        "{outcome:?}"
-    );
+    assert_applied(&outcome);
     let status = system.status().await.unwrap();
     assert!(
         status[0].generation.is_some_and(|g| g > generation + 1),
@@ -762,10 +732,7 @@ async fn a_command_given_up_while_its_dead_letter_cannot_be_written_waits_until_
         .await
         .unwrap();
     let outcome = sender.request("a", &FragileCmd::Add(1), ASK).await.unwrap();
-    assert!(
-        matches!(outcome, CommandOutcome::Applied { .. }),
-        "{outcome:?}"
-    );
+    assert_applied(&outcome);
 
     // The journal takes no more records (a full stream refuses them).
     let mut journal = js.get_stream("FRAGILE_JOURNAL").await.unwrap();
@@ -800,10 +767,7 @@ async fn a_command_given_up_while_its_dead_letter_cannot_be_written_waits_until_
         .request("a", &FragileCmd::Check(2), Duration::from_secs(20))
         .await
         .unwrap();
-    assert!(
-        matches!(outcome, CommandOutcome::Applied { .. }),
-        "{outcome:?}"
-    );
+    assert_applied(&outcome);
     let letters = Admin::new(client.clone(), "fragile")
         .dead_letters()
         .await

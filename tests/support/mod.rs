@@ -158,3 +158,12 @@ pub fn id_in(prefix: &str, partition: u32, partitions: u32) -> String {
         })
         .unwrap()
 }
+
+/// Panics unless a command's outcome says it was applied (its events are durable).
+#[track_caller]
+pub fn assert_applied(outcome: &jetshard::CommandOutcome) {
+    assert!(
+        matches!(outcome, jetshard::CommandOutcome::Applied { .. }),
+        "not applied: {outcome:?}"
+    );
+}
