@@ -236,7 +236,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
         let entity = entity.clone();
         slot.returning = None;
         slot.actor = None;
-        slot.revive = true;
+        o.lost.insert(entity.clone());
         state.dispatch(&entity);
         Ok(())
     }
@@ -449,6 +449,7 @@ impl<E: Entity> OwnerState<E> {
             context,
             dormant: acquired.dormant,
             quarantined: acquired.quarantined,
+            lost: Default::default(),
             entities: HashMap::new(),
             crashes: RestartWindow::new(
                 self.shared.config.max_entity_restarts,
@@ -528,7 +529,7 @@ impl<E: Entity> OwnerState<E> {
         if stopped {
             // The actor has stopped, and its state with it.
             slot.actor = None;
-            slot.revive = true;
+            o.lost.insert(entity.clone());
         }
         match &outcome.verdict {
             crate::entity_actor::Verdict::Applied { events } => {
@@ -738,9 +739,11 @@ impl<E: Entity> OwnerState<E> {
             Some(seed) => {
                 o.dormant.insert(entity.clone(), *seed);
             }
-            None => slot.revive = true,
+            None => {
+                o.lost.insert(entity.clone());
+            }
         }
-        if slot.is_idle() && !slot.revive {
+        if slot.is_idle() {
             o.entities.remove(&entity);
         } else {
             self.dispatch(&entity);

@@ -13,7 +13,7 @@
 //!
 //! A stop (graceful release) can start in any phase; its owner stops once released.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use ractor::RpcReplyPort;
@@ -53,6 +53,9 @@ pub(super) struct Owning<E: Entity> {
     pub(super) dormant: HashMap<EntityId, Seed<E>>,
     /// Entities whose journal cannot be read back: their commands are dead-lettered.
     pub(super) quarantined: HashMap<EntityId, Quarantine>,
+    /// Entities whose state was lost with an actor that stopped or died: the next actor revives
+    /// them from the journal (an entity in neither this set nor `dormant` has no history).
+    pub(super) lost: HashSet<EntityId>,
     pub(super) entities: HashMap<EntityId, Slot>,
     /// Entity actor crashes, against the restart window.
     pub(super) crashes: RestartWindow,

@@ -47,9 +47,6 @@ pub(super) struct Slot {
     /// so later commands cannot overtake it.
     pub(super) blocked: Option<Blocked>,
     pub(super) last_active: Instant,
-    /// The entity's state was lost with an actor that died: the next actor revives it from the
-    /// journal (otherwise an entity without a dormant state has no history).
-    pub(super) revive: bool,
 }
 
 impl Slot {
@@ -60,7 +57,6 @@ impl Slot {
             queue: VecDeque::new(),
             blocked: None,
             last_active: Instant::now(),
-            revive: false,
         }
     }
 
@@ -181,14 +177,16 @@ pub(super) fn dispatch<E: Entity>(
         return;
     }
     if slot.actor.is_none() {
-        let loaded = match (o.quarantined.get(entity), o.dormant.remove(entity)) {
-            (Some(q), _) => Loaded::Quarantined(q.clone()),
-            (None, Some(seed)) => Loaded::Yes(seed),
-            (None, None) if slot.revive => Loaded::No,
+        let loaded = if let Some(q) = o.quarantined.get(entity) {
+            Loaded::Quarantined(q.clone())
+        } else if let Some(seed) = o.dormant.remove(entity) {
+            Loaded::Yes(seed)
+        } else if o.lost.remove(entity) {
+            Loaded::No
+        } else {
             // After a rebuild every entity with records has a dormant state: none, no history.
-            (None, None) => Loaded::Yes(Default::default()),
+            Loaded::Yes(Default::default())
         };
-        slot.revive = false;
         // Without waiting for the actor's start (its `pre_start` only stores its arguments, and
         // cannot fail): the owner goes on routing while the actor starts, and the commands sent
         // meanwhile wait in its mailbox.
@@ -201,7 +199,7 @@ pub(super) fn dispatch<E: Entity>(
             Ok((actor, _)) => slot.actor = Some(Resident::new(actor, resident)),
             Err(e) => {
                 tracing::error!(partition = o.context.partition, %entity, error = %e, "cannot spawn entity actor");
-                slot.revive = true;
+                o.lost.insert(entity.clone());
                 return;
             }
         }
@@ -224,7 +222,7 @@ pub(super) fn passivate<E: Entity>(o: &mut Owning<E>, entity: &EntityId) {
             slot.returning = Some(resident.actor.get_id());
             let _ = resident.actor.cast(EntityMsg::Passivate);
         }
-        None if slot.returning.is_none() && !slot.revive => {
+        None if slot.returning.is_none() => {
             o.entities.remove(entity);
         }
         None => {}
