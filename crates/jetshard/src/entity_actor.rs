@@ -33,6 +33,7 @@ use crate::codec::Codec;
 use crate::command::CommandOutcome;
 use crate::entity::{Entity, EntityId, decode_event};
 use crate::journal::{self, JournalWriter, Record, WriteError};
+use crate::telemetry::{self, CommandMetrics};
 use crate::wire::Names;
 
 /// An entity's state and what its last command came to.
@@ -248,6 +249,8 @@ pub(crate) struct EntityContext {
     pub(crate) names: Arc<Names>,
     pub(crate) codec: Codec,
     pub(crate) report: Reporter,
+    /// The partition's decide and write timings.
+    pub(crate) metrics: CommandMetrics,
 }
 
 pub(crate) struct EntityActor<E>(PhantomData<fn() -> E>);
@@ -442,7 +445,10 @@ async fn process<E: Entity>(
     let Loaded::Yes(seed) = &mut state.seed else {
         return Verdict::Failed(Failure::Unconfirmed("entity state missing".to_owned()));
     };
-    let decided = match catch_unwind(AssertUnwindSafe(|| E::decide(&seed.state, command))) {
+    let deciding = std::time::Instant::now();
+    let decided = catch_unwind(AssertUnwindSafe(|| E::decide(&seed.state, command)));
+    telemetry::record(&state.context.metrics.decide_seconds, deciding.elapsed());
+    let decided = match decided {
         Ok(decided) => decided,
         Err(panic) => {
             return Verdict::Failed(Failure::Crashed(format!(
@@ -467,11 +473,15 @@ async fn process<E: Entity>(
             Err(e) => return Verdict::Failed(Failure::Crashed(e.to_string())),
         }
     }
+    let metrics = &state.context.metrics;
+    metrics.batch_events.record(encoded.len() as f64);
+    let writing = std::time::Instant::now();
     let written = state
         .context
         .journal
         .append(&state.id, seq, encoded, E::EVENT_VERSION)
         .await;
+    telemetry::record(&metrics.write_seconds, writing.elapsed());
     let journal_seq = match written {
         Ok(journal_seq) => journal_seq,
         Err(e) => return write_failed(e),

@@ -40,6 +40,8 @@ pub(crate) struct Delivery {
     pub(crate) deliveries: u64,
     /// Where the client wants the outcome (`Jetshard-Reply-To`).
     pub(crate) respond_to: Option<Subject>,
+    /// The consumer's commands not delivered yet, as the server counted at this delivery.
+    pub(crate) pending: u64,
 }
 
 /// The `Jetshard-Reply-To` subject of a command, if it has a valid one.
@@ -63,6 +65,10 @@ pub(crate) fn ack_info(reply: &str) -> Option<AckInfo> {
         deliveries: tokens[first].parse().ok()?,
         stream_seq: tokens[first + 1].parse().ok()?,
         consumer_seq: tokens[first + 2].parse().ok()?,
+        pending: tokens
+            .get(first + 4)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0),
     })
 }
 
@@ -74,6 +80,8 @@ pub(crate) struct AckInfo {
     /// The consumer's delivery counter: it rises by one with every delivery, so a jump means a
     /// delivery to this process was lost on the way (a dropped connection).
     pub(crate) consumer_seq: u64,
+    /// The consumer's pending count after this delivery: commands stored and not delivered yet.
+    pub(crate) pending: u64,
 }
 
 /// What the pull loop tells its owner.
@@ -291,6 +299,7 @@ async fn run(
                     stream_seq: seq,
                     deliveries,
                     consumer_seq,
+                    pending,
                 }) = ack_info(&reply)
                 else {
                     tracing::warn!(%reply, "delivery with an unreadable ack subject");
@@ -319,6 +328,7 @@ async fn run(
                     payload: message.payload,
                     seq,
                     deliveries,
+                    pending,
                 };
                 if !sink(PinSignal::Delivered(delivery)) {
                     return Ok(Ended::OwnerGone);
@@ -361,28 +371,29 @@ mod tests {
 
     #[test]
     fn ack_subjects_of_both_layouts_are_read() {
-        let info = |stream_seq, deliveries, consumer_seq| {
+        let info = |stream_seq, deliveries, consumer_seq, pending| {
             Some(AckInfo {
                 stream_seq,
                 deliveries,
                 consumer_seq,
+                pending,
             })
         };
         assert_eq!(
             ack_info("$JS.ACK.C.p0.1.15.5.1795319414023821828.9"),
-            info(15, 1, 5)
+            info(15, 1, 5, 9)
         );
         assert_eq!(
             ack_info("$JS.ACK.C.p0.3.15.5.1795319414023821828.0"),
-            info(15, 3, 5)
+            info(15, 3, 5, 0)
         );
         assert_eq!(
             ack_info("$JS.ACK._.ACCHASH.C.p0.2.16.5.1795319414023821828.0.tok"),
-            info(16, 2, 5)
+            info(16, 2, 5, 0)
         );
         assert_eq!(
             ack_info("$JS.ACK._.ACCHASH.C.p0.2.16.5.1795319414023821828.0"),
-            info(16, 2, 5)
+            info(16, 2, 5, 0)
         );
         for bad in [
             "",

@@ -106,6 +106,7 @@ mod tests {
             seq,
             deliveries: 2,
             respond_to: None,
+            pending: 0,
         }
     }
 

@@ -45,10 +45,12 @@ use crate::config::ShardConfig;
 use crate::entity::{Entity, EntityId};
 use crate::entity_actor::{EntityContext, EntityReport, Outcome, Passivated, Reporter, Seed};
 use crate::fence;
+use crate::health::{HealthBoard, PartitionHealth};
 use crate::journal::JournalWriter;
 use crate::pin::{self, Delivery, PinSignal, PullLoop, PullSettings};
 use crate::retry::RestartWindow;
 use crate::status::{OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
+use crate::telemetry::{self, Load, PartitionMetrics};
 use crate::wire::{Names, PRIORITY_GROUP};
 use isolate::{Isolation, Next};
 use phase::{Counters, Owning, Phase, Refused, Release};
@@ -69,6 +71,8 @@ pub(crate) struct Shared {
     /// This process's run of the shard system: it answers on `<t>.alive.<incarnation>`, and its
     /// fence records name it.
     pub(crate) incarnation: String,
+    /// Each owner's phase, for [`ShardSystem::health`](crate::ShardSystem::health).
+    pub(crate) health: Arc<HealthBoard>,
 }
 
 /// The owner's messages.
@@ -110,6 +114,9 @@ pub(crate) struct OwnerState<E: Entity> {
     phase: Phase<E>,
     policy: Policy,
     counters: Counters,
+    metrics: PartitionMetrics,
+    /// The pin of the last delivery (for `jetshard_pin_changes_total`).
+    last_pin: Option<Arc<str>>,
 }
 
 impl<E: Entity> Drop for OwnerState<E> {
@@ -151,7 +158,14 @@ impl<E: Entity> Actor for OwnerActor<E> {
             retry_delay: config.retry_delay,
             ack_wait: config.ack_wait,
         };
+        args.shared
+            .health
+            .set(args.partition, PartitionHealth::Standby);
+        let metrics = PartitionMetrics::new(&config.entity_type, args.partition);
+        metrics.set_load(None);
         Ok(OwnerState {
+            metrics,
+            last_pin: None,
             partition: args.partition,
             shared: args.shared,
             myself,
@@ -187,10 +201,14 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 state.finish_release_if_drained().await;
             }
             OwnerMsg::Pin(PinSignal::Ended { reason }) => {
-                return state.on_pull_loop_ended(reason).await;
+                let ended = state.on_pull_loop_ended(reason).await;
+                state.post_health();
+                return ended;
             }
             OwnerMsg::Entity(EntityReport::Outcome(outcome)) => {
-                return state.on_outcome(outcome).await;
+                let settled = state.on_outcome(outcome).await;
+                state.post_health();
+                return settled;
             }
             OwnerMsg::Entity(EntityReport::Passivated(passivated)) => {
                 state.on_passivated(passivated);
@@ -206,6 +224,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 let _ = reply.send(state.status());
             }
         }
+        state.post_health();
         Ok(())
     }
 
@@ -247,7 +266,39 @@ impl<E: Entity> OwnerState<E> {
         &self.shared.config
     }
 
+    /// Posts this owner's phase on the system's health board.
+    fn post_health(&self) {
+        let health = match &self.phase {
+            Phase::Standby => PartitionHealth::Standby,
+            Phase::Refused(_) => PartitionHealth::Refused,
+            Phase::Owning(o) if o.isolation.is_some() => PartitionHealth::Isolating,
+            Phase::Owning(_) => PartitionHealth::Serving,
+            Phase::Releasing(..) => PartitionHealth::Releasing,
+            Phase::CoolingDown(_) => PartitionHealth::CoolingDown,
+        };
+        self.shared.health.set(self.partition, health);
+    }
+
+    /// Sets the partition's gauges: entities and commands in hand.
+    fn post_load(&self) {
+        let load = self.phase.owning_ref().map(|o| Load {
+            owned: true,
+            resident: o.entities.values().filter(|s| s.actor.is_some()).count(),
+            dormant: o.dormant.len(),
+            quarantined: o.quarantined.len(),
+            ack_pending: o.entities.values().map(|s| s.queue.len()).sum(),
+        });
+        self.metrics.set_load(load);
+    }
+
     async fn on_delivery(&mut self, delivery: Delivery) {
+        if self.last_pin.as_ref() != Some(&delivery.pin) {
+            if self.last_pin.is_some() {
+                self.metrics.pin_changes.increment(1);
+            }
+            self.last_pin = Some(delivery.pin.clone());
+        }
+        self.metrics.pending.set(delivery.pending as f64);
         if matches!(self.phase, Phase::Releasing(..) | Phase::CoolingDown(_)) {
             // Handing over: let the next owner have it soon.
             acknowledge(
@@ -387,11 +438,15 @@ impl<E: Entity> OwnerState<E> {
         let node = self.config().node_id.clone();
         let pin = first.pin.clone();
         let first_new = (first.deliveries == 1).then_some(first.seq);
+        self.shared
+            .health
+            .set(partition, PartitionHealth::Acquiring);
         let acquired = acquire::claim_and_rebuild::<E>(&self.shared, partition, first_new).await;
         let acquired = match acquired {
             Ok(acquired) => acquired,
             Err(e) => {
                 self.counters.failed_acquisitions += 1;
+                self.metrics.acquisition_failed.increment(1);
                 tracing::error!(partition, node = %node, error = %e, "cannot take the partition; releasing the pin");
                 self.refuse(pin, true).await;
                 return;
@@ -418,6 +473,7 @@ impl<E: Entity> OwnerState<E> {
             names: self.shared.names.clone(),
             codec: self.shared.config.codec,
             report,
+            metrics: self.metrics.command.clone(),
         });
         let quarantined = acquired.quarantined.len();
         let trial = acquired.claimed.trial;
@@ -459,6 +515,9 @@ impl<E: Entity> OwnerState<E> {
             suspect,
         }));
         self.counters.acquisitions += 1;
+        self.metrics.acquired.increment(1);
+        telemetry::record(&self.metrics.replay_seconds, acquired.replay_time);
+        telemetry::record(&self.metrics.acquire_seconds, started.elapsed());
         tracing::info!(
             partition,
             generation = fence.generation,
@@ -534,19 +593,27 @@ impl<E: Entity> OwnerState<E> {
             crate::entity_actor::Verdict::Applied { events } => {
                 self.counters.applied += 1;
                 self.counters.events_written += *events as u64;
+                self.metrics.applied.increment(1);
+                self.metrics.events_written.increment(*events as u64);
             }
-            crate::entity_actor::Verdict::Duplicate { .. } => self.counters.duplicates += 1,
+            crate::entity_actor::Verdict::Duplicate { .. } => {
+                self.counters.duplicates += 1;
+                self.metrics.duplicate.increment(1);
+            }
             crate::entity_actor::Verdict::Rejected(reason) => {
                 self.counters.rejected += 1;
+                self.metrics.rejected.increment(1);
                 tracing::debug!(partition, %entity, cmd_seq = outcome.seq, %reason, "command rejected");
             }
             crate::entity_actor::Verdict::DeadLettered(reason) => {
                 self.counters.dead_lettered += 1;
+                self.metrics.dead_lettered.increment(1);
                 tracing::warn!(partition, %entity, cmd_seq = outcome.seq, %reason, "command dead-lettered and terminated");
             }
             crate::entity_actor::Verdict::Failed(failure) => {
                 if matches!(failure, crate::entity_actor::Failure::Unconfirmed(_)) {
                     self.counters.unconfirmed_writes += 1;
+                    self.metrics.unconfirmed_writes.increment(1);
                 }
                 tracing::warn!(partition, %entity, cmd_seq = outcome.seq, deliveries = head.deliveries, ?failure, "command failed");
             }
@@ -693,6 +760,7 @@ impl<E: Entity> OwnerState<E> {
         match written {
             Ok(()) => {
                 self.counters.dead_lettered += 1;
+                self.metrics.dead_lettered.increment(1);
                 if let Some(reply) = pending.reply {
                     acknowledge(&self.shared.client, self.partition, reply, AckKind::Term).await;
                 }
@@ -773,6 +841,7 @@ impl<E: Entity> OwnerState<E> {
             _ => {}
         }
         self.step_isolation().await;
+        self.post_load();
         let partition = self.partition;
         let Some(o) = self.phase.owning() else { return };
         let mut progress = Vec::new();
@@ -958,6 +1027,8 @@ impl<E: Entity> OwnerState<E> {
     /// Says that this owner left generation `o`, stopping its entity actors.
     fn left(&self, o: &Owning<E>, reason: StepDown) {
         self.myself.stop_children(Some(reason.to_string()));
+        self.metrics.step_down(reason.label());
+        self.metrics.set_load(None);
         let node = self.config().node_id.clone();
         tracing::info!(partition = self.partition, generation = o.generation, node = %node, %reason, "stepped down");
         let _ = self.shared.events.send(OwnershipEvent {
