@@ -42,6 +42,9 @@ enum Command {
         /// How often the node logs its status, in milliseconds.
         #[arg(long, default_value_t = 5000)]
         report_every_ms: u64,
+        /// Serve Prometheus metrics at /metrics, and /healthz and /readyz, on HOST:PORT.
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics_addr: Option<String>,
     },
     /// Publishes a realistic mix of commands for N orders, with a progress bar.
     Load {
@@ -141,6 +144,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             pin_ttl_ms,
             ack_wait_ms,
             report_every_ms,
+            metrics_addr,
         } => {
             let node_id = match node_id {
                 Some(id) => id,
@@ -156,6 +160,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 pin_ttl: Duration::from_millis(pin_ttl_ms),
                 ack_wait: Duration::from_millis(ack_wait_ms),
                 report_every: Duration::from_millis(report_every_ms.max(100)),
+                metrics_addr,
             })
             .await?;
             Ok(ExitCode::SUCCESS)

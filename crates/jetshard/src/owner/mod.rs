@@ -518,6 +518,7 @@ impl<E: Entity> OwnerState<E> {
         self.metrics.acquired.increment(1);
         telemetry::record(&self.metrics.replay_seconds, acquired.replay_time);
         telemetry::record(&self.metrics.acquire_seconds, started.elapsed());
+        self.post_load();
         tracing::info!(
             partition,
             generation = fence.generation,
