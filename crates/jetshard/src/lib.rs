@@ -112,6 +112,7 @@ mod status;
 mod system;
 mod telemetry;
 mod topology;
+mod trace;
 pub mod wire;
 
 pub use codec::Codec;
@@ -124,6 +125,7 @@ pub use health::{Health, PartitionHealth};
 pub use partition::{fnv1a_32, partition_of};
 pub use status::{NodeStatus, OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
 pub use system::ShardSystem;
+pub use trace::{SpanId, TraceId, TraceParent};
 
 /// The README's code, compiled as a doctest so that it stays true.
 #[cfg(doctest)]

@@ -23,7 +23,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::wire::{HDR_PIN_ID, HDR_REPLY_TO, PRIORITY_GROUP};
+use crate::trace::CommandTrace;
+use crate::wire::{HDR_PIN_ID, HDR_REPLY_TO, HDR_TRACEPARENT, PRIORITY_GROUP};
 
 /// A command delivered to this process, with the pin it came under.
 #[derive(Debug)]
@@ -42,6 +43,8 @@ pub(crate) struct Delivery {
     pub(crate) respond_to: Option<Subject>,
     /// The consumer's commands not delivered yet, as the server counted at this delivery.
     pub(crate) pending: u64,
+    /// The command's trace context, if it came with a valid `traceparent`.
+    pub(crate) trace: Option<Box<CommandTrace>>,
 }
 
 /// The `Jetshard-Reply-To` subject of a command, if it has a valid one.
@@ -49,6 +52,11 @@ pub(crate) fn respond_to(headers: Option<&async_nats::HeaderMap>) -> Option<Subj
     let subject = headers?.get(HDR_REPLY_TO)?.as_str();
     let valid = !subject.is_empty() && !subject.contains(['*', '>', ' ', '\t', '\r', '\n']);
     valid.then(|| Subject::from(subject))
+}
+
+/// The trace context of a command with a valid `traceparent` header.
+pub(crate) fn trace_of(headers: Option<&async_nats::HeaderMap>) -> Option<Box<CommandTrace>> {
+    CommandTrace::of(headers?.get(HDR_TRACEPARENT)?.as_str())
 }
 
 /// Reads the stream sequence and delivery count from a `$JS.ACK` reply subject, in either
@@ -320,6 +328,7 @@ async fn run(
                 last_consumer_seq =
                     Some(last_consumer_seq.map_or(consumer_seq, |l| l.max(consumer_seq)));
                 let respond_to = respond_to(message.headers.as_ref());
+                let trace = trace_of(message.headers.as_ref());
                 let delivery = Delivery {
                     respond_to,
                     pin: pin.clone().unwrap_or_else(|| Arc::from("")),
@@ -329,6 +338,7 @@ async fn run(
                     seq,
                     deliveries,
                     pending,
+                    trace,
                 };
                 if !sink(PinSignal::Delivered(delivery)) {
                     return Ok(Ended::OwnerGone);

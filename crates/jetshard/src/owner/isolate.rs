@@ -107,6 +107,7 @@ mod tests {
             deliveries: 2,
             respond_to: None,
             pending: 0,
+            trace: None,
         }
     }
 

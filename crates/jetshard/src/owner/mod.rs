@@ -51,7 +51,8 @@ use crate::pin::{self, Delivery, PinSignal, PullLoop, PullSettings};
 use crate::retry::RestartWindow;
 use crate::status::{OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
 use crate::telemetry::{self, Load, PartitionMetrics};
-use crate::wire::{Names, PRIORITY_GROUP};
+use crate::trace::TraceParent;
+use crate::wire::{HDR_TRACEPARENT, Names, PRIORITY_GROUP};
 use isolate::{Isolation, Next};
 use phase::{Counters, Owning, Phase, Refused, Release};
 use route::{Blocked, Pending};
@@ -682,7 +683,8 @@ impl<E: Entity> OwnerState<E> {
                         }
                     }
                     if let Some(to) = done.respond_to {
-                        respond(&self.shared.client, to, &answer).await;
+                        let trace = done.trace.map(|t| t.span);
+                        respond(&self.shared.client, to, &answer, trace).await;
                     }
                 }
                 Effect::GiveUp { reason } => {
@@ -770,7 +772,8 @@ impl<E: Entity> OwnerState<E> {
                         command_seq: pending.seq,
                         reason,
                     };
-                    respond(&self.shared.client, to, &answer).await;
+                    let trace = pending.trace.as_ref().map(|t| t.span);
+                    respond(&self.shared.client, to, &answer, trace).await;
                 }
             }
             Err(crate::journal::WriteError::Fenced { .. }) => {
@@ -1128,12 +1131,26 @@ async fn acknowledge_confirmed(
     }
 }
 
-/// Tells a client the outcome of its command (best effort: the outcome is in the journal).
-async fn respond(client: &Client, to: Subject, outcome: &CommandOutcome) {
+/// Tells a client the outcome of its command (best effort: the outcome is in the journal),
+/// under the command's span if it was traced.
+async fn respond(
+    client: &Client,
+    to: Subject,
+    outcome: &CommandOutcome,
+    trace: Option<TraceParent>,
+) {
     let Ok(body) = serde_json::to_vec(outcome) else {
         return;
     };
-    if let Err(e) = client.publish(to, body.into()).await {
+    let sent = match trace {
+        Some(trace) => {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(HDR_TRACEPARENT, trace.to_string());
+            client.publish_with_headers(to, headers, body.into()).await
+        }
+        None => client.publish(to, body.into()).await,
+    };
+    if let Err(e) = sent {
         tracing::debug!(error = %e, "outcome reply not sent");
     }
 }
