@@ -102,6 +102,9 @@ enum Command {
         /// What happens to the node owning the most partitions.
         #[arg(long, value_enum, default_value_t = demo::Fault::Kill)]
         fault: demo::Fault,
+        /// Serve each node's /metrics, /healthz and /readyz on 127.0.0.1:PORT, PORT+1, PORT+2.
+        #[arg(long, value_name = "PORT")]
+        metrics_port: Option<u16>,
     },
 }
 
@@ -232,6 +235,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             pin_ttl_ms,
             ack_wait_ms,
             fault,
+            metrics_port,
         } => {
             let options = demo::DemoOptions {
                 orders,
@@ -243,6 +247,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 },
                 fault_at_percent: 35,
                 fault,
+                metrics_port,
             };
             // Interrupted, the demo is dropped: its node processes and its server are killed.
             let outcome = tokio::select! {
