@@ -38,6 +38,24 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// The `jetshard_*` series named in `text`, without the `_bucket`, `_sum`, `_count` of
+/// histograms.
+fn series_named(text: &str) -> std::collections::BTreeSet<String> {
+    text.match_indices("jetshard_")
+        .map(|(at, _)| {
+            let name: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .unwrap_or(&name)
+                .to_owned()
+        })
+        .collect()
+}
+
 /// A port nothing listens on now.
 fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
