@@ -190,6 +190,31 @@ async fn a_node_serves_its_metrics_and_turns_ready_once_it_serves_its_partitions
     // The load sends one malformed body per 100 commands or so; the node dead-letters it.
     assert!(metrics.contains("outcome=\"dead_lettered\"}"), "{metrics}");
 
+    // The docs list every series the node exports, and the dashboard shows only series that
+    // exist (step-downs are registered at the first one).
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let exported = series_named(&metrics);
+    let operations = std::fs::read_to_string(manifest.join("../../docs/OPERATIONS.md"))
+        .expect("docs/OPERATIONS.md");
+    let documented = series_named(&operations);
+    let undocumented: Vec<_> = exported.difference(&documented).collect();
+    assert!(
+        undocumented.is_empty(),
+        "not in docs/OPERATIONS.md: {undocumented:?}"
+    );
+    let dashboard = std::fs::read_to_string(manifest.join("grafana/jetshard.json"))
+        .expect("grafana/jetshard.json");
+    let shown = series_named(&dashboard);
+    let unknown: Vec<_> = shown
+        .iter()
+        .filter(|name| !exported.contains(*name) && *name != "jetshard_step_downs_total")
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "the dashboard shows series nobody exports: {unknown:?}"
+    );
+    assert!(exported.len() >= 14, "{exported:?}");
+
     assert!(
         node.terminate(Duration::from_secs(20)).await,
         "node stopped"
