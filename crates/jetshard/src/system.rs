@@ -160,9 +160,13 @@ impl ShardSystem {
     /// restarting; [`Health::Stopped`] once the system has stopped. It reads what each owner
     /// last posted and never waits on one (an acquisition runs for as long as its replay).
     pub fn health(&self) -> Health {
-        if self.join.is_finished()
-            || !matches!(self.actor.get_status(), ractor::ActorStatus::Running)
-        {
+        let stopping = matches!(
+            self.actor.get_status(),
+            ractor::ActorStatus::Draining
+                | ractor::ActorStatus::Stopping
+                | ractor::ActorStatus::Stopped
+        );
+        if stopping || self.join.is_finished() {
             return Health::Stopped;
         }
         Health::judge(&self.health.phases())

@@ -299,7 +299,7 @@ impl<E: Entity> OwnerState<E> {
             }
             self.last_pin = Some(delivery.pin.clone());
         }
-        self.metrics.pending.set(delivery.pending as f64);
+        let pending = delivery.pending as f64;
         if matches!(self.phase, Phase::Releasing(..) | Phase::CoolingDown(_)) {
             // Handing over: let the next owner have it soon.
             acknowledge(
@@ -324,6 +324,9 @@ impl<E: Entity> OwnerState<E> {
                 acknowledge(&self.shared.client, self.partition, delivery.reply, nak).await;
             }
             _ => self.acquire(delivery).await,
+        }
+        if matches!(self.phase, Phase::Owning(_)) {
+            self.metrics.pending.set(pending);
         }
     }
 
