@@ -15,7 +15,8 @@ use crate::codec::Codec;
 use crate::config::ShardConfig;
 use crate::entity::{Entity, EntityId};
 use crate::error::Error;
-use crate::wire::{HDR_MSG_ID, HDR_REPLY_TO, Names};
+use crate::trace::TraceParent;
+use crate::wire::{HDR_MSG_ID, HDR_REPLY_TO, HDR_TRACEPARENT, Names};
 
 /// What became of a command, as told to a client that asked (`Jetshard-Reply-To`; JSON with an
 /// `outcome` tag, see docs/WIRE.md).
@@ -61,6 +62,7 @@ pub struct CommandSender<E: Entity> {
     js: Context,
     names: Names,
     codec: Codec,
+    trace: Option<TraceParent>,
     _entity: PhantomData<fn() -> E>,
 }
 
@@ -70,6 +72,7 @@ impl<E: Entity> Clone for CommandSender<E> {
             js: self.js.clone(),
             names: self.names.clone(),
             codec: self.codec,
+            trace: self.trace,
             _entity: PhantomData,
         }
     }
@@ -82,7 +85,30 @@ impl<E: Entity> CommandSender<E> {
             js: jetstream::new(client),
             names: Names::new(&config.entity_type),
             codec: config.codec,
+            trace: None,
             _entity: PhantomData,
+        }
+    }
+
+    /// A sender whose commands carry the W3C trace context `trace` in a `traceparent` header
+    /// (the caller's current span: its trace id and its span id as the parent). The entity's
+    /// `command` span records `trace_id`, `parent_id` and a `span_id` of its own; the events the
+    /// command writes and its outcome reply carry `traceparent` with that span as parent
+    /// (docs/WIRE.md). Cheap: a copy of this sender.
+    ///
+    /// ```no_run
+    /// # use jetshard::{CommandSender, Entity, TraceParent};
+    /// # async fn run<E: Entity>(sender: CommandSender<E>, command: E::Command) -> Result<(), jetshard::Error> {
+    /// // From the caller's tracing system, or a new trace:
+    /// let trace = TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+    ///     .unwrap_or_else(TraceParent::new_root);
+    /// sender.traced(trace).send("o-17", &command).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn traced(&self, trace: TraceParent) -> Self {
+        Self {
+            trace: Some(trace),
+            ..self.clone()
         }
     }
 
@@ -162,9 +188,12 @@ impl<E: Entity> CommandSender<E> {
         &self,
         id: &str,
         command: &E::Command,
-        headers: HeaderMap,
+        mut headers: HeaderMap,
     ) -> Result<u64, Error> {
         let id = EntityId::new(id)?;
+        if let Some(trace) = &self.trace {
+            headers.insert(HDR_TRACEPARENT, trace.to_string());
+        }
         let payload = self.codec.encode(command)?;
         let max = self.js.client().server_info().max_payload;
         if max > 0 && payload.len() > max {

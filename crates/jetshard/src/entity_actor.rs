@@ -33,6 +33,8 @@ use crate::codec::Codec;
 use crate::command::CommandOutcome;
 use crate::entity::{Entity, EntityId, decode_event};
 use crate::journal::{self, JournalWriter, Record, WriteError};
+use crate::telemetry::{self, CommandMetrics};
+use crate::trace::CommandTrace;
 use crate::wire::Names;
 
 /// An entity's state and what its last command came to.
@@ -59,6 +61,20 @@ pub(crate) enum LastOutcome {
     Applied { events: u32 },
     Rejected(Box<str>),
     DeadLettered(Box<str>),
+}
+
+impl Verdict {
+    /// A word for logs.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Verdict::Applied { .. } => "applied",
+            Verdict::Duplicate { .. } => "duplicate",
+            Verdict::Rejected(_) => "rejected",
+            Verdict::DeadLettered(_) => "dead_lettered",
+            Verdict::Fenced => "fenced",
+            Verdict::Failed(_) => "failed",
+        }
+    }
 }
 
 impl LastOutcome {
@@ -190,6 +206,8 @@ pub(crate) struct Work {
     /// Give it up with this reason instead of deciding it: a dead-letter record, written in the
     /// entity's order, without decoding the command.
     pub(crate) give_up: Option<Arc<str>>,
+    /// The command's trace context: its events carry its span as their parent.
+    pub(crate) trace: Option<Box<CommandTrace>>,
 }
 
 /// What became of one command.
@@ -248,6 +266,8 @@ pub(crate) struct EntityContext {
     pub(crate) names: Arc<Names>,
     pub(crate) codec: Codec,
     pub(crate) report: Reporter,
+    /// The partition's decide and write timings.
+    pub(crate) metrics: CommandMetrics,
 }
 
 pub(crate) struct EntityActor<E>(PhantomData<fn() -> E>);
@@ -327,12 +347,15 @@ impl<E: Entity> Actor for EntityActor<E> {
             entity = %state.id,
             generation = state.context.journal.generation(),
             cmd_seq = work.seq,
+            trace_id = work.trace.as_ref().map(|t| tracing::field::display(t.caller.trace_id())),
+            parent_id = work.trace.as_ref().map(|t| tracing::field::display(t.caller.parent_id())),
+            span_id = work.trace.as_ref().map(|t| tracing::field::display(t.span.parent_id())),
         );
         let seq = work.seq;
         let mut quarantine = None;
         // Boxed: the actor's task then holds only a pointer to the (large) future of a command
         // while it is idle. Unwound: a panic anywhere in it is this command's failure.
-        let processing = Box::pin(process(state, work, &mut quarantine).instrument(span));
+        let processing = Box::pin(process(state, work, &mut quarantine).instrument(span.clone()));
         let verdict = match AssertUnwindSafe(processing).catch_unwind().await {
             Ok(verdict) => verdict,
             Err(panic) => Verdict::Failed(Failure::Crashed(format!(
@@ -340,6 +363,7 @@ impl<E: Entity> Actor for EntityActor<E> {
                 panic_message(&*panic)
             ))),
         };
+        span.in_scope(|| tracing::debug!(verdict = verdict.name(), "command done"));
         let stops = matches!(verdict, Verdict::Fenced | Verdict::Failed(_)) || quarantine.is_some();
         if stops {
             state.broken = true;
@@ -378,6 +402,7 @@ async fn process<E: Entity>(
         payload,
         deliveries,
         give_up,
+        trace,
     } = work;
     if matches!(state.seed, Loaded::No) {
         state.seed = match revive::<E>(&state.id, &state.context).await {
@@ -442,7 +467,10 @@ async fn process<E: Entity>(
     let Loaded::Yes(seed) = &mut state.seed else {
         return Verdict::Failed(Failure::Unconfirmed("entity state missing".to_owned()));
     };
-    let decided = match catch_unwind(AssertUnwindSafe(|| E::decide(&seed.state, command))) {
+    let deciding = std::time::Instant::now();
+    let decided = catch_unwind(AssertUnwindSafe(|| E::decide(&seed.state, command)));
+    telemetry::record(&state.context.metrics.decide_seconds, deciding.elapsed());
+    let decided = match decided {
         Ok(decided) => decided,
         Err(panic) => {
             return Verdict::Failed(Failure::Crashed(format!(
@@ -467,11 +495,21 @@ async fn process<E: Entity>(
             Err(e) => return Verdict::Failed(Failure::Crashed(e.to_string())),
         }
     }
+    let metrics = &state.context.metrics;
+    metrics.batch_events.record(encoded.len() as f64);
+    let writing = std::time::Instant::now();
     let written = state
         .context
         .journal
-        .append(&state.id, seq, encoded, E::EVENT_VERSION)
+        .append(
+            &state.id,
+            seq,
+            encoded,
+            E::EVENT_VERSION,
+            trace.as_ref().map(|t| &t.span),
+        )
         .await;
+    telemetry::record(&metrics.write_seconds, writing.elapsed());
     let journal_seq = match written {
         Ok(journal_seq) => journal_seq,
         Err(e) => return write_failed(e),

@@ -20,10 +20,11 @@ use futures::StreamExt;
 use crate::entity::EntityId;
 use crate::error::{BoxError, Error};
 use crate::fence::{Fence, header_u64};
+use crate::trace::TraceParent;
 use crate::wire::{
     HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE, HDR_COMMAND_SEQ, HDR_DELIVERIES,
     HDR_ENTITY, HDR_EVENT_VERSION, HDR_EXPECTED_SUBJECT, HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION,
-    HDR_MSG_ID, HDR_REASON, Names,
+    HDR_MSG_ID, HDR_REASON, HDR_TRACEPARENT, Names,
 };
 
 /// Why a journal write did not happen.
@@ -118,6 +119,7 @@ impl JournalWriter {
         command_seq: u64,
         events: Vec<Vec<u8>>,
         version: u32,
+        trace: Option<&TraceParent>,
     ) -> Result<Option<u64>, WriteError> {
         if events.len() > MAX_EVENTS_PER_COMMAND {
             return Err(WriteError::TooManyEvents {
@@ -138,6 +140,9 @@ impl JournalWriter {
             headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
             headers.insert(HDR_EVENT_VERSION, version.to_string());
             headers.insert(HDR_MSG_ID, self.names.event_msg_id(command_seq, index));
+            if let Some(trace) = trace {
+                headers.insert(HDR_TRACEPARENT, trace.to_string());
+            }
             if let Some(batch_id) = &batch_id {
                 headers.insert(HDR_BATCH_ID, batch_id.as_str());
                 headers.insert(HDR_BATCH_SEQUENCE, (index + 1).to_string());

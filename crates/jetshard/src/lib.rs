@@ -102,6 +102,7 @@ mod entity;
 mod entity_actor;
 mod error;
 mod fence;
+mod health;
 mod journal;
 mod owner;
 mod partition;
@@ -109,7 +110,9 @@ mod pin;
 mod retry;
 mod status;
 mod system;
+mod telemetry;
 mod topology;
+mod trace;
 pub mod wire;
 
 pub use codec::Codec;
@@ -118,9 +121,11 @@ pub use config::{CommandRetention, ShardConfig, ShardConfigBuilder};
 pub use entity::{Entity, EntityId, MAX_ID_LEN};
 pub use error::{CodecError, ConfigError, Error, InvalidId};
 pub use fence::{FenceRecord, FenceRecordError, HeldRange, Trial};
+pub use health::{Health, PartitionHealth};
 pub use partition::{fnv1a_32, partition_of};
 pub use status::{NodeStatus, OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
 pub use system::ShardSystem;
+pub use trace::{SpanId, TraceId, TraceParent};
 
 /// The README's code, compiled as a doctest so that it stays true.
 #[cfg(doctest)]

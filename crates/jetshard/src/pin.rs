@@ -23,7 +23,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::wire::{HDR_PIN_ID, HDR_REPLY_TO, PRIORITY_GROUP};
+use crate::trace::CommandTrace;
+use crate::wire::{HDR_PIN_ID, HDR_REPLY_TO, HDR_TRACEPARENT, PRIORITY_GROUP};
 
 /// A command delivered to this process, with the pin it came under.
 #[derive(Debug)]
@@ -40,6 +41,10 @@ pub(crate) struct Delivery {
     pub(crate) deliveries: u64,
     /// Where the client wants the outcome (`Jetshard-Reply-To`).
     pub(crate) respond_to: Option<Subject>,
+    /// The consumer's commands not delivered yet, as the server counted at this delivery.
+    pub(crate) pending: u64,
+    /// The command's trace context, if it came with a valid `traceparent`.
+    pub(crate) trace: Option<Box<CommandTrace>>,
 }
 
 /// The `Jetshard-Reply-To` subject of a command, if it has a valid one.
@@ -47,6 +52,11 @@ pub(crate) fn respond_to(headers: Option<&async_nats::HeaderMap>) -> Option<Subj
     let subject = headers?.get(HDR_REPLY_TO)?.as_str();
     let valid = !subject.is_empty() && !subject.contains(['*', '>', ' ', '\t', '\r', '\n']);
     valid.then(|| Subject::from(subject))
+}
+
+/// The trace context of a command with a valid `traceparent` header.
+pub(crate) fn trace_of(headers: Option<&async_nats::HeaderMap>) -> Option<Box<CommandTrace>> {
+    CommandTrace::of(headers?.get(HDR_TRACEPARENT)?.as_str())
 }
 
 /// Reads the stream sequence and delivery count from a `$JS.ACK` reply subject, in either
@@ -63,6 +73,10 @@ pub(crate) fn ack_info(reply: &str) -> Option<AckInfo> {
         deliveries: tokens[first].parse().ok()?,
         stream_seq: tokens[first + 1].parse().ok()?,
         consumer_seq: tokens[first + 2].parse().ok()?,
+        pending: tokens
+            .get(first + 4)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0),
     })
 }
 
@@ -74,6 +88,8 @@ pub(crate) struct AckInfo {
     /// The consumer's delivery counter: it rises by one with every delivery, so a jump means a
     /// delivery to this process was lost on the way (a dropped connection).
     pub(crate) consumer_seq: u64,
+    /// The consumer's pending count after this delivery: commands stored and not delivered yet.
+    pub(crate) pending: u64,
 }
 
 /// What the pull loop tells its owner.
@@ -291,6 +307,7 @@ async fn run(
                     stream_seq: seq,
                     deliveries,
                     consumer_seq,
+                    pending,
                 }) = ack_info(&reply)
                 else {
                     tracing::warn!(%reply, "delivery with an unreadable ack subject");
@@ -311,6 +328,7 @@ async fn run(
                 last_consumer_seq =
                     Some(last_consumer_seq.map_or(consumer_seq, |l| l.max(consumer_seq)));
                 let respond_to = respond_to(message.headers.as_ref());
+                let trace = trace_of(message.headers.as_ref());
                 let delivery = Delivery {
                     respond_to,
                     pin: pin.clone().unwrap_or_else(|| Arc::from("")),
@@ -319,6 +337,8 @@ async fn run(
                     payload: message.payload,
                     seq,
                     deliveries,
+                    pending,
+                    trace,
                 };
                 if !sink(PinSignal::Delivered(delivery)) {
                     return Ok(Ended::OwnerGone);
@@ -361,28 +381,29 @@ mod tests {
 
     #[test]
     fn ack_subjects_of_both_layouts_are_read() {
-        let info = |stream_seq, deliveries, consumer_seq| {
+        let info = |stream_seq, deliveries, consumer_seq, pending| {
             Some(AckInfo {
                 stream_seq,
                 deliveries,
                 consumer_seq,
+                pending,
             })
         };
         assert_eq!(
             ack_info("$JS.ACK.C.p0.1.15.5.1795319414023821828.9"),
-            info(15, 1, 5)
+            info(15, 1, 5, 9)
         );
         assert_eq!(
             ack_info("$JS.ACK.C.p0.3.15.5.1795319414023821828.0"),
-            info(15, 3, 5)
+            info(15, 3, 5, 0)
         );
         assert_eq!(
             ack_info("$JS.ACK._.ACCHASH.C.p0.2.16.5.1795319414023821828.0.tok"),
-            info(16, 2, 5)
+            info(16, 2, 5, 0)
         );
         assert_eq!(
             ack_info("$JS.ACK._.ACCHASH.C.p0.2.16.5.1795319414023821828.0"),
-            info(16, 2, 5)
+            info(16, 2, 5, 0)
         );
         for bad in [
             "",

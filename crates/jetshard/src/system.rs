@@ -18,6 +18,7 @@ use crate::balance::{Heartbeat, Membership};
 use crate::config::ShardConfig;
 use crate::entity::Entity;
 use crate::error::Error;
+use crate::health::{Health, HealthBoard, PartitionHealth};
 use crate::owner::{OwnerActor, OwnerArgs, OwnerMsg, Shared};
 use crate::retry::RestartWindow;
 use crate::status::{NodeStatus, OwnershipEvent, PartitionStatus};
@@ -45,6 +46,7 @@ pub struct ShardSystem {
     join: JoinHandle<()>,
     events: broadcast::Sender<OwnershipEvent>,
     config: ShardConfig,
+    health: Arc<HealthBoard>,
 }
 
 impl ShardSystem {
@@ -91,6 +93,7 @@ impl ShardSystem {
             .await
             .map_err(|e| Error::jetstream(format!("open stream {}", names.journal_stream), e))?;
         let (events, _) = broadcast::channel(1024);
+        let health = Arc::new(HealthBoard::new(config.partitions));
         let shared = Arc::new(Shared {
             client: js.client(),
             js,
@@ -101,6 +104,7 @@ impl ShardSystem {
             events: events.clone(),
             resident: Arc::default(),
             incarnation: crate::journal::unique_token(),
+            health: health.clone(),
         });
         let actor = SystemActor::<E>(std::marker::PhantomData);
         let spawned = match supervisor {
@@ -116,6 +120,7 @@ impl ShardSystem {
             join,
             events,
             config,
+            health,
         })
     }
 
@@ -147,6 +152,24 @@ impl ShardSystem {
             Ok(ractor::rpc::CallResult::Success(status)) => Ok(status),
             _ => Err(Error::Stopped),
         }
+    }
+
+    /// Whether this process serves its partitions: [`Health::Ready`] once every partition it
+    /// owns is serving (the others it pulls as a standby); [`Health::Degraded`] names each
+    /// partition whose owner is starting, acquiring, refused, isolating, releasing or
+    /// restarting; [`Health::Stopped`] once the system has stopped. It reads what each owner
+    /// last posted and never waits on one (an acquisition runs for as long as its replay).
+    pub fn health(&self) -> Health {
+        let stopping = matches!(
+            self.actor.get_status(),
+            ractor::ActorStatus::Draining
+                | ractor::ActorStatus::Stopping
+                | ractor::ActorStatus::Stopped
+        );
+        if stopping || self.join.is_finished() {
+            return Health::Stopped;
+        }
+        Health::judge(&self.health.phases())
     }
 
     /// Stops gracefully: every owner finishes and acknowledges the commands in hand (within the
@@ -358,6 +381,10 @@ impl<E: Entity> Actor for SystemActor<E> {
         if state.stopping {
             return Ok(());
         }
+        state
+            .shared
+            .health
+            .set(partition, PartitionHealth::Restarting);
         let reason = failure.unwrap_or_else(|| "stopped".to_owned());
         tracing::error!(partition, %reason, "partition owner ended; restarting it as a standby");
         let window = state.shared.config.owner_restart_window;

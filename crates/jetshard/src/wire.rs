@@ -23,6 +23,9 @@ pub const HDR_REASON: &str = "Jetshard-Reason";
 pub const HDR_DELIVERIES: &str = "Jetshard-Deliveries";
 /// Header a client may set on a command: where to send its outcome (a `CommandOutcome`, JSON).
 pub const HDR_REPLY_TO: &str = "Jetshard-Reply-To";
+/// W3C trace context (`00-<trace id>-<parent id>-<flags>`): a client may set it on a command;
+/// the command's events and its outcome reply carry it with the command's own span as parent.
+pub const HDR_TRACEPARENT: &str = "traceparent";
 /// Server header naming the pin of a delivered message.
 pub const HDR_PIN_ID: &str = "Nats-Pin-Id";
 /// Server header of the compare-and-set: the expected last sequence of a subject.

@@ -59,6 +59,9 @@ pub struct DemoOptions {
     pub fault_at_percent: u64,
     /// The fault.
     pub fault: Fault,
+    /// With a port P: node-a, node-b and node-c serve `/metrics`, `/healthz` and `/readyz` on
+    /// 127.0.0.1:P, P+1 and P+2 (`node --metrics-addr`).
+    pub metrics_port: Option<u16>,
 }
 
 /// What the demo measured.
@@ -117,9 +120,18 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoOutcome> {
     std::fs::create_dir_all(&logs).with_context(|| format!("create {}", logs.display()))?;
     let exe = std::env::current_exe().context("find this program")?;
     let mut nodes = Vec::new();
-    for id in ["node-a", "node-b", "node-c"] {
+    for (index, id) in (0u16..).zip(["node-a", "node-b", "node-c"]) {
         let log = logs.join(format!("{id}.log"));
-        nodes.push(NodeProcess::spawn(&exe, &server.url(), id, settings, &log)?);
+        let extra = match options.metrics_port {
+            Some(port) => {
+                let addr = format!("127.0.0.1:{}", port.saturating_add(index));
+                println!("{} {id}: http://{addr}/metrics", clock.stamp());
+                vec!["--metrics-addr".to_owned(), addr]
+            }
+            None => Vec::new(),
+        };
+        let node = NodeProcess::spawn_with(&exe, &server.url(), id, settings, &log, &extra)?;
+        nodes.push(node);
     }
     for node in &mut nodes {
         node.wait_ready(Duration::from_secs(30)).await?;

@@ -33,5 +33,6 @@ pub mod load;
 pub mod node;
 pub mod nodes;
 pub mod order;
+pub mod probe;
 pub mod status;
 pub mod verify;

@@ -42,6 +42,9 @@ enum Command {
         /// How often the node logs its status, in milliseconds.
         #[arg(long, default_value_t = 5000)]
         report_every_ms: u64,
+        /// Serve Prometheus metrics at /metrics, and /healthz and /readyz, on HOST:PORT.
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics_addr: Option<String>,
     },
     /// Publishes a realistic mix of commands for N orders, with a progress bar.
     Load {
@@ -99,6 +102,9 @@ enum Command {
         /// What happens to the node owning the most partitions.
         #[arg(long, value_enum, default_value_t = demo::Fault::Kill)]
         fault: demo::Fault,
+        /// Serve each node's /metrics, /healthz and /readyz on 127.0.0.1:PORT, PORT+1, PORT+2.
+        #[arg(long, value_name = "PORT")]
+        metrics_port: Option<u16>,
     },
 }
 
@@ -141,6 +147,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             pin_ttl_ms,
             ack_wait_ms,
             report_every_ms,
+            metrics_addr,
         } => {
             let node_id = match node_id {
                 Some(id) => id,
@@ -156,6 +163,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 pin_ttl: Duration::from_millis(pin_ttl_ms),
                 ack_wait: Duration::from_millis(ack_wait_ms),
                 report_every: Duration::from_millis(report_every_ms.max(100)),
+                metrics_addr,
             })
             .await?;
             Ok(ExitCode::SUCCESS)
@@ -227,6 +235,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             pin_ttl_ms,
             ack_wait_ms,
             fault,
+            metrics_port,
         } => {
             let options = demo::DemoOptions {
                 orders,
@@ -238,6 +247,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 },
                 fault_at_percent: 35,
                 fault,
+                metrics_port,
             };
             // Interrupted, the demo is dropped: its node processes and its server are killed.
             let outcome = tokio::select! {

@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use async_nats::Client;
-use jetshard::{OwnershipChange, OwnershipEvent, PartitionStatus, ShardConfig, ShardSystem};
+use jetshard::{
+    Health, OwnershipChange, OwnershipEvent, PartitionStatus, ShardConfig, ShardSystem,
+};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
@@ -34,6 +36,7 @@ use tokio::task::JoinHandle;
 
 use crate::nodes::{NodeLine, unix_ms};
 use crate::order::{self, Order};
+use crate::probe;
 
 /// How often the shard system may fail within [`SYSTEM_RESTART_WINDOW`] and be restarted.
 pub const MAX_SYSTEM_RESTARTS: usize = 3;
@@ -57,6 +60,8 @@ pub struct NodeOptions {
     pub ack_wait: Duration,
     /// How often the reporter logs the status.
     pub report_every: Duration,
+    /// Where to serve `/metrics`, `/healthz` and `/readyz` (see [`crate::probe`]), if anywhere.
+    pub metrics_addr: Option<String>,
 }
 
 impl NodeOptions {
@@ -82,6 +87,11 @@ impl NodeOptions {
 /// start (e.g. the streams exist with other settings), or it fails beyond its restart budget.
 pub async fn run(options: NodeOptions) -> anyhow::Result<()> {
     let config = options.shard_config()?;
+    // Before the shard system starts: its owners register their series as they start.
+    let recorder = match &options.metrics_addr {
+        Some(_) => Some(probe::install_recorder()?),
+        None => None,
+    };
     let client = async_nats::ConnectOptions::new()
         .name(format!("order-processor {}", options.node_id))
         .connect(options.nats_url.as_str())
@@ -103,6 +113,27 @@ pub async fn run(options: NodeOptions) -> anyhow::Result<()> {
         SpawnErr::StartupFailed(cause) => anyhow::anyhow!("cannot start the node: {cause}"),
         other => anyhow::anyhow!("cannot start the node: {other}"),
     })?;
+    let _probe = match (&options.metrics_addr, recorder) {
+        (Some(addr), Some(recorder)) => {
+            let root = root.clone();
+            let health = move || {
+                let root = root.clone();
+                async move {
+                    match root
+                        .call(RootMsg::Health, Some(Duration::from_secs(2)))
+                        .await
+                    {
+                        Ok(ractor::rpc::CallResult::Success(health)) => health,
+                        _ => None,
+                    }
+                }
+            };
+            let probe = probe::serve(addr, recorder, health).await?;
+            tracing::info!(node = %options.node_id, addr = %probe.addr, "serving /metrics, /healthz and /readyz");
+            Some(probe)
+        }
+        _ => None,
+    };
     say(&NodeLine::Ready {
         node: options.node_id.clone(),
     });
@@ -151,6 +182,8 @@ struct RootArgs {
 enum RootMsg {
     /// The shard system's status, for the reporter.
     Status(RpcReplyPort<Vec<PartitionStatus>>),
+    /// The shard system's health, for `/readyz`; `None` while none runs.
+    Health(RpcReplyPort<Option<Health>>),
     /// Graceful shutdown; replies when done.
     Shutdown(RpcReplyPort<()>),
     /// Start the shard system again after it failed.
@@ -209,6 +242,9 @@ impl Actor for Root {
                     None => Vec::new(),
                 };
                 let _ = reply.send(status);
+            }
+            RootMsg::Health(reply) => {
+                let _ = reply.send(state.system.as_ref().map(ShardSystem::health));
             }
             RootMsg::Shutdown(reply) => {
                 state.stopping = true;

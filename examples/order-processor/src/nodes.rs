@@ -185,6 +185,21 @@ impl NodeProcess {
         settings: &NodeSettings,
         log: &Path,
     ) -> anyhow::Result<NodeProcess> {
+        Self::spawn_with(exe, nats_url, id, settings, log, &[])
+    }
+
+    /// Like [`spawn`](Self::spawn), with more arguments for `node` (e.g. `--metrics-addr`).
+    ///
+    /// # Errors
+    /// As [`spawn`](Self::spawn).
+    pub fn spawn_with(
+        exe: &Path,
+        nats_url: &str,
+        id: &str,
+        settings: &NodeSettings,
+        log: &Path,
+        extra: &[String],
+    ) -> anyhow::Result<NodeProcess> {
         let log_file = std::fs::File::create(log)
             .with_context(|| format!("create node log {}", log.display()))?;
         let mut command = Command::new(exe);
@@ -194,6 +209,7 @@ impl NodeProcess {
             .args(["--partitions", &settings.partitions.to_string()])
             .args(["--pin-ttl-ms", &settings.pin_ttl.as_millis().to_string()])
             .args(["--ack-wait-ms", &settings.ack_wait.as_millis().to_string()])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log_file)

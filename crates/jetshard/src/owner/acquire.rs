@@ -263,6 +263,7 @@ async fn read_slice(
                 message.sequence,
                 message.payload,
                 pin::respond_to(Some(&message.headers)),
+                pin::trace_of(Some(&message.headers)),
             ),
         ));
     }

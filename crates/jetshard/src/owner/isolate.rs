@@ -106,6 +106,8 @@ mod tests {
             seq,
             deliveries: 2,
             respond_to: None,
+            pending: 0,
+            trace: None,
         }
     }
 

@@ -45,11 +45,14 @@ use crate::config::ShardConfig;
 use crate::entity::{Entity, EntityId};
 use crate::entity_actor::{EntityContext, EntityReport, Outcome, Passivated, Reporter, Seed};
 use crate::fence;
+use crate::health::{HealthBoard, PartitionHealth};
 use crate::journal::JournalWriter;
 use crate::pin::{self, Delivery, PinSignal, PullLoop, PullSettings};
 use crate::retry::RestartWindow;
 use crate::status::{OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
-use crate::wire::{Names, PRIORITY_GROUP};
+use crate::telemetry::{self, Load, PartitionMetrics};
+use crate::trace::TraceParent;
+use crate::wire::{HDR_TRACEPARENT, Names, PRIORITY_GROUP};
 use isolate::{Isolation, Next};
 use phase::{Counters, Owning, Phase, Refused, Release};
 use route::{Blocked, Pending};
@@ -69,6 +72,8 @@ pub(crate) struct Shared {
     /// This process's run of the shard system: it answers on `<t>.alive.<incarnation>`, and its
     /// fence records name it.
     pub(crate) incarnation: String,
+    /// Each owner's phase, for [`ShardSystem::health`](crate::ShardSystem::health).
+    pub(crate) health: Arc<HealthBoard>,
 }
 
 /// The owner's messages.
@@ -110,6 +115,9 @@ pub(crate) struct OwnerState<E: Entity> {
     phase: Phase<E>,
     policy: Policy,
     counters: Counters,
+    metrics: PartitionMetrics,
+    /// The pin of the last delivery (for `jetshard_pin_changes_total`).
+    last_pin: Option<Arc<str>>,
 }
 
 impl<E: Entity> Drop for OwnerState<E> {
@@ -151,7 +159,14 @@ impl<E: Entity> Actor for OwnerActor<E> {
             retry_delay: config.retry_delay,
             ack_wait: config.ack_wait,
         };
+        args.shared
+            .health
+            .set(args.partition, PartitionHealth::Standby);
+        let metrics = PartitionMetrics::new(&config.entity_type, args.partition);
+        metrics.set_load(None);
         Ok(OwnerState {
+            metrics,
+            last_pin: None,
             partition: args.partition,
             shared: args.shared,
             myself,
@@ -187,10 +202,14 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 state.finish_release_if_drained().await;
             }
             OwnerMsg::Pin(PinSignal::Ended { reason }) => {
-                return state.on_pull_loop_ended(reason).await;
+                let ended = state.on_pull_loop_ended(reason).await;
+                state.post_health();
+                return ended;
             }
             OwnerMsg::Entity(EntityReport::Outcome(outcome)) => {
-                return state.on_outcome(outcome).await;
+                let settled = state.on_outcome(outcome).await;
+                state.post_health();
+                return settled;
             }
             OwnerMsg::Entity(EntityReport::Passivated(passivated)) => {
                 state.on_passivated(passivated);
@@ -206,6 +225,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 let _ = reply.send(state.status());
             }
         }
+        state.post_health();
         Ok(())
     }
 
@@ -247,7 +267,39 @@ impl<E: Entity> OwnerState<E> {
         &self.shared.config
     }
 
+    /// Posts this owner's phase on the system's health board.
+    fn post_health(&self) {
+        let health = match &self.phase {
+            Phase::Standby => PartitionHealth::Standby,
+            Phase::Refused(_) => PartitionHealth::Refused,
+            Phase::Owning(o) if o.isolation.is_some() => PartitionHealth::Isolating,
+            Phase::Owning(_) => PartitionHealth::Serving,
+            Phase::Releasing(..) => PartitionHealth::Releasing,
+            Phase::CoolingDown(_) => PartitionHealth::CoolingDown,
+        };
+        self.shared.health.set(self.partition, health);
+    }
+
+    /// Sets the partition's gauges: entities and commands in hand.
+    fn post_load(&self) {
+        let load = self.phase.owning_ref().map(|o| Load {
+            owned: true,
+            resident: o.entities.values().filter(|s| s.actor.is_some()).count(),
+            dormant: o.dormant.len(),
+            quarantined: o.quarantined.len(),
+            ack_pending: o.entities.values().map(|s| s.queue.len()).sum(),
+        });
+        self.metrics.set_load(load);
+    }
+
     async fn on_delivery(&mut self, delivery: Delivery) {
+        if self.last_pin.as_ref() != Some(&delivery.pin) {
+            if self.last_pin.is_some() {
+                self.metrics.pin_changes.increment(1);
+            }
+            self.last_pin = Some(delivery.pin.clone());
+        }
+        let pending = delivery.pending as f64;
         if matches!(self.phase, Phase::Releasing(..) | Phase::CoolingDown(_)) {
             // Handing over: let the next owner have it soon.
             acknowledge(
@@ -272,6 +324,9 @@ impl<E: Entity> OwnerState<E> {
                 acknowledge(&self.shared.client, self.partition, delivery.reply, nak).await;
             }
             _ => self.acquire(delivery).await,
+        }
+        if matches!(self.phase, Phase::Owning(_)) {
+            self.metrics.pending.set(pending);
         }
     }
 
@@ -387,11 +442,15 @@ impl<E: Entity> OwnerState<E> {
         let node = self.config().node_id.clone();
         let pin = first.pin.clone();
         let first_new = (first.deliveries == 1).then_some(first.seq);
+        self.shared
+            .health
+            .set(partition, PartitionHealth::Acquiring);
         let acquired = acquire::claim_and_rebuild::<E>(&self.shared, partition, first_new).await;
         let acquired = match acquired {
             Ok(acquired) => acquired,
             Err(e) => {
                 self.counters.failed_acquisitions += 1;
+                self.metrics.acquisition_failed.increment(1);
                 tracing::error!(partition, node = %node, error = %e, "cannot take the partition; releasing the pin");
                 self.refuse(pin, true).await;
                 return;
@@ -418,6 +477,7 @@ impl<E: Entity> OwnerState<E> {
             names: self.shared.names.clone(),
             codec: self.shared.config.codec,
             report,
+            metrics: self.metrics.command.clone(),
         });
         let quarantined = acquired.quarantined.len();
         let trial = acquired.claimed.trial;
@@ -460,6 +520,10 @@ impl<E: Entity> OwnerState<E> {
             suspect,
         }));
         self.counters.acquisitions += 1;
+        self.metrics.acquired.increment(1);
+        telemetry::record(&self.metrics.replay_seconds, acquired.replay_time);
+        telemetry::record(&self.metrics.acquire_seconds, started.elapsed());
+        self.post_load();
         tracing::info!(
             partition,
             generation = fence.generation,
@@ -535,19 +599,27 @@ impl<E: Entity> OwnerState<E> {
             crate::entity_actor::Verdict::Applied { events } => {
                 self.counters.applied += 1;
                 self.counters.events_written += *events as u64;
+                self.metrics.applied.increment(1);
+                self.metrics.events_written.increment(*events as u64);
             }
-            crate::entity_actor::Verdict::Duplicate { .. } => self.counters.duplicates += 1,
+            crate::entity_actor::Verdict::Duplicate { .. } => {
+                self.counters.duplicates += 1;
+                self.metrics.duplicate.increment(1);
+            }
             crate::entity_actor::Verdict::Rejected(reason) => {
                 self.counters.rejected += 1;
+                self.metrics.rejected.increment(1);
                 tracing::debug!(partition, %entity, cmd_seq = outcome.seq, %reason, "command rejected");
             }
             crate::entity_actor::Verdict::DeadLettered(reason) => {
                 self.counters.dead_lettered += 1;
+                self.metrics.dead_lettered.increment(1);
                 tracing::warn!(partition, %entity, cmd_seq = outcome.seq, %reason, "command dead-lettered and terminated");
             }
             crate::entity_actor::Verdict::Failed(failure) => {
                 if matches!(failure, crate::entity_actor::Failure::Unconfirmed(_)) {
                     self.counters.unconfirmed_writes += 1;
+                    self.metrics.unconfirmed_writes.increment(1);
                 }
                 tracing::warn!(partition, %entity, cmd_seq = outcome.seq, deliveries = head.deliveries, ?failure, "command failed");
             }
@@ -615,7 +687,8 @@ impl<E: Entity> OwnerState<E> {
                         }
                     }
                     if let Some(to) = done.respond_to {
-                        respond(&self.shared.client, to, &answer).await;
+                        let trace = done.trace.map(|t| t.span);
+                        respond(&self.shared.client, to, &answer, trace).await;
                     }
                 }
                 Effect::GiveUp { reason } => {
@@ -694,6 +767,7 @@ impl<E: Entity> OwnerState<E> {
         match written {
             Ok(()) => {
                 self.counters.dead_lettered += 1;
+                self.metrics.dead_lettered.increment(1);
                 if let Some(reply) = pending.reply {
                     acknowledge(&self.shared.client, self.partition, reply, AckKind::Term).await;
                 }
@@ -702,7 +776,8 @@ impl<E: Entity> OwnerState<E> {
                         command_seq: pending.seq,
                         reason,
                     };
-                    respond(&self.shared.client, to, &answer).await;
+                    let trace = pending.trace.as_ref().map(|t| t.span);
+                    respond(&self.shared.client, to, &answer, trace).await;
                 }
             }
             Err(crate::journal::WriteError::Fenced { .. }) => {
@@ -776,6 +851,7 @@ impl<E: Entity> OwnerState<E> {
             _ => {}
         }
         self.step_isolation().await;
+        self.post_load();
         let partition = self.partition;
         let Some(o) = self.phase.owning() else { return };
         let mut progress = Vec::new();
@@ -961,6 +1037,8 @@ impl<E: Entity> OwnerState<E> {
     /// Says that this owner left generation `o`, stopping its entity actors.
     fn left(&self, o: &Owning<E>, reason: StepDown) {
         self.myself.stop_children(Some(reason.to_string()));
+        self.metrics.step_down(reason.label());
+        self.metrics.set_load(None);
         let node = self.config().node_id.clone();
         tracing::info!(partition = self.partition, generation = o.generation, node = %node, %reason, "stepped down");
         let _ = self.shared.events.send(OwnershipEvent {
@@ -1059,12 +1137,26 @@ async fn acknowledge_confirmed(
     }
 }
 
-/// Tells a client the outcome of its command (best effort: the outcome is in the journal).
-async fn respond(client: &Client, to: Subject, outcome: &CommandOutcome) {
+/// Tells a client the outcome of its command (best effort: the outcome is in the journal),
+/// under the command's span if it was traced.
+async fn respond(
+    client: &Client,
+    to: Subject,
+    outcome: &CommandOutcome,
+    trace: Option<TraceParent>,
+) {
     let Ok(body) = serde_json::to_vec(outcome) else {
         return;
     };
-    if let Err(e) = client.publish(to, body.into()).await {
+    let sent = match trace {
+        Some(trace) => {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(HDR_TRACEPARENT, trace.to_string());
+            client.publish_with_headers(to, headers, body.into()).await
+        }
+        None => client.publish(to, body.into()).await,
+    };
+    if let Err(e) = sent {
         tracing::debug!(error = %e, "outcome reply not sent");
     }
 }

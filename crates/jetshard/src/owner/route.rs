@@ -13,6 +13,7 @@ use super::phase::Owning;
 use crate::entity::{Entity, EntityId};
 use crate::entity_actor::{EntityActor, EntityMsg, Loaded, Work};
 use crate::pin::Delivery;
+use crate::trace::CommandTrace;
 
 /// A live entity actor, counted in the system's resident count while it is held.
 pub(super) struct Resident {
@@ -93,6 +94,8 @@ pub(super) struct Pending {
     /// Set once the command is to be given up: its dead letter is written next, with this
     /// reason, instead of deciding it.
     pub(super) give_up: Option<Arc<str>>,
+    /// Its trace context (`traceparent`), if it came with one.
+    pub(super) trace: Option<Box<CommandTrace>>,
 }
 
 impl Pending {
@@ -106,12 +109,18 @@ impl Pending {
             progress_at: Instant::now(),
             respond_to: delivery.respond_to,
             give_up: None,
+            trace: delivery.trace,
         }
     }
 
     /// A command read back from the stream on acquisition (its delivery count is set from the
     /// claim's count of it).
-    pub(super) fn recovered(seq: u64, payload: Bytes, respond_to: Option<Subject>) -> Self {
+    pub(super) fn recovered(
+        seq: u64,
+        payload: Bytes,
+        respond_to: Option<Subject>,
+        trace: Option<Box<CommandTrace>>,
+    ) -> Self {
         Pending {
             seq,
             payload,
@@ -121,6 +130,7 @@ impl Pending {
             progress_at: Instant::now(),
             respond_to,
             give_up: None,
+            trace,
         }
     }
 
@@ -130,6 +140,7 @@ impl Pending {
             payload: self.payload.clone(),
             deliveries: self.deliveries,
             give_up: self.give_up.clone(),
+            trace: self.trace.clone(),
         }
     }
 }

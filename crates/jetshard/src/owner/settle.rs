@@ -67,6 +67,22 @@ impl StepDown {
     }
 }
 
+impl StepDown {
+    /// The `reason` label of `jetshard_step_downs_total`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            StepDown::PinLost => "pin_lost",
+            StepDown::PinMoved => "pin_moved",
+            StepDown::DeliveriesLost => "deliveries_lost",
+            StepDown::Fenced => "fenced",
+            StepDown::CrashLoop => "crash_loop",
+            StepDown::PullLoopEnded => "pull_loop_ended",
+            StepDown::Released => "released",
+            StepDown::HandedOff => "handed_off",
+        }
+    }
+}
+
 impl fmt::Display for StepDown {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

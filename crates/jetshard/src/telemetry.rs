@@ -1,0 +1,150 @@
+//! Metrics, through the [`metrics`] facade: jetshard emits, the application installs a recorder
+//! (an exporter) before it starts its shard systems; without one, every handle is a no-op.
+//!
+//! Every series is named here and listed in docs/OPERATIONS.md ("Metrics"). Names and labels
+//! follow Prometheus conventions: `snake_case`, a `jetshard_` prefix, `_total` on counters,
+//! base units (`_seconds`). Every series of a partition carries `entity_type` and `partition`.
+//!
+//! The handles of a partition are registered once, when its owner starts: the path of a command
+//! builds no label and allocates nothing for its metrics.
+
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Label, counter, gauge, histogram};
+
+/// Commands settled, by `outcome`: `applied`, `rejected`, `dead_lettered`, `duplicate`.
+pub(crate) const COMMANDS: &str = "jetshard_commands_total";
+/// Events written to the journal by applied commands.
+pub(crate) const EVENTS_WRITTEN: &str = "jetshard_events_written_total";
+/// Journal writes the server did not confirm (retried without spending a delivery).
+pub(crate) const UNCONFIRMED_WRITES: &str = "jetshard_unconfirmed_writes_total";
+/// Time in the entity's `decide`.
+pub(crate) const DECIDE_SECONDS: &str = "jetshard_decide_seconds";
+/// Time from a command's journal write to the server's acknowledgement of it.
+pub(crate) const JOURNAL_WRITE_SECONDS: &str = "jetshard_journal_write_seconds";
+/// Events per journal write (one publish, or one atomic batch).
+pub(crate) const JOURNAL_BATCH_EVENTS: &str = "jetshard_journal_batch_events";
+/// Acquisitions of a partition by this process, by `outcome`: `acquired`, `failed`.
+pub(crate) const ACQUISITIONS: &str = "jetshard_acquisitions_total";
+/// Time an acquisition spent replaying the journal.
+pub(crate) const REPLAY_SECONDS: &str = "jetshard_replay_seconds";
+/// Time of a whole acquisition: claim, replay, recovery.
+pub(crate) const ACQUIRE_SECONDS: &str = "jetshard_acquire_seconds";
+/// Times this process stopped owning a partition, by `reason`.
+pub(crate) const STEP_DOWNS: &str = "jetshard_step_downs_total";
+/// Deliveries that came under another pin than the one before.
+pub(crate) const PIN_CHANGES: &str = "jetshard_pin_changes_total";
+/// Entities of a partition this process owns, by `state`: `resident`, `dormant`, `quarantined`.
+pub(crate) const ENTITIES: &str = "jetshard_entities";
+/// Commands stored and not delivered yet, as the server counted at the last delivery.
+pub(crate) const PENDING_COMMANDS: &str = "jetshard_pending_commands";
+/// Commands delivered to this process and not acknowledged yet.
+pub(crate) const ACK_PENDING_COMMANDS: &str = "jetshard_ack_pending_commands";
+/// Whether this process owns the partition (1) or not (0).
+pub(crate) const OWNED: &str = "jetshard_partition_owned";
+
+/// The handles the entity actors of one partition share (through their `EntityContext`).
+#[derive(Clone)]
+pub(crate) struct CommandMetrics {
+    pub(crate) decide_seconds: Histogram,
+    pub(crate) write_seconds: Histogram,
+    pub(crate) batch_events: Histogram,
+}
+
+/// One partition's handles in this process, registered once by its owner.
+pub(crate) struct PartitionMetrics {
+    labels: Vec<Label>,
+    pub(crate) applied: Counter,
+    pub(crate) rejected: Counter,
+    pub(crate) dead_lettered: Counter,
+    pub(crate) duplicate: Counter,
+    pub(crate) events_written: Counter,
+    pub(crate) unconfirmed_writes: Counter,
+    pub(crate) acquired: Counter,
+    pub(crate) acquisition_failed: Counter,
+    pub(crate) replay_seconds: Histogram,
+    pub(crate) acquire_seconds: Histogram,
+    pub(crate) pin_changes: Counter,
+    pub(crate) resident: Gauge,
+    pub(crate) dormant: Gauge,
+    pub(crate) quarantined: Gauge,
+    pub(crate) pending: Gauge,
+    pub(crate) ack_pending: Gauge,
+    pub(crate) owned: Gauge,
+    pub(crate) command: CommandMetrics,
+}
+
+impl PartitionMetrics {
+    pub(crate) fn new(entity_type: &str, partition: u32) -> Self {
+        let labels = vec![
+            Label::new("entity_type", entity_type.to_owned()),
+            Label::new("partition", partition.to_string()),
+        ];
+        let with = |key: &'static str, value: &'static str| {
+            let mut all = labels.clone();
+            all.push(Label::from_static_parts(key, value));
+            all
+        };
+        Self {
+            applied: counter!(COMMANDS, with("outcome", "applied")),
+            rejected: counter!(COMMANDS, with("outcome", "rejected")),
+            dead_lettered: counter!(COMMANDS, with("outcome", "dead_lettered")),
+            duplicate: counter!(COMMANDS, with("outcome", "duplicate")),
+            events_written: counter!(EVENTS_WRITTEN, labels.clone()),
+            unconfirmed_writes: counter!(UNCONFIRMED_WRITES, labels.clone()),
+            acquired: counter!(ACQUISITIONS, with("outcome", "acquired")),
+            acquisition_failed: counter!(ACQUISITIONS, with("outcome", "failed")),
+            replay_seconds: histogram!(REPLAY_SECONDS, labels.clone()),
+            acquire_seconds: histogram!(ACQUIRE_SECONDS, labels.clone()),
+            pin_changes: counter!(PIN_CHANGES, labels.clone()),
+            resident: gauge!(ENTITIES, with("state", "resident")),
+            dormant: gauge!(ENTITIES, with("state", "dormant")),
+            quarantined: gauge!(ENTITIES, with("state", "quarantined")),
+            pending: gauge!(PENDING_COMMANDS, labels.clone()),
+            ack_pending: gauge!(ACK_PENDING_COMMANDS, labels.clone()),
+            owned: gauge!(OWNED, labels.clone()),
+            command: CommandMetrics {
+                decide_seconds: histogram!(DECIDE_SECONDS, labels.clone()),
+                write_seconds: histogram!(JOURNAL_WRITE_SECONDS, labels.clone()),
+                batch_events: histogram!(JOURNAL_BATCH_EVENTS, labels.clone()),
+            },
+            labels,
+        }
+    }
+
+    /// Counts a step-down (rare: registered on the spot).
+    pub(crate) fn step_down(&self, reason: &'static str) {
+        let mut labels = self.labels.clone();
+        labels.push(Label::from_static_parts("reason", reason));
+        counter!(STEP_DOWNS, labels).increment(1);
+    }
+
+    /// The partition's entities and commands in hand while owned; zeros when not (so that a
+    /// sum over processes counts each partition once).
+    pub(crate) fn set_load(&self, load: Option<Load>) {
+        let load = load.unwrap_or_default();
+        self.owned.set(if load.owned { 1.0 } else { 0.0 });
+        self.resident.set(load.resident as f64);
+        self.dormant.set(load.dormant as f64);
+        self.quarantined.set(load.quarantined as f64);
+        self.ack_pending.set(load.ack_pending as f64);
+        if !load.owned {
+            self.pending.set(0.0);
+        }
+    }
+}
+
+/// What the gauges of an owned partition show.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Load {
+    pub(crate) owned: bool,
+    pub(crate) resident: usize,
+    pub(crate) dormant: usize,
+    pub(crate) quarantined: usize,
+    pub(crate) ack_pending: usize,
+}
+
+/// Records a duration in seconds.
+pub(crate) fn record(histogram: &Histogram, elapsed: Duration) {
+    histogram.record(elapsed.as_secs_f64());
+}
