@@ -87,6 +87,7 @@
 //! re-exported: use `jetshard::async_nats` and `jetshard::ractor`, or depend on the same minor
 //! versions (async-nats 0.51, ractor 0.16), so that the types are the same.
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
 
 /// The NATS client jetshard is built on; its types appear in jetshard's API.
 pub use async_nats;
