@@ -1,5 +1,5 @@
 //! Streams and partitions: placement agrees with the server, and a stream created with another
-//! partition count is a clear error at start, never a silent change.
+//! partition count (or replica count) is a clear error at start, never a silent change.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -116,6 +116,26 @@ async fn a_consumer_with_other_settings_is_a_clear_error() {
         .expect("must refuse");
     assert!(matches!(error, Error::Incompatible { .. }), "{error}");
     assert!(error.to_string().contains("ack_wait"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_count_mismatch_with_existing_streams_is_a_clear_error() {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    provision(client.clone(), &ledger_config(2, "n1").build().unwrap()).await;
+    let replicated = ledger_config(2, "n1").replicas(3).build().unwrap();
+    let error = ShardSystem::start::<Ledger>(client.clone(), replicated)
+        .await
+        .err()
+        .expect("started for 3 replicas over streams of 1");
+    assert!(matches!(error, Error::Incompatible { .. }), "{error}");
+    assert!(
+        error.to_string().contains("1 replicas, configured 3"),
+        "{error}"
+    );
+    // The streams are untouched: the old count still starts.
+    provision(client, &ledger_config(2, "n1").build().unwrap()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -190,8 +190,15 @@ impl Settings {
         if let Some(prefix) = &self.inbox_prefix {
             options = options.custom_inbox_prefix(prefix);
         }
+        // Any server of a cluster will do: the client learns the others from the one it reaches.
+        let servers: Vec<&str> = self
+            .url
+            .split(',')
+            .map(str::trim)
+            .filter(|url| !url.is_empty())
+            .collect();
         options
-            .connect(self.url.as_str())
+            .connect(servers)
             .await
             .with_context(|| format!("connecting to {}", self.url))
     }

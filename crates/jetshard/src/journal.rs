@@ -11,8 +11,7 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::header::HeaderName;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
-use async_nats::jetstream::context::{Context, PublishAckFuture, PublishErrorKind};
-use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::context::Context;
 use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -20,11 +19,12 @@ use futures::StreamExt;
 use crate::entity::EntityId;
 use crate::error::{BoxError, Error};
 use crate::fence::{Fence, header_u64};
+use crate::group_commit::{CommitStats, GroupCommit, MAX_BATCH_MESSAGES, Outgoing};
+use crate::telemetry::CommitMetrics;
 use crate::trace::TraceParent;
 use crate::wire::{
-    HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE, HDR_COMMAND_SEQ, HDR_DELIVERIES,
-    HDR_ENTITY, HDR_EVENT_VERSION, HDR_EXPECTED_SUBJECT, HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION,
-    HDR_MSG_ID, HDR_REASON, HDR_TRACEPARENT, Names,
+    HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_EVENT_VERSION, HDR_EXPECTED_SUBJECT,
+    HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_MSG_ID, HDR_REASON, HDR_TRACEPARENT, Names,
 };
 
 /// Why a journal write did not happen.
@@ -48,11 +48,8 @@ pub(crate) enum WriteError {
     TooManyEvents { events: usize },
 }
 
-/// The server's limit on messages in one atomic batch.
-pub(crate) const MAX_EVENTS_PER_COMMAND: usize = 1000;
-
-/// The server's error code for a batch whose message ids were committed before.
-const BATCH_DUPLICATE_CODE: u64 = 10201;
+/// The server's limit on messages in one atomic batch: a command's events are one unit.
+pub(crate) const MAX_EVENTS_PER_COMMAND: usize = MAX_BATCH_MESSAGES;
 
 /// The JetStream error code behind a publish error, if the server answered with one.
 pub(crate) fn server_error_code(
@@ -79,25 +76,36 @@ pub(crate) fn unique_token() -> String {
     )
 }
 
-/// Writes one partition's records under one generation.
+/// Writes one partition's records under one generation, through the partition's
+/// [`GroupCommit`].
 #[derive(Clone)]
 pub(crate) struct JournalWriter {
-    js: Context,
     names: Arc<Names>,
     partition: u32,
     fence: Fence,
     fence_subject: Arc<str>,
+    commit: GroupCommit,
 }
 
 impl JournalWriter {
-    pub(crate) fn new(js: Context, names: Arc<Names>, partition: u32, fence: Fence) -> Self {
+    /// The writer of `partition` under `fence`; starts the partition's group commit, which
+    /// ends when the last clone of the writer is dropped.
+    pub(crate) fn new(
+        js: Context,
+        names: Arc<Names>,
+        partition: u32,
+        fence: Fence,
+        stats: Arc<CommitStats>,
+        metrics: CommitMetrics,
+    ) -> Self {
         let fence_subject = names.fence_subject(partition).into();
+        let commit = GroupCommit::start(js, partition, fence.generation, stats, metrics);
         Self {
-            js,
             names,
             partition,
             fence,
             fence_subject,
+            commit,
         }
     }
 
@@ -107,10 +115,10 @@ impl JournalWriter {
 
     /// Makes a command's events durable, fenced, de-duplicated by `<t>:<command seq>:<index>`,
     /// each marked with the event encoding's `version`. Returns the journal sequence of the last
-    /// event (`None` for no events; 0 if the server answered a retried batch as a duplicate).
+    /// event (`None` for no events; 0 if the server answered that it had them already).
     ///
-    /// One event is one publish; several are one atomic batch, so a command's events are stored
-    /// all or none (a fence moved mid-way must not leave half a command in the journal). The
+    /// A command's events are stored all or none (a fence moved mid-way must not leave half a
+    /// command in the journal), together with the other commands the group commit gathers. The
     /// server checks each message against the fence: once another owner has claimed the
     /// partition, every later write is rejected.
     pub(crate) async fn append(
@@ -126,46 +134,29 @@ impl JournalWriter {
                 events: events.len(),
             });
         }
-        let subject = self.names.event_subject(self.partition, entity);
-        let last = events.len().saturating_sub(1);
-        let batch_id = (last > 0).then(|| {
-            format!(
-                "{}-{command_seq}-{}",
-                self.names.entity_type,
-                unique_token()
-            )
-        });
-        for (index, event) in events.into_iter().enumerate() {
-            let mut headers = self.fenced_headers();
-            headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
-            headers.insert(HDR_EVENT_VERSION, version.to_string());
-            headers.insert(HDR_MSG_ID, self.names.event_msg_id(command_seq, index));
-            if let Some(trace) = trace {
-                headers.insert(HDR_TRACEPARENT, trace.to_string());
-            }
-            if let Some(batch_id) = &batch_id {
-                headers.insert(HDR_BATCH_ID, batch_id.as_str());
-                headers.insert(HDR_BATCH_SEQUENCE, (index + 1).to_string());
-                if index < last {
-                    // Staged by the server; only the commit is acknowledged.
-                    self.js
-                        .client()
-                        .publish_with_headers(subject.clone(), headers, event.into())
-                        .await
-                        .map_err(|e| match e.kind() {
-                            async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
-                                WriteError::Refused(e.to_string())
-                            }
-                            _ => WriteError::Unconfirmed(Box::new(e)),
-                        })?;
-                    continue;
-                }
-                headers.insert(HDR_BATCH_COMMIT, "1");
-            }
-            let ack = self.send(subject.clone(), headers, event.into()).await?;
-            return self.confirm(ack).await.map(Some);
+        if events.is_empty() {
+            return Ok(None);
         }
-        Ok(None)
+        let subject = self.names.event_subject(self.partition, entity);
+        let records = events
+            .into_iter()
+            .enumerate()
+            .map(|(index, event)| {
+                let mut headers = self.fenced_headers();
+                headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+                headers.insert(HDR_EVENT_VERSION, version.to_string());
+                headers.insert(HDR_MSG_ID, self.names.event_msg_id(command_seq, index));
+                if let Some(trace) = trace {
+                    headers.insert(HDR_TRACEPARENT, trace.to_string());
+                }
+                Outgoing {
+                    subject: subject.clone(),
+                    headers,
+                    payload: event.into(),
+                }
+            })
+            .collect();
+        self.commit.write(records).await.map(Some)
     }
 
     /// Records a command that was given up (undecodable, or failing at every delivery), so an
@@ -187,9 +178,12 @@ impl JournalWriter {
             HDR_MSG_ID,
             format!("{}:dlq:{command_seq}", self.names.entity_type),
         );
-        let subject = self.names.dead_letter_subject(self.partition);
-        let ack = self.send(subject, headers, payload).await?;
-        self.confirm(ack).await.map(drop)
+        let record = Outgoing {
+            subject: self.names.dead_letter_subject(self.partition),
+            headers,
+            payload,
+        };
+        self.commit.write(vec![record]).await.map(drop)
     }
 
     fn fenced_headers(&self) -> HeaderMap {
@@ -198,38 +192,6 @@ impl JournalWriter {
         headers.insert(HDR_EXPECTED_SUBJECT_SEQ, self.fence.seq.to_string());
         headers.insert(HDR_EXPECTED_SUBJECT, &*self.fence_subject);
         headers
-    }
-
-    async fn send(
-        &self,
-        subject: String,
-        headers: HeaderMap,
-        payload: Bytes,
-    ) -> Result<PublishAckFuture, WriteError> {
-        self.js
-            .send_publish(
-                subject,
-                PublishMessage::build().payload(payload).headers(headers),
-            )
-            .await
-            .map_err(|e| match e.kind() {
-                PublishErrorKind::MaxPayloadExceeded => WriteError::Refused(e.to_string()),
-                _ => WriteError::Unconfirmed(Box::new(e)),
-            })
-    }
-
-    /// Waits for the server's answer; the stored sequence (0 for a batch known already).
-    async fn confirm(&self, ack: PublishAckFuture) -> Result<u64, WriteError> {
-        match ack.await {
-            Ok(ack) => Ok(ack.sequence),
-            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Err(WriteError::Fenced {
-                generation: self.fence.generation,
-            }),
-            // A batch retried after a lost acknowledgement: its message ids are known, so the
-            // earlier attempt committed (batches are all or nothing).
-            Err(e) if server_error_code(&e) == Some(BATCH_DUPLICATE_CODE) => Ok(0),
-            Err(e) => Err(WriteError::Unconfirmed(Box::new(e))),
-        }
     }
 }
 

@@ -103,6 +103,7 @@ mod entity;
 mod entity_actor;
 mod error;
 mod fence;
+mod group_commit;
 mod health;
 mod journal;
 mod owner;

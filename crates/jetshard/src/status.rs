@@ -57,6 +57,18 @@ pub struct PartitionStatus {
     /// retried here without spending a delivery.
     #[serde(default)]
     pub unconfirmed_writes: u64,
+    /// Group commits of the partition's journal writes (one atomic batch each, or one message
+    /// when only one command was ready).
+    #[serde(default)]
+    pub journal_commits: u64,
+    /// Records (events, dead letters) written by those commits.
+    #[serde(default)]
+    pub journal_records: u64,
+    /// Group commits the server refused because a fenced write was already in flight on the
+    /// partition's fence subject (error 10164 of a clustered stream): retried, not expected in
+    /// steady state.
+    #[serde(default)]
+    pub write_conflicts: u64,
     /// Entities of the partition whose journal cannot be read back, while this process owns it.
     #[serde(default)]
     pub quarantined: Vec<QuarantinedEntity>,

@@ -45,7 +45,7 @@ async fn provision_once(js: &Context, names: &Names, config: &ShardConfig) -> Re
     })
     .await?;
     ensure_stream(js, journal_stream_config(names, config), |existing| {
-        check_journal_stream(names, existing)
+        check_journal_stream(names, config, existing)
     })
     .await?;
     let commands = js
@@ -185,10 +185,34 @@ fn check_command_stream(
             ),
         });
     }
+    check_replicas(&names.command_stream, config, existing)
+}
+
+/// A stream's replicas are what the configuration says: a process configured for R3 must not
+/// run on an R1 stream believing its writes replicated (or the other way round).
+fn check_replicas(
+    stream: &str,
+    config: &ShardConfig,
+    existing: &stream::Config,
+) -> Result<(), Error> {
+    if existing.num_replicas.max(1) != config.replicas {
+        return Err(Error::Incompatible {
+            what: format!("stream {stream}"),
+            detail: format!(
+                "it has {} replicas, configured {} (ShardConfig::replicas)",
+                existing.num_replicas.max(1),
+                config.replicas
+            ),
+        });
+    }
     Ok(())
 }
 
-fn check_journal_stream(names: &Names, existing: &stream::Config) -> Result<(), Error> {
+fn check_journal_stream(
+    names: &Names,
+    config: &ShardConfig,
+    existing: &stream::Config,
+) -> Result<(), Error> {
     let what = || format!("stream {}", names.journal_stream);
     for subject in names.journal_subjects() {
         if !existing.subjects.contains(&subject) {
@@ -210,7 +234,7 @@ fn check_journal_stream(names: &Names, existing: &stream::Config) -> Result<(), 
             detail: "allow_atomic must be true".to_owned(),
         });
     }
-    Ok(())
+    check_replicas(&names.journal_stream, config, existing)
 }
 
 /// `order.cmd.{{partition(8,1)}}.{{wildcard(1)}}` -> "8".

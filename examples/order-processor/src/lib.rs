@@ -26,7 +26,32 @@
 //! cargo run --release -p order-processor -- verify --nats-url nats://127.0.0.1:4222
 //! ```
 //!
+//! On a clustered JetStream, give every command the servers comma-separated
+//! (`--nats-url nats://a:4222,nats://b:4222,nats://c:4222`) and the nodes `--replicas 3`.
+//!
 //! [`nodes`] drives node processes from outside (the demo and the integration test use it).
+
+use anyhow::Context as _;
+
+/// Connects to the first of `urls` (comma-separated: the servers of a cluster) that answers;
+/// the client learns the cluster's other servers from it and reconnects to them.
+///
+/// # Errors
+/// If none of them can be reached.
+pub async fn connect(
+    urls: &str,
+    options: async_nats::ConnectOptions,
+) -> anyhow::Result<async_nats::Client> {
+    let servers: Vec<&str> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .collect();
+    options
+        .connect(servers)
+        .await
+        .with_context(|| format!("connect to {urls}"))
+}
 
 pub mod demo;
 pub mod load;

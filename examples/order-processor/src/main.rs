@@ -5,7 +5,6 @@ use std::io::IsTerminal as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use order_processor::{demo, load, node, nodes, status, verify};
@@ -24,8 +23,8 @@ struct Cli {
 enum Command {
     /// Runs one node until SIGINT or SIGTERM (then drains, acknowledges and unpins).
     Node {
-        /// The NATS server.
-        #[arg(long)]
+        /// The NATS server, or the servers of a cluster, comma-separated.
+        #[arg(long, value_name = "URLS")]
         nats_url: String,
         /// This node's id, shown in fence records and logs [default: <hostname>-<pid>].
         #[arg(long)]
@@ -39,6 +38,9 @@ enum Command {
         /// Ack wait in milliseconds; every node must agree.
         #[arg(long, default_value_t = 5000)]
         ack_wait_ms: u64,
+        /// Stream replicas (3 on a clustered JetStream); every node must agree.
+        #[arg(long, default_value_t = 1)]
+        replicas: usize,
         /// How often the node logs its status, in milliseconds.
         #[arg(long, default_value_t = 5000)]
         report_every_ms: u64,
@@ -48,8 +50,8 @@ enum Command {
     },
     /// Publishes a realistic mix of commands for N orders, with a progress bar.
     Load {
-        /// The NATS server.
-        #[arg(long)]
+        /// The NATS server, or the servers of a cluster, comma-separated.
+        #[arg(long, value_name = "URLS")]
         nats_url: String,
         /// How many orders.
         #[arg(long)]
@@ -69,14 +71,14 @@ enum Command {
     },
     /// Prints, per partition: owner node, generation, pending, ack pending, paused.
     Status {
-        /// The NATS server.
-        #[arg(long)]
+        /// The NATS server, or the servers of a cluster, comma-separated.
+        #[arg(long, value_name = "URLS")]
         nats_url: String,
     },
     /// Checks the journal against every command sent; exits 1 on a violation.
     Verify {
-        /// The NATS server.
-        #[arg(long)]
+        /// The NATS server, or the servers of a cluster, comma-separated.
+        #[arg(long, value_name = "URLS")]
         nats_url: String,
         /// How long to wait for the partitions to drain before checking, in seconds.
         #[arg(long, default_value_t = 30)]
@@ -132,10 +134,8 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn connect(url: &str) -> anyhow::Result<async_nats::Client> {
-    async_nats::connect(url)
-        .await
-        .with_context(|| format!("connect to {url}"))
+async fn connect(urls: &str) -> anyhow::Result<async_nats::Client> {
+    order_processor::connect(urls, async_nats::ConnectOptions::new()).await
 }
 
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -146,6 +146,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             partitions,
             pin_ttl_ms,
             ack_wait_ms,
+            replicas,
             report_every_ms,
             metrics_addr,
         } => {
@@ -162,6 +163,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 partitions,
                 pin_ttl: Duration::from_millis(pin_ttl_ms),
                 ack_wait: Duration::from_millis(ack_wait_ms),
+                replicas,
                 report_every: Duration::from_millis(report_every_ms.max(100)),
                 metrics_addr,
             })

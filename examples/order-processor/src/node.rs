@@ -48,7 +48,7 @@ const SYSTEM_RESTART_DELAY: Duration = Duration::from_secs(2);
 /// How a node runs.
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
-    /// The server.
+    /// The server, or the servers of a cluster, comma-separated.
     pub nats_url: String,
     /// This node's id, written into fence records.
     pub node_id: String,
@@ -58,6 +58,8 @@ pub struct NodeOptions {
     pub pin_ttl: Duration,
     /// Ack wait (every node must agree).
     pub ack_wait: Duration,
+    /// Stream replicas (every node must agree).
+    pub replicas: usize,
     /// How often the reporter logs the status.
     pub report_every: Duration,
     /// Where to serve `/metrics`, `/healthz` and `/readyz` (see [`crate::probe`]), if anywhere.
@@ -75,6 +77,7 @@ impl NodeOptions {
             .partitions(self.partitions)
             .pin_ttl(self.pin_ttl)
             .ack_wait(self.ack_wait)
+            .replicas(self.replicas)
             .build()?)
     }
 }
@@ -92,11 +95,11 @@ pub async fn run(options: NodeOptions) -> anyhow::Result<()> {
         Some(_) => Some(probe::install_recorder()?),
         None => None,
     };
-    let client = async_nats::ConnectOptions::new()
-        .name(format!("order-processor {}", options.node_id))
-        .connect(options.nats_url.as_str())
-        .await
-        .with_context(|| format!("connect to {}", options.nats_url))?;
+    let client = crate::connect(
+        &options.nats_url,
+        async_nats::ConnectOptions::new().name(format!("order-processor {}", options.node_id)),
+    )
+    .await?;
     let mut interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
 

@@ -45,6 +45,7 @@ use crate::config::ShardConfig;
 use crate::entity::{Entity, EntityId};
 use crate::entity_actor::{EntityContext, EntityReport, Outcome, Passivated, Reporter, Seed};
 use crate::fence;
+use crate::group_commit::CommitStats;
 use crate::health::{HealthBoard, PartitionHealth};
 use crate::journal::JournalWriter;
 use crate::pin::{self, Delivery, PinSignal, PullLoop, PullSettings};
@@ -115,6 +116,8 @@ pub(crate) struct OwnerState<E: Entity> {
     phase: Phase<E>,
     policy: Policy,
     counters: Counters,
+    /// What the partition's group commits came to, over every generation.
+    commits: Arc<CommitStats>,
     metrics: PartitionMetrics,
     /// The pin of the last delivery (for `jetshard_pin_changes_total`).
     last_pin: Option<Arc<str>>,
@@ -175,6 +178,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
             phase: Phase::Standby,
             policy,
             counters: Counters::default(),
+            commits: Arc::default(),
         })
     }
 
@@ -208,6 +212,9 @@ impl<E: Entity> Actor for OwnerActor<E> {
             }
             OwnerMsg::Entity(EntityReport::Outcome(outcome)) => {
                 let settled = state.on_outcome(outcome).await;
+                // The entity may be idle now: under a burst every resident entity can be busy
+                // at each dispatch, and done at once (one group commit).
+                state.keep_resident_cap();
                 state.post_health();
                 return settled;
             }
@@ -423,14 +430,22 @@ impl<E: Entity> OwnerState<E> {
     fn dispatch(&mut self, entity: &EntityId) {
         let supervisor = self.myself.get_cell();
         let resident = &self.shared.resident;
-        let cap = self.shared.config.max_resident_entities;
         let Some(o) = self.phase.owning() else { return };
         route::dispatch(o, entity, &supervisor, resident);
-        if let Some(cap) = cap {
-            let live = resident.load(Ordering::Relaxed);
-            if live > cap {
-                route::evict_idle(o, live - cap * 9 / 10);
-            }
+        self.keep_resident_cap();
+    }
+
+    /// Passivates idle entities, least recently active first, while more than the resident
+    /// cap are live (down to 90% of it).
+    fn keep_resident_cap(&mut self) {
+        let Some(cap) = self.shared.config.max_resident_entities else {
+            return;
+        };
+        let live = self.shared.resident.load(Ordering::Relaxed);
+        if live > cap
+            && let Some(o) = self.phase.owning()
+        {
+            route::evict_idle(o, live - cap * 9 / 10);
         }
     }
 
@@ -462,6 +477,8 @@ impl<E: Entity> OwnerState<E> {
             self.shared.names.clone(),
             partition,
             fence,
+            self.commits.clone(),
+            self.metrics.commit.clone(),
         );
         let report: Reporter = {
             let owner = self.myself.clone();
@@ -1093,6 +1110,9 @@ impl<E: Entity> OwnerState<E> {
             acquisitions: self.counters.acquisitions,
             failed_acquisitions: self.counters.failed_acquisitions,
             unconfirmed_writes: self.counters.unconfirmed_writes,
+            journal_commits: self.commits.batches.load(Ordering::Relaxed),
+            journal_records: self.commits.records.load(Ordering::Relaxed),
+            write_conflicts: self.commits.conflicts.load(Ordering::Relaxed),
             quarantined,
         }
     }
