@@ -20,7 +20,8 @@ pub(crate) const EVENTS_WRITTEN: &str = "jetshard_events_written_total";
 pub(crate) const UNCONFIRMED_WRITES: &str = "jetshard_unconfirmed_writes_total";
 /// Time in the entity's `decide`.
 pub(crate) const DECIDE_SECONDS: &str = "jetshard_decide_seconds";
-/// Time from a command's journal write to the server's acknowledgement of it.
+/// Time from handing a command's records to the group commit to the server's acknowledgement
+/// of the batch holding them.
 pub(crate) const JOURNAL_WRITE_SECONDS: &str = "jetshard_journal_write_seconds";
 /// Events per command written (stored all or none).
 pub(crate) const JOURNAL_BATCH_EVENTS: &str = "jetshard_journal_batch_events";
