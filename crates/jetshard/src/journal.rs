@@ -24,7 +24,8 @@ use crate::trace::TraceParent;
 use crate::wire::{
     HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE, HDR_COMMAND_SEQ, HDR_DELIVERIES,
     HDR_ENTITY, HDR_EVENT_VERSION, HDR_EXPECTED_SUBJECT, HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION,
-    HDR_MSG_ID, HDR_REASON, HDR_TRACEPARENT, Names,
+    HDR_LAST_OUTCOME, HDR_MSG_ID, HDR_REASON, HDR_ROLLUP, HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION,
+    HDR_TRACEPARENT, Names,
 };
 
 /// Why a journal write did not happen.
@@ -187,9 +188,30 @@ impl JournalWriter {
             HDR_MSG_ID,
             format!("{}:dlq:{command_seq}", self.names.entity_type),
         );
-        let subject = self.names.dead_letter_subject(self.partition);
+        let subject = self.names.dead_letter_subject(self.partition, entity);
         let ack = self.send(subject, headers, payload).await?;
         self.confirm(ack).await.map(drop)
+    }
+
+    /// Writes a snapshot of an entity's state on `<t>.snap.<p>.<id>`, fenced like an event (a
+    /// stale owner's snapshot is rejected by the server), rolling up the entity's previous
+    /// snapshot. Returns the snapshot's journal sequence.
+    pub(crate) async fn snapshot(
+        &self,
+        entity: &EntityId,
+        snapshot: SnapshotRecord,
+    ) -> Result<u64, WriteError> {
+        let mut headers = self.fenced_headers();
+        headers.insert(HDR_COMMAND_SEQ, snapshot.command_seq.to_string());
+        headers.insert(HDR_SNAPSHOT_UPTO, snapshot.upto.to_string());
+        headers.insert(HDR_STATE_VERSION, snapshot.version.to_string());
+        headers.insert(HDR_ROLLUP, "sub");
+        if let Some(outcome) = &snapshot.last_outcome {
+            headers.insert(HDR_LAST_OUTCOME, sanitize_header(outcome));
+        }
+        let subject = self.names.snapshot_subject(self.partition, entity);
+        let ack = self.send(subject, headers, snapshot.state).await?;
+        self.confirm(ack).await
     }
 
     fn fenced_headers(&self) -> HeaderMap {
@@ -242,6 +264,54 @@ fn sanitize_header(value: &str) -> String {
         .collect()
 }
 
+/// A snapshot of one entity's state, as written to or read from `<t>.snap.<p>.<id>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SnapshotRecord {
+    /// The state, encoded by the entity's `Snapshots`.
+    pub(crate) state: Bytes,
+    /// The version of the state's encoding.
+    pub(crate) version: u32,
+    /// The entity's last command it covers (its events and dead letters included).
+    pub(crate) command_seq: u64,
+    /// The journal sequence of the entity's last record it covers: records after it are read
+    /// on top of it.
+    pub(crate) upto: u64,
+    /// What the last command came to (`applied <n>`, `rejected <why>`, `dead_lettered <why>`).
+    pub(crate) last_outcome: Option<String>,
+}
+
+/// The latest snapshot on `subject`, with its own journal sequence; `None` if there is none or
+/// it lacks jetshard's headers (then the entity loads from its events).
+pub(crate) async fn latest_snapshot(
+    journal: &Stream<()>,
+    subject: &str,
+) -> Result<Option<(u64, SnapshotRecord)>, Error> {
+    let message = match journal.get_last_raw_message_by_subject(subject).await {
+        Ok(message) => message,
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+        Err(e) => return Err(Error::jetstream(format!("read the snapshot {subject}"), e)),
+    };
+    let headers = &message.headers;
+    let record = (|| {
+        header_u64(headers, GENERATION)?;
+        Some(SnapshotRecord {
+            version: u32::try_from(header_u64(headers, STATE_VERSION)?).ok()?,
+            command_seq: header_u64(headers, COMMAND_SEQ)?,
+            upto: header_u64(headers, SNAPSHOT_UPTO)?,
+            last_outcome: headers.get(LAST_OUTCOME).map(|v| v.as_str().to_owned()),
+            state: message.payload.clone(),
+        })
+    })();
+    if record.is_none() {
+        tracing::warn!(
+            subject,
+            seq = message.sequence,
+            "snapshot without jetshard headers ignored"
+        );
+    }
+    Ok(record.map(|r| (message.sequence, r)))
+}
+
 /// One record of an entity read back from the journal.
 pub(crate) struct StoredEvent<'a> {
     /// The entity id as written: not necessarily a valid id (a dead letter of a command whose
@@ -261,8 +331,9 @@ pub(crate) enum Record<'a> {
     DeadLetter { reason: &'a str },
 }
 
-/// Reads, in journal order, every record on `filter` (a subject, wildcards allowed) up to and
-/// including journal sequence `upto`, calling `each` on each event and dead letter.
+/// Reads, in journal order, every record on `filter` (a subject, wildcards allowed) from journal
+/// sequence `from` up to and including `upto`, calling `each` on each event and dead letter.
+/// Costs one read (the last record on `filter`) when there is nothing from `from` on.
 ///
 /// One filter per read: the server serves a consumer with several filters, one of them sparse
 /// (a partition's fence records among its events), at a few hundred records a second, against
@@ -272,20 +343,28 @@ pub(crate) enum Record<'a> {
 /// the stream leader. The last record on the filter is asked of the leader first, and the
 /// replay waits for it, so it sees every record written before it started. Returns how many
 /// events were read.
-pub(crate) async fn replay(
+pub(crate) async fn replay_range(
     journal: &Stream<()>,
     filter: String,
+    from: u64,
     upto: u64,
     mut each: impl FnMut(StoredEvent<'_>) -> Result<(), Error>,
 ) -> Result<u64, Error> {
     let end = last_sequence(journal, &filter).await?.min(upto);
-    if end == 0 {
+    if end == 0 || end < from {
         return Ok(0);
     }
+    let deliver_policy = if from <= 1 {
+        DeliverPolicy::All
+    } else {
+        DeliverPolicy::ByStartSequence {
+            start_sequence: from,
+        }
+    };
     let consumer = journal
         .create_consumer(pull::OrderedConfig {
             filter_subject: filter.clone(),
-            deliver_policy: DeliverPolicy::All,
+            deliver_policy,
             ..Default::default()
         })
         .await
@@ -355,6 +434,9 @@ const COMMAND_SEQ: HeaderName = HeaderName::from_static(HDR_COMMAND_SEQ);
 const ENTITY: HeaderName = HeaderName::from_static(HDR_ENTITY);
 const EVENT_VERSION: HeaderName = HeaderName::from_static(HDR_EVENT_VERSION);
 const REASON: HeaderName = HeaderName::from_static(HDR_REASON);
+const STATE_VERSION: HeaderName = HeaderName::from_static(HDR_STATE_VERSION);
+const SNAPSHOT_UPTO: HeaderName = HeaderName::from_static(HDR_SNAPSHOT_UPTO);
+const LAST_OUTCOME: HeaderName = HeaderName::from_static(HDR_LAST_OUTCOME);
 
 fn stored_record(message: &async_nats::Message, seq: u64) -> Option<StoredEvent<'_>> {
     let headers = message.headers.as_ref()?;

@@ -103,6 +103,7 @@ impl ShardSystem {
             journal_stream,
             events: events.clone(),
             resident: Arc::default(),
+            dormant: Arc::default(),
             incarnation: crate::journal::unique_token(),
             health: health.clone(),
         });
