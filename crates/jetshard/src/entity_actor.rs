@@ -623,8 +623,9 @@ enum Revival {
 /// Loads one entity from the journal: its latest snapshot, if the entity type writes them and
 /// it reads back, then its own records after it: events (`<t>.evt.<p>.<id>`) and dead letters
 /// (`<t>.dlq.<p>.<id>`, which count as processed). Reads only this entity's subjects, so it
-/// costs the same however long the partition's history is: two or three single-message reads
-/// when the snapshot is recent, plus one ordered read of the records after it.
+/// costs the same however long the partition's history is: three single-message reads side by
+/// side (the snapshot, the last event, the last dead letter), plus one ordered read of the
+/// records after the snapshot if there are any.
 ///
 /// A snapshot that does not read back (another state version, a damaged record) is ignored:
 /// the entity is loaded from all its events, which are the record; never a wedge.
@@ -639,45 +640,56 @@ async fn revive<E: Entity>(id: &EntityId, context: &EntityContext) -> Result<See
     let mut seed = Seed::<E>::default();
     // Records of commands up to `covered` are in the snapshot; those after `from` are read.
     let (mut from, mut covered) = (1, 0);
-    if let Some(snapshots) = E::snapshots() {
-        let subject = context.names.snapshot_subject(partition, id);
-        let latest = journal::latest_snapshot(&context.journal_stream, &subject)
-            .await
-            .map_err(unreadable)?;
-        if let Some((snapshot_seq, snapshot)) = latest {
-            match restore::<E>(&snapshot, snapshots, codec) {
-                Ok(restored) => {
-                    tracing::debug!(
-                        snapshot_seq,
-                        cmd_seq = snapshot.command_seq,
-                        "loaded from a snapshot"
-                    );
-                    from = snapshot.upto + 1;
-                    covered = snapshot.command_seq;
-                    seed = restored;
-                }
-                Err(reason) => tracing::warn!(
-                    snapshot_seq,
-                    %reason,
-                    "snapshot ignored; the entity is loaded from its events"
-                ),
+    // The three reads side by side: an entity's first command waits for one round trip, not
+    // three, when its snapshot is recent (or it has no history).
+    let snapshots = E::snapshots();
+    let snapshot = async {
+        match snapshots {
+            Some(_) => {
+                let subject = context.names.snapshot_subject(partition, id);
+                journal::latest_snapshot(&context.journal_stream, &subject).await
             }
+            None => Ok(None),
+        }
+    };
+    let (latest, events_end, dead_letters_end) = futures::try_join!(
+        snapshot,
+        journal::last_sequence(&context.journal_stream, &events),
+        journal::last_sequence(&context.journal_stream, &dead_letters),
+    )
+    .map_err(unreadable)?;
+    if let (Some(snapshots), Some((snapshot_seq, snapshot))) = (snapshots, latest) {
+        match restore::<E>(&snapshot, snapshots, codec) {
+            Ok(restored) => {
+                tracing::debug!(
+                    snapshot_seq,
+                    cmd_seq = snapshot.command_seq,
+                    "loaded from a snapshot"
+                );
+                from = snapshot.upto + 1;
+                covered = snapshot.command_seq;
+                seed = restored;
+            }
+            Err(reason) => tracing::warn!(
+                snapshot_seq,
+                %reason,
+                "snapshot ignored; the entity is loaded from its events"
+            ),
         }
     }
     let mut quarantine = None;
-    for filter in [events, dead_letters] {
-        let read =
-            journal::replay_range(&context.journal_stream, filter, from, u64::MAX, |stored| {
-                if stored.command_seq <= covered || stored.entity != id.as_str() {
-                    return Ok(());
-                }
-                match &mut quarantine {
-                    None => quarantine = seed.replay(id.as_str(), &stored, codec).err(),
-                    Some(q) => q.last_command_seq = q.last_command_seq.max(stored.command_seq),
-                }
-                Ok(())
-            })
-            .await;
+    for (filter, end) in [(events, events_end), (dead_letters, dead_letters_end)] {
+        let read = journal::replay(&context.journal_stream, filter, from, end, |stored| {
+            if stored.command_seq <= covered || stored.entity != id.as_str() {
+                return Ok(());
+            }
+            match &mut quarantine {
+                None => quarantine = seed.replay(id.as_str(), &stored, codec).err(),
+                Some(q) => q.last_command_seq = q.last_command_seq.max(stored.command_seq),
+            }
+            Ok(())
+        })
+        .await;
         read.map_err(unreadable)?;
     }
     match quarantine {
