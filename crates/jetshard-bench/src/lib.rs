@@ -13,6 +13,7 @@
 //! | `failover` | SIGKILL / SIGSTOP of the owner -> first event of the new owner | pin TTL + 300 ms + rebuild |
 //! | `memory` | RSS per resident entity, idle and with state, with and without passivation | - |
 //! | `scaling` | throughput at 1..256 partitions and 1..3 processes | the bare loop (partitions) |
+//! | `recovery` | acquisition -> first command with a long history; first-command latency; dormant memory; snapshot cost | the full replay of the partition; loaded entities; snapshots off |
 //!
 //! Figures are printed as a table and written as JSON; targets are reported, never asserted.
 //! Run everything at default sizes (under 10 minutes on 2 cores) with
@@ -28,6 +29,7 @@ pub mod memory;
 pub mod node;
 pub mod probe;
 pub mod rebuild;
+pub mod recovery;
 pub mod report;
 pub mod scaling;
 pub mod stats;
@@ -58,6 +60,8 @@ pub enum Scenario {
     Memory,
     /// Throughput over partition and process counts.
     Scaling,
+    /// Bounded recovery: lazy loading, snapshots, the dormant budget.
+    Recovery,
 }
 
 /// The sizes and settings of a run.
@@ -100,6 +104,12 @@ pub struct Options {
     /// Entities those events belong to.
     #[arg(long, default_value_t = 20_000)]
     pub rebuild_entities: usize,
+    /// Events in the partition of the recovery scenario.
+    #[arg(long, default_value_t = 200_000)]
+    pub recovery_events: usize,
+    /// Entities those events belong to.
+    #[arg(long, default_value_t = 20_000)]
+    pub recovery_entities: usize,
     /// Failover trials per pin TTL and signal.
     #[arg(long, default_value_t = 20)]
     pub failover_trials: usize,
@@ -190,6 +200,8 @@ async fn run(
         options.rebuild_events = 1_000_000;
         options.rebuild_entities = 100_000;
         options.memory_entities = 1_000_000;
+        options.recovery_events = 10_000_000;
+        options.recovery_entities = 100_000;
     }
     let scenarios = if scenarios.is_empty() {
         Scenario::value_variants().to_vec()
@@ -230,6 +242,7 @@ async fn run(
             Scenario::Failover => failover::run(&options, &mut report).await,
             Scenario::Memory => memory::run(&options, &mut report).await,
             Scenario::Scaling => scaling::run(&options, &mut report).await,
+            Scenario::Recovery => recovery::run(&options, &mut report).await,
         };
         if let Err(e) = result {
             // One failed scenario does not cost the figures of the others.

@@ -639,7 +639,7 @@ async fn revive<E: Entity>(id: &EntityId, context: &EntityContext) -> Result<See
     let dead_letters = context.names.entity_dead_letters(partition, id);
     let mut seed = Seed::<E>::default();
     // Records of commands up to `covered` are in the snapshot; those after `from` are read.
-    let (mut from, mut covered) = (1, 0);
+    let (mut from, mut covered) = (1, None);
     // The three reads side by side: an entity's first command waits for one round trip, not
     // three, when its snapshot is recent (or it has no history).
     let snapshots = E::snapshots();
@@ -667,7 +667,7 @@ async fn revive<E: Entity>(id: &EntityId, context: &EntityContext) -> Result<See
                     "loaded from a snapshot"
                 );
                 from = snapshot.upto + 1;
-                covered = snapshot.command_seq;
+                covered = Some(snapshot.command_seq);
                 seed = restored;
             }
             Err(reason) => tracing::warn!(
@@ -680,7 +680,7 @@ async fn revive<E: Entity>(id: &EntityId, context: &EntityContext) -> Result<See
     let mut quarantine = None;
     for (filter, end) in [(events, events_end), (dead_letters, dead_letters_end)] {
         let read = journal::replay(&context.journal_stream, filter, from, end, |stored| {
-            if stored.command_seq <= covered || stored.entity != id.as_str() {
+            if covered.is_some_and(|c| stored.command_seq <= c) || stored.entity != id.as_str() {
                 return Ok(());
             }
             match &mut quarantine {

@@ -368,6 +368,22 @@ pub(crate) async fn replay(
         })
         .await
         .map_err(|e| Error::jetstream(format!("open a replay of {filter}"), e))?;
+    let name = consumer.cached_info().name.clone();
+    let read = read_all(consumer, &filter, end, &mut each).await;
+    // Entities load side by side, each with its own reader: left to expire (after 30 s
+    // unused), their consumers would pile up on the stream (the server refuses past its limit).
+    if let Err(e) = journal.delete_consumer(&name).await {
+        tracing::debug!(%filter, error = %e, "replay consumer not deleted; it expires");
+    }
+    read
+}
+
+async fn read_all(
+    consumer: async_nats::jetstream::consumer::Consumer<pull::OrderedConfig>,
+    filter: &str,
+    end: u64,
+    each: &mut impl FnMut(StoredEvent<'_>) -> Result<(), Error>,
+) -> Result<u64, Error> {
     let mut messages = consumer
         .messages()
         .await
