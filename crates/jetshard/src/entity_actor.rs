@@ -773,6 +773,16 @@ async fn write_snapshot<E: Entity>(id: &EntityId, context: &EntityContext, seed:
             );
             seed.unsnapshotted = 0;
         }
+        // Not confirmed (a clustered stream refuses concurrent fenced writes, a leader change):
+        // tried again after the entity's next command.
+        Err(e @ WriteError::Unconfirmed(_)) => tracing::debug!(
+            partition = context.partition,
+            entity = %id,
+            generation = context.journal.generation(),
+            cmd_seq = seed.last_command_seq,
+            error = %e,
+            "snapshot not written"
+        ),
         Err(e) => tracing::warn!(
             partition = context.partition,
             entity = %id,
@@ -791,5 +801,79 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "non-string panic".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Counter;
+    impl Entity for Counter {
+        type Command = u32;
+        type Event = u32;
+        type State = u64;
+        type Rejection = String;
+        fn decide(_: &u64, command: u32) -> Result<Vec<u32>, String> {
+            Ok(vec![command])
+        }
+        fn apply(state: &mut u64, event: &u32) {
+            *state += u64::from(*event);
+        }
+        fn snapshots() -> Option<Snapshots<u64>> {
+            Some(Snapshots::serde(2))
+        }
+    }
+
+    fn record(version: u32, state: &[u8]) -> SnapshotRecord {
+        SnapshotRecord {
+            state: Bytes::copy_from_slice(state),
+            version,
+            command_seq: 17,
+            upto: 40,
+            last_outcome: Some("rejected too late".to_owned()),
+        }
+    }
+
+    #[test]
+    fn the_last_outcome_reads_back_from_its_header() {
+        for outcome in [
+            LastOutcome::Applied { events: 3 },
+            LastOutcome::Rejected("too late".into()),
+            LastOutcome::DeadLettered("malformed: x y".into()),
+            LastOutcome::Rejected("".into()),
+        ] {
+            assert_eq!(
+                LastOutcome::from_header(&outcome.to_header()),
+                Some(outcome)
+            );
+        }
+        assert_eq!(LastOutcome::from_header("applied many"), None);
+        assert_eq!(LastOutcome::from_header("other"), None);
+    }
+
+    #[test]
+    fn a_snapshot_restores_state_mark_and_outcome() {
+        let snapshots = Counter::snapshots().unwrap();
+        let seed = restore::<Counter>(&record(2, b"42"), snapshots, Codec::Json).unwrap();
+        assert_eq!(seed.state, 42);
+        assert_eq!(seed.last_command_seq, 17);
+        assert_eq!(seed.journal_seq, 40);
+        assert_eq!(seed.unsnapshotted, 0);
+        assert_eq!(
+            seed.last_outcome,
+            Some(LastOutcome::Rejected("too late".into()))
+        );
+    }
+
+    #[test]
+    fn a_snapshot_of_another_version_or_that_does_not_decode_is_refused() {
+        let snapshots = Counter::snapshots().unwrap();
+        let other = restore::<Counter>(&record(1, b"42"), snapshots, Codec::Json);
+        assert!(other.is_err_and(|e| e.contains("version 1")));
+        let garbage = restore::<Counter>(&record(2, b"\xff{"), snapshots, Codec::Json);
+        assert!(garbage.is_err_and(|e| e.contains("does not decode")));
+        let bincode = restore::<Counter>(&record(2, &[0xfd; 3]), snapshots, Codec::Bincode);
+        assert!(bincode.is_err());
     }
 }
