@@ -813,13 +813,13 @@ impl<E: Entity> OwnerState<E> {
         if slot.returning.take().is_none() {
             return;
         }
-        match passivated
+        // Without a state it trusts, the actor hands back nothing: the next actor loads the
+        // entity.
+        if let Some(seed) = passivated
             .seed
             .and_then(|seed| seed.downcast::<Seed<E>>().ok())
         {
-            Some(seed) => o.dormant.keep(entity.clone(), *seed),
-            // The actor held no state it trusts: its next actor loads the entity.
-            None => {}
+            o.dormant.keep(entity.clone(), *seed);
         }
         if slot.is_idle() {
             o.entities.remove(&entity);
