@@ -302,7 +302,13 @@ pub(crate) struct EntityContext {
     pub(crate) metrics: CommandMetrics,
     /// When entities write snapshots (if their type writes them at all).
     pub(crate) snapshots: SnapshotPolicy,
+    /// Entity loads in flight in this process, at most [`MAX_LOADS`]: after a takeover every
+    /// active entity loads at once, and unbounded, their reads swamp the server.
+    pub(crate) loads: Arc<tokio::sync::Semaphore>,
 }
+
+/// Entity loads one process runs side by side (each up to three reads at once, then its tail).
+pub(crate) const MAX_LOADS: usize = 32;
 
 /// When an entity writes a snapshot of its state ([`Entity::snapshots`] says whether it can).
 #[derive(Clone, Copy, Debug)]
@@ -463,7 +469,10 @@ async fn process<E: Entity>(
     } = work;
     if matches!(state.seed, Loaded::No) {
         let loading = std::time::Instant::now();
+        // The semaphore is never closed.
+        let permit = state.context.loads.acquire().await.ok();
         let revived = revive::<E>(&state.id, &state.context).await;
+        drop(permit);
         telemetry::record(&state.context.metrics.replay_seconds, loading.elapsed());
         state.seed = match revived {
             Ok(seed) => Loaded::Yes(seed),

@@ -13,7 +13,7 @@ use async_nats::header::HeaderName;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use async_nats::jetstream::context::{Context, PublishAckFuture, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
+use async_nats::jetstream::stream::{LastRawMessageErrorKind, RawMessageErrorKind, Stream};
 use bytes::Bytes;
 use futures::StreamExt;
 
@@ -353,6 +353,36 @@ pub(crate) async fn replay(
     if end == 0 || end < from {
         return Ok(0);
     }
+    // Most loads read a short tail: single-message reads, no consumer to create and delete.
+    let (mut read, mut from) = (0, from);
+    for _ in 0..DIRECT_READS {
+        let found = journal
+            .raw_message_builder()
+            .sequence(from)
+            .next_by_subject(filter.clone())
+            .send()
+            .await;
+        let message = match found {
+            Ok(message) => message,
+            // Removed since `end` was read (a compaction): nothing more.
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => return Ok(read),
+            Err(e) => return Err(Error::jetstream(format!("read {filter} from {from}"), e)),
+        };
+        if message.sequence > end {
+            return Ok(read);
+        }
+        read += take_record(
+            &message.subject,
+            Some(&message.headers),
+            &message.payload,
+            message.sequence,
+            &mut each,
+        )?;
+        if message.sequence == end {
+            return Ok(read);
+        }
+        from = message.sequence + 1;
+    }
     let deliver_policy = if from <= 1 {
         DeliverPolicy::All
     } else {
@@ -369,7 +399,9 @@ pub(crate) async fn replay(
         .await
         .map_err(|e| Error::jetstream(format!("open a replay of {filter}"), e))?;
     let name = consumer.cached_info().name.clone();
-    let read = read_all(consumer, &filter, end, &mut each).await;
+    let read = read_all(consumer, &filter, end, &mut each)
+        .await
+        .map(|more| read + more);
     // Entities load side by side, each with its own reader: left to expire (after 30 s
     // unused), their consumers would pile up on the stream (the server refuses past its limit).
     if let Err(e) = journal.delete_consumer(&name).await {
@@ -410,21 +442,42 @@ async fn read_all(
         if seq > end {
             return Ok(read);
         }
-        match stored_record(&message.message, seq) {
-            Some(record) => {
-                read += u64::from(matches!(record.record, Record::Event { .. }));
-                each(record)?;
-            }
-            // Not written by jetshard (no generation or command header): never part of any
-            // entity's state. Whoever can publish there should not be able to (docs/SECURITY.md).
-            None => tracing::warn!(
-                subject = %message.subject,
-                seq,
-                "journal record without jetshard headers ignored"
-            ),
-        }
+        let message = &message.message;
+        read += take_record(
+            &message.subject,
+            message.headers.as_ref(),
+            &message.payload,
+            seq,
+            each,
+        )?;
         if seq == end {
             return Ok(read);
+        }
+    }
+}
+
+/// Records read one request each before a replay opens a consumer for the rest.
+const DIRECT_READS: usize = 16;
+
+/// Hands one stored record to `each`; whether it was an event (1) or not (0).
+fn take_record(
+    subject: &str,
+    headers: Option<&HeaderMap>,
+    payload: &Bytes,
+    seq: u64,
+    each: &mut impl FnMut(StoredEvent<'_>) -> Result<(), Error>,
+) -> Result<u64, Error> {
+    match stored_record(subject, headers, payload, seq) {
+        Some(record) => {
+            let event = u64::from(matches!(record.record, Record::Event { .. }));
+            each(record)?;
+            Ok(event)
+        }
+        // Not written by jetshard (no generation or command header): never part of any
+        // entity's state. Whoever can publish there should not be able to (docs/SECURITY.md).
+        None => {
+            tracing::warn!(%subject, seq, "journal record without jetshard headers ignored");
+            Ok(0)
         }
     }
 }
@@ -453,20 +506,25 @@ const STATE_VERSION: HeaderName = HeaderName::from_static(HDR_STATE_VERSION);
 const SNAPSHOT_UPTO: HeaderName = HeaderName::from_static(HDR_SNAPSHOT_UPTO);
 const LAST_OUTCOME: HeaderName = HeaderName::from_static(HDR_LAST_OUTCOME);
 
-fn stored_record(message: &async_nats::Message, seq: u64) -> Option<StoredEvent<'_>> {
-    let headers = message.headers.as_ref()?;
+fn stored_record<'a>(
+    subject: &'a str,
+    headers: Option<&'a HeaderMap>,
+    payload: &'a Bytes,
+    seq: u64,
+) -> Option<StoredEvent<'a>> {
+    let headers = headers?;
     header_u64(headers, GENERATION)?;
     let command_seq = header_u64(headers, COMMAND_SEQ)?;
-    match message.subject.split('.').nth(1)? {
+    match subject.split('.').nth(1)? {
         "evt" => Some(StoredEvent {
-            entity: Names::entity_of_subject(&message.subject)?,
+            entity: Names::entity_of_subject(subject)?,
             seq,
             command_seq,
             record: Record::Event {
                 // Events written before versions were recorded are version 1.
                 version: header_u64(headers, EVENT_VERSION)
                     .map_or(1, |v| u32::try_from(v).unwrap_or(u32::MAX)),
-                payload: &message.payload,
+                payload,
             },
         }),
         "dlq" => Some(StoredEvent {

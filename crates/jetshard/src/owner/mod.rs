@@ -75,6 +75,8 @@ pub(crate) struct Shared {
     pub(crate) resident: Arc<AtomicUsize>,
     /// Dormant entity states over all partitions of this system (for their budget).
     pub(crate) dormant: Arc<AtomicUsize>,
+    /// Entity loads in flight over all partitions of this system.
+    pub(crate) loads: Arc<tokio::sync::Semaphore>,
     /// This process's run of the shard system: it answers on `<t>.alive.<incarnation>`, and its
     /// fence records name it.
     pub(crate) incarnation: String,
@@ -486,6 +488,7 @@ impl<E: Entity> OwnerState<E> {
                 every: self.shared.config.snapshot_every,
                 on_passivation: self.shared.config.snapshot_on_passivation,
             },
+            loads: Arc::clone(&self.shared.loads),
             metrics: self.metrics.command.clone(),
         });
         let trial = acquired.claimed.trial;
