@@ -242,7 +242,7 @@ async fn run(
             Scenario::Failover => failover::run(&options, &mut report).await,
             Scenario::Memory => memory::run(&options, &mut report).await,
             Scenario::Scaling => scaling::run(&options, &mut report).await,
-            Scenario::Recovery => recovery::run(&options, &mut report).await,
+            Scenario::Recovery => recovery::run(&options, &acquisitions, &mut report).await,
         };
         if let Err(e) = result {
             // One failed scenario does not cost the figures of the others.
