@@ -477,8 +477,6 @@ async fn snapshot_cost(server: &NatsServer, client: &async_nats::Client) -> anyh
             .node_id(node)
     };
     load::provision(client.clone(), base("provision").build()?).await?;
-    let ids: Vec<String> = (0..COST_ENTITIES).map(|i| format!("c{i}")).collect();
-    let publisher = CommandPublisher::for_ids(client.clone(), COST_TYPE, ids);
     let (mut on, mut off) = (Vec::new(), Vec::new());
     // Off, on, on, off, twice: a drift of the machine over the rounds (other tenants, the
     // streams growing) weighs on both sides alike; the means of each side are compared.
@@ -486,6 +484,12 @@ async fn snapshot_cost(server: &NatsServer, client: &async_nats::Client) -> anyh
         .into_iter()
         .enumerate()
     {
+        // Entities of their own each round: every round loads never-seen entities (three
+        // empty reads each), so the sides differ by the snapshot writes alone.
+        let ids: Vec<String> = (0..COST_ENTITIES)
+            .map(|i| format!("c{round}-{i}"))
+            .collect();
+        let publisher = CommandPublisher::for_ids(client.clone(), COST_TYPE, ids);
         publisher
             .preload(COST_COMMANDS, &load::preload_command())
             .await?;
