@@ -334,8 +334,10 @@ pub(crate) async fn claim(
             None => (0, None),
         };
         let generation = previous.as_ref().map_or(0, |r| r.generation) + 1;
+        // Whether the previous owner died only counts the commands in hand: with none, the
+        // probe (50 ms when its process is gone) is skipped.
         let died = match previous.as_ref().and_then(|r| r.incarnation.as_deref()) {
-            Some(theirs) if theirs != incarnation => {
+            Some(theirs) if theirs != incarnation && in_hand.counted.is_some() => {
                 probe(&js.client(), names, theirs).await == Liveness::Gone
             }
             _ => false,
