@@ -161,9 +161,9 @@ async fn a_node_serves_its_metrics_and_turns_ready_once_it_serves_its_partitions
             value("jetshard_journal_write_seconds_count", "").unwrap_or(0.0) > 0.0,
             "{metrics}"
         );
-        assert_eq!(
-            value("jetshard_replay_seconds_count", ""),
-            Some(1.0),
+        // One per entity loaded from the journal (entities load on their first command).
+        assert!(
+            value("jetshard_replay_seconds_count", "").unwrap_or(0.0) >= 1.0,
             "{metrics}"
         );
         assert!(
