@@ -169,7 +169,7 @@ pub struct Options {
     args_conflicts_with_subcommands = true
 )]
 struct Cli {
-    /// Scenarios to run (default: all six, in order).
+    /// Scenarios to run (default: all of them, in order).
     #[arg(value_enum)]
     scenarios: Vec<Scenario>,
     #[command(flatten)]
