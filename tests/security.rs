@@ -343,7 +343,7 @@ async fn a_node_with_only_the_documented_permissions_answers_a_request() {
     // The node publishes each outcome to the client's inbox (`Jetshard-Reply-To`).
     let timeout = Duration::from_secs(10);
     let applied = sender
-        .request("r", &LedgerCmd::Append { n: 0 }, timeout)
+        .request_outcome("r", &LedgerCmd::Append { n: 0 }, timeout)
         .await
         .unwrap();
     assert!(
@@ -351,7 +351,7 @@ async fn a_node_with_only_the_documented_permissions_answers_a_request() {
         "{applied:?}"
     );
     let rejected = sender
-        .request("r", &LedgerCmd::Refuse, timeout)
+        .request_outcome("r", &LedgerCmd::Refuse, timeout)
         .await
         .unwrap();
     assert!(

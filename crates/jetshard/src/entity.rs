@@ -66,8 +66,10 @@ pub trait Entity: Send + Sync + 'static {
     /// The entity's state, rebuilt from its events; starts at `Default`.
     type State: Default + Send + 'static;
     /// Why [`decide`](Entity::decide) refused a command. A rejected command is acknowledged
-    /// (it is not retried) and writes nothing.
-    type Rejection: fmt::Display + Send + 'static;
+    /// (it is not retried) and writes nothing. A client that asked gets it back typed
+    /// ([`Reply::Rejected`](crate::Reply::Rejected), encoded with the entity type's codec), and
+    /// its text as the reason of the JSON outcome.
+    type Rejection: fmt::Display + Serialize + DeserializeOwned + Send + 'static;
 
     /// Decides the events a command causes, given the entity's state. Must not have side effects:
     /// it may run again for the same command after a crash.

@@ -33,6 +33,7 @@ use crate::codec::Codec;
 use crate::command::CommandOutcome;
 use crate::entity::{Entity, EntityId, decode_event};
 use crate::journal::{self, JournalWriter, Record, WriteError};
+use crate::reply::Detail;
 use crate::telemetry::{self, CommandMetrics};
 use crate::trace::CommandTrace;
 use crate::wire::Names;
@@ -208,6 +209,9 @@ pub(crate) struct Work {
     pub(crate) give_up: Option<Arc<str>>,
     /// The command's trace context: its events carry its span as their parent.
     pub(crate) trace: Option<Box<CommandTrace>>,
+    /// A client waits for the outcome: report its typed [`Detail`] (the encoded events or
+    /// rejection) with it.
+    pub(crate) detail: bool,
 }
 
 /// What became of one command.
@@ -252,6 +256,8 @@ pub(crate) struct Outcome {
     /// Set when the command is done but the entity is not to be trusted any more: `apply`
     /// panicked on its durable events.
     pub(crate) quarantine: Option<Quarantine>,
+    /// The typed part of the outcome, when [`Work::detail`] asked for it.
+    pub(crate) detail: Option<Detail>,
 }
 
 /// Where an entity actor's reports go.
@@ -353,9 +359,11 @@ impl<E: Entity> Actor for EntityActor<E> {
         );
         let seq = work.seq;
         let mut quarantine = None;
+        let mut detail = None;
         // Boxed: the actor's task then holds only a pointer to the (large) future of a command
         // while it is idle. Unwound: a panic anywhere in it is this command's failure.
-        let processing = Box::pin(process(state, work, &mut quarantine).instrument(span.clone()));
+        let processing =
+            Box::pin(process(state, work, &mut quarantine, &mut detail).instrument(span.clone()));
         let verdict = match AssertUnwindSafe(processing).catch_unwind().await {
             Ok(verdict) => verdict,
             Err(panic) => Verdict::Failed(Failure::Crashed(format!(
@@ -375,6 +383,7 @@ impl<E: Entity> Actor for EntityActor<E> {
             generation: state.context.journal.generation(),
             verdict,
             quarantine,
+            detail,
         };
         (state.context.report)(EntityReport::Outcome(outcome));
         Ok(())
@@ -396,6 +405,7 @@ async fn process<E: Entity>(
     state: &mut EntityState<E>,
     work: Work,
     quarantine: &mut Option<Quarantine>,
+    detail: &mut Option<Detail>,
 ) -> Verdict {
     let Work {
         seq,
@@ -403,6 +413,7 @@ async fn process<E: Entity>(
         deliveries,
         give_up,
         trace,
+        detail: wants_detail,
     } = work;
     if matches!(state.seed, Loaded::No) {
         state.seed = match revive::<E>(&state.id, &state.context).await {
@@ -483,6 +494,9 @@ async fn process<E: Entity>(
         Ok(events) => events,
         Err(rejection) => {
             let reason = rejection.to_string();
+            if wants_detail {
+                *detail = codec.encode(&rejection).ok().map(Detail::Rejection);
+            }
             seed.last_command_seq = seq;
             seed.last_outcome = Some(LastOutcome::Rejected(reason.as_str().into()));
             return Verdict::Rejected(reason);
@@ -494,6 +508,9 @@ async fn process<E: Entity>(
             Ok(bytes) => encoded.push(bytes),
             Err(e) => return Verdict::Failed(Failure::Crashed(e.to_string())),
         }
+    }
+    if wants_detail {
+        *detail = Some(Detail::Events(encoded.clone()));
     }
     let metrics = &state.context.metrics;
     metrics.batch_events.record(encoded.len() as f64);

@@ -28,7 +28,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //!
-//! use jetshard::{CommandOutcome, CommandSender, Entity, ShardConfig, ShardSystem};
+//! use jetshard::{CommandSender, Entity, Reply, ShardConfig, ShardSystem};
 //! use serde::{Deserialize, Serialize};
 //!
 //! struct Account;
@@ -69,10 +69,11 @@
 //!     let system = ShardSystem::start::<Account>(client.clone(), config.clone()).await?;
 //!
 //!     let sender = CommandSender::<Account>::new(client, &config);
-//!     let outcome = sender
-//!         .request("acc-17", &Command::Deposit(100), Duration::from_secs(5))
+//!     // The reply in the entity's own types: the events written, or its rejection.
+//!     let reply = sender
+//!         .request("acc-17", &Command::Withdraw(500), Duration::from_secs(5))
 //!         .await?;
-//!     assert!(matches!(outcome, CommandOutcome::Applied { events: 1, .. }));
+//!     assert!(matches!(reply, Reply::Rejected { rejection, .. } if rejection == "insufficient funds"));
 //!
 //!     // Drains, acknowledges, and hands this process's partitions to the others at once.
 //!     system.shutdown().await?;
@@ -109,6 +110,7 @@ mod journal;
 mod owner;
 mod partition;
 mod pin;
+mod reply;
 mod retry;
 mod status;
 mod system;
@@ -125,6 +127,7 @@ pub use error::{CodecError, ConfigError, Error, InvalidId};
 pub use fence::{FenceRecord, FenceRecordError, HeldRange, Trial};
 pub use health::{Health, PartitionHealth};
 pub use partition::{fnv1a_32, partition_of};
+pub use reply::Reply;
 pub use status::{NodeStatus, OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
 pub use system::ShardSystem;
 pub use trace::{SpanId, TraceId, TraceParent};

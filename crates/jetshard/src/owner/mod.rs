@@ -49,6 +49,7 @@ use crate::group_commit::{CommitStats, Mode};
 use crate::health::{HealthBoard, PartitionHealth};
 use crate::journal::JournalWriter;
 use crate::pin::{self, Delivery, PinSignal, PullLoop, PullSettings};
+use crate::reply::{Detail, ReplyBody};
 use crate::retry::RestartWindow;
 use crate::status::{OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
 use crate::telemetry::{self, Load, PartitionMetrics};
@@ -647,7 +648,8 @@ impl<E: Entity> OwnerState<E> {
         if let Some(q) = outcome.quarantine {
             effects.insert(0, Effect::Quarantine(q));
         }
-        self.carry_out(&entity, outcome.seq, effects).await?;
+        self.carry_out(&entity, outcome.seq, effects, outcome.detail)
+            .await?;
         // The actor stopped: commands queued behind the settled one (cast to it while it was
         // stopping) go to a new actor, unless the entity waits.
         let idle_actor = self
@@ -667,6 +669,7 @@ impl<E: Entity> OwnerState<E> {
         entity: &EntityId,
         seq: u64,
         effects: Vec<Effect>,
+        detail: Option<Detail>,
     ) -> Result<(), ActorProcessingErr> {
         let partition = self.partition;
         for effect in effects {
@@ -706,7 +709,7 @@ impl<E: Entity> OwnerState<E> {
                     }
                     if let Some(to) = done.respond_to {
                         let trace = done.trace.map(|t| t.span);
-                        respond(&self.shared.client, to, &answer, trace).await;
+                        respond(&self.shared.client, to, answer, detail.as_ref(), trace).await;
                     }
                 }
                 Effect::GiveUp { reason } => {
@@ -795,7 +798,7 @@ impl<E: Entity> OwnerState<E> {
                         reason,
                     };
                     let trace = pending.trace.as_ref().map(|t| t.span);
-                    respond(&self.shared.client, to, &answer, trace).await;
+                    respond(&self.shared.client, to, answer, None, trace).await;
                 }
             }
             Err(crate::journal::WriteError::Fenced { .. }) => {
@@ -927,7 +930,7 @@ impl<E: Entity> OwnerState<E> {
             let give_up = Effect::GiveUp {
                 reason: "failed, and not redelivered".to_owned(),
             };
-            let _ = self.carry_out(&entity, seq, vec![give_up]).await;
+            let _ = self.carry_out(&entity, seq, vec![give_up], None).await;
         }
     }
 
@@ -1163,10 +1166,11 @@ async fn acknowledge_confirmed(
 async fn respond(
     client: &Client,
     to: Subject,
-    outcome: &CommandOutcome,
+    outcome: CommandOutcome,
+    detail: Option<&Detail>,
     trace: Option<TraceParent>,
 ) {
-    let Ok(body) = serde_json::to_vec(outcome) else {
+    let Ok(body) = serde_json::to_vec(&ReplyBody::new(outcome, detail)) else {
         return;
     };
     let sent = match trace {

@@ -141,6 +141,7 @@ impl Pending {
             deliveries: self.deliveries,
             give_up: self.give_up.clone(),
             trace: self.trace.clone(),
+            detail: self.respond_to.is_some(),
         }
     }
 }
