@@ -223,7 +223,7 @@ fn node_permissions(entity_type: &str, provision: bool, inbox: &str, replies: &s
             .join(", ")
     };
     format!(
-        "{{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [\"{inbox}.>\", \"{t}.nodes\", \"{t}.alive.*\", \"{t}.status\"] }} }}",
+        "{{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [\"{inbox}.>\", \"{t}.nodes\", \"{t}.alive.*\", \"{t}.status\", \"{t}.query.*.*\"] }} }}",
         quoted(&publish)
     )
 }

@@ -2,7 +2,7 @@
 //! (`Append { n }` is accepted only when `n` equals the list's length), so a lost, reordered or
 //! doubled command shows as a rejection or a gap.
 
-use jetshard::Entity;
+use jetshard::{Codec, CodecError, Entity};
 use serde::{Deserialize, Serialize};
 
 /// The test entity.
@@ -56,6 +56,10 @@ impl Entity for Ledger {
             LedgerCmd::Refuse => Err("refused".to_owned()),
             LedgerCmd::Abort => std::process::abort(),
         }
+    }
+
+    fn encode_state(state: &Vec<u64>, codec: Codec) -> Result<Vec<u8>, CodecError> {
+        codec.encode(state)
     }
 
     fn apply(state: &mut Vec<u64>, event: &LedgerEvt) {

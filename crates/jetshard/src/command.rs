@@ -60,9 +60,11 @@ pub const MAX_KEY_LEN: usize = 128;
 
 /// Publishes commands for one entity type.
 pub struct CommandSender<E: Entity> {
-    js: Context,
-    names: Names,
-    codec: Codec,
+    pub(crate) js: Context,
+    pub(crate) names: Names,
+    pub(crate) codec: Codec,
+    /// The entity type's partition count (state queries are routed by partition).
+    pub(crate) partitions: u32,
     trace: Option<TraceParent>,
     _entity: PhantomData<fn() -> E>,
 }
@@ -73,6 +75,7 @@ impl<E: Entity> Clone for CommandSender<E> {
             js: self.js.clone(),
             names: self.names.clone(),
             codec: self.codec,
+            partitions: self.partitions,
             trace: self.trace,
             _entity: PhantomData,
         }
@@ -86,6 +89,7 @@ impl<E: Entity> CommandSender<E> {
             js: jetstream::new(client),
             names: Names::new(&config.entity_type),
             codec: config.codec,
+            partitions: config.partitions,
             trace: None,
             _entity: PhantomData,
         }

@@ -101,6 +101,25 @@ pub trait Entity: Send + Sync + 'static {
         let _ = version;
         codec.decode(payload)
     }
+
+    /// Encodes the state for a state query (`CommandSender::get`, `Admin::get`,
+    /// `jetshard get <type> <id>`). The default refuses: an entity type answers queries only
+    /// once it says how its state reads. For a `Serialize` state:
+    ///
+    /// ```ignore
+    /// fn encode_state(state: &Self::State, codec: Codec) -> Result<Vec<u8>, CodecError> {
+    ///     codec.encode(state)
+    /// }
+    /// ```
+    ///
+    /// # Errors
+    /// [`CodecError`] if the state cannot be (or is not to be) encoded; the reader is told why.
+    fn encode_state(state: &Self::State, codec: Codec) -> Result<Vec<u8>, CodecError> {
+        let _ = (state, codec);
+        Err(CodecError::Encode(
+            "this entity type answers no state queries (Entity::encode_state)".to_owned(),
+        ))
+    }
 }
 
 /// Reads a stored event of `E` written with encoding `version`.

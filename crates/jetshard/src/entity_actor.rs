@@ -33,6 +33,7 @@ use crate::codec::Codec;
 use crate::command::CommandOutcome;
 use crate::entity::{Entity, EntityId, decode_event};
 use crate::journal::{self, JournalWriter, Record, WriteError};
+use crate::query::{self, Known, Query};
 use crate::reply::Detail;
 use crate::telemetry::{self, CommandMetrics};
 use crate::trace::CommandTrace;
@@ -179,6 +180,8 @@ pub(crate) enum EntityMsg {
     Work(Work),
     /// Idle: give the state back ([`Passivated`]) and stop.
     Passivate,
+    /// Answer a state query, after the commands before it.
+    Query(Query),
 }
 
 /// What an entity actor tells its supervisor.
@@ -269,6 +272,8 @@ pub(crate) struct EntityContext {
     pub(crate) partition: u32,
     pub(crate) journal: JournalWriter,
     pub(crate) journal_stream: Stream<()>,
+    /// For answers to state queries.
+    pub(crate) client: async_nats::Client,
     pub(crate) names: Arc<Names>,
     pub(crate) codec: Codec,
     pub(crate) report: Reporter,
@@ -326,6 +331,10 @@ impl<E: Entity> Actor for EntityActor<E> {
     ) -> Result<(), ActorProcessingErr> {
         let work = match message {
             EntityMsg::Work(work) => work,
+            EntityMsg::Query(query) => {
+                answer_query(state, query).await;
+                return Ok(());
+            }
             EntityMsg::Passivate => {
                 let seed = match std::mem::replace(&mut state.seed, Loaded::No) {
                     Loaded::Yes(seed) if !state.broken => {
@@ -387,6 +396,73 @@ impl<E: Entity> Actor for EntityActor<E> {
         };
         (state.context.report)(EntityReport::Outcome(outcome));
         Ok(())
+    }
+}
+
+/// Answers a state query from the entity's state (revived first if need be), under the
+/// generation of this actor's partition.
+async fn answer_query<E: Entity>(state: &mut EntityState<E>, query: Query) {
+    let context = Arc::clone(&state.context);
+    let span = tracing::debug_span!(
+        "query",
+        partition = context.partition,
+        entity = %state.id,
+        generation = context.journal.generation(),
+    );
+    async {
+        if state.broken {
+            return query::refuse(
+                &context.client,
+                query,
+                "the entity is restarting: ask again".to_owned(),
+            )
+            .await;
+        }
+        if matches!(state.seed, Loaded::No) {
+            state.seed = match revive::<E>(&state.id, &context).await {
+                Ok(seed) => Loaded::Yes(seed),
+                Err(Revival::Quarantined(q)) => Loaded::Quarantined(q),
+                Err(Revival::Unreadable(reason)) => {
+                    return query::refuse(&context.client, query, reason).await;
+                }
+            };
+        }
+        let seed = match &state.seed {
+            Loaded::Yes(seed) => seed,
+            Loaded::Quarantined(q) => {
+                return query::refuse(&context.client, query, q.dead_letter_reason()).await;
+            }
+            Loaded::No => return,
+        };
+        let known = known::<E>(seed, &context);
+        query::answer(
+            &context.client,
+            &context.journal_stream,
+            &context.names,
+            query,
+            known,
+        )
+        .await;
+    }
+    .instrument(span)
+    .await;
+}
+
+/// What a query is told of an entity's state (its encoding guarded like `decide`).
+pub(crate) fn known<E: Entity>(seed: &Seed<E>, context: &EntityContext) -> Known {
+    let codec = context.codec;
+    let state = catch_unwind(AssertUnwindSafe(|| E::encode_state(&seed.state, codec)))
+        .unwrap_or_else(|panic| {
+            Err(crate::error::CodecError::Encode(format!(
+                "encode_state panicked: {}",
+                panic_message(&*panic)
+            )))
+        });
+    Known {
+        partition: context.partition,
+        generation: context.journal.generation(),
+        last_command_seq: seed.last_command_seq,
+        state,
     }
 }
 

@@ -106,6 +106,17 @@ impl Names {
         format!("{}.cmd.{partition}.*", self.entity_type)
     }
 
+    /// Where a reader asks the owner for an entity's state (core NATS request/reply, see
+    /// docs/WIRE.md): `<t>.query.<p>.<id>`.
+    pub fn query_subject(&self, partition: u32, id: &EntityId) -> String {
+        format!("{}.query.{partition}.{id}", self.entity_type)
+    }
+
+    /// Where a partition's owners listen for state queries: `<t>.query.<p>.*`.
+    pub fn partition_queries(&self, partition: u32) -> String {
+        format!("{}.query.{partition}.*", self.entity_type)
+    }
+
     /// A partition's durable consumer: `<t>-p<p>`.
     pub fn consumer(&self, partition: u32) -> String {
         format!("{}-p{partition}", self.entity_type)

@@ -22,6 +22,7 @@
 mod acquire;
 mod isolate;
 mod phase;
+mod query;
 mod route;
 mod settle;
 
@@ -93,6 +94,8 @@ pub(crate) enum OwnerMsg {
     HandOff,
     /// A snapshot for status displays.
     Status(RpcReplyPort<PartitionStatus>),
+    /// A state query for one of the partition's entities (`<t>.query.<p>.<id>`).
+    Query(crate::query::Query),
 }
 
 pub(crate) struct OwnerArgs {
@@ -114,6 +117,8 @@ pub(crate) struct OwnerState<E: Entity> {
     myself: ActorRef<OwnerMsg>,
     pull: PullLoop,
     ticker: JoinHandle<()>,
+    /// Hands the partition's state queries to this owner.
+    queries: JoinHandle<()>,
     phase: Phase<E>,
     policy: Policy,
     counters: Counters,
@@ -127,6 +132,7 @@ pub(crate) struct OwnerState<E: Entity> {
 impl<E: Entity> Drop for OwnerState<E> {
     fn drop(&mut self) {
         self.ticker.abort();
+        self.queries.abort();
     }
 }
 
@@ -144,6 +150,15 @@ impl<E: Entity> Actor for OwnerActor<E> {
         let settings = PullSettings {
             batch: config.pull_batch,
             expires: config.pull_expires(),
+        };
+        // Subscribed first: a failure here leaves nothing running.
+        let queries = {
+            let myself = myself.clone();
+            let subject = args.shared.names.partition_queries(args.partition);
+            crate::query::listen(&args.shared.client, subject, move |query| {
+                myself.cast(OwnerMsg::Query(query)).is_ok()
+            })
+            .await?
         };
         let sink = {
             let myself = myself.clone();
@@ -176,6 +191,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
             myself,
             pull,
             ticker,
+            queries,
             phase: Phase::Standby,
             policy,
             counters: Counters::default(),
@@ -231,6 +247,13 @@ impl<E: Entity> Actor for OwnerActor<E> {
             }
             OwnerMsg::Status(reply) => {
                 let _ = reply.send(state.status());
+            }
+            OwnerMsg::Query(query) => {
+                let shared = Arc::clone(&state.shared);
+                // Not owning: stay silent; the owner answers.
+                if let Some(o) = state.phase.owning() {
+                    query::route(o, &shared, query);
+                }
             }
         }
         state.post_health();
@@ -493,6 +516,7 @@ impl<E: Entity> OwnerState<E> {
             partition,
             journal,
             journal_stream: self.shared.journal_stream.clone(),
+            client: self.shared.client.clone(),
             names: self.shared.names.clone(),
             codec: self.shared.config.codec,
             report,
