@@ -500,6 +500,14 @@ pub async fn read_journal(
             .info()
             .map_err(|e| ReadError::jetstream(format!("replay {stream_name}"), e.to_string()))?;
         let (seq, pending) = (info.stream_sequence, info.pending);
+        // Outbox records (`<t>.out.<p>`) are the messages commands sent, not entity history.
+        let outbox = message.subject.split('.').nth(1) == Some("out");
+        if outbox && pending == 0 {
+            return Ok(records);
+        }
+        if outbox {
+            continue;
+        }
         records.push(Record::parse(
             entity_type,
             seq,

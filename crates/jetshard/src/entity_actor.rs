@@ -33,6 +33,7 @@ use crate::codec::Codec;
 use crate::command::CommandOutcome;
 use crate::entity::{Entity, EntityId, decode_event};
 use crate::journal::{self, JournalWriter, Record, WriteError};
+use crate::outbox::{self, Effects};
 use crate::query::{self, Known, Query};
 use crate::reply::Detail;
 use crate::telemetry::{self, CommandMetrics};
@@ -555,7 +556,10 @@ async fn process<E: Entity>(
         return Verdict::Failed(Failure::Unconfirmed("entity state missing".to_owned()));
     };
     let deciding = std::time::Instant::now();
-    let decided = catch_unwind(AssertUnwindSafe(|| E::decide(&seed.state, command)));
+    let mut effects = Effects::new(codec);
+    let decided = catch_unwind(AssertUnwindSafe(|| {
+        E::decide_with_effects(&seed.state, command, &mut effects)
+    }));
     telemetry::record(&state.context.metrics.decide_seconds, deciding.elapsed());
     let decided = match decided {
         Ok(decided) => decided,
@@ -585,6 +589,10 @@ async fn process<E: Entity>(
             Err(e) => return Verdict::Failed(Failure::Crashed(e.to_string())),
         }
     }
+    let outbox = match effects.into_messages() {
+        Ok(outbox) => outbox,
+        Err(e) => return Verdict::Failed(Failure::Crashed(format!("effects: {e}"))),
+    };
     if wants_detail {
         *detail = Some(Detail::Events(encoded.clone()));
     }
@@ -600,6 +608,7 @@ async fn process<E: Entity>(
             encoded,
             E::EVENT_VERSION,
             trace.as_ref().map(|t| &t.span),
+            &outbox,
         )
         .await;
     telemetry::record(&metrics.write_seconds, writing.elapsed());
@@ -631,6 +640,19 @@ async fn process<E: Entity>(
             last_command_seq: seq,
         });
         state.seed = Loaded::No;
+    }
+    if !outbox.is_empty() {
+        let js = async_nats::jetstream::new(state.context.client.clone());
+        let context = &state.context;
+        outbox::deliver(
+            &js,
+            &context.names,
+            &context.journal,
+            state.id.as_str(),
+            seq,
+            &outbox,
+        )
+        .await;
     }
     Verdict::Applied {
         events: events.len(),

@@ -20,11 +20,13 @@ use crate::entity::EntityId;
 use crate::error::{BoxError, Error};
 use crate::fence::{Fence, header_u64};
 use crate::group_commit::{CommitStats, GroupCommit, MAX_BATCH_MESSAGES, Mode, Outgoing};
+use crate::outbox::OutboxMessage;
 use crate::telemetry::CommitMetrics;
 use crate::trace::TraceParent;
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_EVENT_VERSION, HDR_EXPECTED_SUBJECT,
-    HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_MSG_ID, HDR_REASON, HDR_TRACEPARENT, Names,
+    HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_MSG_ID, HDR_OUTBOX_DONE, HDR_OUTBOX_INDEX,
+    HDR_OUTBOX_TARGET, HDR_REASON, HDR_TRACEPARENT, Names,
 };
 
 /// Why a journal write did not happen.
@@ -122,6 +124,9 @@ impl JournalWriter {
     /// command in the journal), together with the other commands the group commit gathers. The
     /// server checks each message against the fence: once another owner has claimed the
     /// partition, every later write is rejected.
+    ///
+    /// The command's outbox records (`<t>.out.<p>`, one per message, see `outbox.rs`) go in the
+    /// same all-or-none unit as its events.
     pub(crate) async fn append(
         &self,
         entity: &EntityId,
@@ -129,16 +134,37 @@ impl JournalWriter {
         events: Vec<Vec<u8>>,
         version: u32,
         trace: Option<&TraceParent>,
+        outbox: &[OutboxMessage],
     ) -> Result<Option<u64>, WriteError> {
-        if events.len() > MAX_EVENTS_PER_COMMAND {
+        if events.len() + outbox.len() > MAX_EVENTS_PER_COMMAND {
             return Err(WriteError::TooManyEvents {
-                events: events.len(),
+                events: events.len() + outbox.len(),
             });
         }
-        if events.is_empty() {
+        if events.is_empty() && outbox.is_empty() {
             return Ok(None);
         }
         let subject = self.names.event_subject(self.partition, entity);
+        let outbox_subject = self.names.outbox_subject(self.partition);
+        let outbox_records = outbox.iter().enumerate().map(|(index, message)| {
+            let mut headers = self.fenced_headers();
+            headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+            headers.insert(HDR_ENTITY, entity.as_str());
+            headers.insert(HDR_OUTBOX_TARGET, message.subject.as_str());
+            headers.insert(HDR_OUTBOX_INDEX, index.to_string());
+            headers.insert(
+                HDR_MSG_ID,
+                format!(
+                    "{}:out-record:{command_seq}:{index}",
+                    self.names.entity_type
+                ),
+            );
+            Outgoing {
+                subject: outbox_subject.clone(),
+                headers,
+                payload: message.payload.clone(),
+            }
+        });
         let records = events
             .into_iter()
             .enumerate()
@@ -156,8 +182,31 @@ impl JournalWriter {
                     payload: event.into(),
                 }
             })
+            .chain(outbox_records)
             .collect();
         self.commit.write(records).await.map(Some)
+    }
+
+    /// Records that every outbox message of the command at `command_seq` was published.
+    pub(crate) async fn outbox_done(
+        &self,
+        entity: &str,
+        command_seq: u64,
+    ) -> Result<(), WriteError> {
+        let mut headers = self.fenced_headers();
+        headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+        headers.insert(HDR_ENTITY, entity);
+        headers.insert(HDR_OUTBOX_DONE, "1");
+        headers.insert(
+            HDR_MSG_ID,
+            format!("{}:out-done:{command_seq}", self.names.entity_type),
+        );
+        let record = Outgoing {
+            subject: self.names.outbox_subject(self.partition),
+            headers,
+            payload: Bytes::new(),
+        };
+        self.commit.write(vec![record]).await.map(drop)
     }
 
     /// Records a command that was given up (undecodable, or failing at every delivery), so an

@@ -45,6 +45,14 @@ pub const HDR_MSG_ID: &str = "Nats-Msg-Id";
 /// replay within the command stream's duplicate window is stored once.
 pub const HDR_REPLAY_OF: &str = "Jetshard-Replay-Of";
 
+/// Header on an outbox record (`<t>.out.<p>`): the subject its message is published to.
+pub const HDR_OUTBOX_TARGET: &str = "Jetshard-Outbox-Target";
+/// Header on an outbox record: the message's place among its command's messages, from 0.
+pub const HDR_OUTBOX_INDEX: &str = "Jetshard-Outbox-Index";
+/// Header on an outbox *done* record: every message of the command (`Jetshard-Command-Seq`) was
+/// published.
+pub const HDR_OUTBOX_DONE: &str = "Jetshard-Outbox-Done";
+
 /// All names of one entity type, computed once.
 #[derive(Debug, Clone)]
 pub struct Names {
@@ -129,6 +137,7 @@ impl Names {
             format!("{t}.evt.*.*"),
             format!("{t}.fence.*"),
             format!("{t}.dlq.*"),
+            format!("{t}.out.*"),
         ]
     }
 
@@ -150,6 +159,11 @@ impl Names {
     /// A partition's dead letters: `<t>.dlq.<p>`.
     pub fn dead_letter_subject(&self, partition: u32) -> String {
         format!("{}.dlq.{partition}", self.entity_type)
+    }
+
+    /// A partition's outbox records and their done records: `<t>.out.<p>`.
+    pub fn outbox_subject(&self, partition: u32) -> String {
+        format!("{}.out.{partition}", self.entity_type)
     }
 
     /// Where the processes of the entity type say how many partitions they own: `<t>.nodes`.

@@ -119,6 +119,9 @@ pub(crate) struct OwnerState<E: Entity> {
     ticker: JoinHandle<()>,
     /// Hands the partition's state queries to this owner.
     queries: JoinHandle<()>,
+    /// Publishes the outbox messages earlier owners left unconfirmed (`outbox::recover`), from
+    /// the last acquisition; stopped with the owner or at the next acquisition.
+    outbox_recovery: Option<JoinHandle<()>>,
     phase: Phase<E>,
     policy: Policy,
     counters: Counters,
@@ -133,6 +136,9 @@ impl<E: Entity> Drop for OwnerState<E> {
     fn drop(&mut self) {
         self.ticker.abort();
         self.queries.abort();
+        if let Some(recovery) = &self.outbox_recovery {
+            recovery.abort();
+        }
     }
 }
 
@@ -192,6 +198,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
             pull,
             ticker,
             queries,
+            outbox_recovery: None,
             phase: Phase::Standby,
             policy,
             counters: Counters::default(),
@@ -522,6 +529,16 @@ impl<E: Entity> OwnerState<E> {
             report,
             metrics: self.metrics.command.clone(),
         });
+        let recovery = tokio::spawn(crate::outbox::recover(
+            self.shared.js.clone(),
+            self.shared.journal_stream.clone(),
+            self.shared.names.clone(),
+            partition,
+            context.journal.clone(),
+        ));
+        if let Some(previous) = self.outbox_recovery.replace(recovery) {
+            previous.abort();
+        }
         let quarantined = acquired.quarantined.len();
         let trial = acquired.claimed.trial;
         let isolation = trial.map(|_| {
