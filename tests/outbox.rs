@@ -167,3 +167,34 @@ async fn a_crash_between_the_event_write_and_the_publish_is_made_good_by_the_nex
     let dst = s.sender.get("dst", WITHIN).await.unwrap();
     assert_eq!(dst.state, vec![500], "the forwarded command ran once");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_stream_from_before_the_outbox_is_given_its_subject() {
+    init_tracing();
+    let server = jetshard_testkit::NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    js.create_stream(stream::Config {
+        name: "LEDGER_JOURNAL".into(),
+        subjects: vec![
+            "ledger.evt.*.*".into(),
+            "ledger.fence.*".into(),
+            "ledger.dlq.*".into(),
+        ],
+        allow_atomic_publish: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let config = jetshard_tests::ledger_config(1, "n1").build().unwrap();
+    let system = jetshard::ShardSystem::start::<Ledger>(client, config)
+        .await
+        .unwrap();
+    let mut journal = js.get_stream("LEDGER_JOURNAL").await.unwrap();
+    let subjects = journal.info().await.unwrap().config.subjects.clone();
+    assert!(
+        subjects.contains(&"ledger.out.*".to_owned()),
+        "{subjects:?}"
+    );
+    system.shutdown().await.unwrap();
+}

@@ -44,6 +44,7 @@ async fn provision_once(js: &Context, names: &Names, config: &ShardConfig) -> Re
         check_command_stream(names, config, existing)
     })
     .await?;
+    add_outbox_subject(js, names).await?;
     ensure_stream(js, journal_stream_config(names, config), |existing| {
         check_journal_stream(names, config, existing)
     })
@@ -135,6 +136,36 @@ async fn ensure_stream(
             _ => Err(Error::jetstream(format!("look up stream {name}"), e)),
         },
     }
+}
+
+/// A journal stream created before the outbox (`<t>.out.*`) gets that subject added, its only
+/// change (it needs `$JS.API.STREAM.UPDATE.<T>_JOURNAL` once); nothing happens otherwise.
+async fn add_outbox_subject(js: &Context, names: &Names) -> Result<(), Error> {
+    let name = &names.journal_stream;
+    let Ok(mut existing) = js.get_stream(name).await else {
+        // Missing (created next) or unreadable (reported by the check next).
+        return Ok(());
+    };
+    let info = existing
+        .info()
+        .await
+        .map_err(|e| Error::jetstream(format!("read stream {name}"), e))?;
+    let outbox = format!("{}.out.*", names.entity_type);
+    let others_present = names
+        .journal_subjects()
+        .iter()
+        .filter(|s| **s != outbox)
+        .all(|s| info.config.subjects.contains(s));
+    if info.config.subjects.contains(&outbox) || !others_present {
+        return Ok(());
+    }
+    let mut config = info.config.clone();
+    config.subjects.push(outbox);
+    js.update_stream(config)
+        .await
+        .map_err(|e| Error::jetstream(format!("add the outbox subject to stream {name}"), e))?;
+    tracing::info!(stream = %name, "journal stream given the outbox subject");
+    Ok(())
 }
 
 async fn create_stream(

@@ -14,7 +14,7 @@
 
 use std::fmt;
 
-use jetshard::{Codec, CommandRetention, Entity, ShardConfig, ShardConfigBuilder};
+use jetshard::{Codec, CodecError, CommandRetention, Entity, ShardConfig, ShardConfigBuilder};
 use serde::{Deserialize, Serialize};
 
 /// The order's rejection: it has no value (refusals are `Rejected` events). An uninhabited
@@ -146,7 +146,7 @@ impl OrderEvent {
 }
 
 /// Where an order is in its life.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Phase {
     /// Not placed yet.
     #[default]
@@ -161,8 +161,8 @@ pub enum Phase {
     Cancelled,
 }
 
-/// An order's state, rebuilt from its events.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// An order's state, rebuilt from its events; read by `order-processor get` (JSON).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OrderState {
     /// Where the order is.
     pub phase: Phase,
@@ -282,6 +282,10 @@ impl Entity for Order {
             reason: refusal.to_string(),
         });
         Ok(vec![event])
+    }
+
+    fn encode_state(state: &OrderState, codec: Codec) -> Result<Vec<u8>, CodecError> {
+        codec.encode(state)
     }
 
     fn apply(state: &mut OrderState, event: &OrderEvent) {
