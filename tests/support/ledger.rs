@@ -27,6 +27,10 @@ pub enum LedgerCmd {
     /// Append `n` without checking the order, and through the outbox: send `Push { n }` to the
     /// ledger `to`, and publish `n` (JSON) to `sink.<n>`.
     Forward { n: u64, to: String },
+    /// Arms the timer `name`: `Push { n }` to this ledger `after_ms` from now.
+    Remind { name: String, n: u64, after_ms: u64 },
+    /// Disarms the timer `name`.
+    Forget { name: String },
 }
 
 /// Its events.
@@ -70,6 +74,15 @@ impl Entity for Ledger {
                 effects.command("ledger", &to, &LedgerCmd::Push { n });
                 effects.publish(&format!("sink.{n}"), n.to_string());
                 Ok(vec![LedgerEvt::Appended { n }])
+            }
+            LedgerCmd::Remind { name, n, after_ms } => {
+                let after = std::time::Duration::from_millis(after_ms);
+                effects.set_timer_after(&name, after, &LedgerCmd::Push { n });
+                Ok(vec![])
+            }
+            LedgerCmd::Forget { name } => {
+                effects.cancel_timer(&name);
+                Ok(vec![])
             }
         }
     }

@@ -19,6 +19,7 @@
 //! kilobytes for a live actor, until the entity's next command spawns a new actor with it.
 
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -32,11 +33,12 @@ use tracing::Instrument;
 use crate::codec::Codec;
 use crate::command::CommandOutcome;
 use crate::entity::{Entity, EntityId, decode_event};
-use crate::journal::{self, JournalWriter, Record, WriteError};
+use crate::journal::{self, Attached, JournalWriter, Record, TimerRecord, WriteError};
 use crate::outbox::{self, Effects};
 use crate::query::{self, Known, Query};
 use crate::reply::Detail;
 use crate::telemetry::{self, CommandMetrics};
+use crate::timer::{self, Armed, Firing, TimerChange, TimerReport};
 use crate::trace::CommandTrace;
 use crate::wire::Names;
 
@@ -46,6 +48,8 @@ pub(crate) struct Seed<E: Entity> {
     pub(crate) last_command_seq: u64,
     /// The outcome of the command at `last_command_seq`, told again to a redelivery of it.
     pub(crate) last_outcome: Option<LastOutcome>,
+    /// Its armed timers, by name (`timer.rs`).
+    pub(crate) timers: BTreeMap<Box<str>, Armed>,
 }
 
 impl<E: Entity> Default for Seed<E> {
@@ -54,6 +58,7 @@ impl<E: Entity> Default for Seed<E> {
             state: E::State::default(),
             last_command_seq: 0,
             last_outcome: None,
+            timers: BTreeMap::new(),
         }
     }
 }
@@ -112,6 +117,32 @@ impl<E: Entity> Seed<E> {
         codec: Codec,
     ) -> Result<(), Quarantine> {
         match &stored.record {
+            Record::Timer(timer) => match timer {
+                TimerRecord::Set {
+                    name,
+                    due_ms,
+                    payload,
+                } => {
+                    let armed = Armed {
+                        set_seq: stored.command_seq,
+                        due_ms: *due_ms,
+                        payload: (*payload).clone(),
+                    };
+                    self.timers.insert((*name).into(), armed);
+                }
+                TimerRecord::Cancel { name } => {
+                    self.timers.remove(*name);
+                }
+                TimerRecord::Fired { name, set_seq } => {
+                    if self
+                        .timers
+                        .get(*name)
+                        .is_some_and(|a| a.set_seq == *set_seq)
+                    {
+                        self.timers.remove(*name);
+                    }
+                }
+            },
             Record::DeadLetter { reason } => {
                 if stored.command_seq >= self.last_command_seq {
                     self.last_outcome = Some(LastOutcome::DeadLettered((*reason).into()));
@@ -216,6 +247,8 @@ pub(crate) struct Work {
     /// A client waits for the outcome: report its typed [`Detail`] (the encoded events or
     /// rejection) with it.
     pub(crate) detail: bool,
+    /// Set when it is a timer's command: decided only if the entity has that timer armed.
+    pub(crate) timer: Option<Firing>,
 }
 
 /// What became of one command.
@@ -262,6 +295,8 @@ pub(crate) struct Outcome {
     pub(crate) quarantine: Option<Quarantine>,
     /// The typed part of the outcome, when [`Work::detail`] asked for it.
     pub(crate) detail: Option<Detail>,
+    /// What the command did to the entity's timers (durable), for the owner's table.
+    pub(crate) timers: Vec<TimerReport>,
 }
 
 /// Where an entity actor's reports go.
@@ -370,10 +405,13 @@ impl<E: Entity> Actor for EntityActor<E> {
         let seq = work.seq;
         let mut quarantine = None;
         let mut detail = None;
+        let mut timers = Vec::new();
         // Boxed: the actor's task then holds only a pointer to the (large) future of a command
         // while it is idle. Unwound: a panic anywhere in it is this command's failure.
-        let processing =
-            Box::pin(process(state, work, &mut quarantine, &mut detail).instrument(span.clone()));
+        let processing = Box::pin(
+            process(state, work, &mut quarantine, &mut detail, &mut timers)
+                .instrument(span.clone()),
+        );
         let verdict = match AssertUnwindSafe(processing).catch_unwind().await {
             Ok(verdict) => verdict,
             Err(panic) => Verdict::Failed(Failure::Crashed(format!(
@@ -394,6 +432,7 @@ impl<E: Entity> Actor for EntityActor<E> {
             verdict,
             quarantine,
             detail,
+            timers,
         };
         (state.context.report)(EntityReport::Outcome(outcome));
         Ok(())
@@ -483,6 +522,7 @@ async fn process<E: Entity>(
     work: Work,
     quarantine: &mut Option<Quarantine>,
     detail: &mut Option<Detail>,
+    timer_reports: &mut Vec<TimerReport>,
 ) -> Verdict {
     let Work {
         seq,
@@ -491,6 +531,7 @@ async fn process<E: Entity>(
         give_up,
         trace,
         detail: wants_detail,
+        timer: firing,
     } = work;
     if matches!(state.seed, Loaded::No) {
         state.seed = match revive::<E>(&state.id, &state.context).await {
@@ -521,6 +562,18 @@ async fn process<E: Entity>(
         }
         (_, None) => None,
     };
+    // A timer's command runs only while the entity has that timer armed: once (a repeat finds
+    // it fired), and never after a cancel or a new set of the name.
+    if let (Some(f), Loaded::Yes(seed)) = (&firing, &state.seed)
+        && give_up.is_none()
+        && seed
+            .timers
+            .get(&f.name)
+            .is_none_or(|a| a.set_seq != f.set_seq)
+    {
+        tracing::debug!(timer = %f.name, set_seq = f.set_seq, "timer not armed: command dropped");
+        return Verdict::Duplicate { earlier: None };
+    }
     let codec = state.context.codec;
     let decoded = match give_up {
         Some(reason) => Err(reason),
@@ -577,6 +630,32 @@ async fn process<E: Entity>(
             if wants_detail {
                 *detail = codec.encode(&rejection).ok().map(Detail::Rejection);
             }
+            if let Some(f) = &firing {
+                // The timer fired, though its command was refused: record it, so that it fires
+                // once.
+                let written = state
+                    .context
+                    .journal
+                    .append(
+                        &state.id,
+                        seq,
+                        Vec::new(),
+                        E::EVENT_VERSION,
+                        None,
+                        Attached {
+                            fired: Some(f),
+                            ..Attached::default()
+                        },
+                    )
+                    .await;
+                if let Err(e) = written {
+                    return write_failed(e);
+                }
+                seed.timers.remove(&f.name);
+                timer_reports.push(TimerReport::Disarmed {
+                    name: f.name.clone(),
+                });
+            }
             seed.last_command_seq = seq;
             seed.last_outcome = Some(LastOutcome::Rejected(reason.as_str().into()));
             return Verdict::Rejected(reason);
@@ -589,13 +668,14 @@ async fn process<E: Entity>(
             Err(e) => return Verdict::Failed(Failure::Crashed(e.to_string())),
         }
     }
-    let outbox = match effects.into_messages() {
-        Ok(outbox) => outbox,
+    let (outbox, mut timer_changes) = match effects.into_parts() {
+        Ok(parts) => parts,
         Err(e) => return Verdict::Failed(Failure::Crashed(format!("effects: {e}"))),
     };
     if wants_detail {
         *detail = Some(Detail::Events(encoded.clone()));
     }
+    timer::resolve(&mut timer_changes, std::time::SystemTime::now());
     let metrics = &state.context.metrics;
     metrics.batch_events.record(encoded.len() as f64);
     let writing = std::time::Instant::now();
@@ -608,7 +688,11 @@ async fn process<E: Entity>(
             encoded,
             E::EVENT_VERSION,
             trace.as_ref().map(|t| &t.span),
-            &outbox,
+            Attached {
+                outbox: &outbox,
+                timers: &timer_changes,
+                fired: firing.as_ref(),
+            },
         )
         .await;
     telemetry::record(&metrics.write_seconds, writing.elapsed());
@@ -616,6 +700,37 @@ async fn process<E: Entity>(
         Ok(journal_seq) => journal_seq,
         Err(e) => return write_failed(e),
     };
+    if let Some(f) = &firing {
+        seed.timers.remove(&f.name);
+        timer_reports.push(TimerReport::Disarmed {
+            name: f.name.clone(),
+        });
+    }
+    for change in timer_changes {
+        match change {
+            TimerChange::Set {
+                name,
+                due_ms,
+                payload,
+                ..
+            } => {
+                let armed = Armed {
+                    set_seq: seq,
+                    due_ms,
+                    payload,
+                };
+                seed.timers.insert(name.as_str().into(), armed.clone());
+                timer_reports.push(TimerReport::Armed {
+                    name: name.into(),
+                    armed,
+                });
+            }
+            TimerChange::Cancel { name } => {
+                seed.timers.remove(name.as_str());
+                timer_reports.push(TimerReport::Disarmed { name: name.into() });
+            }
+        }
+    }
     seed.last_command_seq = seq;
     seed.last_outcome = Some(LastOutcome::Applied {
         events: u32::try_from(events.len()).unwrap_or(u32::MAX),

@@ -22,12 +22,25 @@ use crate::fence::{Fence, header_u64};
 use crate::group_commit::{CommitStats, GroupCommit, MAX_BATCH_MESSAGES, Mode, Outgoing};
 use crate::outbox::OutboxMessage;
 use crate::telemetry::CommitMetrics;
+use crate::timer::{Firing, TimerChange};
 use crate::trace::TraceParent;
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_EVENT_VERSION, HDR_EXPECTED_SUBJECT,
     HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_MSG_ID, HDR_OUTBOX_DONE, HDR_OUTBOX_INDEX,
-    HDR_OUTBOX_TARGET, HDR_REASON, HDR_TRACEPARENT, Names,
+    HDR_OUTBOX_TARGET, HDR_REASON, HDR_TIMER, HDR_TIMER_DUE, HDR_TIMER_OP, HDR_TIMER_SET,
+    HDR_TRACEPARENT, Names,
 };
+
+/// The records a command writes beside its events, in the same unit.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Attached<'a> {
+    /// Its outbox messages (`outbox.rs`).
+    pub(crate) outbox: &'a [OutboxMessage],
+    /// The timers it sets and cancels (`timer.rs`).
+    pub(crate) timers: &'a [TimerChange],
+    /// The timer it is the command of.
+    pub(crate) fired: Option<&'a Firing>,
+}
 
 /// Why a journal write did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -134,14 +147,18 @@ impl JournalWriter {
         events: Vec<Vec<u8>>,
         version: u32,
         trace: Option<&TraceParent>,
-        outbox: &[OutboxMessage],
+        attached: Attached<'_>,
     ) -> Result<Option<u64>, WriteError> {
-        if events.len() + outbox.len() > MAX_EVENTS_PER_COMMAND {
-            return Err(WriteError::TooManyEvents {
-                events: events.len() + outbox.len(),
-            });
+        let Attached {
+            outbox,
+            timers,
+            fired,
+        } = attached;
+        let records = events.len() + outbox.len() + timers.len() + usize::from(fired.is_some());
+        if records > MAX_EVENTS_PER_COMMAND {
+            return Err(WriteError::TooManyEvents { events: records });
         }
-        if events.is_empty() && outbox.is_empty() {
+        if records == 0 {
             return Ok(None);
         }
         let subject = self.names.event_subject(self.partition, entity);
@@ -165,6 +182,26 @@ impl JournalWriter {
                 payload: message.payload.clone(),
             }
         });
+        let timer_records = timer_records(
+            &self.names.entity_type,
+            &subject,
+            command_seq,
+            timers,
+            fired,
+        )
+        .map(|(mut headers, payload)| {
+            for (name, values) in self.fenced_headers().iter() {
+                for value in values {
+                    headers.insert(name.clone(), value.clone());
+                }
+            }
+            Outgoing {
+                subject: subject.clone(),
+                headers,
+                payload,
+            }
+        })
+        .collect::<Vec<_>>();
         let records = events
             .into_iter()
             .enumerate()
@@ -183,6 +220,7 @@ impl JournalWriter {
                 }
             })
             .chain(outbox_records)
+            .chain(timer_records)
             .collect();
         self.commit.write(records).await.map(Some)
     }
@@ -245,6 +283,50 @@ impl JournalWriter {
     }
 }
 
+/// The timer records of a command (headers without the fence, and body): its sets and cancels,
+/// and the `fired` record of the timer it is the command of.
+fn timer_records<'a>(
+    entity_type: &'a str,
+    _subject: &'a str,
+    command_seq: u64,
+    timers: &'a [TimerChange],
+    fired: Option<&'a Firing>,
+) -> impl Iterator<Item = (HeaderMap, Bytes)> + 'a {
+    let record = move |index: usize, op: &str, name: &str| {
+        let mut headers = HeaderMap::new();
+        headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+        headers.insert(HDR_TIMER_OP, op);
+        headers.insert(HDR_TIMER, name);
+        headers.insert(
+            HDR_MSG_ID,
+            format!("{entity_type}:{command_seq}:timer:{index}"),
+        );
+        headers
+    };
+    let changes = timers
+        .iter()
+        .enumerate()
+        .map(move |(index, change)| match change {
+            TimerChange::Set {
+                name,
+                due_ms,
+                payload,
+                ..
+            } => {
+                let mut headers = record(index, "set", name);
+                headers.insert(HDR_TIMER_DUE, due_ms.to_string());
+                (headers, payload.clone())
+            }
+            TimerChange::Cancel { name } => (record(index, "cancel", name), Bytes::new()),
+        });
+    let fired = fired.map(move |f| {
+        let mut headers = record(timers.len(), "fired", &f.name);
+        headers.insert(HDR_TIMER_SET, f.set_seq.to_string());
+        (headers, Bytes::new())
+    });
+    changes.chain(fired)
+}
+
 /// Header values cannot hold line breaks.
 fn sanitize_header(value: &str) -> String {
     value
@@ -271,6 +353,24 @@ pub(crate) enum Record<'a> {
     Event { version: u32, payload: &'a Bytes },
     /// A dead letter: its command was given up, which counts as processed.
     DeadLetter { reason: &'a str },
+    /// A timer record (on the entity's event subject, not an event).
+    Timer(TimerRecord<'a>),
+}
+
+/// A timer record read back.
+pub(crate) enum TimerRecord<'a> {
+    Set {
+        name: &'a str,
+        due_ms: u64,
+        payload: &'a Bytes,
+    },
+    Cancel {
+        name: &'a str,
+    },
+    Fired {
+        name: &'a str,
+        set_seq: u64,
+    },
 }
 
 /// Reads, in journal order, every record on `filter` (a subject, wildcards allowed) up to and
@@ -367,12 +467,38 @@ const COMMAND_SEQ: HeaderName = HeaderName::from_static(HDR_COMMAND_SEQ);
 const ENTITY: HeaderName = HeaderName::from_static(HDR_ENTITY);
 const EVENT_VERSION: HeaderName = HeaderName::from_static(HDR_EVENT_VERSION);
 const REASON: HeaderName = HeaderName::from_static(HDR_REASON);
+const TIMER_OP: HeaderName = HeaderName::from_static(HDR_TIMER_OP);
+const TIMER: HeaderName = HeaderName::from_static(HDR_TIMER);
+const TIMER_DUE: HeaderName = HeaderName::from_static(HDR_TIMER_DUE);
+const TIMER_SET: HeaderName = HeaderName::from_static(HDR_TIMER_SET);
 
 fn stored_record(message: &async_nats::Message, seq: u64) -> Option<StoredEvent<'_>> {
     let headers = message.headers.as_ref()?;
     header_u64(headers, GENERATION)?;
     let command_seq = header_u64(headers, COMMAND_SEQ)?;
     match message.subject.split('.').nth(1)? {
+        "evt" if headers.get(TIMER_OP).is_some() => {
+            let name = headers.get(TIMER)?.as_str();
+            let timer = match headers.get(TIMER_OP)?.as_str() {
+                "set" => TimerRecord::Set {
+                    name,
+                    due_ms: header_u64(headers, TIMER_DUE)?,
+                    payload: &message.payload,
+                },
+                "cancel" => TimerRecord::Cancel { name },
+                "fired" => TimerRecord::Fired {
+                    name,
+                    set_seq: header_u64(headers, TIMER_SET)?,
+                },
+                _ => return None,
+            };
+            Some(StoredEvent {
+                entity: Names::entity_of_subject(&message.subject)?,
+                seq,
+                command_seq,
+                record: Record::Timer(timer),
+            })
+        }
         "evt" => Some(StoredEvent {
             entity: Names::entity_of_subject(&message.subject)?,
             seq,

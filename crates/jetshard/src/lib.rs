@@ -117,6 +117,7 @@ mod retry;
 mod status;
 mod system;
 mod telemetry;
+mod timer;
 mod topology;
 mod trace;
 pub mod wire;
@@ -134,6 +135,7 @@ pub use query::{QueryAnswer, StateSnapshot};
 pub use reply::Reply;
 pub use status::{NodeStatus, OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
 pub use system::ShardSystem;
+pub use timer::MAX_TIMER_NAME_LEN;
 pub use trace::{SpanId, TraceId, TraceParent};
 
 /// The README's code, compiled as a doctest so that it stays true.

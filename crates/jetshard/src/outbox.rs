@@ -18,7 +18,7 @@
 //! outbox record of it (and so the events of its command); only this module publishes them.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
@@ -33,6 +33,7 @@ use crate::entity::EntityId;
 use crate::error::{CodecError, Error, InvalidId};
 use crate::fence::header_u64;
 use crate::journal::{self, JournalWriter, WriteError};
+use crate::timer::{self, TimerChange};
 use crate::wire::{HDR_COMMAND_SEQ, HDR_ENTITY, HDR_MSG_ID, HDR_OUTBOX_DONE, HDR_OUTBOX_TARGET};
 use crate::wire::{Names, is_valid_entity_type};
 
@@ -59,6 +60,7 @@ const PUBLISH_ATTEMPTS: u32 = 3;
 pub struct Effects {
     codec: Codec,
     messages: Vec<OutboxMessage>,
+    timers: Vec<TimerChange>,
     error: Option<EffectError>,
 }
 
@@ -78,6 +80,9 @@ pub enum EffectError {
     /// A command did not encode.
     #[error(transparent)]
     Codec(#[from] CodecError),
+    /// A timer name is empty, longer than 64 bytes, or holds whitespace.
+    #[error("{0:?} is no timer name")]
+    TimerName(String),
 }
 
 /// One message to publish after the events are durable.
@@ -94,8 +99,54 @@ impl Effects {
         Self {
             codec,
             messages: Vec::new(),
+            timers: Vec::new(),
             error: None,
         }
+    }
+
+    /// Arms the timer `name` of this entity: at `at` (whole milliseconds; at once if past), the
+    /// entity receives `command` (an `E::Command` of its own type) through the normal path,
+    /// once. Setting a name that is armed replaces it. See docs/guide.md, "Timers".
+    pub fn set_timer(&mut self, name: &str, at: SystemTime, command: &impl Serialize) {
+        if !timer::valid_name(name) {
+            self.error
+                .get_or_insert(EffectError::TimerName(name.to_owned()));
+            return;
+        }
+        match self.codec.encode(command) {
+            Ok(payload) => self.timers.push(TimerChange::Set {
+                name: name.to_owned(),
+                due_ms: timer::unix_ms(at),
+                after: None,
+                payload: payload.into(),
+            }),
+            Err(e) => {
+                self.error.get_or_insert(e.into());
+            }
+        }
+    }
+
+    /// As [`set_timer`](Self::set_timer), due `after` the moment the command's records are
+    /// written: `decide` stays free of clocks.
+    pub fn set_timer_after(&mut self, name: &str, after: Duration, command: &impl Serialize) {
+        self.set_timer(name, UNIX_EPOCH, command);
+        if let Some(TimerChange::Set { after: slot, .. }) = self.timers.last_mut()
+            && self.error.is_none()
+        {
+            *slot = Some(after);
+        }
+    }
+
+    /// Disarms the timer `name` of this entity, if it is armed: it never fires.
+    pub fn cancel_timer(&mut self, name: &str) {
+        if !timer::valid_name(name) {
+            self.error
+                .get_or_insert(EffectError::TimerName(name.to_owned()));
+            return;
+        }
+        self.timers.push(TimerChange::Cancel {
+            name: name.to_owned(),
+        });
     }
 
     /// Sends `command` to entity `id` of type `entity_type` (`<entity_type>.cmd.<id>`), encoded
@@ -132,14 +183,14 @@ impl Effects {
         self.push(message);
     }
 
-    /// How many messages are collected.
+    /// How many messages and timer changes are collected.
     pub fn len(&self) -> usize {
-        self.messages.len()
+        self.messages.len() + self.timers.len()
     }
 
     /// Whether none are.
     pub fn is_empty(&self) -> bool {
-        self.messages.is_empty()
+        self.len() == 0
     }
 
     fn push(&mut self, message: Result<OutboxMessage, EffectError>) {
@@ -152,10 +203,16 @@ impl Effects {
     }
 
     /// The messages, or the first error collecting them.
+    #[cfg(test)]
     pub(crate) fn into_messages(self) -> Result<Vec<OutboxMessage>, EffectError> {
+        self.into_parts().map(|(messages, _)| messages)
+    }
+
+    /// The messages and timer changes, or the first error collecting them.
+    pub(crate) fn into_parts(self) -> Result<(Vec<OutboxMessage>, Vec<TimerChange>), EffectError> {
         match self.error {
             Some(e) => Err(e),
-            None => Ok(self.messages),
+            None => Ok((self.messages, self.timers)),
         }
     }
 }

@@ -53,6 +53,16 @@ pub const HDR_OUTBOX_INDEX: &str = "Jetshard-Outbox-Index";
 /// published.
 pub const HDR_OUTBOX_DONE: &str = "Jetshard-Outbox-Done";
 
+/// Header on a timer record (on `<t>.evt.<p>.<id>`, not an event): `set`, `cancel` or `fired`.
+pub const HDR_TIMER_OP: &str = "Jetshard-Timer-Op";
+/// Header on a timer record and on a fired timer's command: the timer's name.
+pub const HDR_TIMER: &str = "Jetshard-Timer";
+/// Header on a `set` timer record: when it is due, unix milliseconds.
+pub const HDR_TIMER_DUE: &str = "Jetshard-Timer-Due";
+/// Header on a `fired` timer record and on a fired timer's command: the command sequence that
+/// set the timer.
+pub const HDR_TIMER_SET: &str = "Jetshard-Timer-Set";
+
 /// All names of one entity type, computed once.
 #[derive(Debug, Clone)]
 pub struct Names {

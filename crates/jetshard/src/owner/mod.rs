@@ -54,6 +54,7 @@ use crate::reply::{Detail, ReplyBody};
 use crate::retry::RestartWindow;
 use crate::status::{OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
 use crate::telemetry::{self, Load, PartitionMetrics};
+use crate::timer::{self, Timers};
 use crate::trace::TraceParent;
 use crate::wire::{HDR_TRACEPARENT, Names, PRIORITY_GROUP};
 use isolate::{Isolation, Next};
@@ -122,6 +123,8 @@ pub(crate) struct OwnerState<E: Entity> {
     /// Publishes the outbox messages earlier owners left unconfirmed (`outbox::recover`), from
     /// the last acquisition; stopped with the owner or at the next acquisition.
     outbox_recovery: Option<JoinHandle<()>>,
+    /// The armed timers of the partition while this owner holds it (`timer.rs`).
+    timers: Timers,
     phase: Phase<E>,
     policy: Policy,
     counters: Counters,
@@ -199,6 +202,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
             ticker,
             queries,
             outbox_recovery: None,
+            timers: Timers::default(),
             phase: Phase::Standby,
             policy,
             counters: Counters::default(),
@@ -579,6 +583,14 @@ impl<E: Entity> OwnerState<E> {
             isolation,
             suspect,
         }));
+        self.timers = Timers::default();
+        if let Some(o) = self.phase.owning_ref() {
+            for (entity, seed) in &o.dormant {
+                for (name, armed) in &seed.timers {
+                    self.timers.arm(entity, name.clone(), armed.clone());
+                }
+            }
+        }
         self.counters.acquisitions += 1;
         self.metrics.acquired.increment(1);
         telemetry::record(&self.metrics.replay_seconds, acquired.replay_time);
@@ -623,7 +635,7 @@ impl<E: Entity> OwnerState<E> {
         }
     }
 
-    async fn on_outcome(&mut self, outcome: Outcome) -> Result<(), ActorProcessingErr> {
+    async fn on_outcome(&mut self, mut outcome: Outcome) -> Result<(), ActorProcessingErr> {
         let partition = self.partition;
         let policy = self.policy;
         let Some(o) = self.phase.owning() else {
@@ -632,6 +644,11 @@ impl<E: Entity> OwnerState<E> {
         if outcome.generation != o.generation {
             return Ok(());
         }
+        self.timers
+            .report(&outcome.entity, std::mem::take(&mut outcome.timers));
+        let Some(o) = self.phase.owning() else {
+            return Ok(());
+        };
         let entity = outcome.entity;
         let Some(slot) = o.entities.get_mut(&entity) else {
             return Ok(());
@@ -887,6 +904,19 @@ impl<E: Entity> OwnerState<E> {
         }
     }
 
+    /// Publishes the commands of the partition's due timers (their entities decide whether they
+    /// still hold: `timer.rs`).
+    async fn fire_timers(&mut self) {
+        if self.phase.owning_ref().is_none() {
+            return;
+        }
+        let now_ms = timer::unix_ms(std::time::SystemTime::now());
+        for (entity, name, armed) in self.timers.due(now_ms, Instant::now()) {
+            tracing::debug!(partition = self.partition, %entity, timer = %name, set_seq = armed.set_seq, "timer due");
+            timer::fire(&self.shared.js, &self.shared.names, &entity, &name, &armed).await;
+        }
+    }
+
     async fn on_tick(&mut self) {
         let config = self.shared.config.clone();
         let now = Instant::now();
@@ -914,6 +944,7 @@ impl<E: Entity> OwnerState<E> {
         }
         self.step_isolation().await;
         self.post_load();
+        self.fire_timers().await;
         let partition = self.partition;
         let Some(o) = self.phase.owning() else { return };
         let mut progress = Vec::new();

@@ -13,6 +13,7 @@ use super::phase::Owning;
 use crate::entity::{Entity, EntityId};
 use crate::entity_actor::{EntityActor, EntityMsg, Loaded, Work};
 use crate::pin::Delivery;
+use crate::timer::Firing;
 use crate::trace::CommandTrace;
 
 /// A live entity actor, counted in the system's resident count while it is held.
@@ -96,6 +97,8 @@ pub(super) struct Pending {
     pub(super) give_up: Option<Arc<str>>,
     /// Its trace context (`traceparent`), if it came with one.
     pub(super) trace: Option<Box<CommandTrace>>,
+    /// Which timer fired, if it is a timer's command.
+    pub(super) timer: Option<Firing>,
 }
 
 impl Pending {
@@ -110,6 +113,7 @@ impl Pending {
             respond_to: delivery.respond_to,
             give_up: None,
             trace: delivery.trace,
+            timer: delivery.timer,
         }
     }
 
@@ -120,6 +124,7 @@ impl Pending {
         payload: Bytes,
         respond_to: Option<Subject>,
         trace: Option<Box<CommandTrace>>,
+        timer: Option<Firing>,
     ) -> Self {
         Pending {
             seq,
@@ -131,6 +136,7 @@ impl Pending {
             respond_to,
             give_up: None,
             trace,
+            timer,
         }
     }
 
@@ -142,6 +148,7 @@ impl Pending {
             give_up: self.give_up.clone(),
             trace: self.trace.clone(),
             detail: self.respond_to.is_some(),
+            timer: self.timer.clone(),
         }
     }
 }
