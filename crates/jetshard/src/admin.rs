@@ -13,6 +13,7 @@ use futures::StreamExt;
 
 use crate::error::Error;
 use crate::fence;
+use crate::query::{self, QueryAnswer};
 use crate::status::NodeStatus;
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_GENERATION, HDR_REASON, Names, PRIORITY_GROUP,
@@ -216,6 +217,40 @@ impl Admin {
             });
         }
         Ok(overview)
+    }
+
+    /// Reads entity `id`'s current state from its owner (see [`CommandSender::get`]; here
+    /// untyped, for tools: the state as the entity type encoded it). The partition count is
+    /// read from the command stream's subject transform.
+    ///
+    /// [`CommandSender::get`]: crate::CommandSender::get
+    ///
+    /// # Errors
+    /// [`Error::JetStream`] if the command stream cannot be read; otherwise as
+    /// [`CommandSender::get`].
+    pub async fn get(&self, id: &str, timeout: Duration) -> Result<QueryAnswer, Error> {
+        let name = &self.names.command_stream;
+        let mut stream = self
+            .js
+            .get_stream(name)
+            .await
+            .map_err(|e| Error::jetstream(format!("open stream {name}"), e))?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| Error::jetstream(format!("read stream {name}"), e))?;
+        let partitions = info
+            .config
+            .subject_transform
+            .as_ref()
+            .and_then(|t| partitions_of_transform(&t.destination))
+            .ok_or_else(|| {
+                Error::jetstream(
+                    format!("read the partition count of {name}"),
+                    "the stream has no partition() subject transform",
+                )
+            })?;
+        query::ask(&self.js.client(), &self.names, partitions, id, timeout).await
     }
 
     /// Pauses delivery of a partition's commands for `duration` (they queue up); the pause
@@ -559,5 +594,27 @@ impl Admin {
             }
         }
         Ok(done)
+    }
+}
+
+/// The `N` of a `...{{partition(N,1)}}...` subject transform destination.
+fn partitions_of_transform(destination: &str) -> Option<u32> {
+    let (_, rest) = destination.split_once("partition(")?;
+    let (n, _) = rest.split_once(',')?;
+    n.trim().parse().ok().filter(|n| *n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_partition_count_is_read_from_the_transform() {
+        let names = Names::new("order");
+        assert_eq!(
+            partitions_of_transform(&names.command_transform_dest(12)),
+            Some(12)
+        );
+        assert_eq!(partitions_of_transform("order.cmd.{{wildcard(1)}}"), None);
     }
 }
