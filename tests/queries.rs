@@ -47,6 +47,19 @@ async fn a_query_returns_the_state_after_the_acknowledged_commands() {
     assert_eq!(answer.entity, "r");
 
     system.shutdown().await.unwrap();
+
+    // A new owner loads entities lazily: a query of one it has not loaded loads it (the
+    // journal, not the default state). Another entity's command makes the partition owned.
+    let system = s.system("n2").await;
+    let neighbour = id_in("neighbour", partition_of(&r, 2), 2);
+    sender
+        .request(&neighbour, &LedgerCmd::Push { n: 0 }, WITHIN)
+        .await
+        .unwrap();
+    let snapshot = sender.get("r", WITHIN).await.unwrap();
+    assert_eq!(snapshot.state, vec![0, 1, 2]);
+    assert_eq!(snapshot.last_command_seq, reply.command_seq());
+    system.shutdown().await.unwrap();
     // Nobody owns the partition: no answer.
     let error = sender
         .get("r", Duration::from_millis(500))

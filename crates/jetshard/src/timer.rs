@@ -295,6 +295,25 @@ mod tests {
     }
 
     #[test]
+    fn a_timer_found_in_the_journal_does_not_replace_what_an_outcome_reported() {
+        let mut timers = Timers::default();
+        let e = EntityId::new("e").unwrap();
+        timers.report(
+            &e,
+            vec![TimerReport::Armed {
+                name: "a".into(),
+                armed: armed(7, 100),
+            }],
+        );
+        timers.arm_found(e.clone(), "a".into(), armed(3, 50));
+        timers.arm_found(e.clone(), "b".into(), armed(4, 50));
+        let mut due = timers.due(1_000, Instant::now());
+        due.sort_by(|x, y| x.1.cmp(&y.1));
+        let sets: Vec<u64> = due.iter().map(|(_, _, a)| a.set_seq).collect();
+        assert_eq!(sets, [7, 4]);
+    }
+
+    #[test]
     fn a_firing_is_read_from_its_headers() {
         let mut headers = HeaderMap::new();
         headers.insert(HDR_TIMER, "pay");
