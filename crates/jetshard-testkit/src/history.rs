@@ -95,7 +95,7 @@ const HDR_COMMAND_SEQ: &str = "Jetshard-Command-Seq";
 const HDR_ENTITY: &str = "Jetshard-Entity";
 /// Header of a dead letter: why the command was given up.
 const HDR_REASON: &str = "Jetshard-Reason";
-/// `jetshard::wire::HDR_TIMER_OP`: marks a timer record on an event subject.
+/// `jetshard::wire::HDR_TIMER_OP`: marks a timer record (`<t>.tmr.<p>.<id>`).
 const HDR_TIMER_OP: &str = "Jetshard-Timer-Op";
 
 /// How long reading the journal waits for its next record before it gives up.

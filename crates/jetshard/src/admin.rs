@@ -126,7 +126,7 @@ pub struct Purged {
 pub struct Compacted {
     /// Snapshots read (one per entity that has one).
     pub snapshots: u64,
-    /// Events removed: each older than its entity's snapshot.
+    /// Records removed (events, and timer records): each covered by its entity's snapshot.
     pub purged: u64,
 }
 
@@ -438,8 +438,8 @@ impl Admin {
     }
 
     /// Bounds the journal: removes every event that its entity's latest snapshot covers (each
-    /// entity's events up to the snapshot's `Jetshard-Snapshot-Upto`), over all partitions or
-    /// one. Entities without a snapshot, dead letters (see [`purge_dead_letters`]) and fence
+    /// entity's events up to the snapshot's `Jetshard-Snapshot-Upto`), and the timer records it
+    /// covers (no timer was armed when it was written), over all partitions or one. Entities without a snapshot, dead letters (see [`purge_dead_letters`]) and fence
     /// records are kept. Safe while owners run: an owner loads an entity from its latest
     /// snapshot and the records after it, never from records the snapshot covers.
     ///
@@ -488,14 +488,17 @@ impl Admin {
             let headers = message.headers.clone().unwrap_or_default();
             let upto = fence::header_u64(&headers, HDR_SNAPSHOT_UPTO);
             let written = fence::header_u64(&headers, HDR_GENERATION).is_some();
-            // `<t>.snap.<p>.<id>` -> `<t>.evt.<p>.<id>`.
-            let events = message
+            // `<t>.snap.<p>.<id>` -> `<t>.evt.<p>.<id>` and `<t>.tmr.<p>.<id>`.
+            let rest = message
                 .subject
-                .strip_prefix(&format!("{}.snap.", self.names.entity_type))
-                .map(|rest| format!("{}.evt.{rest}", self.names.entity_type));
-            if let (Some(upto), true, Some(events)) = (upto, written, events) {
+                .strip_prefix(&format!("{}.snap.", self.names.entity_type));
+            if let (Some(upto), true, Some(rest)) = (upto, written, rest) {
                 done.snapshots += 1;
-                covered.push((events, upto));
+                let t = &self.names.entity_type;
+                covered.push((format!("{t}.evt.{rest}"), upto));
+                // No snapshot is written while its entity has a timer armed: the timer records
+                // it covers are of timers that fired or were cancelled.
+                covered.push((format!("{t}.tmr.{rest}"), upto));
             }
             if pending == 0 {
                 break;

@@ -356,7 +356,7 @@ pub(crate) struct EntityContext {
     pub(crate) loads: Arc<tokio::sync::Semaphore>,
 }
 
-/// Entity loads one process runs side by side (each up to three reads at once, then its tail).
+/// Entity loads one process runs side by side (each up to four reads at once, then its tail).
 pub(crate) const MAX_LOADS: usize = 32;
 
 /// When an entity writes a snapshot of its state ([`Entity::snapshots`] says whether it can).
@@ -896,8 +896,8 @@ async fn revive<E: Entity>(id: &EntityId, context: &EntityContext) -> Result<See
     let mut seed = Seed::<E>::default();
     // Records of commands up to `covered` are in the snapshot; those after `from` are read.
     let (mut from, mut covered) = (1, None);
-    // The three reads side by side: an entity's first command waits for one round trip, not
-    // three, when its snapshot is recent (or it has no history).
+    // The four reads side by side: an entity's first command waits for one round trip, not
+    // four, when its snapshot is recent (or it has no history).
     let snapshots = E::snapshots();
     let snapshot = async {
         match snapshots {
