@@ -322,7 +322,7 @@ async fn note_restart_serves(client: &async_nats::Client, system: ShardSystem) {
         .await
         .unwrap();
     let outcome = CommandSender::<Note>::new(client.clone(), &config)
-        .request(
+        .request_outcome(
             "after-restart",
             &NoteCmd::Write { text: "ok".into() },
             Duration::from_secs(10),
@@ -632,7 +632,7 @@ async fn hostile_payloads_to_the_default_codec_are_dead_lettered_and_the_partiti
         }
     }
     let last = sender
-        .request("p0", &valid_command(&mut rng), Duration::from_secs(30))
+        .request_outcome("p0", &valid_command(&mut rng), Duration::from_secs(30))
         .await
         .unwrap();
     assert!(matches!(last, CommandOutcome::Applied { .. }), "{last:?}");
@@ -685,7 +685,7 @@ async fn hostile_payloads_to_the_default_codec_are_dead_lettered_and_the_partiti
     .await;
     for id in &ids {
         let outcome = sender
-            .request(id, &ProfileCmd::Pick(Choice::Number(1)), ASK)
+            .request_outcome(id, &ProfileCmd::Pick(Choice::Number(1)), ASK)
             .await
             .unwrap();
         assert_applied(&outcome);
@@ -735,7 +735,7 @@ async fn a_dead_letter_of_an_over_long_id_never_wedges_its_partition_at_the_next
         .await
         .unwrap();
     let outcome = sender
-        .request(&id, &ProfileCmd::Rename { name: "m".into() }, ASK)
+        .request_outcome(&id, &ProfileCmd::Rename { name: "m".into() }, ASK)
         .await
         .unwrap_or_else(|e| panic!("partition {partition} serves after the restart: {e}"));
     assert_applied(&outcome);

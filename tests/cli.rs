@@ -51,6 +51,14 @@ async fn the_admin_command_shows_owners_pauses_resumes_and_lists_dead_letters() 
     .unwrap();
 
     let url = server.url();
+    // An entity's state, from its owner.
+    let state = jetshard(&url, &["--json", "get", "ledger", "e3"]).await;
+    let state: Value = serde_json::from_str(&state).unwrap();
+    assert_eq!(state["state"], serde_json::json!([0]), "{state}");
+    assert_eq!(state["entity"], "e3", "{state}");
+    let text = jetshard(&url, &["get", "ledger", "e3"]).await;
+    assert!(text.starts_with("ledger e3 (partition "), "{text}");
+
     let status = jetshard(&url, &["status", "ledger"]).await;
     let rows: Vec<&str> = status.lines().skip(1).collect();
     assert_eq!(rows.len(), 2, "{status}");

@@ -135,7 +135,7 @@ async fn an_event_type_changed_without_an_upcast_quarantines_its_entities_only_a
         .await
         .unwrap();
     for text in ["one", "two words"] {
-        let outcome = v1.request("a", &write(text), ASK).await.unwrap();
+        let outcome = v1.request_outcome("a", &write(text), ASK).await.unwrap();
         assert_applied(&outcome);
     }
     system.shutdown().await.unwrap();
@@ -147,9 +147,12 @@ async fn an_event_type_changed_without_an_upcast_quarantines_its_entities_only_a
         v2.send("b", &write("b first")).await.unwrap();
     })
     .await;
-    let outcome = v2.request("b", &write("b second"), ASK).await.unwrap();
+    let outcome = v2
+        .request_outcome("b", &write("b second"), ASK)
+        .await
+        .unwrap();
     assert_applied(&outcome);
-    let outcome = v2.request("a", &write("three"), ASK).await.unwrap();
+    let outcome = v2.request_outcome("a", &write("three"), ASK).await.unwrap();
     let CommandOutcome::DeadLettered { reason, .. } = &outcome else {
         panic!("a quarantined entity's command is dead-lettered: {outcome:?}");
     };
@@ -177,11 +180,14 @@ async fn an_event_type_changed_without_an_upcast_quarantines_its_entities_only_a
     .await;
     assert!(system.status().await.unwrap()[0].quarantined.is_empty());
     let outcome = fixed
-        .request("a", &NoteCmd::Check { count: 2 }, ASK)
+        .request_outcome("a", &NoteCmd::Check { count: 2 }, ASK)
         .await
         .unwrap();
     assert_applied(&outcome);
-    let outcome = fixed.request("a", &write("three"), ASK).await.unwrap();
+    let outcome = fixed
+        .request_outcome("a", &write("three"), ASK)
+        .await
+        .unwrap();
     assert_applied(&outcome);
     system.shutdown().await.unwrap();
 
@@ -190,7 +196,7 @@ async fn an_event_type_changed_without_an_upcast_quarantines_its_entities_only_a
     })
     .await;
     let outcome = fixed
-        .request("a", &NoteCmd::Check { count: 3 }, ASK)
+        .request_outcome("a", &NoteCmd::Check { count: 3 }, ASK)
         .await
         .unwrap();
     assert!(
@@ -276,7 +282,10 @@ async fn an_apply_that_panics_on_durable_events_quarantines_its_entity_not_the_p
     // The event is durable before `apply` runs: the command is done, the entity is not to be
     // trusted any more. The next command is on its way already.
     let poison = sender.send("a", &FragileCmd::Poison).await.unwrap();
-    let outcome = sender.request("a", &FragileCmd::Add(1), ASK).await.unwrap();
+    let outcome = sender
+        .request_outcome("a", &FragileCmd::Add(1), ASK)
+        .await
+        .unwrap();
     let CommandOutcome::DeadLettered { reason, .. } = &outcome else {
         panic!("the quarantined entity's next command is dead-lettered: {outcome:?}");
     };
@@ -298,7 +307,7 @@ async fn an_apply_that_panics_on_durable_events_quarantines_its_entity_not_the_p
         sender.send("b", &FragileCmd::Add(1)).await.unwrap();
     }
     let outcome = sender
-        .request("b", &FragileCmd::Check(21), ASK)
+        .request_outcome("b", &FragileCmd::Check(21), ASK)
         .await
         .unwrap();
     assert_applied(&outcome);
@@ -311,11 +320,14 @@ async fn an_apply_that_panics_on_durable_events_quarantines_its_entity_not_the_p
     })
     .await;
     let outcome = sender
-        .request("b", &FragileCmd::Check(22), ASK)
+        .request_outcome("b", &FragileCmd::Check(22), ASK)
         .await
         .unwrap();
     assert_applied(&outcome);
-    let outcome = sender.request("a", &FragileCmd::Add(1), ASK).await.unwrap();
+    let outcome = sender
+        .request_outcome("a", &FragileCmd::Add(1), ASK)
+        .await
+        .unwrap();
     assert!(
         matches!(outcome, CommandOutcome::DeadLettered { .. }),
         "{outcome:?}"
@@ -369,7 +381,7 @@ async fn a_panic_outside_decide_and_apply_is_blamed_on_its_own_command() {
         .await
         .unwrap();
     let outcome = sender
-        .request("a", &FragileCmd::Check(2), Duration::from_secs(30))
+        .request_outcome("a", &FragileCmd::Check(2), Duration::from_secs(30))
         .await
         .unwrap();
     assert_applied(&outcome);
@@ -477,7 +489,7 @@ mod nodes {
 
         // Everything else was applied exactly once.
         let last = sender
-            .request("x", &LedgerCmd::Push { n: 10 }, Duration::from_secs(30))
+            .request_outcome("x", &LedgerCmd::Push { n: 10 }, Duration::from_secs(30))
             .await
             .unwrap();
         assert!(matches!(last, CommandOutcome::Applied { .. }), "{last:?}");
@@ -496,7 +508,7 @@ mod nodes {
         }
         let _node = start().await;
         let outcome = sender
-            .request("x", &LedgerCmd::Push { n: 11 }, Duration::from_secs(20))
+            .request_outcome("x", &LedgerCmd::Push { n: 11 }, Duration::from_secs(20))
             .await
             .unwrap();
         assert_applied(&outcome);
@@ -524,7 +536,7 @@ mod nodes {
         // The client asks for the outcome; `b` recovers the command, finds it applied, and
         // answers what happened the first time (the reply subject travels with the command).
         let outcome = sender
-            .request("x", &LedgerCmd::Push { n: 5 }, Duration::from_secs(20))
+            .request_outcome("x", &LedgerCmd::Push { n: 5 }, Duration::from_secs(20))
             .await
             .unwrap();
         assert!(
@@ -563,7 +575,7 @@ async fn a_command_sent_twice_with_one_idempotency_key_is_one_command() {
         .await
         .unwrap();
     let outcome = sender
-        .request("a", &FragileCmd::Check(5), ASK)
+        .request_outcome("a", &FragileCmd::Check(5), ASK)
         .await
         .unwrap();
     assert_applied(&outcome);
@@ -700,7 +712,7 @@ async fn a_refused_pin_moves_even_when_it_cannot_be_unpinned() {
     // The node cannot unpin itself; the pin lapses all the same, and it is pinned afresh and
     // takes a new generation.
     let outcome = sender
-        .request("a", &FragileCmd::Add(1), Duration::from_secs(20))
+        .request_outcome("a", &FragileCmd::Add(1), Duration::from_secs(20))
         .await
         .unwrap();
     assert_applied(&outcome);
@@ -731,7 +743,10 @@ async fn a_command_given_up_while_its_dead_letter_cannot_be_written_waits_until_
     let system = ShardSystem::start::<Fragile>(client.clone(), config.clone())
         .await
         .unwrap();
-    let outcome = sender.request("a", &FragileCmd::Add(1), ASK).await.unwrap();
+    let outcome = sender
+        .request_outcome("a", &FragileCmd::Add(1), ASK)
+        .await
+        .unwrap();
     assert_applied(&outcome);
 
     // The journal takes no more records (a full stream refuses them).
@@ -764,7 +779,7 @@ async fn a_command_given_up_while_its_dead_letter_cannot_be_written_waits_until_
     // terminated, and the entity goes on after it, in order.
     js.update_stream(open).await.unwrap();
     let outcome = sender
-        .request("a", &FragileCmd::Check(2), Duration::from_secs(20))
+        .request_outcome("a", &FragileCmd::Check(2), Duration::from_secs(20))
         .await
         .unwrap();
     assert_applied(&outcome);

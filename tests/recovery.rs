@@ -102,7 +102,11 @@ fn config(entity_type: &str, partitions: u32) -> jetshard::ShardConfigBuilder {
 
 /// The entity's state as its actor holds it (loaded however the owner loads it).
 async fn state_of(sender: &CommandSender<Tally>, id: &str) -> TallyState {
-    match sender.request(id, &TallyCmd::Get, ASK).await.unwrap() {
+    match sender
+        .request_outcome(id, &TallyCmd::Get, ASK)
+        .await
+        .unwrap()
+    {
         CommandOutcome::Rejected { reason, .. } => serde_json::from_str(&reason).unwrap(),
         other => panic!("Get of {id}: {other:?}"),
     }
@@ -212,7 +216,7 @@ async fn state_from_a_snapshot_and_its_tail_equals_the_full_replay() {
                 }
                 Step::Command(e, command) => {
                     let outcome = sender
-                        .request(&format!("e{e}"), command, ASK)
+                        .request_outcome(&format!("e{e}"), command, ASK)
                         .await
                         .unwrap();
                     assert!(
@@ -375,7 +379,7 @@ async fn a_corrupt_snapshot_falls_back_to_the_events() {
     let system = start(&client, &config).await;
     for by in 1..=5 {
         let outcome = sender
-            .request("a", &TallyCmd::Add { key: 1, by }, ASK)
+            .request_outcome("a", &TallyCmd::Add { key: 1, by }, ASK)
             .await
             .unwrap();
         assert!(
@@ -413,7 +417,7 @@ async fn a_corrupt_snapshot_falls_back_to_the_events() {
         let system = start(&client, &config).await;
         assert_eq!(state_of(&sender, "a").await, want, "snapshot {body:?}");
         let outcome = sender
-            .request("b", &TallyCmd::Add { key: 0, by: 1 }, ASK)
+            .request_outcome("b", &TallyCmd::Add { key: 0, by: 1 }, ASK)
             .await
             .unwrap();
         assert!(
@@ -426,7 +430,7 @@ async fn a_corrupt_snapshot_falls_back_to_the_events() {
     let system = start(&client, &config).await;
     for by in [7, 8] {
         let outcome = sender
-            .request("a", &TallyCmd::Add { key: 2, by }, ASK)
+            .request_outcome("a", &TallyCmd::Add { key: 2, by }, ASK)
             .await
             .unwrap();
         assert!(
@@ -465,7 +469,7 @@ async fn an_evicted_state_reloads_the_same() {
                 key: round as u8,
                 by: i as u32 + round,
             };
-            let outcome = sender.request(id, &command, ASK).await.unwrap();
+            let outcome = sender.request_outcome(id, &command, ASK).await.unwrap();
             assert!(
                 matches!(outcome, CommandOutcome::Applied { .. }),
                 "{outcome:?}"
@@ -510,7 +514,7 @@ async fn compaction_then_a_takeover_gives_the_same_state() {
                 by: i,
             }
         };
-        let outcome = sender.request(&id, &command, ASK).await.unwrap();
+        let outcome = sender.request_outcome(&id, &command, ASK).await.unwrap();
         assert!(
             matches!(outcome, CommandOutcome::Applied { .. }),
             "{outcome:?}"
@@ -534,7 +538,7 @@ async fn compaction_then_a_takeover_gives_the_same_state() {
         assert_eq!(&state_of(&sender, id).await, state, "{id}");
     }
     let outcome = sender
-        .request("e0", &TallyCmd::Add { key: 0, by: 1 }, ASK)
+        .request_outcome("e0", &TallyCmd::Add { key: 0, by: 1 }, ASK)
         .await
         .unwrap();
     assert!(

@@ -224,7 +224,7 @@ fn node_permissions(entity_type: &str, provision: bool, inbox: &str, replies: &s
             .join(", ")
     };
     format!(
-        "{{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [\"{inbox}.>\", \"{t}.nodes\", \"{t}.alive.*\", \"{t}.status\"] }} }}",
+        "{{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [\"{inbox}.>\", \"{t}.nodes\", \"{t}.alive.*\", \"{t}.status\", \"{t}.query.*.*\"] }} }}",
         quoted(&publish)
     )
 }
@@ -344,7 +344,7 @@ async fn a_node_with_only_the_documented_permissions_answers_a_request() {
     // The node publishes each outcome to the client's inbox (`Jetshard-Reply-To`).
     let timeout = Duration::from_secs(10);
     let applied = sender
-        .request("r", &LedgerCmd::Append { n: 0 }, timeout)
+        .request_outcome("r", &LedgerCmd::Append { n: 0 }, timeout)
         .await
         .unwrap();
     assert!(
@@ -352,7 +352,7 @@ async fn a_node_with_only_the_documented_permissions_answers_a_request() {
         "{applied:?}"
     );
     let rejected = sender
-        .request("r", &LedgerCmd::Refuse, timeout)
+        .request_outcome("r", &LedgerCmd::Refuse, timeout)
         .await
         .unwrap();
     assert!(

@@ -101,7 +101,7 @@ async fn a_client_can_wait_for_the_outcome_of_its_command() {
     let within = Duration::from_secs(10);
 
     let applied = sender
-        .request("r", &LedgerCmd::AppendMany { from: 0, count: 3 }, within)
+        .request_outcome("r", &LedgerCmd::AppendMany { from: 0, count: 3 }, within)
         .await
         .unwrap();
     assert!(
@@ -109,7 +109,7 @@ async fn a_client_can_wait_for_the_outcome_of_its_command() {
         "{applied:?}"
     );
     let rejected = sender
-        .request("r", &LedgerCmd::Append { n: 9 }, within)
+        .request_outcome("r", &LedgerCmd::Append { n: 9 }, within)
         .await
         .unwrap();
     assert_eq!(
@@ -120,7 +120,7 @@ async fn a_client_can_wait_for_the_outcome_of_its_command() {
         }
     );
     let dead = sender
-        .request("r", &LedgerCmd::Panic, within)
+        .request_outcome("r", &LedgerCmd::Panic, within)
         .await
         .unwrap();
     assert!(
@@ -131,7 +131,7 @@ async fn a_client_can_wait_for_the_outcome_of_its_command() {
 
     // Nobody runs the entity type now: the command is stored, the outcome does not come.
     let error = sender
-        .request("r", &LedgerCmd::Append { n: 3 }, Duration::from_millis(300))
+        .request_outcome("r", &LedgerCmd::Append { n: 3 }, Duration::from_millis(300))
         .await
         .unwrap_err();
     assert!(

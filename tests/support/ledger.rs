@@ -2,7 +2,7 @@
 //! (`Append { n }` is accepted only when `n` equals the list's length), so a lost, reordered or
 //! doubled command shows as a rejection or a gap.
 
-use jetshard::{Entity, Snapshots};
+use jetshard::{Codec, CodecError, Effects, Entity, Snapshots};
 use serde::{Deserialize, Serialize};
 
 /// The test entity.
@@ -24,6 +24,13 @@ pub enum LedgerCmd {
     /// Aborts the process in `decide`: a command that kills whoever runs it (as a stack
     /// overflow or an allocation failure would). Only for child node processes.
     Abort,
+    /// Append `n` without checking the order, and through the outbox: send `Push { n }` to the
+    /// ledger `to`, and publish `n` (JSON) to `sink.<n>`.
+    Forward { n: u64, to: String },
+    /// Arms the timer `name`: `Push { n }` to this ledger `after_ms` from now.
+    Remind { name: String, n: u64, after_ms: u64 },
+    /// Disarms the timer `name`.
+    Forget { name: String },
 }
 
 /// Its events.
@@ -40,6 +47,14 @@ impl Entity for Ledger {
     type Rejection = String;
 
     fn decide(state: &Vec<u64>, command: LedgerCmd) -> Result<Vec<LedgerEvt>, String> {
+        Self::decide_with_effects(state, command, &mut Effects::new(Codec::Json))
+    }
+
+    fn decide_with_effects(
+        state: &Vec<u64>,
+        command: LedgerCmd,
+        effects: &mut Effects,
+    ) -> Result<Vec<LedgerEvt>, String> {
         if let Some(delay) = faults().decide_delay {
             std::thread::sleep(delay);
         }
@@ -55,11 +70,29 @@ impl Entity for Ledger {
             LedgerCmd::Panic => panic!("ledger told to panic"),
             LedgerCmd::Refuse => Err("refused".to_owned()),
             LedgerCmd::Abort => std::process::abort(),
+            LedgerCmd::Forward { n, to } => {
+                effects.command("ledger", &to, &LedgerCmd::Push { n });
+                effects.publish(&format!("sink.{n}"), n.to_string());
+                Ok(vec![LedgerEvt::Appended { n }])
+            }
+            LedgerCmd::Remind { name, n, after_ms } => {
+                let after = std::time::Duration::from_millis(after_ms);
+                effects.set_timer_after(&name, after, &LedgerCmd::Push { n });
+                Ok(vec![])
+            }
+            LedgerCmd::Forget { name } => {
+                effects.cancel_timer(&name);
+                Ok(vec![])
+            }
         }
     }
 
     fn snapshots() -> Option<Snapshots<Vec<u64>>> {
         Some(Snapshots::serde(1))
+    }
+
+    fn encode_state(state: &Vec<u64>, codec: Codec) -> Result<Vec<u8>, CodecError> {
+        codec.encode(state)
     }
 
     fn apply(state: &mut Vec<u64>, event: &LedgerEvt) {

@@ -154,7 +154,7 @@ pub async fn run(
         .await
         .context("start the shard system")?;
         let published = Instant::now();
-        let outcome = sender.request(&hot, &stamp, ASK).await?;
+        let outcome = sender.request_outcome(&hot, &stamp, ASK).await?;
         let served = published.elapsed();
         // The acquisition alone (in-hand read, claim, in-flight window): its log line.
         if let Some(line) = acquisitions.latest(PARTITION) {
@@ -328,7 +328,7 @@ async fn timed_requests(
     let mut samples = Vec::with_capacity(ids.len());
     for id in ids {
         let started = Instant::now();
-        let outcome = sender.request(id, command, ASK).await?;
+        let outcome = sender.request_outcome(id, command, ASK).await?;
         samples.push(started.elapsed().as_secs_f64() * 1000.0);
         anyhow::ensure!(
             matches!(outcome, CommandOutcome::Applied { .. }),

@@ -88,6 +88,18 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         wait_ms: u64,
     },
+    /// An entity's current state, answered by the owner of its partition (only under the
+    /// current generation, after the commands acknowledged before the query). A state encoded as
+    /// JSON is shown as JSON.
+    Get {
+        /// The entity type.
+        entity_type: String,
+        /// The entity id.
+        id: String,
+        /// How long to wait for the owner's answer, in milliseconds.
+        #[arg(long, default_value_t = 3000)]
+        wait_ms: u64,
+    },
     /// List commands that were given up (`dead-letters <type>`), replay one, or purge them.
     #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     DeadLetters(DeadLetters),
@@ -214,6 +226,17 @@ pub async fn execute(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
                 .nodes(Duration::from_millis(wait_ms))
                 .await?,
         ),
+        Command::Get {
+            entity_type,
+            id,
+            wait_ms,
+        } => {
+            let answer = Admin::new(client, &entity_type)
+                .get(&id, Duration::from_millis(wait_ms))
+                .await
+                .with_context(|| format!("reading the state of {entity_type} {id}"))?;
+            state_report(&entity_type, answer)
+        }
         Command::DeadLetters(DeadLetters {
             action,
             entity_type,
@@ -233,6 +256,27 @@ pub async fn execute(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
         report.write_text(out)?;
     }
     Ok(())
+}
+
+/// The report of a state query: the state as JSON if it is JSON, else its bytes in base64.
+fn state_report(entity_type: &str, answer: jetshard::QueryAnswer) -> Report {
+    let state = serde_json::from_slice::<Value>(&answer.state).unwrap_or_else(
+        |_| json!({ "bytes": answer.state.iter().map(|b| format!("{b:02x}")).collect::<String>() }),
+    );
+    let text = format!(
+        "{entity_type} {} (partition {}, generation {}, last command {}):\n{}",
+        answer.entity,
+        answer.partition,
+        answer.generation,
+        answer.last_command_seq,
+        serde_json::to_string_pretty(&state).unwrap_or_default()
+    );
+    Report::Done {
+        text,
+        json: json!({"entity_type": entity_type, "entity": answer.entity,
+                     "partition": answer.partition, "generation": answer.generation,
+                     "last_command_seq": answer.last_command_seq, "state": state}),
+    }
 }
 
 async fn dead_letters(

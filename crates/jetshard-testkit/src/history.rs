@@ -95,6 +95,8 @@ const HDR_COMMAND_SEQ: &str = "Jetshard-Command-Seq";
 const HDR_ENTITY: &str = "Jetshard-Entity";
 /// Header of a dead letter: why the command was given up.
 const HDR_REASON: &str = "Jetshard-Reason";
+/// `jetshard::wire::HDR_TIMER_OP`: marks a timer record (`<t>.tmr.<p>.<id>`).
+const HDR_TIMER_OP: &str = "Jetshard-Timer-Op";
 
 /// How long reading the journal waits for its next record before it gives up.
 const READ_STALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -502,11 +504,16 @@ pub async fn read_journal(
             .map_err(|e| ReadError::jetstream(format!("replay {stream_name}"), e.to_string()))?;
         let (seq, pending) = (info.stream_sequence, info.pending);
         // Snapshots (`<t>.snap.<p>.<id>`) are a cache of the events, not part of the history.
-        let snapshot = message
-            .subject
-            .strip_prefix(entity_type)
-            .is_some_and(|rest| rest.starts_with(".snap."));
-        if snapshot {
+        // Outbox records (`<t>.out.<p>`) are the messages commands sent, not entity history.
+        // Timer records (`<t>.tmr.<p>.<id>`, `Jetshard-Timer-Op`) are not events either.
+        let skipped = matches!(
+            message.subject.split('.').nth(1),
+            Some("snap" | "out" | "tmr")
+        ) || message
+            .headers
+            .as_ref()
+            .is_some_and(|h| h.get(HDR_TIMER_OP).is_some());
+        if skipped {
             if pending == 0 {
                 return Ok(records);
             }

@@ -13,6 +13,7 @@ use futures::StreamExt;
 
 use crate::error::Error;
 use crate::fence;
+use crate::query::{self, QueryAnswer};
 use crate::status::NodeStatus;
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_GENERATION, HDR_REASON, Names, PRIORITY_GROUP,
@@ -125,7 +126,7 @@ pub struct Purged {
 pub struct Compacted {
     /// Snapshots read (one per entity that has one).
     pub snapshots: u64,
-    /// Events removed: each older than its entity's snapshot.
+    /// Records removed (events, and timer records): each covered by its entity's snapshot.
     pub purged: u64,
 }
 
@@ -216,6 +217,40 @@ impl Admin {
             });
         }
         Ok(overview)
+    }
+
+    /// Reads entity `id`'s current state from its owner (see [`CommandSender::get`]; here
+    /// untyped, for tools: the state as the entity type encoded it). The partition count is
+    /// read from the command stream's subject transform.
+    ///
+    /// [`CommandSender::get`]: crate::CommandSender::get
+    ///
+    /// # Errors
+    /// [`Error::JetStream`] if the command stream cannot be read; otherwise as
+    /// [`CommandSender::get`].
+    pub async fn get(&self, id: &str, timeout: Duration) -> Result<QueryAnswer, Error> {
+        let name = &self.names.command_stream;
+        let mut stream = self
+            .js
+            .get_stream(name)
+            .await
+            .map_err(|e| Error::jetstream(format!("open stream {name}"), e))?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| Error::jetstream(format!("read stream {name}"), e))?;
+        let partitions = info
+            .config
+            .subject_transform
+            .as_ref()
+            .and_then(|t| partitions_of_transform(&t.destination))
+            .ok_or_else(|| {
+                Error::jetstream(
+                    format!("read the partition count of {name}"),
+                    "the stream has no partition() subject transform",
+                )
+            })?;
+        query::ask(&self.js.client(), &self.names, partitions, id, timeout).await
     }
 
     /// Pauses delivery of a partition's commands for `duration` (they queue up); the pause
@@ -403,8 +438,8 @@ impl Admin {
     }
 
     /// Bounds the journal: removes every event that its entity's latest snapshot covers (each
-    /// entity's events up to the snapshot's `Jetshard-Snapshot-Upto`), over all partitions or
-    /// one. Entities without a snapshot, dead letters (see [`purge_dead_letters`]) and fence
+    /// entity's events up to the snapshot's `Jetshard-Snapshot-Upto`), and the timer records it
+    /// covers (no timer was armed when it was written), over all partitions or one. Entities without a snapshot, dead letters (see [`purge_dead_letters`]) and fence
     /// records are kept. Safe while owners run: an owner loads an entity from its latest
     /// snapshot and the records after it, never from records the snapshot covers.
     ///
@@ -453,14 +488,17 @@ impl Admin {
             let headers = message.headers.clone().unwrap_or_default();
             let upto = fence::header_u64(&headers, HDR_SNAPSHOT_UPTO);
             let written = fence::header_u64(&headers, HDR_GENERATION).is_some();
-            // `<t>.snap.<p>.<id>` -> `<t>.evt.<p>.<id>`.
-            let events = message
+            // `<t>.snap.<p>.<id>` -> `<t>.evt.<p>.<id>` and `<t>.tmr.<p>.<id>`.
+            let rest = message
                 .subject
-                .strip_prefix(&format!("{}.snap.", self.names.entity_type))
-                .map(|rest| format!("{}.evt.{rest}", self.names.entity_type));
-            if let (Some(upto), true, Some(events)) = (upto, written, events) {
+                .strip_prefix(&format!("{}.snap.", self.names.entity_type));
+            if let (Some(upto), true, Some(rest)) = (upto, written, rest) {
                 done.snapshots += 1;
-                covered.push((events, upto));
+                let t = &self.names.entity_type;
+                covered.push((format!("{t}.evt.{rest}"), upto));
+                // No snapshot is written while its entity has a timer armed: the timer records
+                // it covers are of timers that fired or were cancelled.
+                covered.push((format!("{t}.tmr.{rest}"), upto));
             }
             if pending == 0 {
                 break;
@@ -559,5 +597,27 @@ impl Admin {
             }
         }
         Ok(done)
+    }
+}
+
+/// The `N` of a `...{{partition(N,1)}}...` subject transform destination.
+fn partitions_of_transform(destination: &str) -> Option<u32> {
+    let (_, rest) = destination.split_once("partition(")?;
+    let (n, _) = rest.split_once(',')?;
+    n.trim().parse().ok().filter(|n| *n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_partition_count_is_read_from_the_transform() {
+        let names = Names::new("order");
+        assert_eq!(
+            partitions_of_transform(&names.command_transform_dest(12)),
+            Some(12)
+        );
+        assert_eq!(partitions_of_transform("order.cmd.{{wildcard(1)}}"), None);
     }
 }

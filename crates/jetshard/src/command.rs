@@ -15,6 +15,7 @@ use crate::codec::Codec;
 use crate::config::ShardConfig;
 use crate::entity::{Entity, EntityId};
 use crate::error::Error;
+use crate::reply::{Reply, ReplyBody};
 use crate::trace::TraceParent;
 use crate::wire::{HDR_MSG_ID, HDR_REPLY_TO, HDR_TRACEPARENT, Names};
 
@@ -59,9 +60,11 @@ pub const MAX_KEY_LEN: usize = 128;
 
 /// Publishes commands for one entity type.
 pub struct CommandSender<E: Entity> {
-    js: Context,
-    names: Names,
-    codec: Codec,
+    pub(crate) js: Context,
+    pub(crate) names: Names,
+    pub(crate) codec: Codec,
+    /// The entity type's partition count (state queries are routed by partition).
+    pub(crate) partitions: u32,
     trace: Option<TraceParent>,
     _entity: PhantomData<fn() -> E>,
 }
@@ -72,6 +75,7 @@ impl<E: Entity> Clone for CommandSender<E> {
             js: self.js.clone(),
             names: self.names.clone(),
             codec: self.codec,
+            partitions: self.partitions,
             trace: self.trace,
             _entity: PhantomData,
         }
@@ -85,6 +89,7 @@ impl<E: Entity> CommandSender<E> {
             js: jetstream::new(client),
             names: Names::new(&config.entity_type),
             codec: config.codec,
+            partitions: config.partitions,
             trace: None,
             _entity: PhantomData,
         }
@@ -151,19 +156,56 @@ impl<E: Entity> CommandSender<E> {
         self.publish(id, command, headers).await
     }
 
-    /// Publishes `command` and waits for its outcome: applied (events durable), rejected, a
-    /// duplicate, or dead-lettered. The command's owner answers on a reply subject named in the
-    /// `Jetshard-Reply-To` header.
+    /// Publishes `command` and waits for its outcome in the entity's own types: the events it
+    /// wrote, the entity's rejection, a duplicate, or a dead letter. The command's owner answers
+    /// on a reply subject named in the `Jetshard-Reply-To` header (docs/WIRE.md).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use jetshard::{CommandSender, Entity, Reply};
+    /// # async fn run<E: Entity>(sender: CommandSender<E>, command: E::Command) -> Result<(), jetshard::Error> {
+    /// match sender.request("acc-17", &command, Duration::from_secs(5)).await? {
+    ///     Reply::Applied { events, .. } => { /* the events, durable */ }
+    ///     Reply::Rejected { rejection, .. } => { /* E::Rejection, as decide returned it */ }
+    ///     _ => { /* a duplicate or a dead letter */ }
+    /// }
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// As [`send`](Self::send); [`Error::NoOutcome`] if no outcome came within `timeout` (the
-    /// command is stored and will still be applied).
+    /// command is stored and will still be applied); [`Error::Codec`] if the reply's payloads do
+    /// not decode as this entity type's events or rejection.
     pub async fn request(
         &self,
         id: &str,
         command: &E::Command,
         timeout: Duration,
+    ) -> Result<Reply<E>, Error> {
+        let body = self.ask(id, command, timeout).await?;
+        Ok(body.into_reply::<E>(self.codec)?)
+    }
+
+    /// As [`request`](Self::request), but the outcome untyped: the event count and the
+    /// rejection's text, as any NATS client reads it (docs/WIRE.md).
+    ///
+    /// # Errors
+    /// As [`request`](Self::request).
+    pub async fn request_outcome(
+        &self,
+        id: &str,
+        command: &E::Command,
+        timeout: Duration,
     ) -> Result<CommandOutcome, Error> {
+        Ok(self.ask(id, command, timeout).await?.outcome)
+    }
+
+    async fn ask(
+        &self,
+        id: &str,
+        command: &E::Command,
+        timeout: Duration,
+    ) -> Result<ReplyBody, Error> {
         let client = self.js.client();
         let inbox = client.new_inbox();
         let mut answers = client

@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 
 use crate::codec::Codec;
 use crate::error::{CodecError, InvalidId};
+use crate::outbox::Effects;
 
 /// One kind of stateful thing the application runs: an order, an account, a device.
 ///
@@ -66,8 +67,10 @@ pub trait Entity: Send + Sync + 'static {
     /// The entity's state, rebuilt from its events; starts at `Default`.
     type State: Default + Send + 'static;
     /// Why [`decide`](Entity::decide) refused a command. A rejected command is acknowledged
-    /// (it is not retried) and writes nothing.
-    type Rejection: fmt::Display + Send + 'static;
+    /// (it is not retried) and writes nothing. A client that asked gets it back typed
+    /// ([`Reply::Rejected`](crate::Reply::Rejected), encoded with the entity type's codec), and
+    /// its text as the reason of the JSON outcome.
+    type Rejection: fmt::Display + Serialize + DeserializeOwned + Send + 'static;
 
     /// Decides the events a command causes, given the entity's state. Must not have side effects:
     /// it may run again for the same command after a crash.
@@ -75,6 +78,47 @@ pub trait Entity: Send + Sync + 'static {
         state: &Self::State,
         command: Self::Command,
     ) -> Result<Vec<Self::Event>, Self::Rejection>;
+
+    /// As [`decide`](Entity::decide), and collects what else the command causes in `effects`:
+    /// commands to other entities and messages to other subjects, published once the events
+    /// are durable (at least once; stored once by a JetStream target: see docs/guide.md,
+    /// "Effects"). jetshard calls this; the default calls `decide` and causes nothing.
+    ///
+    /// Still a pure function: `effects` only collects, and is dropped if the command is
+    /// rejected. An entity that has effects implements this, and `decide` as
+    /// `Self::decide_with_effects(state, command, &mut Effects::new(Codec::default()))` (or
+    /// with its own rules for callers that want none).
+    ///
+    /// ```
+    /// use jetshard::{Codec, Effects, Entity};
+    /// # struct Order;
+    /// # #[derive(serde::Serialize, serde::Deserialize)] enum Cmd { Place { sku: String } }
+    /// # #[derive(serde::Serialize, serde::Deserialize)] enum Evt { Placed }
+    /// impl Entity for Order {
+    /// #   type Command = Cmd; type Event = Evt; type State = (); type Rejection = String;
+    /// #   fn apply(_: &mut (), _: &Evt) {}
+    ///     fn decide(state: &(), command: Cmd) -> Result<Vec<Evt>, String> {
+    ///         Self::decide_with_effects(state, command, &mut Effects::new(Codec::default()))
+    ///     }
+    ///
+    ///     fn decide_with_effects(_: &(), command: Cmd, effects: &mut Effects) -> Result<Vec<Evt>, String> {
+    ///         let Cmd::Place { sku } = command;
+    ///         effects.command("inventory", &sku, &"reserve");
+    ///         Ok(vec![Evt::Placed])
+    ///     }
+    /// }
+    /// ```
+    ///
+    /// # Errors
+    /// The rejection, as `decide`.
+    fn decide_with_effects(
+        state: &Self::State,
+        command: Self::Command,
+        effects: &mut Effects,
+    ) -> Result<Vec<Self::Event>, Self::Rejection> {
+        let _ = effects;
+        Self::decide(state, command)
+    }
 
     /// Folds one durable event into the state.
     fn apply(state: &mut Self::State, event: &Self::Event);
@@ -98,6 +142,25 @@ pub trait Entity: Send + Sync + 'static {
     fn upcast(version: u32, payload: &[u8], codec: Codec) -> Result<Self::Event, CodecError> {
         let _ = version;
         codec.decode(payload)
+    }
+
+    /// Encodes the state for a state query (`CommandSender::get`, `Admin::get`,
+    /// `jetshard get <type> <id>`). The default refuses: an entity type answers queries only
+    /// once it says how its state reads. For a `Serialize` state:
+    ///
+    /// ```ignore
+    /// fn encode_state(state: &Self::State, codec: Codec) -> Result<Vec<u8>, CodecError> {
+    ///     codec.encode(state)
+    /// }
+    /// ```
+    ///
+    /// # Errors
+    /// [`CodecError`] if the state cannot be (or is not to be) encoded; the reader is told why.
+    fn encode_state(state: &Self::State, codec: Codec) -> Result<Vec<u8>, CodecError> {
+        let _ = (state, codec);
+        Err(CodecError::Encode(
+            "this entity type answers no state queries (Entity::encode_state)".to_owned(),
+        ))
     }
 
     /// Whether and how the entity's state is written into snapshots (default: never).

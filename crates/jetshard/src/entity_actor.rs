@@ -19,6 +19,7 @@
 //! kilobytes for a live actor, until the entity's next command spawns a new actor with it.
 
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -33,8 +34,14 @@ use crate::codec::Codec;
 use crate::command::CommandOutcome;
 use crate::entity::{Entity, EntityId, Snapshots, decode_event};
 use crate::error::Error;
-use crate::journal::{self, JournalWriter, Record, SnapshotRecord, WriteError};
+use crate::journal::{
+    self, Attached, JournalWriter, Record, SnapshotRecord, TimerRecord, WriteError,
+};
+use crate::outbox::{self, Effects};
+use crate::query::{self, Known, Query};
+use crate::reply::Detail;
 use crate::telemetry::{self, CommandMetrics};
+use crate::timer::{self, Armed, Firing, TimerChange, TimerReport};
 use crate::trace::CommandTrace;
 use crate::wire::Names;
 
@@ -49,6 +56,8 @@ pub(crate) struct Seed<E: Entity> {
     pub(crate) journal_seq: u64,
     /// Events in `state` since its last snapshot (or since it was loaded without one).
     pub(crate) unsnapshotted: u32,
+    /// Its armed timers, by name (`timer.rs`).
+    pub(crate) timers: BTreeMap<Box<str>, Armed>,
 }
 
 impl<E: Entity> Default for Seed<E> {
@@ -59,6 +68,7 @@ impl<E: Entity> Default for Seed<E> {
             last_outcome: None,
             journal_seq: 0,
             unsnapshotted: 0,
+            timers: BTreeMap::new(),
         }
     }
 }
@@ -139,6 +149,32 @@ impl<E: Entity> Seed<E> {
         codec: Codec,
     ) -> Result<(), Quarantine> {
         match &stored.record {
+            Record::Timer(timer) => match timer {
+                TimerRecord::Set {
+                    name,
+                    due_ms,
+                    payload,
+                } => {
+                    let armed = Armed {
+                        set_seq: stored.command_seq,
+                        due_ms: *due_ms,
+                        payload: (*payload).clone(),
+                    };
+                    self.timers.insert((*name).into(), armed);
+                }
+                TimerRecord::Cancel { name } => {
+                    self.timers.remove(*name);
+                }
+                TimerRecord::Fired { name, set_seq } => {
+                    if self
+                        .timers
+                        .get(*name)
+                        .is_some_and(|a| a.set_seq == *set_seq)
+                    {
+                        self.timers.remove(*name);
+                    }
+                }
+            },
             Record::DeadLetter { reason } => {
                 if stored.command_seq >= self.last_command_seq {
                     self.last_outcome = Some(LastOutcome::DeadLettered((*reason).into()));
@@ -210,6 +246,8 @@ pub(crate) enum EntityMsg {
     Work(Work),
     /// Idle: give the state back ([`Passivated`]) and stop.
     Passivate,
+    /// Answer a state query, after the commands before it.
+    Query(Query),
 }
 
 /// What an entity actor tells its supervisor.
@@ -240,6 +278,11 @@ pub(crate) struct Work {
     pub(crate) give_up: Option<Arc<str>>,
     /// The command's trace context: its events carry its span as their parent.
     pub(crate) trace: Option<Box<CommandTrace>>,
+    /// A client waits for the outcome: report its typed [`Detail`] (the encoded events or
+    /// rejection) with it.
+    pub(crate) detail: bool,
+    /// Set when it is a timer's command: decided only if the entity has that timer armed.
+    pub(crate) timer: Option<Firing>,
 }
 
 /// What became of one command.
@@ -284,6 +327,10 @@ pub(crate) struct Outcome {
     /// Set when the command is done but the entity is not to be trusted any more: `apply`
     /// panicked on its durable events.
     pub(crate) quarantine: Option<Quarantine>,
+    /// The typed part of the outcome, when [`Work::detail`] asked for it.
+    pub(crate) detail: Option<Detail>,
+    /// What the command did to the entity's timers (durable), for the owner's table.
+    pub(crate) timers: Vec<TimerReport>,
 }
 
 /// Where an entity actor's reports go.
@@ -295,6 +342,8 @@ pub(crate) struct EntityContext {
     pub(crate) partition: u32,
     pub(crate) journal: JournalWriter,
     pub(crate) journal_stream: Stream<()>,
+    /// For answers to state queries.
+    pub(crate) client: async_nats::Client,
     pub(crate) names: Arc<Names>,
     pub(crate) codec: Codec,
     pub(crate) report: Reporter,
@@ -307,7 +356,7 @@ pub(crate) struct EntityContext {
     pub(crate) loads: Arc<tokio::sync::Semaphore>,
 }
 
-/// Entity loads one process runs side by side (each up to three reads at once, then its tail).
+/// Entity loads one process runs side by side (each up to four reads at once, then its tail).
 pub(crate) const MAX_LOADS: usize = 32;
 
 /// When an entity writes a snapshot of its state ([`Entity::snapshots`] says whether it can).
@@ -369,6 +418,10 @@ impl<E: Entity> Actor for EntityActor<E> {
     ) -> Result<(), ActorProcessingErr> {
         let work = match message {
             EntityMsg::Work(work) => work,
+            EntityMsg::Query(query) => {
+                answer_query(state, query).await;
+                return Ok(());
+            }
             EntityMsg::Passivate => {
                 if let Loaded::Yes(seed) = &mut state.seed
                     && !state.broken
@@ -409,9 +462,14 @@ impl<E: Entity> Actor for EntityActor<E> {
         );
         let seq = work.seq;
         let mut quarantine = None;
+        let mut detail = None;
+        let mut timers = Vec::new();
         // Boxed: the actor's task then holds only a pointer to the (large) future of a command
         // while it is idle. Unwound: a panic anywhere in it is this command's failure.
-        let processing = Box::pin(process(state, work, &mut quarantine).instrument(span.clone()));
+        let processing = Box::pin(
+            process(state, work, &mut quarantine, &mut detail, &mut timers)
+                .instrument(span.clone()),
+        );
         let verdict = match AssertUnwindSafe(processing).catch_unwind().await {
             Ok(verdict) => verdict,
             Err(panic) => Verdict::Failed(Failure::Crashed(format!(
@@ -431,6 +489,8 @@ impl<E: Entity> Actor for EntityActor<E> {
             generation: state.context.journal.generation(),
             verdict,
             quarantine,
+            detail,
+            timers,
         };
         (state.context.report)(EntityReport::Outcome(outcome));
         // After the report, so the command's acknowledgement does not wait for it.
@@ -441,6 +501,73 @@ impl<E: Entity> Actor for EntityActor<E> {
             write_snapshot(&state.id, &state.context, seed).await;
         }
         Ok(())
+    }
+}
+
+/// Answers a state query from the entity's state (revived first if need be), under the
+/// generation of this actor's partition.
+async fn answer_query<E: Entity>(state: &mut EntityState<E>, query: Query) {
+    let context = Arc::clone(&state.context);
+    let span = tracing::debug_span!(
+        "query",
+        partition = context.partition,
+        entity = %state.id,
+        generation = context.journal.generation(),
+    );
+    async {
+        if state.broken {
+            return query::refuse(
+                &context.client,
+                query,
+                "the entity is restarting: ask again".to_owned(),
+            )
+            .await;
+        }
+        if matches!(state.seed, Loaded::No) {
+            state.seed = match revive::<E>(&state.id, &context).await {
+                Ok(seed) => Loaded::Yes(seed),
+                Err(Revival::Quarantined(q)) => Loaded::Quarantined(q),
+                Err(Revival::Unreadable(reason)) => {
+                    return query::refuse(&context.client, query, reason).await;
+                }
+            };
+        }
+        let seed = match &state.seed {
+            Loaded::Yes(seed) => seed,
+            Loaded::Quarantined(q) => {
+                return query::refuse(&context.client, query, q.dead_letter_reason()).await;
+            }
+            Loaded::No => return,
+        };
+        let known = known::<E>(seed, &context);
+        query::answer(
+            &context.client,
+            &context.journal_stream,
+            &context.names,
+            query,
+            known,
+        )
+        .await;
+    }
+    .instrument(span)
+    .await;
+}
+
+/// What a query is told of an entity's state (its encoding guarded like `decide`).
+pub(crate) fn known<E: Entity>(seed: &Seed<E>, context: &EntityContext) -> Known {
+    let codec = context.codec;
+    let state = catch_unwind(AssertUnwindSafe(|| E::encode_state(&seed.state, codec)))
+        .unwrap_or_else(|panic| {
+            Err(crate::error::CodecError::Encode(format!(
+                "encode_state panicked: {}",
+                panic_message(&*panic)
+            )))
+        });
+    Known {
+        partition: context.partition,
+        generation: context.journal.generation(),
+        last_command_seq: seed.last_command_seq,
+        state,
     }
 }
 
@@ -459,6 +586,8 @@ async fn process<E: Entity>(
     state: &mut EntityState<E>,
     work: Work,
     quarantine: &mut Option<Quarantine>,
+    detail: &mut Option<Detail>,
+    timer_reports: &mut Vec<TimerReport>,
 ) -> Verdict {
     let Work {
         seq,
@@ -466,6 +595,8 @@ async fn process<E: Entity>(
         deliveries,
         give_up,
         trace,
+        detail: wants_detail,
+        timer: firing,
     } = work;
     if matches!(state.seed, Loaded::No) {
         let loading = std::time::Instant::now();
@@ -502,6 +633,29 @@ async fn process<E: Entity>(
         }
         (_, None) => None,
     };
+    // A timer's command runs only while the entity has that timer armed: once (a repeat finds
+    // it fired), and never after a cancel or a new set of the name.
+    if let (Some(f), Loaded::Yes(seed)) = (&firing, &state.seed)
+        && give_up.is_none()
+        && seed
+            .timers
+            .get(&f.name)
+            .is_none_or(|a| a.set_seq != f.set_seq)
+    {
+        tracing::debug!(timer = %f.name, set_seq = f.set_seq, "timer not armed: command dropped");
+        // The owner's table may hold a timer the entity no longer has (it learns of the
+        // partition's timers from the journal on acquisition): tell it what the entity has.
+        timer_reports.push(match seed.timers.get(&f.name) {
+            Some(armed) => TimerReport::Armed {
+                name: f.name.clone(),
+                armed: armed.clone(),
+            },
+            None => TimerReport::Disarmed {
+                name: f.name.clone(),
+            },
+        });
+        return Verdict::Duplicate { earlier: None };
+    }
     let codec = state.context.codec;
     let decoded = match give_up {
         Some(reason) => Err(reason),
@@ -537,7 +691,10 @@ async fn process<E: Entity>(
         return Verdict::Failed(Failure::Unconfirmed("entity state missing".to_owned()));
     };
     let deciding = std::time::Instant::now();
-    let decided = catch_unwind(AssertUnwindSafe(|| E::decide(&seed.state, command)));
+    let mut effects = Effects::new(codec);
+    let decided = catch_unwind(AssertUnwindSafe(|| {
+        E::decide_with_effects(&seed.state, command, &mut effects)
+    }));
     telemetry::record(&state.context.metrics.decide_seconds, deciding.elapsed());
     let decided = match decided {
         Ok(decided) => decided,
@@ -552,6 +709,35 @@ async fn process<E: Entity>(
         Ok(events) => events,
         Err(rejection) => {
             let reason = rejection.to_string();
+            if wants_detail {
+                *detail = codec.encode(&rejection).ok().map(Detail::Rejection);
+            }
+            if let Some(f) = &firing {
+                // The timer fired, though its command was refused: record it, so that it fires
+                // once.
+                let written = state
+                    .context
+                    .journal
+                    .append(
+                        &state.id,
+                        seq,
+                        Vec::new(),
+                        E::EVENT_VERSION,
+                        None,
+                        Attached {
+                            fired: Some(f),
+                            ..Attached::default()
+                        },
+                    )
+                    .await;
+                if let Err(e) = written {
+                    return write_failed(e);
+                }
+                seed.timers.remove(&f.name);
+                timer_reports.push(TimerReport::Disarmed {
+                    name: f.name.clone(),
+                });
+            }
             seed.last_command_seq = seq;
             seed.last_outcome = Some(LastOutcome::Rejected(reason.as_str().into()));
             return Verdict::Rejected(reason);
@@ -564,6 +750,14 @@ async fn process<E: Entity>(
             Err(e) => return Verdict::Failed(Failure::Crashed(e.to_string())),
         }
     }
+    let (outbox, mut timer_changes) = match effects.into_parts() {
+        Ok(parts) => parts,
+        Err(e) => return Verdict::Failed(Failure::Crashed(format!("effects: {e}"))),
+    };
+    if wants_detail {
+        *detail = Some(Detail::Events(encoded.clone()));
+    }
+    timer::resolve(&mut timer_changes, std::time::SystemTime::now());
     let metrics = &state.context.metrics;
     metrics.batch_events.record(encoded.len() as f64);
     let writing = std::time::Instant::now();
@@ -576,6 +770,11 @@ async fn process<E: Entity>(
             encoded,
             E::EVENT_VERSION,
             trace.as_ref().map(|t| &t.span),
+            Attached {
+                outbox: &outbox,
+                timers: &timer_changes,
+                fired: firing.as_ref(),
+            },
         )
         .await;
     telemetry::record(&metrics.write_seconds, writing.elapsed());
@@ -583,6 +782,37 @@ async fn process<E: Entity>(
         Ok(journal_seq) => journal_seq,
         Err(e) => return write_failed(e),
     };
+    if let Some(f) = &firing {
+        seed.timers.remove(&f.name);
+        timer_reports.push(TimerReport::Disarmed {
+            name: f.name.clone(),
+        });
+    }
+    for change in timer_changes {
+        match change {
+            TimerChange::Set {
+                name,
+                due_ms,
+                payload,
+                ..
+            } => {
+                let armed = Armed {
+                    set_seq: seq,
+                    due_ms,
+                    payload,
+                };
+                seed.timers.insert(name.as_str().into(), armed.clone());
+                timer_reports.push(TimerReport::Armed {
+                    name: name.into(),
+                    armed,
+                });
+            }
+            TimerChange::Cancel { name } => {
+                seed.timers.remove(name.as_str());
+                timer_reports.push(TimerReport::Disarmed { name: name.into() });
+            }
+        }
+    }
     seed.last_command_seq = seq;
     seed.last_outcome = Some(LastOutcome::Applied {
         events: u32::try_from(events.len()).unwrap_or(u32::MAX),
@@ -616,6 +846,19 @@ async fn process<E: Entity>(
         });
         state.seed = Loaded::No;
     }
+    if !outbox.is_empty() {
+        let js = async_nats::jetstream::new(state.context.client.clone());
+        let context = &state.context;
+        outbox::deliver(
+            &js,
+            &context.names,
+            &context.journal,
+            state.id.as_str(),
+            seq,
+            &outbox,
+        )
+        .await;
+    }
     Verdict::Applied {
         events: events.len(),
     }
@@ -630,11 +873,14 @@ enum Revival {
 }
 
 /// Loads one entity from the journal: its latest snapshot, if the entity type writes them and
-/// it reads back, then its own records after it: events (`<t>.evt.<p>.<id>`) and dead letters
-/// (`<t>.dlq.<p>.<id>`, which count as processed). Reads only this entity's subjects, so it
-/// costs the same however long the partition's history is: three single-message reads side by
-/// side (the snapshot, the last event, the last dead letter), plus one ordered read of the
-/// records after the snapshot if there are any.
+/// it reads back, then its own records after it: events (`<t>.evt.<p>.<id>`), dead letters
+/// (`<t>.dlq.<p>.<id>`, which count as processed) and timer records (`<t>.tmr.<p>.<id>`: its
+/// armed timers). Reads only this entity's subjects, so it costs the same however long the
+/// partition's history is: four single-message reads side by side (the snapshot, the last
+/// event, dead letter and timer record), plus the records after the snapshot if there are any.
+///
+/// A snapshot is never written while the entity has a timer armed (`write_snapshot`), so every
+/// armed timer's `set` record is after the latest snapshot, and read here.
 ///
 /// A snapshot that does not read back (another state version, a damaged record) is ignored:
 /// the entity is loaded from all its events, which are the record; never a wedge.
@@ -646,11 +892,12 @@ async fn revive<E: Entity>(id: &EntityId, context: &EntityContext) -> Result<See
     let partition = context.partition;
     let events = context.names.event_subject(partition, id);
     let dead_letters = context.names.entity_dead_letters(partition, id);
+    let timers = context.names.timer_subject(partition, id);
     let mut seed = Seed::<E>::default();
     // Records of commands up to `covered` are in the snapshot; those after `from` are read.
     let (mut from, mut covered) = (1, None);
-    // The three reads side by side: an entity's first command waits for one round trip, not
-    // three, when its snapshot is recent (or it has no history).
+    // The four reads side by side: an entity's first command waits for one round trip, not
+    // four, when its snapshot is recent (or it has no history).
     let snapshots = E::snapshots();
     let snapshot = async {
         match snapshots {
@@ -661,10 +908,11 @@ async fn revive<E: Entity>(id: &EntityId, context: &EntityContext) -> Result<See
             None => Ok(None),
         }
     };
-    let (latest, events_end, dead_letters_end) = futures::try_join!(
+    let (latest, events_end, dead_letters_end, timers_end) = futures::try_join!(
         snapshot,
         journal::last_sequence(&context.journal_stream, &events),
         journal::last_sequence(&context.journal_stream, &dead_letters),
+        journal::last_sequence(&context.journal_stream, &timers),
     )
     .map_err(unreadable)?;
     if let (Some(snapshots), Some((snapshot_seq, snapshot))) = (snapshots, latest) {
@@ -687,7 +935,12 @@ async fn revive<E: Entity>(id: &EntityId, context: &EntityContext) -> Result<See
         }
     }
     let mut quarantine = None;
-    for (filter, end) in [(events, events_end), (dead_letters, dead_letters_end)] {
+    let reads = [
+        (events, events_end),
+        (dead_letters, dead_letters_end),
+        (timers, timers_end),
+    ];
+    for (filter, end) in reads {
         let read = journal::replay(&context.journal_stream, filter, from, end, |stored| {
             if covered.is_some_and(|c| stored.command_seq <= c) || stored.entity != id.as_str() {
                 return Ok(());
@@ -737,16 +990,26 @@ fn restore<E: Entity>(
             .and_then(LastOutcome::from_header),
         journal_seq: snapshot.upto,
         unsnapshotted: 0,
+        // None was armed when the snapshot was written (`write_snapshot`).
+        timers: BTreeMap::new(),
     })
 }
 
 /// Writes a snapshot of `seed` (if the entity type writes them), fenced like its events.
 /// Best effort: a snapshot is a cache of the events, so a failed one is logged and the entity
 /// goes on (a fenced writer learns it is stale at its next event).
+///
+/// Not while a timer is armed: loading reads the timer records after the latest snapshot
+/// only, so a snapshot must not cover the `set` of a timer still armed. The snapshot waits
+/// until the entity's timers have fired or been cancelled.
 async fn write_snapshot<E: Entity>(id: &EntityId, context: &EntityContext, seed: &mut Seed<E>) {
     let Some(snapshots) = E::snapshots() else {
         return;
     };
+    if !seed.timers.is_empty() {
+        tracing::trace!(partition = context.partition, entity = %id, armed = seed.timers.len(), "timers armed; no snapshot yet");
+        return;
+    }
     let encoded = catch_unwind(AssertUnwindSafe(|| {
         snapshots.encode(&seed.state, context.codec)
     }));

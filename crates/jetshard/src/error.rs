@@ -127,6 +127,23 @@ pub enum Error {
         /// How long the sender waited.
         waited: std::time::Duration,
     },
+    /// No owner answered a state query in time: nobody owns the entity's partition, or it is
+    /// changing hands (only the owner of the current generation answers).
+    #[error("no owner answered the query of {entity} within {waited:?}")]
+    NoAnswer {
+        /// The entity.
+        entity: String,
+        /// How long the reader waited.
+        waited: std::time::Duration,
+    },
+    /// The owner of the entity could not answer a state query.
+    #[error("the query of {entity} was refused: {reason}")]
+    QueryRefused {
+        /// The entity.
+        entity: String,
+        /// Why.
+        reason: String,
+    },
     /// The shard system has stopped.
     #[error("the shard system has stopped")]
     Stopped,

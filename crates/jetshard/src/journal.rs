@@ -20,13 +20,28 @@ use crate::entity::EntityId;
 use crate::error::{BoxError, Error};
 use crate::fence::{Fence, header_u64};
 use crate::group_commit::{CommitStats, GroupCommit, MAX_BATCH_MESSAGES, Mode, Outgoing};
+use crate::outbox::OutboxMessage;
 use crate::telemetry::CommitMetrics;
+use crate::timer::{Firing, TimerChange};
 use crate::trace::TraceParent;
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_EVENT_VERSION, HDR_EXPECTED_SUBJECT,
-    HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_MSG_ID, HDR_REASON,
-    HDR_ROLLUP, HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TRACEPARENT, Names,
+    HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_MSG_ID, HDR_OUTBOX_DONE,
+    HDR_OUTBOX_INDEX, HDR_OUTBOX_TARGET, HDR_REASON, HDR_ROLLUP, HDR_SNAPSHOT_UPTO,
+    HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE, HDR_TIMER_OP, HDR_TIMER_SET, HDR_TRACEPARENT,
+    Names,
 };
+
+/// The records a command writes beside its events, in the same unit.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Attached<'a> {
+    /// Its outbox messages (`outbox.rs`).
+    pub(crate) outbox: &'a [OutboxMessage],
+    /// The timers it sets and cancels (`timer.rs`).
+    pub(crate) timers: &'a [TimerChange],
+    /// The timer it is the command of.
+    pub(crate) fired: Option<&'a Firing>,
+}
 
 /// Why a journal write did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +138,9 @@ impl JournalWriter {
     /// command in the journal), together with the other commands the group commit gathers. The
     /// server checks each message against the fence: once another owner has claimed the
     /// partition, every later write is rejected.
+    ///
+    /// The command's outbox records (`<t>.out.<p>`, one per message, see `outbox.rs`) go in the
+    /// same all-or-none unit as its events.
     pub(crate) async fn append(
         &self,
         entity: &EntityId,
@@ -130,16 +148,56 @@ impl JournalWriter {
         events: Vec<Vec<u8>>,
         version: u32,
         trace: Option<&TraceParent>,
+        attached: Attached<'_>,
     ) -> Result<Option<u64>, WriteError> {
-        if events.len() > MAX_EVENTS_PER_COMMAND {
-            return Err(WriteError::TooManyEvents {
-                events: events.len(),
-            });
+        let Attached {
+            outbox,
+            timers,
+            fired,
+        } = attached;
+        let records = events.len() + outbox.len() + timers.len() + usize::from(fired.is_some());
+        if records > MAX_EVENTS_PER_COMMAND {
+            return Err(WriteError::TooManyEvents { events: records });
         }
-        if events.is_empty() {
+        if records == 0 {
             return Ok(None);
         }
         let subject = self.names.event_subject(self.partition, entity);
+        let outbox_subject = self.names.outbox_subject(self.partition);
+        let outbox_records = outbox.iter().enumerate().map(|(index, message)| {
+            let mut headers = self.fenced_headers();
+            headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+            headers.insert(HDR_ENTITY, entity.as_str());
+            headers.insert(HDR_OUTBOX_TARGET, message.subject.as_str());
+            headers.insert(HDR_OUTBOX_INDEX, index.to_string());
+            headers.insert(
+                HDR_MSG_ID,
+                format!(
+                    "{}:out-record:{command_seq}:{index}",
+                    self.names.entity_type
+                ),
+            );
+            Outgoing {
+                subject: outbox_subject.clone(),
+                headers,
+                payload: message.payload.clone(),
+            }
+        });
+        let timer_subject = self.names.timer_subject(self.partition, entity);
+        let timer_records = timer_records(&self.names.entity_type, command_seq, timers, fired)
+            .map(|(mut headers, payload)| {
+                for (name, values) in self.fenced_headers().iter() {
+                    for value in values {
+                        headers.insert(name.clone(), value.clone());
+                    }
+                }
+                Outgoing {
+                    subject: timer_subject.clone(),
+                    headers,
+                    payload,
+                }
+            })
+            .collect::<Vec<_>>();
         let records = events
             .into_iter()
             .enumerate()
@@ -157,8 +215,32 @@ impl JournalWriter {
                     payload: event.into(),
                 }
             })
+            .chain(outbox_records)
+            .chain(timer_records)
             .collect();
         self.commit.write(records).await.map(Some)
+    }
+
+    /// Records that every outbox message of the command at `command_seq` was published.
+    pub(crate) async fn outbox_done(
+        &self,
+        entity: &str,
+        command_seq: u64,
+    ) -> Result<(), WriteError> {
+        let mut headers = self.fenced_headers();
+        headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+        headers.insert(HDR_ENTITY, entity);
+        headers.insert(HDR_OUTBOX_DONE, "1");
+        headers.insert(
+            HDR_MSG_ID,
+            format!("{}:out-done:{command_seq}", self.names.entity_type),
+        );
+        let record = Outgoing {
+            subject: self.names.outbox_subject(self.partition),
+            headers,
+            payload: Bytes::new(),
+        };
+        self.commit.write(vec![record]).await.map(drop)
     }
 
     /// Records a command that was given up (undecodable, or failing at every delivery), so an
@@ -219,6 +301,49 @@ impl JournalWriter {
         headers.insert(HDR_EXPECTED_SUBJECT, &*self.fence_subject);
         headers
     }
+}
+
+/// The timer records of a command (headers without the fence, and body): its sets and cancels,
+/// and the `fired` record of the timer it is the command of.
+fn timer_records<'a>(
+    entity_type: &'a str,
+    command_seq: u64,
+    timers: &'a [TimerChange],
+    fired: Option<&'a Firing>,
+) -> impl Iterator<Item = (HeaderMap, Bytes)> + 'a {
+    let record = move |index: usize, op: &str, name: &str| {
+        let mut headers = HeaderMap::new();
+        headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+        headers.insert(HDR_TIMER_OP, op);
+        headers.insert(HDR_TIMER, name);
+        headers.insert(
+            HDR_MSG_ID,
+            format!("{entity_type}:{command_seq}:timer:{index}"),
+        );
+        headers
+    };
+    let changes = timers
+        .iter()
+        .enumerate()
+        .map(move |(index, change)| match change {
+            TimerChange::Set {
+                name,
+                due_ms,
+                payload,
+                ..
+            } => {
+                let mut headers = record(index, "set", name);
+                headers.insert(HDR_TIMER_DUE, due_ms.to_string());
+                (headers, payload.clone())
+            }
+            TimerChange::Cancel { name } => (record(index, "cancel", name), Bytes::new()),
+        });
+    let fired = fired.map(move |f| {
+        let mut headers = record(timers.len(), "fired", &f.name);
+        headers.insert(HDR_TIMER_SET, f.set_seq.to_string());
+        (headers, Bytes::new())
+    });
+    changes.chain(fired)
 }
 
 /// Header values cannot hold line breaks.
@@ -295,6 +420,24 @@ pub(crate) enum Record<'a> {
     Event { version: u32, payload: &'a Bytes },
     /// A dead letter: its command was given up, which counts as processed.
     DeadLetter { reason: &'a str },
+    /// A timer record (`<t>.tmr.<p>.<id>`, not an event).
+    Timer(TimerRecord<'a>),
+}
+
+/// A timer record read back.
+pub(crate) enum TimerRecord<'a> {
+    Set {
+        name: &'a str,
+        due_ms: u64,
+        payload: &'a Bytes,
+    },
+    Cancel {
+        name: &'a str,
+    },
+    Fired {
+        name: &'a str,
+        set_seq: u64,
+    },
 }
 
 /// Reads, in journal order, every record on `filter` (a subject, wildcards allowed) from journal
@@ -471,6 +614,10 @@ const REASON: HeaderName = HeaderName::from_static(HDR_REASON);
 const STATE_VERSION: HeaderName = HeaderName::from_static(HDR_STATE_VERSION);
 const SNAPSHOT_UPTO: HeaderName = HeaderName::from_static(HDR_SNAPSHOT_UPTO);
 const LAST_OUTCOME: HeaderName = HeaderName::from_static(HDR_LAST_OUTCOME);
+const TIMER_OP: HeaderName = HeaderName::from_static(HDR_TIMER_OP);
+const TIMER: HeaderName = HeaderName::from_static(HDR_TIMER);
+const TIMER_DUE: HeaderName = HeaderName::from_static(HDR_TIMER_DUE);
+const TIMER_SET: HeaderName = HeaderName::from_static(HDR_TIMER_SET);
 
 fn stored_record<'a>(
     subject: &'a str,
@@ -482,6 +629,28 @@ fn stored_record<'a>(
     header_u64(headers, GENERATION)?;
     let command_seq = header_u64(headers, COMMAND_SEQ)?;
     match subject.split('.').nth(1)? {
+        "tmr" => {
+            let name = headers.get(TIMER)?.as_str();
+            let timer = match headers.get(TIMER_OP)?.as_str() {
+                "set" => TimerRecord::Set {
+                    name,
+                    due_ms: header_u64(headers, TIMER_DUE)?,
+                    payload,
+                },
+                "cancel" => TimerRecord::Cancel { name },
+                "fired" => TimerRecord::Fired {
+                    name,
+                    set_seq: header_u64(headers, TIMER_SET)?,
+                },
+                _ => return None,
+            };
+            Some(StoredEvent {
+                entity: Names::entity_of_subject(subject)?,
+                seq,
+                command_seq,
+                record: Record::Timer(timer),
+            })
+        }
         "evt" => Some(StoredEvent {
             entity: Names::entity_of_subject(subject)?,
             seq,

@@ -28,7 +28,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //!
-//! use jetshard::{CommandOutcome, CommandSender, Entity, ShardConfig, ShardSystem};
+//! use jetshard::{CommandSender, Entity, Reply, ShardConfig, ShardSystem};
 //! use serde::{Deserialize, Serialize};
 //!
 //! struct Account;
@@ -69,10 +69,11 @@
 //!     let system = ShardSystem::start::<Account>(client.clone(), config.clone()).await?;
 //!
 //!     let sender = CommandSender::<Account>::new(client, &config);
-//!     let outcome = sender
-//!         .request("acc-17", &Command::Deposit(100), Duration::from_secs(5))
+//!     // The reply in the entity's own types: the events written, or its rejection.
+//!     let reply = sender
+//!         .request("acc-17", &Command::Withdraw(500), Duration::from_secs(5))
 //!         .await?;
-//!     assert!(matches!(outcome, CommandOutcome::Applied { events: 1, .. }));
+//!     assert!(matches!(reply, Reply::Rejected { rejection, .. } if rejection == "insufficient funds"));
 //!
 //!     // Drains, acknowledges, and hands this process's partitions to the others at once.
 //!     system.shutdown().await?;
@@ -106,13 +107,17 @@ mod fence;
 mod group_commit;
 mod health;
 mod journal;
+mod outbox;
 mod owner;
 mod partition;
 mod pin;
+mod query;
+mod reply;
 mod retry;
 mod status;
 mod system;
 mod telemetry;
+mod timer;
 mod topology;
 mod trace;
 pub mod wire;
@@ -124,9 +129,13 @@ pub use entity::{Entity, EntityId, MAX_ID_LEN, Snapshots};
 pub use error::{CodecError, ConfigError, Error, InvalidId};
 pub use fence::{FenceRecord, FenceRecordError, HeldRange, Trial};
 pub use health::{Health, PartitionHealth};
+pub use outbox::{EffectError, Effects};
 pub use partition::{fnv1a_32, partition_of};
+pub use query::{QueryAnswer, StateSnapshot};
+pub use reply::Reply;
 pub use status::{NodeStatus, OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
 pub use system::ShardSystem;
+pub use timer::MAX_TIMER_NAME_LEN;
 pub use trace::{SpanId, TraceId, TraceParent};
 
 /// The README's code, compiled as a doctest so that it stays true.

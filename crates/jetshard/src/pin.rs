@@ -53,6 +53,8 @@ pub(crate) struct Delivery {
     pub(crate) pending: u64,
     /// The command's trace context, if it came with a valid `traceparent`.
     pub(crate) trace: Option<Box<CommandTrace>>,
+    /// Which timer fired, if it is a timer's command (`Jetshard-Timer`).
+    pub(crate) timer: Option<crate::timer::Firing>,
 }
 
 /// The `Jetshard-Reply-To` subject of a command, if it has a valid one.
@@ -402,7 +404,9 @@ async fn run(
                     Some(last_consumer_seq.map_or(consumer_seq, |l| l.max(consumer_seq)));
                 let respond_to = respond_to(message.headers.as_ref());
                 let trace = trace_of(message.headers.as_ref());
+                let timer = crate::timer::firing_of(message.headers.as_ref());
                 let delivery = Delivery {
+                    timer,
                     respond_to,
                     pin: pin.clone().unwrap_or_else(|| Arc::from("")),
                     subject: message.subject,

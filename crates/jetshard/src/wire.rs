@@ -58,6 +58,24 @@ pub const HDR_LAST_OUTCOME: &str = "Jetshard-Last-Outcome";
 /// replay within the command stream's duplicate window is stored once.
 pub const HDR_REPLAY_OF: &str = "Jetshard-Replay-Of";
 
+/// Header on an outbox record (`<t>.out.<p>`): the subject its message is published to.
+pub const HDR_OUTBOX_TARGET: &str = "Jetshard-Outbox-Target";
+/// Header on an outbox record: the message's place among its command's messages, from 0.
+pub const HDR_OUTBOX_INDEX: &str = "Jetshard-Outbox-Index";
+/// Header on an outbox *done* record: every message of the command (`Jetshard-Command-Seq`) was
+/// published.
+pub const HDR_OUTBOX_DONE: &str = "Jetshard-Outbox-Done";
+
+/// Header on a timer record (on `<t>.evt.<p>.<id>`, not an event): `set`, `cancel` or `fired`.
+pub const HDR_TIMER_OP: &str = "Jetshard-Timer-Op";
+/// Header on a timer record and on a fired timer's command: the timer's name.
+pub const HDR_TIMER: &str = "Jetshard-Timer";
+/// Header on a `set` timer record: when it is due, unix milliseconds.
+pub const HDR_TIMER_DUE: &str = "Jetshard-Timer-Due";
+/// Header on a `fired` timer record and on a fired timer's command: the command sequence that
+/// set the timer.
+pub const HDR_TIMER_SET: &str = "Jetshard-Timer-Set";
+
 /// All names of one entity type, computed once.
 #[derive(Debug, Clone)]
 pub struct Names {
@@ -119,6 +137,17 @@ impl Names {
         format!("{}.cmd.{partition}.*", self.entity_type)
     }
 
+    /// Where a reader asks the owner for an entity's state (core NATS request/reply, see
+    /// docs/WIRE.md): `<t>.query.<p>.<id>`.
+    pub fn query_subject(&self, partition: u32, id: &EntityId) -> String {
+        format!("{}.query.{partition}.{id}", self.entity_type)
+    }
+
+    /// Where a partition's owners listen for state queries: `<t>.query.<p>.*`.
+    pub fn partition_queries(&self, partition: u32) -> String {
+        format!("{}.query.{partition}.*", self.entity_type)
+    }
+
     /// A partition's durable consumer: `<t>-p<p>`.
     pub fn consumer(&self, partition: u32) -> String {
         format!("{}-p{partition}", self.entity_type)
@@ -133,6 +162,8 @@ impl Names {
             format!("{t}.dlq.*"),
             format!("{t}.dlq.*.*"),
             format!("{t}.snap.*.*"),
+            format!("{t}.out.*"),
+            format!("{t}.tmr.*.*"),
         ]
     }
 
@@ -192,6 +223,22 @@ impl Names {
     /// All snapshots of a partition: `<t>.snap.<p>.*`.
     pub fn partition_snapshots(&self, partition: u32) -> String {
         format!("{}.snap.{partition}.*", self.entity_type)
+    }
+
+    /// An entity's timer records (set, cancel, fired): `<t>.tmr.<p>.<id>`. Apart from its events,
+    /// so that a new owner finds the partition's armed timers without reading its events.
+    pub fn timer_subject(&self, partition: u32, id: &EntityId) -> String {
+        format!("{}.tmr.{partition}.{id}", self.entity_type)
+    }
+
+    /// All timer records of a partition: `<t>.tmr.<p>.*`.
+    pub fn partition_timers(&self, partition: u32) -> String {
+        format!("{}.tmr.{partition}.*", self.entity_type)
+    }
+
+    /// A partition's outbox records and their done records: `<t>.out.<p>`.
+    pub fn outbox_subject(&self, partition: u32) -> String {
+        format!("{}.out.{partition}", self.entity_type)
     }
 
     /// Where the processes of the entity type say how many partitions they own: `<t>.nodes`.

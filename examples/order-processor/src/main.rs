@@ -75,6 +75,18 @@ enum Command {
         #[arg(long, value_name = "URLS")]
         nats_url: String,
     },
+    /// Prints an order's current state, as its owner holds it (a state query: answered only by
+    /// the owner of the partition's current generation).
+    Get {
+        /// The NATS server, or the servers of a cluster, comma-separated.
+        #[arg(long, value_name = "URLS")]
+        nats_url: String,
+        /// The order id.
+        order: String,
+        /// How long to wait for the owner, in milliseconds.
+        #[arg(long, default_value_t = 3000)]
+        wait_ms: u64,
+    },
     /// Checks the journal against every command sent; exits 1 on a violation.
     Verify {
         /// The NATS server, or the servers of a cluster, comma-separated.
@@ -212,6 +224,22 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Status { nats_url } => {
             let client = connect(&nats_url).await?;
             print!("{}", status::run(client).await?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Get {
+            nats_url,
+            order,
+            wait_ms,
+        } => {
+            let client = connect(&nats_url).await?;
+            let answer = jetshard::admin::Admin::new(client, order_processor::order::ENTITY_TYPE)
+                .get(&order, Duration::from_millis(wait_ms))
+                .await?;
+            let state: order_processor::order::OrderState = serde_json::from_slice(&answer.state)?;
+            println!(
+                "{order} (partition {}, generation {}, last command {}): {state:?}",
+                answer.partition, answer.generation, answer.last_command_seq
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify {

@@ -7,16 +7,26 @@
 //! `Shipped`, `Cancelled`), or `Rejected` with the reason. A refusal is an event rather than a
 //! [`jetshard::Entity::Rejection`] (which writes nothing), so that the journal is a complete
 //! audit trail of every decision; the `Rejection` type is therefore
-//! [`Infallible`]. A body that is not a command at all never reaches
+//! [`Never`], which has no value. A body that is not a command at all never reaches
 //! [`decide`](Order::decide): jetshard terminates it and writes a dead-letter record.
 //!
 //! The rules are pure functions, tested below without a server.
 
-use std::convert::Infallible;
 use std::fmt;
 
-use jetshard::{Codec, CommandRetention, Entity, ShardConfig, ShardConfigBuilder};
+use jetshard::{Codec, CodecError, CommandRetention, Entity, ShardConfig, ShardConfigBuilder};
 use serde::{Deserialize, Serialize};
+
+/// The order's rejection: it has no value (refusals are `Rejected` events). An uninhabited
+/// enum rather than `Infallible`, because a rejection travels in typed replies (serde).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Never {}
+
+impl fmt::Display for Never {
+    fn fmt(&self, _: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {}
+    }
+}
 
 /// The entity type token: it names the streams (`ORDER_CMD`, `ORDER_JOURNAL`), the subjects
 /// (`order.cmd.<id>`, `order.evt.<p>.<id>`) and the consumers (`order-p<p>`).
@@ -136,7 +146,7 @@ impl OrderEvent {
 }
 
 /// Where an order is in its life.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Phase {
     /// Not placed yet.
     #[default]
@@ -151,8 +161,8 @@ pub enum Phase {
     Cancelled,
 }
 
-/// An order's state, rebuilt from its events.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// An order's state, rebuilt from its events; read by `order-processor get` (JSON).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OrderState {
     /// Where the order is.
     pub phase: Phase,
@@ -265,13 +275,17 @@ impl Entity for Order {
     type Event = OrderEvent;
     type State = OrderState;
     /// Refusals are `Rejected` events, so `decide` never fails.
-    type Rejection = Infallible;
+    type Rejection = Never;
 
-    fn decide(state: &OrderState, command: OrderCommand) -> Result<Vec<OrderEvent>, Infallible> {
+    fn decide(state: &OrderState, command: OrderCommand) -> Result<Vec<OrderEvent>, Never> {
         let event = Order::rule(state, command).unwrap_or_else(|refusal| OrderEvent::Rejected {
             reason: refusal.to_string(),
         });
         Ok(vec![event])
+    }
+
+    fn encode_state(state: &OrderState, codec: Codec) -> Result<Vec<u8>, CodecError> {
+        codec.encode(state)
     }
 
     fn apply(state: &mut OrderState, event: &OrderEvent) {

@@ -191,6 +191,7 @@ async fn read_slice(
                 message.payload,
                 pin::respond_to(Some(&message.headers)),
                 pin::trace_of(Some(&message.headers)),
+                crate::timer::firing_of(Some(&message.headers)),
             ),
         ));
     }

@@ -108,6 +108,7 @@ mod tests {
             respond_to: None,
             pending: 0,
             trace: None,
+            timer: None,
         }
     }
 

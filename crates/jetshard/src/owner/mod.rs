@@ -23,6 +23,7 @@ mod acquire;
 mod dormant;
 mod isolate;
 mod phase;
+mod query;
 mod route;
 mod settle;
 
@@ -52,9 +53,11 @@ use crate::group_commit::{CommitStats, Mode};
 use crate::health::{HealthBoard, PartitionHealth};
 use crate::journal::JournalWriter;
 use crate::pin::{self, Delivery, PinSignal, PullLoop, PullSettings};
+use crate::reply::{Detail, ReplyBody};
 use crate::retry::RestartWindow;
 use crate::status::{OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
 use crate::telemetry::{self, Load, PartitionMetrics};
+use crate::timer::{self, Timers};
 use crate::trace::TraceParent;
 use crate::wire::{HDR_TRACEPARENT, Names, PRIORITY_GROUP};
 use dormant::Dormant;
@@ -100,6 +103,13 @@ pub(crate) enum OwnerMsg {
     HandOff,
     /// A snapshot for status displays.
     Status(RpcReplyPort<PartitionStatus>),
+    /// A state query for one of the partition's entities (`<t>.query.<p>.<id>`).
+    Query(crate::query::Query),
+    /// The partition's armed timers, read from the journal on acquisition (`find_timers`).
+    TimersFound {
+        generation: u64,
+        found: Vec<(EntityId, Box<str>, timer::Armed)>,
+    },
 }
 
 pub(crate) struct OwnerArgs {
@@ -121,6 +131,16 @@ pub(crate) struct OwnerState<E: Entity> {
     myself: ActorRef<OwnerMsg>,
     pull: PullLoop,
     ticker: JoinHandle<()>,
+    /// Hands the partition's state queries to this owner.
+    queries: JoinHandle<()>,
+    /// Publishes the outbox messages earlier owners left unconfirmed (`outbox::recover`), from
+    /// the last acquisition; stopped with the owner or at the next acquisition.
+    outbox_recovery: Option<JoinHandle<()>>,
+    /// Reads the partition's armed timers from the journal (`find_timers`), from the last
+    /// acquisition; stopped with the owner or at the next acquisition.
+    timer_scan: Option<JoinHandle<()>>,
+    /// The armed timers of the partition while this owner holds it (`timer.rs`).
+    timers: Timers,
     phase: Phase<E>,
     policy: Policy,
     counters: Counters,
@@ -134,6 +154,13 @@ pub(crate) struct OwnerState<E: Entity> {
 impl<E: Entity> Drop for OwnerState<E> {
     fn drop(&mut self) {
         self.ticker.abort();
+        self.queries.abort();
+        if let Some(recovery) = &self.outbox_recovery {
+            recovery.abort();
+        }
+        if let Some(scan) = &self.timer_scan {
+            scan.abort();
+        }
     }
 }
 
@@ -151,6 +178,15 @@ impl<E: Entity> Actor for OwnerActor<E> {
         let settings = PullSettings {
             batch: config.pull_batch,
             expires: config.pull_expires(),
+        };
+        // Subscribed first: a failure here leaves nothing running.
+        let queries = {
+            let myself = myself.clone();
+            let subject = args.shared.names.partition_queries(args.partition);
+            crate::query::listen(&args.shared.client, subject, move |query| {
+                myself.cast(OwnerMsg::Query(query)).is_ok()
+            })
+            .await?
         };
         let sink = {
             let myself = myself.clone();
@@ -183,6 +219,10 @@ impl<E: Entity> Actor for OwnerActor<E> {
             myself,
             pull,
             ticker,
+            queries,
+            outbox_recovery: None,
+            timer_scan: None,
+            timers: Timers::default(),
             phase: Phase::Standby,
             policy,
             counters: Counters::default(),
@@ -238,6 +278,28 @@ impl<E: Entity> Actor for OwnerActor<E> {
             }
             OwnerMsg::Status(reply) => {
                 let _ = reply.send(state.status());
+            }
+            OwnerMsg::Query(query) => {
+                let shared = Arc::clone(&state.shared);
+                let supervisor = state.myself.get_cell();
+                // Not owning: stay silent; the owner answers.
+                if let Some(o) = state.phase.owning() {
+                    query::route(o, &shared.client, &supervisor, &shared.resident, query);
+                }
+                state.keep_resident_cap();
+            }
+            OwnerMsg::TimersFound { generation, found } => {
+                let current = state.phase.owning_ref().map(|o| o.generation);
+                if current == Some(generation) {
+                    tracing::debug!(
+                        partition = state.partition,
+                        armed = found.len(),
+                        "armed timers read"
+                    );
+                    for (entity, name, armed) in found {
+                        state.timers.arm_found(entity, name, armed);
+                    }
+                }
             }
         }
         state.post_health();
@@ -499,6 +561,7 @@ impl<E: Entity> OwnerState<E> {
             partition,
             journal,
             journal_stream: self.shared.journal_stream.clone(),
+            client: self.shared.client.clone(),
             names: self.shared.names.clone(),
             codec: self.shared.config.codec,
             report,
@@ -509,6 +572,16 @@ impl<E: Entity> OwnerState<E> {
             loads: Arc::clone(&self.shared.loads),
             metrics: self.metrics.command.clone(),
         });
+        let recovery = tokio::spawn(crate::outbox::recover(
+            self.shared.js.clone(),
+            self.shared.journal_stream.clone(),
+            self.shared.names.clone(),
+            partition,
+            context.journal.clone(),
+        ));
+        if let Some(previous) = self.outbox_recovery.replace(recovery) {
+            previous.abort();
+        }
         let trial = acquired.claimed.trial;
         let isolation = trial.map(|_| {
             let held = acquired.recovered.iter().map(|(_, p)| p.seq);
@@ -547,6 +620,8 @@ impl<E: Entity> OwnerState<E> {
             isolation,
             suspect,
         }));
+        self.timers = Timers::default();
+        self.find_timers(partition, fence.generation);
         self.counters.acquisitions += 1;
         self.metrics.acquired.increment(1);
         telemetry::record(&self.metrics.acquire_seconds, started.elapsed());
@@ -591,7 +666,7 @@ impl<E: Entity> OwnerState<E> {
         }
     }
 
-    async fn on_outcome(&mut self, outcome: Outcome) -> Result<(), ActorProcessingErr> {
+    async fn on_outcome(&mut self, mut outcome: Outcome) -> Result<(), ActorProcessingErr> {
         let partition = self.partition;
         let policy = self.policy;
         let Some(o) = self.phase.owning() else {
@@ -600,6 +675,11 @@ impl<E: Entity> OwnerState<E> {
         if outcome.generation != o.generation {
             return Ok(());
         }
+        self.timers
+            .report(&outcome.entity, std::mem::take(&mut outcome.timers));
+        let Some(o) = self.phase.owning() else {
+            return Ok(());
+        };
         let entity = outcome.entity;
         let Some(slot) = o.entities.get_mut(&entity) else {
             return Ok(());
@@ -656,7 +736,8 @@ impl<E: Entity> OwnerState<E> {
         if let Some(q) = outcome.quarantine {
             effects.insert(0, Effect::Quarantine(q));
         }
-        self.carry_out(&entity, outcome.seq, effects).await?;
+        self.carry_out(&entity, outcome.seq, effects, outcome.detail)
+            .await?;
         // The actor stopped: commands queued behind the settled one (cast to it while it was
         // stopping) go to a new actor, unless the entity waits.
         let idle_actor = self
@@ -676,6 +757,7 @@ impl<E: Entity> OwnerState<E> {
         entity: &EntityId,
         seq: u64,
         effects: Vec<Effect>,
+        detail: Option<Detail>,
     ) -> Result<(), ActorProcessingErr> {
         let partition = self.partition;
         for effect in effects {
@@ -715,7 +797,7 @@ impl<E: Entity> OwnerState<E> {
                     }
                     if let Some(to) = done.respond_to {
                         let trace = done.trace.map(|t| t.span);
-                        respond(&self.shared.client, to, &answer, trace).await;
+                        respond(&self.shared.client, to, answer, detail.as_ref(), trace).await;
                     }
                 }
                 Effect::GiveUp { reason } => {
@@ -804,7 +886,7 @@ impl<E: Entity> OwnerState<E> {
                         reason,
                     };
                     let trace = pending.trace.as_ref().map(|t| t.span);
-                    respond(&self.shared.client, to, &answer, trace).await;
+                    respond(&self.shared.client, to, answer, None, trace).await;
                 }
             }
             Err(crate::journal::WriteError::Fenced { .. }) => {
@@ -862,6 +944,49 @@ impl<E: Entity> OwnerState<E> {
         }
     }
 
+    /// Reads the partition's armed timers from the journal in a task of its own (entities load
+    /// lazily: the owner cannot learn them from loaded states), retried until it succeeds or
+    /// the partition is acquired again or dropped; the owner arms them when they come back.
+    fn find_timers(&mut self, partition: u32, generation: u64) {
+        let (journal, names) = (
+            self.shared.journal_stream.clone(),
+            self.shared.names.clone(),
+        );
+        let owner = self.myself.clone();
+        let scan = tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(200);
+            loop {
+                match timer::armed_in_partition(&journal, &names, partition).await {
+                    Ok(found) => {
+                        let _ = owner.cast(OwnerMsg::TimersFound { generation, found });
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(partition, error = %e, "armed timers not read; trying again");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(10));
+                    }
+                }
+            }
+        });
+        if let Some(previous) = self.timer_scan.replace(scan) {
+            previous.abort();
+        }
+    }
+
+    /// Publishes the commands of the partition's due timers (their entities decide whether they
+    /// still hold: `timer.rs`).
+    async fn fire_timers(&mut self) {
+        if self.phase.owning_ref().is_none() {
+            return;
+        }
+        let now_ms = timer::unix_ms(std::time::SystemTime::now());
+        for (entity, name, armed) in self.timers.due(now_ms, Instant::now()) {
+            tracing::debug!(partition = self.partition, %entity, timer = %name, set_seq = armed.set_seq, "timer due");
+            timer::fire(&self.shared.js, &self.shared.names, &entity, &name, &armed).await;
+        }
+    }
+
     async fn on_tick(&mut self) {
         let config = self.shared.config.clone();
         let now = Instant::now();
@@ -889,6 +1014,7 @@ impl<E: Entity> OwnerState<E> {
         }
         self.step_isolation().await;
         self.post_load();
+        self.fire_timers().await;
         let partition = self.partition;
         let Some(o) = self.phase.owning() else { return };
         let mut progress = Vec::new();
@@ -946,7 +1072,7 @@ impl<E: Entity> OwnerState<E> {
             let give_up = Effect::GiveUp {
                 reason: "failed, and not redelivered".to_owned(),
             };
-            let _ = self.carry_out(&entity, seq, vec![give_up]).await;
+            let _ = self.carry_out(&entity, seq, vec![give_up], None).await;
         }
     }
 
@@ -1183,10 +1309,11 @@ async fn acknowledge_confirmed(
 async fn respond(
     client: &Client,
     to: Subject,
-    outcome: &CommandOutcome,
+    outcome: CommandOutcome,
+    detail: Option<&Detail>,
     trace: Option<TraceParent>,
 ) {
-    let Ok(body) = serde_json::to_vec(outcome) else {
+    let Ok(body) = serde_json::to_vec(&ReplyBody::new(outcome, detail)) else {
         return;
     };
     let sent = match trace {

@@ -13,6 +13,7 @@ use super::phase::Owning;
 use crate::entity::{Entity, EntityId};
 use crate::entity_actor::{EntityActor, EntityMsg, Loaded, Work};
 use crate::pin::Delivery;
+use crate::timer::Firing;
 use crate::trace::CommandTrace;
 
 /// A live entity actor, counted in the system's resident count while it is held.
@@ -96,6 +97,8 @@ pub(super) struct Pending {
     pub(super) give_up: Option<Arc<str>>,
     /// Its trace context (`traceparent`), if it came with one.
     pub(super) trace: Option<Box<CommandTrace>>,
+    /// Which timer fired, if it is a timer's command.
+    pub(super) timer: Option<Firing>,
 }
 
 impl Pending {
@@ -110,6 +113,7 @@ impl Pending {
             respond_to: delivery.respond_to,
             give_up: None,
             trace: delivery.trace,
+            timer: delivery.timer,
         }
     }
 
@@ -120,6 +124,7 @@ impl Pending {
         payload: Bytes,
         respond_to: Option<Subject>,
         trace: Option<Box<CommandTrace>>,
+        timer: Option<Firing>,
     ) -> Self {
         Pending {
             seq,
@@ -131,6 +136,7 @@ impl Pending {
             respond_to,
             give_up: None,
             trace,
+            timer,
         }
     }
 
@@ -141,6 +147,8 @@ impl Pending {
             deliveries: self.deliveries,
             give_up: self.give_up.clone(),
             trace: self.trace.clone(),
+            detail: self.respond_to.is_some(),
+            timer: self.timer.clone(),
         }
     }
 }
@@ -187,35 +195,54 @@ pub(super) fn dispatch<E: Entity>(
     if slot.queue.is_empty() || slot.blocked.is_some() || slot.returning.is_some() {
         return;
     }
-    if slot.actor.is_none() {
-        let loaded = if let Some(q) = o.quarantined.get(entity) {
-            Loaded::Quarantined(q.clone())
-        } else if let Some(seed) = o.dormant.take(entity) {
-            Loaded::Yes(seed)
-        } else {
-            // Never loaded under this generation, evicted, or lost with a failed actor: the
-            // actor loads it from the journal on its first command.
-            Loaded::No
-        };
-        // Without waiting for the actor's start (its `pre_start` only stores its arguments, and
-        // cannot fail): the owner goes on routing while the actor starts, and the commands sent
-        // meanwhile wait in its mailbox.
-        match ractor::ActorRuntime::spawn_linked_instant(
-            None,
-            EntityActor::<E>::new(),
-            (entity.clone(), Arc::clone(&o.context), loaded),
-            supervisor.clone(),
-        ) {
-            Ok((actor, _)) => slot.actor = Some(Resident::new(actor, resident)),
-            Err(e) => {
-                tracing::error!(partition = o.context.partition, %entity, error = %e, "cannot spawn entity actor");
-                return;
-            }
-        }
+    if slot.actor.is_none() && !spawn(o, entity, supervisor, resident) {
+        return;
     }
+    let Some(slot) = o.entities.get_mut(entity) else {
+        return;
+    };
     if let Some(resident) = &slot.actor {
         for pending in &slot.queue {
             let _ = resident.actor.cast(EntityMsg::Work(pending.work()));
+        }
+    }
+}
+
+/// Starts the actor of `entity`, whose slot has none: with its dormant state if the owner
+/// keeps one, else to load it from the journal on its first message. Returns whether it runs.
+pub(super) fn spawn<E: Entity>(
+    o: &mut Owning<E>,
+    entity: &EntityId,
+    supervisor: &ActorCell,
+    resident: &Arc<AtomicUsize>,
+) -> bool {
+    let loaded = if let Some(q) = o.quarantined.get(entity) {
+        Loaded::Quarantined(q.clone())
+    } else if let Some(seed) = o.dormant.take(entity) {
+        Loaded::Yes(seed)
+    } else {
+        // Never loaded under this generation, evicted, or lost with a failed actor: the
+        // actor loads it from the journal on its first message.
+        Loaded::No
+    };
+    let context = Arc::clone(&o.context);
+    let slot = o.entities.entry(entity.clone()).or_insert_with(Slot::new);
+    // Without waiting for the actor's start (its `pre_start` only stores its arguments, and
+    // cannot fail): the owner goes on routing while the actor starts, and the messages sent
+    // meanwhile wait in its mailbox.
+    match ractor::ActorRuntime::spawn_linked_instant(
+        None,
+        EntityActor::<E>::new(),
+        (entity.clone(), context, loaded),
+        supervisor.clone(),
+    ) {
+        Ok((actor, _)) => {
+            slot.actor = Some(Resident::new(actor, resident));
+            true
+        }
+        Err(e) => {
+            tracing::error!(partition = o.context.partition, %entity, error = %e, "cannot spawn entity actor");
+            false
         }
     }
 }

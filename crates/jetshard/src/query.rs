@@ -1,0 +1,294 @@
+//! State queries: an entity's current state read without a command, answered by its owner.
+//!
+//! A reader sends a core NATS request to `<t>.query.<p>.<id>` (the partition computed as for
+//! commands). Every process's owner of partition `p` listens there; only one that owns the
+//! partition answers, and only
+//!
+//! - **after the commands in hand of that entity** that reached its actor before the query (the
+//!   query waits in the entity actor's mailbox behind them), and
+//! - **under the current generation**: right before answering, the owner reads the partition's
+//!   last fence record and stays silent unless it names its own generation. During a hand-off
+//!   the old owner therefore stops answering as soon as the new one has claimed, and the new one
+//!   answers once it has rebuilt the entity; in between (or when nobody owns the partition) the
+//!   query gets no answer, and the reader's timeout says so ([`Error::NoAnswer`]).
+//!
+//! So an answer reflects every command acknowledged before the query was sent, except that a
+//! claim racing the answer may leave a stale answer a few milliseconds old (the fence read and
+//! the answer are two steps). It never reflects an event that is not durable.
+//!
+//! The answer is JSON (docs/WIRE.md): `{"entity","partition","generation","last_command_seq",
+//! "state":"<base64 of the state, encoded by Entity::encode_state>"}` or `{"error":"..."}`.
+
+use std::time::Duration;
+
+use async_nats::jetstream::stream::Stream;
+use async_nats::{Client, Subject};
+use base64::engine::general_purpose::STANDARD as BASE64;
+use futures::StreamExt;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+
+use crate::command::CommandSender;
+use crate::entity::{Entity, EntityId};
+use crate::error::{CodecError, Error};
+use crate::fence;
+use crate::partition::partition_of;
+use crate::wire::Names;
+
+/// The longest a fence check before an answer may take; past it, no answer.
+const FENCE_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// An answered query, as on the wire: the state still encoded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct QueryAnswer {
+    /// The entity.
+    pub entity: String,
+    /// Its partition.
+    pub partition: u32,
+    /// The generation of the owner that answered: the partition's current one when it answered.
+    pub generation: u64,
+    /// The stream sequence of the last command applied to (or rejected or dead-lettered by) the
+    /// entity; 0 if it has none.
+    pub last_command_seq: u64,
+    /// The state as [`Entity::encode_state`] encoded it (JSON: base64).
+    #[serde(with = "base64_bytes")]
+    pub state: Vec<u8>,
+}
+
+/// A query's state, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StateSnapshot<S> {
+    /// Its partition.
+    pub partition: u32,
+    /// The generation of the owner that answered.
+    pub generation: u64,
+    /// The last command the state reflects (0: none).
+    pub last_command_seq: u64,
+    /// The state.
+    pub state: S,
+}
+
+/// The JSON body of an answer: an answer or an error.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+enum AnswerBody {
+    Answer(QueryAnswer),
+    Refused { error: String },
+}
+
+/// A query in hand: the entity, and where to answer.
+#[derive(Debug)]
+pub(crate) struct Query {
+    pub(crate) entity: EntityId,
+    pub(crate) reply: Subject,
+}
+
+/// What an owner knows of the entity when it answers.
+pub(crate) struct Known {
+    pub(crate) partition: u32,
+    pub(crate) generation: u64,
+    pub(crate) last_command_seq: u64,
+    pub(crate) state: Result<Vec<u8>, CodecError>,
+}
+
+/// Listens on `subject` (a partition's queries) and hands each query to `sink` until it
+/// refuses or the subscription ends. The returned task belongs to the owner that started it.
+pub(crate) async fn listen(
+    client: &Client,
+    subject: String,
+    sink: impl Fn(Query) -> bool + Send + 'static,
+) -> Result<JoinHandle<()>, Error> {
+    let mut queries = client
+        .subscribe(subject.clone())
+        .await
+        .map_err(|e| Error::jetstream(format!("subscribe to {subject}"), e))?;
+    Ok(tokio::spawn(async move {
+        while let Some(message) = queries.next().await {
+            let (Some(reply), Some(entity)) = (
+                message.reply,
+                Names::entity_of_subject(&message.subject).and_then(|id| EntityId::new(id).ok()),
+            ) else {
+                continue;
+            };
+            if !sink(Query { entity, reply }) {
+                return;
+            }
+        }
+    }))
+}
+
+/// Answers `query` with what the owner knows, if the partition's last fence record still names
+/// `known.generation`; otherwise stays silent (a newer owner answers).
+pub(crate) async fn answer(
+    client: &Client,
+    journal: &Stream<()>,
+    names: &Names,
+    query: Query,
+    known: Known,
+) {
+    let current = tokio::time::timeout(
+        FENCE_CHECK_TIMEOUT,
+        fence::latest(journal, names, known.partition),
+    )
+    .await;
+    let generation = match current {
+        Ok(Ok(Some((_, record)))) => record.generation,
+        _ => return,
+    };
+    if generation != known.generation {
+        tracing::debug!(
+            partition = known.partition,
+            entity = %query.entity,
+            generation = known.generation,
+            current = generation,
+            "query not answered: a newer generation owns the partition"
+        );
+        return;
+    }
+    let body = match known.state {
+        Ok(state) => AnswerBody::Answer(QueryAnswer {
+            entity: query.entity.to_string(),
+            partition: known.partition,
+            generation: known.generation,
+            last_command_seq: known.last_command_seq,
+            state,
+        }),
+        Err(e) => AnswerBody::Refused {
+            error: e.to_string(),
+        },
+    };
+    refuse_or_send(client, query.reply, &body).await;
+}
+
+/// Answers `query` with an error at once (a quarantined entity, a state being rebuilt).
+pub(crate) async fn refuse(client: &Client, query: Query, error: String) {
+    refuse_or_send(client, query.reply, &AnswerBody::Refused { error }).await;
+}
+
+async fn refuse_or_send(client: &Client, to: Subject, body: &AnswerBody) {
+    let Ok(bytes) = serde_json::to_vec(body) else {
+        return;
+    };
+    if let Err(e) = client.publish(to, bytes.into()).await {
+        tracing::debug!(error = %e, "query answer not sent");
+    }
+}
+
+/// Asks the owner of `id`'s partition for its state.
+pub(crate) async fn ask(
+    client: &Client,
+    names: &Names,
+    partitions: u32,
+    id: &str,
+    timeout: Duration,
+) -> Result<QueryAnswer, Error> {
+    let id = EntityId::new(id)?;
+    let subject = names.query_subject(partition_of(&id, partitions), &id);
+    let request = client.request(subject, Default::default());
+    let message = match tokio::time::timeout(timeout, request).await {
+        Ok(Ok(message)) => message,
+        Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
+            return Err(Error::NoAnswer {
+                entity: id.to_string(),
+                waited: timeout,
+            });
+        }
+        Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::TimedOut => {
+            return Err(Error::NoAnswer {
+                entity: id.to_string(),
+                waited: timeout,
+            });
+        }
+        Ok(Err(e)) => return Err(Error::jetstream("query", e)),
+        Err(_) => {
+            return Err(Error::NoAnswer {
+                entity: id.to_string(),
+                waited: timeout,
+            });
+        }
+    };
+    match serde_json::from_slice(&message.payload) {
+        Ok(AnswerBody::Answer(answer)) => Ok(answer),
+        Ok(AnswerBody::Refused { error }) => Err(Error::QueryRefused {
+            entity: id.to_string(),
+            reason: error,
+        }),
+        Err(e) => Err(Error::jetstream("read the query answer", e)),
+    }
+}
+
+impl<E: Entity> CommandSender<E> {
+    /// Reads the current state of entity `id` from its owner, without a command: the state after
+    /// every command acknowledged before this call, under the partition's current generation
+    /// (see the consistency notes of docs/guide.md, "Reading state").
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use jetshard::{CommandSender, Entity};
+    /// # async fn run<E: Entity>(sender: CommandSender<E>) -> Result<(), jetshard::Error>
+    /// # where E::State: serde::de::DeserializeOwned {
+    /// let snapshot = sender.get("acc-17", Duration::from_secs(2)).await?;
+    /// let _state: E::State = snapshot.state;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidId`]; [`Error::NoAnswer`] if no owner answered within `timeout` (nobody
+    /// owns the partition, or it is changing hands); [`Error::QueryRefused`] if the owner cannot
+    /// answer (the entity type does not answer queries, the entity is quarantined);
+    /// [`Error::Codec`] if the state does not decode.
+    pub async fn get(&self, id: &str, timeout: Duration) -> Result<StateSnapshot<E::State>, Error>
+    where
+        E::State: DeserializeOwned,
+    {
+        let answer = ask(&self.js.client(), &self.names, self.partitions, id, timeout).await?;
+        Ok(StateSnapshot {
+            partition: answer.partition,
+            generation: answer.generation,
+            last_command_seq: answer.last_command_seq,
+            state: self.codec.decode(&answer.state)?,
+        })
+    }
+}
+
+mod base64_bytes {
+    use super::BASE64;
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&BASE64.encode(bytes))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        BASE64.decode(text).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_and_a_refusal_read_back() {
+        let answer = AnswerBody::Answer(QueryAnswer {
+            entity: "o-1".into(),
+            partition: 3,
+            generation: 7,
+            last_command_seq: 42,
+            state: b"{\"n\":1}".to_vec(),
+        });
+        let json = serde_json::to_string(&answer).unwrap();
+        assert!(json.contains("\"state\":\"eyJuIjoxfQ==\""), "{json}");
+        assert!(matches!(
+            serde_json::from_str::<AnswerBody>(&json).unwrap(),
+            AnswerBody::Answer(QueryAnswer { generation: 7, .. })
+        ));
+        let refused: AnswerBody = serde_json::from_str(r#"{"error":"quarantined"}"#).unwrap();
+        assert!(matches!(refused, AnswerBody::Refused { error } if error == "quarantined"));
+    }
+}

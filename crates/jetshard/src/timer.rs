@@ -1,0 +1,331 @@
+//! Durable timers: an entity sets and cancels them while deciding; a due timer fires as a
+//! command through the normal path, once.
+//!
+//! - **Set / cancel** are journal records of the entity (`<t>.tmr.<p>.<id>` with
+//!   `Jetshard-Timer-Op`, not events), written in the same all-or-none unit as the events of the
+//!   command that decided them, fenced like them. A stale owner's set is refused by the fence, so
+//!   it never exists.
+//! - The entity's armed timers are part of its [`Seed`](crate::entity_actor::Seed), rebuilt with
+//!   it when it is loaded (its timer records after its latest snapshot: no snapshot is written
+//!   while a timer is armed, so none covers an armed timer's `set`).
+//! - The owner keeps a table of the partition's armed timers ([`Timers`]: read from the
+//!   partition's timer records on acquisition, [`armed_in_partition`], without loading any
+//!   entity; then from the outcomes of its commands) and, when one is due, publishes its command
+//!   to `<t>.cmd.<id>` with `Jetshard-Timer`, `Jetshard-Timer-Set` and
+//!   `Nats-Msg-Id: <t>:timer:<id>:<name>:<set seq>` (again every [`REFIRE_AFTER`] until it has
+//!   fired: the msg id makes a repeat within the duplicate window one stored command).
+//! - **Fired once**: the entity actor decides a timer's command only if the entity still has
+//!   that timer armed under that set sequence, and writes a `fired` record in the same unit as
+//!   its events (also when the command is rejected). A repeat, or the command of a timer
+//!   cancelled or set again meanwhile, is dropped as a duplicate. The check is in the entity's
+//!   own order, against its durable records: exact across crashes, failovers and restarts.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::Context;
+use async_nats::jetstream::stream::Stream;
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use crate::entity::EntityId;
+use crate::error::Error;
+use crate::journal::{Record, TimerRecord};
+use crate::wire::{HDR_MSG_ID, HDR_TIMER, HDR_TIMER_SET, Names};
+
+/// A due timer whose command has not come back applied is published again after this long.
+pub(crate) const REFIRE_AFTER: Duration = Duration::from_secs(30);
+
+/// The longest timer name, in bytes.
+pub const MAX_TIMER_NAME_LEN: usize = 64;
+
+/// A change to an entity's timers, decided by a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TimerChange {
+    /// Arm `name` (replacing an armed one of that name): `payload` is the command it sends.
+    Set {
+        name: String,
+        due_ms: u64,
+        /// Due this long after the record is written (then `due_ms` is set when it is).
+        after: Option<Duration>,
+        payload: Bytes,
+    },
+    /// Disarm `name`.
+    Cancel { name: String },
+}
+
+/// An armed timer of one entity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Armed {
+    /// The command sequence that set it.
+    pub(crate) set_seq: u64,
+    pub(crate) due_ms: u64,
+    pub(crate) payload: Bytes,
+}
+
+/// A timer's command, as delivered: which timer fired.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Firing {
+    pub(crate) name: Box<str>,
+    pub(crate) set_seq: u64,
+}
+
+/// What became of an entity's timers with one command, for the owner's table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TimerReport {
+    Armed { name: Box<str>, armed: Armed },
+    Disarmed { name: Box<str> },
+}
+
+/// The timer's command read from a delivered command's headers.
+pub(crate) fn firing_of(headers: Option<&HeaderMap>) -> Option<Firing> {
+    let headers = headers?;
+    let name = headers.get(HDR_TIMER)?.as_str();
+    let set_seq = headers.get(HDR_TIMER_SET)?.as_str().parse().ok()?;
+    Some(Firing {
+        name: name.into(),
+        set_seq,
+    })
+}
+
+/// Whether `name` can name a timer (it travels in a header).
+pub(crate) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_TIMER_NAME_LEN
+        && !name.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+/// Sets the due time of the timers set relative to now (`Effects::set_timer_after`).
+pub(crate) fn resolve(changes: &mut [TimerChange], now: SystemTime) {
+    for change in changes {
+        if let TimerChange::Set {
+            due_ms,
+            after: Some(after),
+            ..
+        } = change
+        {
+            *due_ms = unix_ms(now + *after);
+        }
+    }
+}
+
+/// Unix milliseconds of `at` (0 before the epoch).
+pub(crate) fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// One armed timer in the owner's table.
+struct Entry {
+    armed: Armed,
+    /// When its command was last published.
+    published: Option<Instant>,
+}
+
+/// The armed timers of a partition, as its owner knows them.
+#[derive(Default)]
+pub(crate) struct Timers {
+    entries: HashMap<(EntityId, Box<str>), Entry>,
+}
+
+impl Timers {
+    /// Arms (or re-arms) a timer.
+    pub(crate) fn arm(&mut self, entity: &EntityId, name: Box<str>, armed: Armed) {
+        self.entries.insert(
+            (entity.clone(), name),
+            Entry {
+                armed,
+                published: None,
+            },
+        );
+    }
+
+    /// Arms a timer found in the journal, unless the table knows that name of the entity
+    /// already (from a command's outcome since, which is newer).
+    pub(crate) fn arm_found(&mut self, entity: EntityId, name: Box<str>, armed: Armed) {
+        self.entries.entry((entity, name)).or_insert(Entry {
+            armed,
+            published: None,
+        });
+    }
+
+    /// Takes what one command did to an entity's timers.
+    pub(crate) fn report(&mut self, entity: &EntityId, reports: Vec<TimerReport>) {
+        for report in reports {
+            match report {
+                TimerReport::Armed { name, armed } => self.arm(entity, name, armed),
+                TimerReport::Disarmed { name } => {
+                    self.entries.remove(&(entity.clone(), name));
+                }
+            }
+        }
+    }
+
+    /// How many are armed.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The timers due at `now_ms` whose command is to be published (again), marked published
+    /// at `now`.
+    pub(crate) fn due(&mut self, now_ms: u64, now: Instant) -> Vec<(EntityId, Box<str>, Armed)> {
+        let mut due = Vec::new();
+        for ((entity, name), entry) in &mut self.entries {
+            let waited = entry
+                .published
+                .is_none_or(|at| now.duration_since(at) >= REFIRE_AFTER);
+            if entry.armed.due_ms <= now_ms && waited {
+                entry.published = Some(now);
+                due.push((entity.clone(), name.clone(), entry.armed.clone()));
+            }
+        }
+        due
+    }
+}
+
+/// The armed timers of a partition, read from its timer records (`<t>.tmr.<p>.*`: one filter,
+/// none of the events): how a new owner learns the timers of entities it has not loaded (they
+/// load lazily, on their first command). Records are folded as the entity folds them
+/// ([`Seed::replay`](crate::entity_actor::Seed::replay)).
+///
+/// # Errors
+/// The journal could not be read.
+pub(crate) async fn armed_in_partition(
+    journal: &Stream<()>,
+    names: &Names,
+    partition: u32,
+) -> Result<Vec<(EntityId, Box<str>, Armed)>, Error> {
+    let filter = names.partition_timers(partition);
+    let end = crate::journal::last_sequence(journal, &filter).await?;
+    let mut armed: HashMap<(EntityId, Box<str>), Armed> = HashMap::new();
+    crate::journal::replay(journal, filter, 1, end, |stored| {
+        let (Record::Timer(timer), Ok(entity)) = (&stored.record, EntityId::new(stored.entity))
+        else {
+            return Ok(());
+        };
+        match timer {
+            TimerRecord::Set {
+                name,
+                due_ms,
+                payload,
+            } => {
+                let timer = Armed {
+                    set_seq: stored.command_seq,
+                    due_ms: *due_ms,
+                    payload: (*payload).clone(),
+                };
+                armed.insert((entity, (*name).into()), timer);
+            }
+            TimerRecord::Cancel { name } => {
+                armed.remove(&(entity, (*name).into()));
+            }
+            TimerRecord::Fired { name, set_seq } => {
+                let key = (entity, (*name).into());
+                if armed.get(&key).is_some_and(|a| a.set_seq == *set_seq) {
+                    armed.remove(&key);
+                }
+            }
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(armed
+        .into_iter()
+        .map(|((entity, name), timer)| (entity, name, timer))
+        .collect())
+}
+
+/// `Nats-Msg-Id` of a timer's command.
+pub(crate) fn fired_msg_id(names: &Names, entity: &EntityId, name: &str, set_seq: u64) -> String {
+    format!("{}:timer:{entity}:{name}:{set_seq}", names.entity_type)
+}
+
+/// Publishes a due timer's command (not awaiting the stream's ack: a lost one is published
+/// again after [`REFIRE_AFTER`]).
+pub(crate) async fn fire(
+    js: &Context,
+    names: &Names,
+    entity: &EntityId,
+    name: &str,
+    armed: &Armed,
+) {
+    let mut headers = HeaderMap::new();
+    headers.insert(HDR_TIMER, name);
+    headers.insert(HDR_TIMER_SET, armed.set_seq.to_string());
+    headers.insert(HDR_MSG_ID, fired_msg_id(names, entity, name, armed.set_seq));
+    let subject = names.command_subject(entity);
+    if let Err(e) = js
+        .publish_with_headers(subject, headers, armed.payload.clone())
+        .await
+    {
+        tracing::warn!(%entity, timer = name, error = %e, "timer command not published; published again later");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn armed(set_seq: u64, due_ms: u64) -> Armed {
+        Armed {
+            set_seq,
+            due_ms,
+            payload: Bytes::from_static(b"x"),
+        }
+    }
+
+    #[test]
+    fn a_due_timer_is_published_once_per_refire_period_until_it_is_disarmed() {
+        let mut timers = Timers::default();
+        let e = EntityId::new("e").unwrap();
+        timers.arm(&e, "a".into(), armed(1, 100));
+        timers.arm(&e, "b".into(), armed(2, 500));
+        let now = Instant::now();
+        assert!(timers.due(50, now).is_empty());
+        let due = timers.due(100, now);
+        assert_eq!(due.len(), 1);
+        assert_eq!(&*due[0].1, "a");
+        assert!(timers.due(200, now).is_empty(), "not again at once");
+        assert_eq!(timers.due(200, now + REFIRE_AFTER).len(), 1);
+        timers.report(&e, vec![TimerReport::Disarmed { name: "a".into() }]);
+        timers.report(&e, vec![TimerReport::Disarmed { name: "b".into() }]);
+        assert_eq!(timers.len(), 0);
+    }
+
+    #[test]
+    fn a_timer_found_in_the_journal_does_not_replace_what_an_outcome_reported() {
+        let mut timers = Timers::default();
+        let e = EntityId::new("e").unwrap();
+        timers.report(
+            &e,
+            vec![TimerReport::Armed {
+                name: "a".into(),
+                armed: armed(7, 100),
+            }],
+        );
+        timers.arm_found(e.clone(), "a".into(), armed(3, 50));
+        timers.arm_found(e.clone(), "b".into(), armed(4, 50));
+        let mut due = timers.due(1_000, Instant::now());
+        due.sort_by(|x, y| x.1.cmp(&y.1));
+        let sets: Vec<u64> = due.iter().map(|(_, _, a)| a.set_seq).collect();
+        assert_eq!(sets, [7, 4]);
+    }
+
+    #[test]
+    fn a_firing_is_read_from_its_headers() {
+        let mut headers = HeaderMap::new();
+        headers.insert(HDR_TIMER, "pay");
+        headers.insert(HDR_TIMER_SET, "42");
+        assert_eq!(
+            firing_of(Some(&headers)),
+            Some(Firing {
+                name: "pay".into(),
+                set_seq: 42
+            })
+        );
+        assert_eq!(firing_of(Some(&HeaderMap::new())), None);
+        assert!(valid_name("pay-1") && !valid_name("a b") && !valid_name(""));
+    }
+}

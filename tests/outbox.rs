@@ -1,0 +1,200 @@
+//! The outbox: messages a command sends are published only after its events are durable, and a
+//! crash between the event write and the publish is made good by the next owner, each message
+//! stored once by its JetStream target.
+
+use std::time::Duration;
+
+use async_nats::jetstream::stream;
+use futures::StreamExt;
+use jetshard::Reply;
+use jetshard_testkit::wait_until;
+use jetshard_tests::ledger::{Ledger, LedgerCmd};
+use jetshard_tests::{Scenario, init_tracing};
+
+const WITHIN: Duration = Duration::from_secs(20);
+
+/// A stream that stores what the ledger publishes to `sink.>`.
+async fn sink(s: &Scenario) -> stream::Stream {
+    s.js.create_stream(stream::Config {
+        name: "SINK".into(),
+        subjects: vec!["sink.>".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// How many messages the sink stream holds.
+async fn stored(s: &Scenario) -> u64 {
+    let sink = s.js.get_stream("SINK").await.unwrap();
+    sink.cached_info().state.messages
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_sends_its_outbox_after_its_events_are_durable() {
+    init_tracing();
+    let s = Scenario::single(2).await;
+    let sink = sink(&s).await;
+    let system = s.system("n1").await;
+    let reply: Reply<Ledger> = s
+        .sender
+        .request(
+            "src",
+            &LedgerCmd::Forward {
+                n: 7,
+                to: "dst".into(),
+            },
+            WITHIN,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(reply, Reply::Applied { .. }), "{reply:?}");
+    // The command to another entity was applied, and the message stored, once.
+    wait_until(WITHIN, "dst pushed 7", || async {
+        s.sender
+            .get("dst", Duration::from_secs(1))
+            .await
+            .is_ok_and(|snapshot| snapshot.state == vec![7])
+    })
+    .await
+    .unwrap();
+    wait_until(WITHIN, "the sink message", || async {
+        stored(&s).await == 1
+    })
+    .await
+    .unwrap();
+    let message = sink
+        .get_last_raw_message_by_subject("sink.7")
+        .await
+        .unwrap();
+    assert_eq!(
+        message.headers.get("Nats-Msg-Id").map(|v| v.as_str()),
+        Some(format!("ledger:{}:out:1", reply.command_seq()).as_str())
+    );
+    assert_eq!(&message.payload[..], b"7");
+
+    // A rejected command sends nothing.
+    let rejected = s
+        .sender
+        .request("src", &LedgerCmd::Refuse, WITHIN)
+        .await
+        .unwrap();
+    assert!(matches!(rejected, Reply::Rejected { .. }));
+    system.shutdown().await.unwrap();
+    assert_eq!(stored(&s).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_event_write_and_the_publish_is_made_good_by_the_next_owner() {
+    init_tracing();
+    let s = Scenario::single(1).await;
+    sink(&s).await;
+    // Every publish to the sink, including those the stream drops as duplicates.
+    let mut published = s.client.subscribe("sink.>").await.unwrap();
+
+    // The node dies applying `Appended { n: 500 }`: after the write of the events and the
+    // outbox records, before the outbox is published.
+    let mut doomed = s
+        .node_with("doomed", &[("LEDGER_ABORT_ON_APPLY", "500")])
+        .await;
+    s.sender
+        .send("warm", &LedgerCmd::Push { n: 0 })
+        .await
+        .unwrap();
+    s.wait_owns_all(&doomed).await;
+    let forward = s
+        .sender
+        .send(
+            "src",
+            &LedgerCmd::Forward {
+                n: 500,
+                to: "dst".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    while doomed.is_running() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the node did not die applying"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(stored(&s).await, 0, "published before the crash");
+
+    // The next owner publishes the outbox again; the forwarded command runs once.
+    let heir = s.node("heir").await;
+    s.wait_owns_all(&heir).await;
+    wait_until(WITHIN, "dst pushed 500", || async {
+        s.sender
+            .get("dst", Duration::from_secs(1))
+            .await
+            .is_ok_and(|snapshot| snapshot.state == vec![500])
+    })
+    .await
+    .unwrap();
+    wait_until(WITHIN, "the sink message", || async {
+        stored(&s).await == 1
+    })
+    .await
+    .unwrap();
+    let first = tokio::time::timeout(WITHIN, published.next())
+        .await
+        .unwrap();
+    assert!(first.is_some());
+    // The source command itself was applied once (its redelivery is a duplicate).
+    let src = s.sender.get("src", WITHIN).await.unwrap();
+    assert_eq!((src.state, src.last_command_seq), (vec![500], forward));
+
+    // A restart of the owner publishes nothing again: the outbox is confirmed.
+    drop(heir);
+    let heir2 = s.node("heir2").await;
+    s.sender
+        .send("warm", &LedgerCmd::Push { n: 1 })
+        .await
+        .unwrap();
+    s.wait_owns_all(&heir2).await;
+    wait_until(WITHIN, "warm pushed 1", || async {
+        s.sender
+            .get("warm", Duration::from_secs(1))
+            .await
+            .is_ok_and(|snapshot| snapshot.state == vec![0, 1])
+    })
+    .await
+    .unwrap();
+    assert_eq!(stored(&s).await, 1);
+    let dst = s.sender.get("dst", WITHIN).await.unwrap();
+    assert_eq!(dst.state, vec![500], "the forwarded command ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_stream_from_before_the_outbox_is_given_its_subject() {
+    init_tracing();
+    let server = jetshard_testkit::NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    js.create_stream(stream::Config {
+        name: "LEDGER_JOURNAL".into(),
+        subjects: vec![
+            "ledger.evt.*.*".into(),
+            "ledger.fence.*".into(),
+            "ledger.dlq.*".into(),
+        ],
+        allow_atomic_publish: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let config = jetshard_tests::ledger_config(1, "n1").build().unwrap();
+    let system = jetshard::ShardSystem::start::<Ledger>(client, config)
+        .await
+        .unwrap();
+    let mut journal = js.get_stream("LEDGER_JOURNAL").await.unwrap();
+    let subjects = journal.info().await.unwrap().config.subjects.clone();
+    assert!(
+        subjects.contains(&"ledger.out.*".to_owned()),
+        "{subjects:?}"
+    );
+    system.shutdown().await.unwrap();
+}

@@ -1,0 +1,119 @@
+//! State queries: an entity's state read from its owner without a command, after the commands
+//! acknowledged before the query, and only from the owner of the current generation (also
+//! while the partition changes hands).
+
+use std::time::Duration;
+
+use jetshard::admin::Admin;
+use jetshard::{Error, Reply, partition_of};
+use jetshard_tests::ledger::{Ledger, LedgerCmd};
+use jetshard_tests::{Scenario, id_in, init_tracing};
+
+const WITHIN: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_returns_the_state_after_the_acknowledged_commands() {
+    init_tracing();
+    let s = Scenario::single(2).await;
+    let system = s.system("n1").await;
+    let sender = &s.sender;
+
+    let reply = sender
+        .request("r", &LedgerCmd::AppendMany { from: 0, count: 3 }, WITHIN)
+        .await
+        .unwrap();
+    assert!(
+        matches!(reply, Reply::<Ledger>::Applied { .. }),
+        "{reply:?}"
+    );
+    let snapshot = sender.get("r", WITHIN).await.unwrap();
+    assert_eq!(snapshot.state, vec![0, 1, 2]);
+    assert_eq!(snapshot.last_command_seq, reply.command_seq());
+    assert!(snapshot.generation >= 1);
+
+    // An entity without history reads as the default state (in an owned partition: a
+    // partition that never had a command has no owner to answer).
+    let r = jetshard::EntityId::new("r").unwrap();
+    let nobody = id_in("nobody", partition_of(&r, 2), 2);
+    let empty = sender.get(&nobody, WITHIN).await.unwrap();
+    assert_eq!((empty.state, empty.last_command_seq), (vec![], 0));
+
+    // The untyped read of tools and the CLI.
+    let answer = Admin::new(s.client.clone(), "ledger")
+        .get("r", WITHIN)
+        .await
+        .unwrap();
+    assert_eq!(answer.state, b"[0,1,2]");
+    assert_eq!(answer.entity, "r");
+
+    system.shutdown().await.unwrap();
+
+    // A new owner loads entities lazily: a query of one it has not loaded loads it (the
+    // journal, not the default state). Another entity's command makes the partition owned.
+    let system = s.system("n2").await;
+    let neighbour = id_in("neighbour", partition_of(&r, 2), 2);
+    sender
+        .request(&neighbour, &LedgerCmd::Push { n: 0 }, WITHIN)
+        .await
+        .unwrap();
+    let snapshot = sender.get("r", WITHIN).await.unwrap();
+    assert_eq!(snapshot.state, vec![0, 1, 2]);
+    assert_eq!(snapshot.last_command_seq, reply.command_seq());
+    system.shutdown().await.unwrap();
+    // Nobody owns the partition: no answer.
+    let error = sender
+        .get("r", Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::NoAnswer { .. }), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_during_a_hand_off_never_see_a_stale_state() {
+    init_tracing();
+    let s = Scenario::single(1).await;
+    let first = s.system("n1").await;
+    let sender = s.sender.clone();
+    // n1 owns the partition.
+    sender
+        .request("h", &LedgerCmd::Append { n: 0 }, WITHIN)
+        .await
+        .unwrap();
+    let before = sender.get("h", WITHIN).await.unwrap().generation;
+    let second = s.system("n2").await;
+
+    // Hand the partition over while commands and queries go on.
+    let handing_off = tokio::spawn(async move { first.shutdown().await });
+    let mut generations = vec![before];
+    for n in 1..30u64 {
+        let reply = sender
+            .request("h", &LedgerCmd::Append { n }, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(matches!(reply, Reply::Applied { .. }), "{n}: {reply:?}");
+        // Every answer holds every acknowledged command: a stale owner never answers.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let snapshot = loop {
+            match sender.get("h", Duration::from_millis(500)).await {
+                Ok(snapshot) => break snapshot,
+                // Nobody answers while the partition changes hands; a refusal asks again.
+                Err(Error::NoAnswer { .. } | Error::QueryRefused { .. })
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("no answer after command {n}: {e}"),
+            }
+        };
+        assert_eq!(snapshot.state, (0..=n).collect::<Vec<_>>(), "after {n}");
+        assert_eq!(snapshot.last_command_seq, reply.command_seq());
+        assert!(snapshot.generation >= *generations.last().unwrap());
+        generations.push(snapshot.generation);
+    }
+    handing_off.await.unwrap().unwrap();
+    assert!(
+        generations.last() > generations.first(),
+        "the partition changed hands: {generations:?}"
+    );
+    second.shutdown().await.unwrap();
+}
