@@ -99,6 +99,7 @@ mod balance;
 mod codec;
 mod command;
 mod config;
+mod crash;
 mod entity;
 mod entity_actor;
 mod error;

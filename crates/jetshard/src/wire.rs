@@ -136,6 +136,12 @@ impl Names {
         format!("{}.fence.{partition}", self.entity_type)
     }
 
+    /// Every partition's fence records: `<t>.fence.*` (a core subscription there sees each
+    /// claim as it is published, whether it wins or not).
+    pub fn fence_subjects(&self) -> String {
+        format!("{}.fence.*", self.entity_type)
+    }
+
     /// A partition's dead letters: `<t>.dlq.<p>`.
     pub fn dead_letter_subject(&self, partition: u32) -> String {
         format!("{}.dlq.{partition}", self.entity_type)

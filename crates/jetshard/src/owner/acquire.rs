@@ -54,6 +54,7 @@ pub(super) enum AcquireError {
 pub(super) async fn claim_and_rebuild<E: Entity>(
     shared: &Shared,
     partition: u32,
+    pin: &str,
     first_new: Option<u64>,
 ) -> Result<Acquired<E>, AcquireError> {
     // The commands in hand, read before the claim so that the claim can count them (one
@@ -80,8 +81,12 @@ pub(super) async fn claim_and_rebuild<E: Entity>(
         &shared.journal_stream,
         &shared.names,
         partition,
-        &shared.config.node_id,
-        &shared.incarnation,
+        fence::Claimant {
+            node: &shared.config.node_id,
+            incarnation: &shared.incarnation,
+            pin,
+            deaths: &shared.deaths,
+        },
         InHand {
             counted,
             head,

@@ -75,6 +75,8 @@ pub(crate) struct Shared {
     pub(crate) incarnation: String,
     /// Each owner's phase, for [`ShardSystem::health`](crate::ShardSystem::health).
     pub(crate) health: Arc<HealthBoard>,
+    /// Other processes this one found dead (see [`crate::crash`]).
+    pub(crate) deaths: Arc<crate::crash::Deaths>,
 }
 
 /// The owner's messages.
@@ -460,7 +462,7 @@ impl<E: Entity> OwnerState<E> {
         self.shared
             .health
             .set(partition, PartitionHealth::Acquiring);
-        let acquired = acquire::claim_and_rebuild::<E>(&self.shared, partition, first_new).await;
+        let acquired = acquire::claim_and_rebuild::<E>(&self.shared, partition, &pin, first_new).await;
         let acquired = match acquired {
             Ok(acquired) => acquired,
             Err(e) => {
