@@ -41,8 +41,13 @@ use crate::wire::{Names, PRIORITY_GROUP};
 /// less than that; a closed connection stays closed.
 pub(crate) const CONFIRM_GAP: Duration = Duration::from_millis(20);
 
-/// How long a probe waits for an answer before it counts for nothing.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a claim's probe waits for an answer before it counts for nothing.
+const CLAIM_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How long a watch's probe waits for an answer before it counts for nothing. A new probe
+/// goes out every interval whether or not the last one was answered: a probe that reached the
+/// process just before it died is never answered, and must not hold up the next one.
+const WATCH_PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// The most dead incarnations remembered (the oldest are forgotten first).
 const REMEMBERED_DEATHS: usize = 1024;
@@ -58,10 +63,15 @@ pub(crate) enum Answer {
     Silent,
 }
 
-/// Asks the process of `incarnation` once whether it is there.
-pub(crate) async fn ask(client: &async_nats::Client, names: &Names, incarnation: &str) -> Answer {
+/// Asks the process of `incarnation` once whether it is there, waiting `timeout` at most.
+pub(crate) async fn ask(
+    client: &async_nats::Client,
+    names: &Names,
+    incarnation: &str,
+    timeout: Duration,
+) -> Answer {
     let request = client.request(names.alive_subject(incarnation), Default::default());
-    match tokio::time::timeout(PROBE_TIMEOUT, request).await {
+    match tokio::time::timeout(timeout, request).await {
         Ok(Ok(_)) => Answer::Alive,
         Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
             Answer::NoResponders
@@ -93,6 +103,9 @@ pub(crate) enum Verdict {
     Alive,
     /// One "no responders" (or several, less than [`CONFIRM_GAP`] apart) so far.
     Suspect,
+    /// Declared dead by this answer.
+    Died,
+    /// Declared dead before.
     Dead,
     Unknown,
 }
@@ -140,7 +153,7 @@ impl Deaths {
                 }
                 drop(known);
                 self.changed.send_modify(|n| *n += 1);
-                Verdict::Dead
+                Verdict::Died
             }
         }
     }
@@ -184,9 +197,9 @@ pub(crate) async fn is_gone(
     incarnation: &str,
 ) -> bool {
     loop {
-        let answer = ask(client, names, incarnation).await;
+        let answer = ask(client, names, incarnation, CLAIM_PROBE_TIMEOUT).await;
         match deaths.heard(incarnation, answer, Instant::now()) {
-            Verdict::Dead => return true,
+            Verdict::Died | Verdict::Dead => return true,
             Verdict::Alive | Verdict::Unknown => return false,
             Verdict::Suspect => {
                 let since = deaths
@@ -302,7 +315,6 @@ async fn run(args: WatchArgs, mut claims: async_nats::Subscriber) {
     }
     let mut tick = tokio::time::interval(args.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut asking: HashSet<String> = HashSet::new();
     let mut answers = FuturesUnordered::new();
     loop {
         tokio::select! {
@@ -318,20 +330,19 @@ async fn run(args: WatchArgs, mut claims: async_nats::Subscriber) {
             }
             _ = tick.tick() => {
                 for incarnation in owners.watched() {
-                    if args.deaths.is_dead(&incarnation) || !asking.insert(incarnation.clone()) {
+                    if args.deaths.is_dead(&incarnation) {
                         continue;
                     }
                     let client = args.client.clone();
                     let names = args.names.clone();
                     answers.push(async move {
-                        let answer = ask(&client, &names, &incarnation).await;
+                        let answer = ask(&client, &names, &incarnation, WATCH_PROBE_TIMEOUT).await;
                         (incarnation, answer, Instant::now())
                     });
                 }
             }
             Some((incarnation, answer, at)) = answers.next(), if !answers.is_empty() => {
-                asking.remove(&incarnation);
-                if args.deaths.heard(&incarnation, answer, at) == Verdict::Dead {
+                if args.deaths.heard(&incarnation, answer, at) == Verdict::Died {
                     let partitions = owners.partitions_of(&incarnation);
                     tracing::warn!(node = %args.node, dead = %incarnation, ?partitions, "an owning process is gone; unpinning its partitions");
                     let unpins = partitions.iter().map(|&p| unpin_if_still_owned(&args, p, &incarnation));
@@ -418,8 +429,10 @@ mod tests {
         assert_eq!(deaths.heard("a", Answer::NoResponders, soon), Verdict::Suspect);
         assert!(!deaths.is_dead("a"));
         let later = t0 + CONFIRM_GAP;
-        assert_eq!(deaths.heard("a", Answer::NoResponders, later), Verdict::Dead);
+        assert_eq!(deaths.heard("a", Answer::NoResponders, later), Verdict::Died);
         assert!(deaths.is_dead("a"));
+        // Once: later answers of the dead do not declare it again.
+        assert_eq!(deaths.heard("a", Answer::NoResponders, later), Verdict::Dead);
         // It answered after all (its connection came back): alive, and the count restarts.
         assert_eq!(deaths.heard("a", Answer::Alive, later), Verdict::Alive);
         assert!(!deaths.is_dead("a"));
