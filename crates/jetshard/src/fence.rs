@@ -496,6 +496,7 @@ mod tests {
             generation: 7,
             node: "n1".into(),
             incarnation: Some("abc".into()),
+            pin: Some("p1n".into()),
             held: vec![range(4, 9, 2)],
             trial: Some(Trial { seq: 5, runs: 1 }),
         };
