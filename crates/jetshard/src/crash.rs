@@ -19,8 +19,8 @@
 //! A wrong verdict (a process whose connection dropped and comes back) costs one takeover: the
 //! new owner claims a new generation, and every write of the old one is fenced.
 //!
-//! Architecture Invariant: only this module and the owners' own release paths unpin; this
-//! module unpins only a partition whose latest fence record names the dead incarnation.
+//! Architecture Invariant: this module unpins only a partition whose latest fence record names
+//! an incarnation found dead, and whose consumer is still pinned to that record's pin.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, PoisonError};

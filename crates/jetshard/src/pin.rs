@@ -101,8 +101,9 @@ pub(crate) enum PinSignal {
     /// A delivery under `pin` never arrived (the consumer's delivery counter jumped): later
     /// commands must not overtake it.
     Gap { pin: Arc<str> },
-    /// Pulling is paused and no pull request of this loop is open at the server any more:
-    /// nothing more can be delivered to this process, and an unpin cannot pin it again.
+    /// Pulling is paused and no pull request of this loop without the pin id is open at the
+    /// server any more: an unpin cannot pin this process again (the open pulls that carry the
+    /// pin id are ended with 423 by the unpin). Deliveries to those may still arrive until then.
     Idle,
     /// The loop has ended (its subscription closed, or the client failed): nothing more will be
     /// delivered here until a new loop is started.
@@ -193,6 +194,9 @@ enum Ended {
 struct OpenPull {
     sent: Instant,
     remaining: u32,
+    /// Whether it carried the pin id: when the pin is cleared, the server ends such a pull
+    /// with 423 at once, so only pulls without it could pin this process again.
+    with_pin: bool,
 }
 
 async fn run(
@@ -234,7 +238,7 @@ async fn run(
         if is_paused {
             // The next pull, after the pause, asks afresh.
             pin = None;
-            if open.is_empty() && !idle_reported {
+            if open.iter().all(|p| p.with_pin) && !idle_reported {
                 idle_reported = true;
                 if !sink(PinSignal::Idle) {
                     return Ok(Ended::OwnerGone);
@@ -253,6 +257,7 @@ async fn run(
             open.push_back(OpenPull {
                 sent: now,
                 remaining: settings.batch,
+                with_pin: pin.is_some(),
             });
         }
         // Running: wake to refresh the pull (and so the pin). Paused: wake when the oldest open

@@ -978,8 +978,9 @@ impl<E: Entity> OwnerState<E> {
     }
 
     async fn finish_release_if_drained(&mut self) {
-        // Unpinning while a pull of ours is still open could pin this process again: wait for
-        // the pull loop to be idle as well as for the commands in hand.
+        // Unpinning while a pull of ours without the pin id is still open could pin this
+        // process again: wait for the pull loop to be idle (the pulls carrying the pin id are
+        // ended by the unpin) as well as for the commands in hand.
         let done = match &self.phase {
             Phase::Releasing(release, owning) => {
                 release.pulls_idle
