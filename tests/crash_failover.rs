@@ -16,9 +16,7 @@ fn entities(count: usize) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_owner_is_replaced_within_a_second_under_a_30_s_pin_ttl() {
     init_tracing();
-    let mut s = Scenario::single(2)
-        .await
-        .pin_ttl(Duration::from_secs(30));
+    let mut s = Scenario::single(2).await.pin_ttl(Duration::from_secs(30));
     let entities = entities(20);
     let mut a = s.node("a").await;
     s.append_to_all(&entities, 0).await;
@@ -34,15 +32,19 @@ async fn a_killed_owner_is_replaced_within_a_second_under_a_30_s_pin_ttl() {
         }
         s.append_to_all(&entities, n).await;
     }
-    wait_until(Duration::from_secs(10), "b to own both partitions", || async {
-        b.owned().len() == 2
-    })
+    wait_until(
+        Duration::from_secs(10),
+        "b to own both partitions",
+        || async { b.owned().len() == 2 },
+    )
     .await
     .unwrap();
     for partition in 0..2 {
         let taken = b.acquired_after(partition, killed_at).expect("b took over");
         let takeover_ms = taken.at_ms - killed_at;
-        eprintln!("partition {partition}: taken over {takeover_ms} ms after SIGKILL (pin TTL 30 s)");
+        eprintln!(
+            "partition {partition}: taken over {takeover_ms} ms after SIGKILL (pin TTL 30 s)"
+        );
         assert!(takeover_ms < 1000, "takeover took {takeover_ms} ms");
     }
     // Every entity holds 0..rounds, each once, in order, under its partition's generation.
@@ -63,13 +65,17 @@ async fn a_stalled_owner_is_not_moved_by_probes_that_time_out() {
     a.pause();
     let stopped_at = now_ms();
     s.append_to_all(&entities, 1).await;
-    wait_until(Duration::from_secs(15), "b to own both partitions", || async {
-        b.owned().len() == 2
-    })
+    wait_until(
+        Duration::from_secs(15),
+        "b to own both partitions",
+        || async { b.owned().len() == 2 },
+    )
     .await
     .unwrap();
     for partition in 0..2 {
-        let taken = b.acquired_after(partition, stopped_at).expect("b took over");
+        let taken = b
+            .acquired_after(partition, stopped_at)
+            .expect("b took over");
         let takeover_ms = taken.at_ms - stopped_at;
         eprintln!("partition {partition}: taken over {takeover_ms} ms after SIGSTOP (pin TTL 3 s)");
         // The pin was last refreshed at most a pull's expiry (TTL / 3) before the stop; every

@@ -101,7 +101,13 @@ pub struct Sample {
 /// Scenario 4.
 pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     let mut details = serde_json::Map::new();
-    for &ttl_ms in &options.pin_ttls_ms {
+    // `--failover-trials 0`: the rolling deploy alone.
+    let ttls = if options.failover_trials == 0 {
+        &[][..]
+    } else {
+        &options.pin_ttls_ms[..]
+    };
+    for &ttl_ms in ttls {
         for fault in [Fault::Kill, Fault::Stop] {
             eprintln!(
                 "failover: {} trials, {}, pin TTL {ttl_ms} ms",
@@ -132,12 +138,10 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             report
                 .rows
                 .push(Row::new("failover", case("p50"), summary.p50, "ms"));
-            report
-                .rows
-                .push(
-                    Row::new("failover", case("p99"), summary.p99, "ms")
-                        .target(target, summary.p99 <= bound),
-                );
+            report.rows.push(
+                Row::new("failover", case("p99"), summary.p99, "ms")
+                    .target(target, summary.p99 <= bound),
+            );
             report
                 .rows
                 .push(Row::new("failover", case("max"), summary.max, "ms"));
@@ -173,8 +177,7 @@ async fn write_history(client: async_nats::Client, ttl_ms: u64) -> anyhow::Resul
             .encode(&BenchEvt::Stamped { at_ns: 0 })
             .context("encode an event")?,
     );
-    let events =
-        (0..HISTORY_EVENTS).map(|i| (0, ids[i % ids.len()].clone(), payload.clone()));
+    let events = (0..HISTORY_EVENTS).map(|i| (0, ids[i % ids.len()].clone(), payload.clone()));
     load::write_events(client, ENTITY_TYPE, events).await?;
     Ok(())
 }

@@ -90,9 +90,11 @@ pub async fn run(report: &mut Report) -> anyhow::Result<serde_json::Value> {
             let total: usize = nodes.iter().map(|n| n.owned().len()).sum();
             total == PARTITIONS as usize && nodes.iter().all(|n| n.owned().len() >= share)
         };
-        jetshard_testkit::wait_until(Duration::from_secs(60), "3 nodes to share the partitions", || async {
-            balanced(&nodes)
-        })
+        jetshard_testkit::wait_until(
+            Duration::from_secs(60),
+            "3 nodes to share the partitions",
+            || async { balanced(&nodes) },
+        )
         .await?;
         tokio::time::sleep(SETTLE).await;
         let steady_from = now_ns();
@@ -129,11 +131,12 @@ pub async fn run(report: &mut Report) -> anyhow::Result<serde_json::Value> {
     };
     // Every command published must show one event.
     let acked_seqs = lock(&acked).clone();
-    let drained = jetshard_testkit::wait_until(Duration::from_secs(30), "every command's event", || async {
-        let seen = lock(&seen);
-        acked_seqs.iter().all(|s| seen.events.contains_key(s))
-    })
-    .await;
+    let drained =
+        jetshard_testkit::wait_until(Duration::from_secs(30), "every command's event", || async {
+            let seen = lock(&seen);
+            acked_seqs.iter().all(|s| seen.events.contains_key(s))
+        })
+        .await;
     watcher.abort();
     for node in &nodes {
         retired.extend(node.acquisitions());
@@ -161,12 +164,17 @@ pub async fn run(report: &mut Report) -> anyhow::Result<serde_json::Value> {
     let mut moves_per_restart = Vec::new();
     for (id, from, to) in &restarts {
         let mut per_partition: HashMap<u32, u32> = HashMap::new();
-        for a in retired.iter().filter(|a| (*from..=*to).contains(&a.at_unix_ms)) {
+        for a in retired
+            .iter()
+            .filter(|a| (*from..=*to).contains(&a.at_unix_ms))
+        {
             *per_partition.entry(a.partition).or_default() += 1;
         }
         let max = per_partition.values().copied().max().unwrap_or(0);
         let total: u32 = per_partition.values().sum();
-        moves_per_restart.push(json!({ "node": id, "ms": to - from, "max_moves_of_a_partition": max, "moves": total }));
+        moves_per_restart.push(
+            json!({ "node": id, "ms": to - from, "max_moves_of_a_partition": max, "moves": total }),
+        );
     }
     let max_moves = moves_per_restart
         .iter()
@@ -179,8 +187,13 @@ pub async fn run(report: &mut Report) -> anyhow::Result<serde_json::Value> {
         .sum();
     let case = |what: &str| format!("rolling deploy of 3 nodes at {RATE} cmd/s, {what}");
     report.rows.push(
-        Row::new("failover", case("failed commands"), failed as f64, "commands")
-            .target("0", failed == 0),
+        Row::new(
+            "failover",
+            case("failed commands"),
+            failed as f64,
+            "commands",
+        )
+        .target("0", failed == 0),
     );
     report.rows.push(
         Row::new(
@@ -244,8 +257,7 @@ async fn watch_events(
                 .as_ref()
                 .and_then(|h| h.get(jetshard::wire::HDR_COMMAND_SEQ))
                 .and_then(|v| v.as_str().parse::<u64>().ok());
-            let Ok(BenchEvt::Stamped { at_ns }) = Codec::default().decode(&message.payload)
-            else {
+            let Ok(BenchEvt::Stamped { at_ns }) = Codec::default().decode(&message.payload) else {
                 continue;
             };
             let mut seen = lock(&seen);
@@ -290,7 +302,10 @@ fn offer_load(
             let offset = period * i;
             tokio::time::sleep_until(started + offset).await;
             let at_ns = started_ns + offset.as_nanos() as u64;
-            match publisher.send_to(i as usize, &BenchCmd::Stamp { at_ns }).await {
+            match publisher
+                .send_to(i as usize, &BenchCmd::Stamp { at_ns })
+                .await
+            {
                 Ok(ack) => {
                     if acks.send(ack).await.is_err() {
                         return;

@@ -136,10 +136,7 @@ impl Deaths {
                 if known.dead.contains(incarnation) {
                     return Verdict::Dead;
                 }
-                let since = *known
-                    .suspected
-                    .entry(incarnation.to_owned())
-                    .or_insert(now);
+                let since = *known.suspected.entry(incarnation.to_owned()).or_insert(now);
                 if now.duration_since(since) < CONFIRM_GAP {
                     return Verdict::Suspect;
                 }
@@ -344,7 +341,7 @@ async fn run(args: WatchArgs, mut claims: async_nats::Subscriber) {
             Some((incarnation, answer, at)) = answers.next(), if !answers.is_empty() => {
                 if args.deaths.heard(&incarnation, answer, at) == Verdict::Died {
                     let partitions = owners.partitions_of(&incarnation);
-                    tracing::warn!(node = %args.node, dead = %incarnation, ?partitions, "an owning process is gone; unpinning its partitions");
+                    tracing::warn!(node = %args.node, dead = %incarnation, ?partitions, "a process that owned partitions is gone; unpinning those it still holds");
                     let unpins = partitions.iter().map(|&p| unpin_if_still_owned(&args, p, &incarnation));
                     for (partition, found) in partitions.iter().zip(futures::future::join_all(unpins).await) {
                         if let Some((generation, incarnation)) = found {
@@ -375,7 +372,11 @@ async fn unpin_if_still_owned(
     };
     let found = Some((record.generation, record.incarnation.clone()));
     if record.incarnation.as_deref() != Some(dead) {
-        tracing::debug!(partition, generation = record.generation, "already claimed by another process");
+        tracing::debug!(
+            partition,
+            generation = record.generation,
+            "already claimed by another process"
+        );
         return found;
     }
     let consumer = args.names.consumer(partition);
@@ -392,7 +393,11 @@ async fn unpin_if_still_owned(
             }
         };
         if pinned.as_deref() != Some(pin.as_str()) {
-            tracing::debug!(partition, generation = record.generation, "the pin has already moved");
+            tracing::debug!(
+                partition,
+                generation = record.generation,
+                "the pin has already moved"
+            );
             return found;
         }
     }
@@ -423,16 +428,28 @@ mod tests {
     fn two_no_responders_a_gap_apart_declare_death_and_an_answer_or_a_claim_undoes_it() {
         let deaths = Deaths::default();
         let t0 = Instant::now();
-        assert_eq!(deaths.heard("a", Answer::NoResponders, t0), Verdict::Suspect);
+        assert_eq!(
+            deaths.heard("a", Answer::NoResponders, t0),
+            Verdict::Suspect
+        );
         // Too soon after the first: still a suspect.
         let soon = t0 + CONFIRM_GAP / 2;
-        assert_eq!(deaths.heard("a", Answer::NoResponders, soon), Verdict::Suspect);
+        assert_eq!(
+            deaths.heard("a", Answer::NoResponders, soon),
+            Verdict::Suspect
+        );
         assert!(!deaths.is_dead("a"));
         let later = t0 + CONFIRM_GAP;
-        assert_eq!(deaths.heard("a", Answer::NoResponders, later), Verdict::Died);
+        assert_eq!(
+            deaths.heard("a", Answer::NoResponders, later),
+            Verdict::Died
+        );
         assert!(deaths.is_dead("a"));
         // Once: later answers of the dead do not declare it again.
-        assert_eq!(deaths.heard("a", Answer::NoResponders, later), Verdict::Dead);
+        assert_eq!(
+            deaths.heard("a", Answer::NoResponders, later),
+            Verdict::Dead
+        );
         // It answered after all (its connection came back): alive, and the count restarts.
         assert_eq!(deaths.heard("a", Answer::Alive, later), Verdict::Alive);
         assert!(!deaths.is_dead("a"));
@@ -460,7 +477,10 @@ mod tests {
             );
         }
         assert!(!deaths.is_dead("slow"));
-        assert_eq!(deaths.heard("b", Answer::NoResponders, t0), Verdict::Suspect);
+        assert_eq!(
+            deaths.heard("b", Answer::NoResponders, t0),
+            Verdict::Suspect
+        );
         assert_eq!(
             deaths.heard("b", Answer::Silent, t0 + CONFIRM_GAP),
             Verdict::Unknown

@@ -462,7 +462,8 @@ impl<E: Entity> OwnerState<E> {
         self.shared
             .health
             .set(partition, PartitionHealth::Acquiring);
-        let acquired = acquire::claim_and_rebuild::<E>(&self.shared, partition, &pin, first_new).await;
+        let acquired =
+            acquire::claim_and_rebuild::<E>(&self.shared, partition, &pin, first_new).await;
         let acquired = match acquired {
             Ok(acquired) => acquired,
             Err(e) => {
