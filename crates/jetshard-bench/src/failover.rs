@@ -217,16 +217,16 @@ async fn trials(ttl_ms: u64, fault: Fault, count: usize) -> anyhow::Result<Vec<S
     let mut in_hand_at_last_kill: Vec<u64> = Vec::new();
     let result = async {
         for trial in 0..count {
-            // The commands the last takeover recovered stay unacknowledged until their
+            // The commands the last takeover found in hand stay unacknowledged until their
             // redelivery (one ack wait): a crash before that finds them in hand at a second
             // takeover in a row, and the owner after it isolates (owner/isolate.rs), which is
-            // not what this measures. Wait until each consumer's ack floor has passed them.
+            // not what this measures. Wait until each consumer's ack floor has passed what was
+            // delivered when the last takeover was complete.
             wait_recovered_acknowledged(&js, &in_hand_at_last_kill).await?;
             let before = latest_generations(&seen);
             if before.len() < PARTITIONS as usize {
                 bail!("trial {trial}: not every partition has written an event yet");
             }
-            in_hand_at_last_kill = delivered(&js).await?;
             let signalled = Instant::now();
             let signalled_unix = unix_ms();
             match fault {
@@ -255,6 +255,8 @@ async fn trials(ttl_ms: u64, fault: Fault, count: usize) -> anyhow::Result<Vec<S
                     rebuilt_events: acquired.map(|a| a.rebuilt_events),
                 });
             }
+            // Everything in hand at the claims just made (the recovered commands included).
+            in_hand_at_last_kill = delivered(&js).await?;
             // The victim (stopped or dead) goes for good; a fresh standby takes its place.
             let fresh = NodeProcess::start(&node_args(trial + 2)).await?;
             let victim = std::mem::replace(&mut owner, std::mem::replace(&mut standby, fresh));
