@@ -135,16 +135,15 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
                     fault.name()
                 )
             };
+            // Every row is over all samples; the worst is the slowest sample.
+            let over_samples = |what: &str, value: f64| {
+                Row::new("failover", case(what), value, "ms").worst_of(summary.max, summary.count)
+            };
+            report.rows.push(over_samples("p50", summary.p50));
             report
                 .rows
-                .push(Row::new("failover", case("p50"), summary.p50, "ms"));
-            report.rows.push(
-                Row::new("failover", case("p99"), summary.p99, "ms")
-                    .target(target, summary.p99 <= bound),
-            );
-            report
-                .rows
-                .push(Row::new("failover", case("max"), summary.max, "ms"));
+                .push(over_samples("p99", summary.p99).target(target, summary.p99 <= bound));
+            report.rows.push(over_samples("max", summary.max));
             details.insert(
                 format!("{}_ttl_{ttl_ms}", fault.name()),
                 json!({ "summary_ms": summary, "max_rebuild_ms": rebuild_ms, "samples": samples }),

@@ -24,8 +24,8 @@ use crate::Options;
 use crate::bare::BareLoop;
 use crate::entity::{BenchCmd, BenchEntity, BenchEvt};
 use crate::load::{self, AckWindow, CommandPublisher};
-use crate::report::{Report, Row};
-use crate::stats::{Summary, median, now_ns};
+use crate::report::{Report, Row, Worse};
+use crate::stats::{Summary, now_ns};
 use crate::throughput::{self, DrainSpec, Measured};
 
 const ENTITY_TYPE: &str = "lat";
@@ -53,6 +53,8 @@ pub async fn run(
                 commands: 50_000,
                 passes: 2,
                 time_box: std::time::Duration::from_secs(60),
+                pull_batch: options.pull_batch,
+                max_ack_pending: options.max_ack_pending,
             };
             let run = throughput::drain_jetshard(spec).await?;
             run.passes.last().map_or(1000.0, |p| p.rate) / 2.0
@@ -89,10 +91,6 @@ pub async fn run(
             .filter(|(s, _)| *s == side)
             .map(|(_, m)| m)
             .collect();
-        let median_of = |f: fn(&Summary) -> f64| {
-            median(&of_side.iter().map(|m| f(&m.summary)).collect::<Vec<_>>())
-        };
-        let p99 = median_of(|s| s.p99);
         let case = |what: &str| {
             format!(
                 "{}, {what}, {rate:.0} cmd/s offered, {} partitions, {} entities",
@@ -101,24 +99,19 @@ pub async fn run(
                 options.entities
             )
         };
-        report
-            .rows
-            .push(Row::new("latency", case("p50"), median_of(|s| s.p50), "ms"));
-        let row = Row::new("latency", case("p99"), p99, "ms");
+        let over_rounds = |what: &str, f: fn(&Summary) -> f64| {
+            let rounds: Vec<f64> = of_side.iter().map(|m| f(&m.summary)).collect();
+            Row::over_rounds("latency", case(what), &rounds, "ms", Worse::Higher)
+        };
+        let p99_row = over_rounds("p99", |s| s.p99);
+        let p99 = p99_row.value;
+        report.rows.push(over_rounds("p50", |s| s.p50));
         report.rows.push(match bare_p99 {
-            Some(baseline) => row.against(baseline),
-            None => row,
+            Some(baseline) => p99_row.against(baseline),
+            None => p99_row,
         });
-        report.rows.push(Row::new(
-            "latency",
-            case("p999"),
-            median_of(|s| s.p999),
-            "ms",
-        ));
-        let max = of_side.iter().map(|m| m.summary.max).fold(0.0, f64::max);
-        report
-            .rows
-            .push(Row::new("latency", case("max"), max, "ms"));
+        report.rows.push(over_rounds("p999", |s| s.p999));
+        report.rows.push(over_rounds("max", |s| s.max));
         if side == Side::Bare {
             bare_p99 = Some(p99);
         }

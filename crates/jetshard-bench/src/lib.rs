@@ -15,6 +15,8 @@
 //! | `scaling` | throughput at 1..256 partitions and 1..3 processes | the bare loop (partitions) |
 //!
 //! Figures are printed as a table and written as JSON; targets are reported, never asserted.
+//! A figure measured over rounds is their median, with the worst round beside it (`worst`,
+//! `n` rounds); a single measurement is its own worst.
 //! Run everything at default sizes (under 10 minutes on 2 cores) with
 //! `cargo run --release -p jetshard-bench` or `cargo bench -p jetshard-bench`.
 
@@ -78,9 +80,20 @@ pub struct Options {
     pub fresh_entities: usize,
     /// Throughput: run only jetshard's side, no bare loop and no never-seen entities (for
     /// profiling jetshard under `perf`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "bare_only")]
     pub jetshard_only: bool,
-    /// Throughput rounds (bare, then jetshard, each round); medians are reported.
+    /// Throughput: run only the bare loop, no jetshard and no never-seen entities (for
+    /// profiling the baseline, or comparing it with another loop).
+    #[arg(long)]
+    pub bare_only: bool,
+    /// Throughput: jetshard's `pull_batch` (default: jetshard's default, 256).
+    #[arg(long)]
+    pub pull_batch: Option<u32>,
+    /// Throughput: jetshard's `max_ack_pending` (default: jetshard's default, 1024).
+    #[arg(long)]
+    pub max_ack_pending: Option<u32>,
+    /// Throughput rounds (bare, then jetshard, each round); medians are reported, with the
+    /// worst round beside them.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
     /// Seconds of measured latency load.

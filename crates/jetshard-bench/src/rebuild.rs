@@ -37,7 +37,7 @@ use crate::Options;
 use crate::entity::{BenchEntity, BenchEvt, BenchState};
 use crate::load::{self, CommandPublisher};
 use crate::probe::AcquisitionLog;
-use crate::report::{Report, Row};
+use crate::report::{Report, Row, Worse};
 use crate::stats::median;
 
 const ENTITY_TYPE: &str = "rebuild";
@@ -201,8 +201,11 @@ pub async fn run(
         }
     }
 
-    let rate =
-        |readings: &[Reading]| median(&readings.iter().map(Reading::rate).collect::<Vec<_>>());
+    let rates = |readings: &[Reading]| readings.iter().map(Reading::rate).collect::<Vec<_>>();
+    let rate = |readings: &[Reading]| median(&rates(readings));
+    let row = |case: String, readings: &[Reading]| {
+        Row::over_rounds("rebuild", case, &rates(readings), "events/s", Worse::Lower)
+    };
     let boxed = |readings: &[Reading]| {
         if readings.iter().all(|r| r.complete) {
             ""
@@ -215,77 +218,66 @@ pub async fn run(
         "{events} events / {} entities in 1 of {PARTITIONS} partitions",
         ids.len()
     );
-    report.rows.push(Row::new(
-        "rebuild",
+    report.rows.push(row(
         format!(
             "bare ordered read, filtered, count only{}, {shape}",
             boxed(&raw)
         ),
-        raw_rate,
-        "events/s",
+        &raw,
     ));
     report.rows.push(
-        Row::new(
-            "rebuild",
+        row(
             format!(
                 "bare ordered read, filtered, decode + fold{}, {shape}",
                 boxed(&fold)
             ),
-            rate(&fold),
-            "events/s",
+            &fold,
         )
         .against(raw_rate),
     );
     report.rows.push(
-        Row::new(
-            "rebuild",
+        row(
             format!(
                 "bare ordered read of the whole journal, unfiltered (partition's events/s){}",
                 boxed(&unfiltered)
             ),
-            rate(&unfiltered),
-            "events/s",
+            &unfiltered,
         )
         .against(raw_rate),
     );
     report.rows.push(
-        Row::new(
-            "rebuild",
+        row(
             format!(
                 "bare ordered read, one consumer with three filters (evt, dlq, fence){}",
                 boxed(&multi)
             ),
-            rate(&multi),
-            "events/s",
+            &multi,
         )
         .against(raw_rate),
     );
-    let row = Row::new(
-        "rebuild",
+    let replay = row(
         format!("jetshard acquisition replay{}, {shape}", boxed(&jetshard)),
-        rate(&jetshard),
-        "events/s",
+        &jetshard,
     )
     .against(raw_rate);
-    let met = row.ratio.is_some_and(|r| r >= 0.9);
+    let met = replay.ratio.is_some_and(|r| r >= 0.9);
     report
         .rows
-        .push(row.target(">= 0.9 x filtered raw read", met));
+        .push(replay.target(">= 0.9 x filtered raw read", met));
     report.rows.push(
-        Row::new(
-            "rebuild",
+        row(
             "jetshard whole acquisition (claim + replay + in-flight recovery)".to_owned(),
-            rate(&acquisition),
-            "events/s",
+            &acquisition,
         )
         .against(raw_rate),
     );
     if !to_acquired.is_empty() {
-        report.rows.push(Row::new(
+        report.rows.push(Row::over_rounds(
             "rebuild",
             "jetshard: command publish -> Acquired event",
-            median(&to_acquired),
+            &to_acquired,
             "ms",
+            Worse::Higher,
         ));
     }
     report.details.insert(

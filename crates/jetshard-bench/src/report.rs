@@ -13,8 +13,13 @@ pub struct Row {
     pub scenario: &'static str,
     /// What was measured, e.g. `jetshard warm, 8 partitions`.
     pub case: String,
-    /// The figure.
+    /// The figure: the median over the rounds measured (or the one measurement).
     pub value: f64,
+    /// The worst round: the lowest of a rate, the highest of a time or a latency; the value
+    /// itself for a single measurement.
+    pub worst: f64,
+    /// Rounds (or trials) the figure is the median of; 1 for a single measurement.
+    pub rounds: usize,
     /// Its unit, e.g. `cmd/s`.
     pub unit: &'static str,
     /// The same run's baseline figure, where there is one.
@@ -27,8 +32,17 @@ pub struct Row {
     pub met: Option<bool>,
 }
 
+/// Which way a figure gets worse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Worse {
+    /// A rate: the worst round is the lowest.
+    Lower,
+    /// A time or a latency: the worst round is the highest.
+    Higher,
+}
+
 impl Row {
-    /// A plain figure.
+    /// A single measurement (its own worst round).
     pub fn new(
         scenario: &'static str,
         case: impl Into<String>,
@@ -39,12 +53,39 @@ impl Row {
             scenario,
             case: case.into(),
             value,
+            worst: value,
+            rounds: 1,
             unit,
             baseline: None,
             ratio: None,
             target: None,
             met: None,
         }
+    }
+
+    /// The median of one figure's `rounds`, with the worst of them beside it (0 for none).
+    pub fn over_rounds(
+        scenario: &'static str,
+        case: impl Into<String>,
+        rounds: &[f64],
+        unit: &'static str,
+        worse: Worse,
+    ) -> Self {
+        let mut row = Row::new(scenario, case, crate::stats::median(rounds), unit);
+        row.rounds = rounds.len();
+        row.worst = match worse {
+            Worse::Lower => rounds.iter().copied().reduce(f64::min),
+            Worse::Higher => rounds.iter().copied().reduce(f64::max),
+        }
+        .unwrap_or(0.0);
+        row
+    }
+
+    /// Sets the worst of `rounds` rounds (for a median computed elsewhere).
+    pub fn worst_of(mut self, worst: f64, rounds: usize) -> Self {
+        self.worst = worst;
+        self.rounds = rounds;
+        self
     }
 
     /// Adds the baseline and the ratio to it (nothing for a baseline that was not measured).
@@ -96,9 +137,9 @@ impl Report {
     /// Prints the table of figures.
     pub fn print_table(&self, out: &mut impl Write) -> std::io::Result<()> {
         let header = [
-            "scenario", "case", "value", "unit", "baseline", "ratio", "target", "met",
+            "scenario", "case", "value", "worst", "n", "unit", "baseline", "ratio", "target", "met",
         ];
-        let cells: Vec<[String; 8]> = self
+        let cells: Vec<[String; 10]> = self
             .rows
             .iter()
             .map(|r| {
@@ -106,6 +147,8 @@ impl Report {
                     r.scenario.to_owned(),
                     r.case.clone(),
                     format_value(r.value),
+                    format_value(r.worst),
+                    r.rounds.to_string(),
                     r.unit.to_owned(),
                     r.baseline.map(format_value).unwrap_or_default(),
                     r.ratio.map(|x| format!("{x:.3}")).unwrap_or_default(),
@@ -158,5 +201,23 @@ fn format_value(value: f64) -> String {
         format!("{value:.2}")
     } else {
         format!("{value:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_figure_over_rounds_keeps_its_worst_round_beside_the_median() {
+        let rate = Row::over_rounds("t", "rate", &[9.0, 3.0, 10.0], "cmd/s", Worse::Lower);
+        assert_eq!((rate.value, rate.worst, rate.rounds), (9.0, 3.0, 3));
+        let latency = Row::over_rounds("t", "p99", &[2.0, 7.0], "ms", Worse::Higher);
+        assert_eq!(
+            (latency.value, latency.worst, latency.rounds),
+            (4.5, 7.0, 2)
+        );
+        let single = Row::new("t", "one", 5.0, "s");
+        assert_eq!((single.worst, single.rounds), (5.0, 1));
     }
 }

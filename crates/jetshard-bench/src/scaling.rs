@@ -35,6 +35,8 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             commands: options.scaling_commands,
             passes: 2,
             time_box: PASS_TIME_BOX,
+            pull_batch: None,
+            max_ack_pending: None,
         };
         eprintln!("scaling: {partitions} partitions, bare loop");
         let bare = throughput::drain_bare(spec).await;
@@ -94,6 +96,8 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             commands: options.scaling_commands,
             passes: 3,
             time_box: PASS_TIME_BOX,
+            pull_batch: None,
+            max_ack_pending: None,
         };
         let (passes, split, releases, acquisitions) = match drain_processes(spec, processes).await {
             Ok(done) => done,

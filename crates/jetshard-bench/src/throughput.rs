@@ -10,6 +10,13 @@
 //! Every entity has one event in the journal before the run (on both sides), so an acquiring
 //! owner rebuilds it; the cold pass then measures actor spawns, not journal reads. What the
 //! first command of a never-seen entity costs is measured apart ([`fresh_entities`]).
+//!
+//! Every figure is the median of the rounds with the worst round beside it, and each side's
+//! worst round is also set against its median: a round that stalls (issue 11: one partition
+//! served at a few hundred commands/s, a warm pass 7x its median) fails that row's target long
+//! before it moves a median. The bare loop drains consumers provisioned with its own
+//! `max_ack_pending` ([`crate::bare::MAX_ACK_PENDING`]); jetshard runs with its defaults unless
+//! `--pull-batch` / `--max-ack-pending` say otherwise.
 
 use std::time::Duration;
 
@@ -25,8 +32,7 @@ use crate::bare::BareLoop;
 use crate::cpu::{CpuMeter, CpuSpent};
 use crate::entity::BenchEntity;
 use crate::load::{self, CommandPublisher, Gate};
-use crate::report::{Report, Row};
-use crate::stats::median;
+use crate::report::{Report, Row, Worse};
 
 /// The entity type the throughput runs use.
 const ENTITY_TYPE: &str = "bench";
@@ -44,6 +50,10 @@ pub struct DrainSpec {
     pub passes: usize,
     /// The longest a pass may take; a pass cut short reports the rate of what it drained.
     pub time_box: Duration,
+    /// jetshard's `pull_batch` (default: jetshard's default).
+    pub pull_batch: Option<u32>,
+    /// jetshard's `max_ack_pending` (default: jetshard's default).
+    pub max_ack_pending: Option<u32>,
 }
 
 /// One timed drain.
@@ -88,10 +98,16 @@ pub struct DrainRun {
 pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<DrainRun> {
     let server = NatsServer::start().await.context("start nats-server")?;
     let control = server.connect().await?;
-    let config = ShardConfig::builder(ENTITY_TYPE)
+    let mut config = ShardConfig::builder(ENTITY_TYPE)
         .partitions(spec.partitions)
-        .node_id("bench")
-        .build()?;
+        .node_id("bench");
+    if let Some(batch) = spec.pull_batch {
+        config = config.pull_batch(batch);
+    }
+    if let Some(max_ack_pending) = spec.max_ack_pending {
+        config = config.max_ack_pending(max_ack_pending);
+    }
+    let config = config.build()?;
     let system = ShardSystem::start::<BenchEntity>(server.connect().await?, config)
         .await
         .context("start the shard system")?;
@@ -116,6 +132,7 @@ pub async fn drain_bare(spec: DrainSpec) -> anyhow::Result<DrainRun> {
     let config = ShardConfig::builder(ENTITY_TYPE)
         .partitions(spec.partitions)
         .node_id("provision")
+        .max_ack_pending(crate::bare::MAX_ACK_PENDING)
         .build()?;
     load::provision(server.connect().await?, config).await?;
     load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
@@ -148,8 +165,17 @@ pub async fn timed_passes(
         let cpu = CpuMeter::start(server.pid());
         let started = Instant::now();
         gate.open().await?;
+        if std::env::var_os("BENCH_DRAIN_DEBUG").is_some() {
+            eprintln!("pass {pass} opened at {:?}", std::time::SystemTime::now());
+        }
         let drained = load::drain(control, ENTITY_TYPE, spec.time_box).await?;
         let secs = drained.at.duration_since(started).as_secs_f64();
+        if std::env::var_os("BENCH_DRAIN_DEBUG").is_some() {
+            eprintln!(
+                "pass {pass} drained at {:?} after {secs:.2}s",
+                std::time::SystemTime::now()
+            );
+        }
         let acknowledged = (spec.commands as u64).saturating_sub(drained.remaining);
         let cpu = cpu.spent();
         let delivered = deliveries(control, spec.partitions)
@@ -272,6 +298,8 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
         commands: options.commands,
         passes: 2,
         time_box: Duration::from_secs(120),
+        pull_batch: options.pull_batch,
+        max_ack_pending: options.max_ack_pending,
     };
     let mut bare_runs = Vec::new();
     let mut jetshard_runs = Vec::new();
@@ -285,6 +313,9 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
         if !options.jetshard_only {
             bare_runs.push(drain_bare(spec).await.context("bare loop")?);
         }
+        if options.bare_only {
+            continue;
+        }
         eprintln!(
             "throughput round {}/{}: jetshard",
             round + 1,
@@ -292,13 +323,10 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
         );
         jetshard_runs.push(drain_jetshard(spec).await.context("jetshard")?);
     }
-    let pass_median = |runs: &[DrainRun], pass: usize, f: &dyn Fn(&Pass) -> f64| {
-        median(
-            &runs
-                .iter()
-                .filter_map(|r| r.passes.get(pass).map(f))
-                .collect::<Vec<_>>(),
-        )
+    let pass_rounds = |runs: &[DrainRun], pass: usize, f: &dyn Fn(&Pass) -> f64| {
+        runs.iter()
+            .filter_map(|r| r.passes.get(pass).map(f))
+            .collect::<Vec<_>>()
     };
     let commands = spec.commands;
     let rate = |p: &Pass| p.rate;
@@ -310,44 +338,65 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
     );
     let mut jetshard_warm = 0.0;
     for (pass, name) in [(0, "cold"), (1, "warm")] {
-        let bare = pass_median(&bare_runs, pass, &rate);
-        let jetshard = pass_median(&jetshard_runs, pass, &rate);
-        report.rows.push(Row::new(
+        let bare = Row::over_rounds(
             "throughput",
             format!("bare loop, {name} pass, {shape}"),
-            bare,
+            &pass_rounds(&bare_runs, pass, &rate),
             "cmd/s",
-        ));
-        let row = Row::new(
+            Worse::Lower,
+        );
+        let bare_median = bare.value;
+        report.rows.push(bare);
+        let row = Row::over_rounds(
             "throughput",
             format!("jetshard, {name} pass, {shape}"),
-            jetshard,
+            &pass_rounds(&jetshard_runs, pass, &rate),
             "cmd/s",
+            Worse::Lower,
         )
-        .against(bare);
+        .against(bare_median);
         let met = row.ratio.is_some_and(|r| r >= 0.9);
         report.rows.push(if pass == 1 {
-            jetshard_warm = jetshard;
+            jetshard_warm = row.value;
             row.target(">= 0.9 x bare", met)
         } else {
             row
         });
         for (side, runs) in [("bare loop", &bare_runs), ("jetshard", &jetshard_runs)] {
-            report.rows.push(Row::new(
+            // A round that stalls (a partition served far below the others) shows here
+            // long before it moves a median: the warm pass of issue 11 took 7x its median.
+            let rates = pass_rounds(runs, pass, &rate);
+            if rates.len() > 1 {
+                let median = crate::stats::median(&rates);
+                let worst = rates.iter().copied().fold(f64::INFINITY, f64::min);
+                report.rows.push(
+                    Row::new(
+                        "throughput",
+                        format!("{side}, {name} pass: worst round against the median"),
+                        worst / median,
+                        "x",
+                    )
+                    .worst_of(worst / median, rates.len())
+                    .target(">= 0.5 (no stalled round)", worst >= median * 0.5),
+                );
+            }
+            report.rows.push(Row::over_rounds(
                 "throughput",
                 format!("{side}, {name} pass: client CPU per command"),
-                pass_median(runs, pass, &client_us),
+                &pass_rounds(runs, pass, &client_us),
                 "us",
+                Worse::Higher,
             ));
-            report.rows.push(Row::new(
+            report.rows.push(Row::over_rounds(
                 "throughput",
                 format!("{side}, {name} pass: server CPU per command"),
-                pass_median(runs, pass, &server_us),
+                &pass_rounds(runs, pass, &server_us),
                 "us",
+                Worse::Higher,
             ));
         }
     }
-    let fresh = if options.fresh_entities > 0 && !options.jetshard_only {
+    let fresh = if options.fresh_entities > 0 && !options.jetshard_only && !options.bare_only {
         eprintln!(
             "throughput: first commands of {} never-seen entities",
             options.fresh_entities

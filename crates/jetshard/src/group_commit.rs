@@ -1,14 +1,18 @@
 //! The group commit of one partition under one generation: every journal write of the
-//! partition goes through one task, which gathers the writes that are ready (the events of
-//! many commands, of many entities, and dead letters) into one atomic batch, keeps one batch in
-//! flight, and gathers the next while the server commits the previous.
+//! partition goes through one task, in one of two [`Mode`]s chosen by the stream's replicas.
 //!
-//! Why: the fence is a compare-and-set against the partition's fence subject, named by every
-//! write. A clustered (replicated) stream refuses a write naming a subject that already has such
-//! a write in flight (error 10164), so fenced writes of one partition cannot be pipelined there;
-//! one after the other they reach ~1.5k writes/s. An atomic batch carries the fence on every
-//! message and commits as one: hundreds of writes in one round trip, and none in flight beside
-//! it. On a single server it also saves the server an acknowledgement per write.
+//! - [`Mode::Batched`] (replicated streams): the task gathers the writes that are ready (the
+//!   events of many commands, of many entities, and dead letters) into one atomic batch, keeps
+//!   one batch in flight, and gathers the next while the server commits the previous. The fence
+//!   is a compare-and-set against the partition's fence subject, named by every write, and a
+//!   clustered stream refuses a write naming a subject that already has such a write in flight
+//!   (error 10164): fenced writes of one partition cannot be pipelined there, and one after the
+//!   other they reach ~1.5k writes/s. An atomic batch carries the fence on every message and
+//!   commits as one: hundreds of writes in one round trip, none in flight beside it.
+//! - [`Mode::Pipelined`] (a single server, R1): each command's records go on their own, all in
+//!   flight side by side. A single server never refuses them for being in flight together, and
+//!   stores pipelined single writes with less CPU than the same records in batches (measured:
+//!   docs/PERFORMANCE.md, "Write path").
 //!
 //! Architecture Invariant: a [`Unit`] (one command's records) is stored all or none, and its
 //! submitter hears back only once the server has answered for it. Per-entity order follows: an
@@ -22,6 +26,8 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::context::{Context, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
@@ -97,6 +103,26 @@ pub(crate) struct CommitStats {
     pub(crate) conflicts: AtomicU64,
 }
 
+/// How a partition's writes go to the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Every ready write in one atomic batch, one batch in flight.
+    Batched,
+    /// Each command's records on their own, side by side.
+    Pipelined,
+}
+
+impl Mode {
+    /// The mode for a journal of `replicas` replicas.
+    pub(crate) fn for_replicas(replicas: usize) -> Self {
+        if replicas > 1 {
+            Mode::Batched
+        } else {
+            Mode::Pipelined
+        }
+    }
+}
+
 /// The handle to a partition's group commit; the task ends when every handle is dropped.
 #[derive(Clone)]
 pub(crate) struct GroupCommit {
@@ -110,6 +136,7 @@ impl GroupCommit {
         js: Context,
         partition: u32,
         generation: u64,
+        mode: Mode,
         stats: Arc<CommitStats>,
         metrics: CommitMetrics,
     ) -> Self {
@@ -117,13 +144,20 @@ impl GroupCommit {
         // entities with work are bounded by the commands in hand.
         let (units, receiver) = mpsc::unbounded_channel();
         let client = js.client();
+        let (in_flight, max_records) = match mode {
+            Mode::Batched => (1, MAX_BATCH_MESSAGES),
+            // As many as the entities with a command in hand: each has one write at most.
+            Mode::Pipelined => (usize::MAX, 1),
+        };
         let committer = Committer {
             js,
             generation,
+            in_flight,
+            max_records,
             stats,
             metrics,
         };
-        let span = tracing::debug_span!("group_commit", partition, generation);
+        let span = tracing::debug_span!("group_commit", partition, generation, ?mode);
         tokio::spawn(committer.run(receiver).instrument(span));
         Self { units, client }
     }
@@ -179,27 +213,40 @@ enum Refusal {
 struct Committer {
     js: Context,
     generation: u64,
+    /// Batches in flight at once.
+    in_flight: usize,
+    /// Records per batch at most.
+    max_records: usize,
     stats: Arc<CommitStats>,
     metrics: CommitMetrics,
 }
 
 impl Committer {
     async fn run(self, mut receiver: mpsc::UnboundedReceiver<Unit>) {
+        let mut in_flight = FuturesUnordered::new();
         let mut next = None;
         loop {
+            if in_flight.len() >= self.in_flight {
+                in_flight.next().await;
+                continue;
+            }
             let first = match next.take() {
                 Some(unit) => unit,
-                None => match receiver.recv().await {
-                    Some(unit) => unit,
-                    None => return,
+                None => tokio::select! {
+                    unit = receiver.recv() => match unit {
+                        Some(unit) => unit,
+                        None => break,
+                    },
+                    Some(()) = in_flight.next(), if !in_flight.is_empty() => continue,
                 },
             };
             // Everything that queued up while the last batch committed, within the limits.
             let mut records = first.records.len();
             let mut bytes = first.bytes;
             let mut batch = vec![first];
-            while let Ok(unit) = receiver.try_recv() {
-                if records + unit.records.len() > MAX_BATCH_MESSAGES
+            while records < self.max_records {
+                let Ok(unit) = receiver.try_recv() else { break };
+                if records + unit.records.len() > self.max_records
                     || bytes + unit.bytes > MAX_BATCH_BYTES
                 {
                     next = Some(unit);
@@ -209,19 +256,29 @@ impl Committer {
                 bytes += unit.bytes;
                 batch.push(unit);
             }
-            self.commit(batch).await;
+            in_flight.push(self.commit(batch));
         }
+        while in_flight.next().await.is_some() {}
     }
 
     /// Commits `batch` and answers each of its units.
-    async fn commit(&self, batch: Vec<Unit>) {
-        let records: Vec<&Outgoing> = batch.iter().flat_map(|u| &u.records).collect();
-        let outcome = self.store(&records).await;
-        drop(records);
+    async fn commit(&self, mut batch: Vec<Unit>) {
+        // How many records each unit holds (a record may be moved out below).
+        let sizes: Vec<usize> = batch.iter().map(|u| u.records.len()).collect();
+        let outcome = if let [unit] = batch.as_mut_slice()
+            && let [_] = unit.records.as_slice()
+        {
+            // One record: a plain publish, its headers moved rather than copied.
+            let record = unit.records.pop().expect("one record");
+            self.publish_one(record).await.map(|seq| (seq, 1))
+        } else {
+            let records: Vec<&Outgoing> = batch.iter().flat_map(|u| &u.records).collect();
+            let total = records.len();
+            self.store(&records).await.map(|seq| (seq, total))
+        };
         match outcome {
-            Ok(last) => {
+            Ok((last, total)) => {
                 self.stats.batches.fetch_add(1, Ordering::Relaxed);
-                let total: usize = batch.iter().map(|u| u.records.len()).sum();
                 self.stats
                     .records
                     .fetch_add(total as u64, Ordering::Relaxed);
@@ -229,8 +286,8 @@ impl Committer {
                 // A batch is stored in one piece, in order: the unit's last record is as far
                 // from the batch's last as the records after it.
                 let mut after = total;
-                for unit in batch {
-                    after -= unit.records.len();
+                for (unit, size) in batch.into_iter().zip(sizes) {
+                    after -= size;
                     let seq = if last == 0 {
                         0
                     } else {
@@ -286,8 +343,7 @@ impl Committer {
             let retry = match refusal {
                 Attempt::Retry(code, e) => {
                     if code == WRONG_LAST_SEQUENCE_IN_FLIGHT {
-                        self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
-                        self.metrics.conflicts.increment(1);
+                        self.conflict();
                     }
                     tracing::debug!(code, attempt, error = %e, "batch not stored; retrying");
                     e
@@ -306,65 +362,93 @@ impl Committer {
         }
     }
 
-    /// One attempt: a plain publish for one record, an atomic batch for more.
-    async fn publish(&self, records: &[&Outgoing]) -> Result<u64, Attempt> {
-        let last = records.len() - 1;
-        let batch_id = (last > 0).then(unique_token);
-        for (index, record) in records.iter().enumerate() {
-            let mut headers = record.headers.clone();
-            if let Some(batch_id) = &batch_id {
-                headers.insert(HDR_BATCH_ID, batch_id.as_str());
-                headers.insert(HDR_BATCH_SEQUENCE, (index + 1).to_string());
-                if index < last {
-                    // Staged by the server; only the commit is answered.
-                    self.js
-                        .client()
-                        .publish_with_headers(
-                            record.subject.clone(),
-                            headers,
-                            record.payload.clone(),
-                        )
-                        .await
-                        .map_err(|e| match e.kind() {
-                            async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
-                                Attempt::Final(Refusal::Refused(e.to_string()))
-                            }
-                            _ => Attempt::Final(Refusal::Unconfirmed(e.to_string())),
-                        })?;
-                    continue;
+    /// Publishes one record on its own. Not retried here (its headers are moved into the
+    /// publish): a refusal for a write in flight (10164, a clustered stream while the owner
+    /// changes) is counted and reported unconfirmed, and its entity writes it again.
+    async fn publish_one(&self, record: Outgoing) -> Result<u64, Refusal> {
+        let message = PublishMessage::build()
+            .payload(record.payload)
+            .headers(record.headers);
+        let ack = self
+            .js
+            .send_publish(record.subject, message)
+            .await
+            .map_err(|e| match e.kind() {
+                PublishErrorKind::MaxPayloadExceeded => Refusal::Refused(e.to_string()),
+                _ => Refusal::Unconfirmed(e.to_string()),
+            })?;
+        match ack.await {
+            Ok(ack) => Ok(ack.sequence),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Err(Refusal::Fenced),
+            Err(e) => {
+                if server_error_code(&e) == Some(WRONG_LAST_SEQUENCE_IN_FLIGHT) {
+                    self.conflict();
                 }
-                headers.insert(HDR_BATCH_COMMIT, "1");
+                Err(Refusal::Unconfirmed(e.to_string()))
             }
-            let message = PublishMessage::build()
-                .payload(record.payload.clone())
-                .headers(headers);
-            let ack = self
-                .js
-                .send_publish(record.subject.clone(), message)
+        }
+    }
+
+    /// Counts a refusal for a fenced write already in flight (10164).
+    fn conflict(&self) {
+        self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+        self.metrics.conflicts.increment(1);
+    }
+
+    /// One attempt: an atomic batch (of one command's records, or of several commands'). Every
+    /// message but the last is staged by the server unanswered; the last commits the batch.
+    async fn publish(&self, records: &[&Outgoing]) -> Result<u64, Attempt> {
+        let Some((last, staged)) = records.split_last() else {
+            return Ok(0);
+        };
+        let batch_id = unique_token();
+        let unconfirmed = |e: String| Attempt::Final(Refusal::Unconfirmed(e));
+        let refused = |e: String| Attempt::Final(Refusal::Refused(e));
+        for (index, record) in staged.iter().enumerate() {
+            let mut headers = record.headers.clone();
+            headers.insert(HDR_BATCH_ID, batch_id.as_str());
+            headers.insert(HDR_BATCH_SEQUENCE, (index + 1).to_string());
+            self.js
+                .client()
+                .publish_with_headers(record.subject.clone(), headers, record.payload.clone())
                 .await
                 .map_err(|e| match e.kind() {
-                    PublishErrorKind::MaxPayloadExceeded => {
-                        Attempt::Final(Refusal::Refused(e.to_string()))
+                    async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
+                        refused(e.to_string())
                     }
-                    _ => Attempt::Final(Refusal::Unconfirmed(e.to_string())),
+                    _ => unconfirmed(e.to_string()),
                 })?;
-            return match ack.await {
-                Ok(ack) => Ok(ack.sequence),
-                Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
-                    Err(Attempt::Final(Refusal::Fenced))
-                }
-                Err(e) => match server_error_code(&e) {
-                    Some(BATCH_DUPLICATE) => Err(Attempt::Final(Refusal::Duplicate)),
-                    Some(
-                        code @ (WRONG_LAST_SEQUENCE_IN_FLIGHT
-                        | BATCH_INCOMPLETE
-                        | TOO_MANY_BATCHES_IN_FLIGHT),
-                    ) => Err(Attempt::Retry(code, e.to_string())),
-                    _ => Err(Attempt::Final(Refusal::Unconfirmed(e.to_string()))),
-                },
-            };
         }
-        unreachable!("a batch holds at least one record")
+        let mut headers = last.headers.clone();
+        headers.insert(HDR_BATCH_ID, batch_id.as_str());
+        headers.insert(HDR_BATCH_SEQUENCE, records.len().to_string());
+        headers.insert(HDR_BATCH_COMMIT, "1");
+        let message = PublishMessage::build()
+            .payload(last.payload.clone())
+            .headers(headers);
+        let ack = self
+            .js
+            .send_publish(last.subject.clone(), message)
+            .await
+            .map_err(|e| match e.kind() {
+                PublishErrorKind::MaxPayloadExceeded => refused(e.to_string()),
+                _ => unconfirmed(e.to_string()),
+            })?;
+        match ack.await {
+            Ok(ack) => Ok(ack.sequence),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                Err(Attempt::Final(Refusal::Fenced))
+            }
+            Err(e) => match server_error_code(&e) {
+                Some(BATCH_DUPLICATE) => Err(Attempt::Final(Refusal::Duplicate)),
+                Some(
+                    code @ (WRONG_LAST_SEQUENCE_IN_FLIGHT
+                    | BATCH_INCOMPLETE
+                    | TOO_MANY_BATCHES_IN_FLIGHT),
+                ) => Err(Attempt::Retry(code, e.to_string())),
+                _ => Err(unconfirmed(e.to_string())),
+            },
+        }
     }
 }
 
@@ -373,4 +457,138 @@ enum Attempt {
     /// Not stored, for a reason that may pass: the server's code and what it said.
     Retry(u64, String),
     Final(Refusal),
+}
+
+#[cfg(test)]
+mod tests {
+    use async_nats::jetstream::stream;
+    use jetshard_testkit::NatsServer;
+    use metrics::{Counter, Histogram};
+
+    use super::*;
+    use crate::wire::{HDR_EXPECTED_SUBJECT, HDR_EXPECTED_SUBJECT_SEQ, HDR_MSG_ID};
+
+    const FENCE: &str = "t.fence.0";
+
+    /// A journal stream as jetshard's (atomic batches allowed) and a fence record; its sequence.
+    async fn journal(js: &Context) -> u64 {
+        js.create_stream(stream::Config {
+            name: "T".to_owned(),
+            subjects: vec!["t.>".to_owned()],
+            allow_atomic_publish: true,
+            ..Default::default()
+        })
+        .await
+        .expect("create the stream");
+        fence(js).await
+    }
+
+    async fn fence(js: &Context) -> u64 {
+        js.publish(FENCE, "fence".into())
+            .await
+            .expect("publish a fence record")
+            .await
+            .expect("store it")
+            .sequence
+    }
+
+    fn record(entity: &str, msg_id: &str, fence: u64) -> Outgoing {
+        let mut headers = HeaderMap::new();
+        headers.insert(HDR_MSG_ID, msg_id);
+        headers.insert(HDR_EXPECTED_SUBJECT_SEQ, fence.to_string());
+        headers.insert(HDR_EXPECTED_SUBJECT, FENCE);
+        Outgoing {
+            subject: format!("t.evt.0.{entity}"),
+            headers,
+            payload: Bytes::from_static(b"event"),
+        }
+    }
+
+    fn start(js: &Context, stats: &Arc<CommitStats>) -> GroupCommit {
+        let metrics = CommitMetrics {
+            records: Histogram::noop(),
+            conflicts: Counter::noop(),
+        };
+        GroupCommit::start(js.clone(), 0, 1, Mode::Batched, stats.clone(), metrics)
+    }
+
+    async fn stored(js: &Context) -> u64 {
+        js.get_stream("T")
+            .await
+            .expect("the stream")
+            .info()
+            .await
+            .expect("its info")
+            .state
+            .messages
+    }
+
+    // A current-thread runtime: the writes joined below all reach the committer's queue before
+    // it runs, so they are gathered into one batch.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_batch_holding_a_command_stored_before_stores_the_others_and_answers_each() {
+        let server = NatsServer::start().await.expect("start nats-server");
+        let js = async_nats::jetstream::new(server.connect().await.expect("connect"));
+        let fence = journal(&js).await;
+        let stats = Arc::default();
+        let commit = start(&js, &stats);
+        // "a", then "a" again (its answer lost, say) with "b" and "c" in one batch: the server
+        // refuses that batch whole (10201), and each command goes on its own.
+        let a = commit.write(vec![record("a", "t:10:0", fence)]).await;
+        assert_eq!(a.expect("a stored"), fence + 1);
+        let a2 = vec![record("a", "t:10:0", fence)];
+        let b = vec![record("b", "t:11:0", fence)];
+        let c = vec![record("c", "t:12:0", fence), record("c", "t:12:1", fence)];
+        let (a2, b, c) = tokio::join!(commit.write(a2), commit.write(b), commit.write(c));
+        assert!(a2.is_ok(), "{a2:?}");
+        assert!(b.is_ok(), "{b:?}");
+        assert!(c.is_ok(), "{c:?}");
+        // The fence record, "a" once, "b", and both events of "c".
+        assert_eq!(stored(&js).await, 5);
+        // "a"; then the refused batch, and "a", "b" and "c" each committed on its own.
+        assert_eq!(stats.batches.load(Ordering::Relaxed), 4);
+        assert_eq!(stats.conflicts.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn ready_writes_are_one_batch_and_a_moved_fence_refuses_every_one() {
+        let server = NatsServer::start().await.expect("start nats-server");
+        let js = async_nats::jetstream::new(server.connect().await.expect("connect"));
+        let fence_seq = journal(&js).await;
+        let stats: Arc<CommitStats> = Arc::default();
+        let commit = start(&js, &stats);
+        let writes = (0..10).map(|i| {
+            commit.write(vec![record(
+                &format!("e{i}"),
+                &format!("t:{i}:0"),
+                fence_seq,
+            )])
+        });
+        let answers = futures::future::join_all(writes).await;
+        let seqs: Vec<u64> = answers.into_iter().map(|a| a.expect("stored")).collect();
+        // One batch, stored in one piece and in order: each command is told its own record.
+        assert_eq!(seqs, (fence_seq + 1..=fence_seq + 10).collect::<Vec<_>>());
+        assert_eq!(stats.batches.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.records.load(Ordering::Relaxed), 10);
+
+        // Another owner claims the partition: every write of this generation is refused, in a
+        // batch or alone, and nothing is stored.
+        fence(&js).await;
+        let late = (10..13).map(|i| {
+            commit.write(vec![record(
+                &format!("e{i}"),
+                &format!("t:{i}:0"),
+                fence_seq,
+            )])
+        });
+        for answer in futures::future::join_all(late).await {
+            assert!(
+                matches!(answer, Err(WriteError::Fenced { generation: 1 })),
+                "{answer:?}"
+            );
+        }
+        let alone = commit.write(vec![record("e13", "t:13:0", fence_seq)]).await;
+        assert!(matches!(alone, Err(WriteError::Fenced { .. })), "{alone:?}");
+        assert_eq!(stored(&js).await, 12);
+    }
 }

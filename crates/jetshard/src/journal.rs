@@ -19,7 +19,7 @@ use futures::StreamExt;
 use crate::entity::EntityId;
 use crate::error::{BoxError, Error};
 use crate::fence::{Fence, header_u64};
-use crate::group_commit::{CommitStats, GroupCommit, MAX_BATCH_MESSAGES, Outgoing};
+use crate::group_commit::{CommitStats, GroupCommit, MAX_BATCH_MESSAGES, Mode, Outgoing};
 use crate::telemetry::CommitMetrics;
 use crate::trace::TraceParent;
 use crate::wire::{
@@ -95,11 +95,12 @@ impl JournalWriter {
         names: Arc<Names>,
         partition: u32,
         fence: Fence,
+        mode: Mode,
         stats: Arc<CommitStats>,
         metrics: CommitMetrics,
     ) -> Self {
         let fence_subject = names.fence_subject(partition).into();
-        let commit = GroupCommit::start(js, partition, fence.generation, stats, metrics);
+        let commit = GroupCommit::start(js, partition, fence.generation, mode, stats, metrics);
         Self {
             names,
             partition,

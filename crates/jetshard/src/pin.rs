@@ -10,9 +10,15 @@
 //! A pinned client keeps its pin only by pulling: deliveries and acks do not refresh it. So a new
 //! pull request goes out whenever the newest one is `expires` old (a third of the pin TTL), busy
 //! or not, besides those that keep `batch` commands requested.
+//!
+//! What is still requested is counted over all open pull requests together ([`Requested`]),
+//! never per request: the server hands a consumer's messages to its open requests in turn (a
+//! request that still wants more goes to the back of its queue), and a status ending a request
+//! says how many it had not been given (`Nats-Pending-Messages`). Which request a message
+//! answered cannot be told, so a count per request drifts; the sum does not.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::jetstream::Context;
@@ -24,7 +30,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::trace::CommandTrace;
-use crate::wire::{HDR_PIN_ID, HDR_REPLY_TO, HDR_TRACEPARENT, PRIORITY_GROUP};
+use crate::wire::{
+    HDR_PENDING_MESSAGES, HDR_PIN_ID, HDR_REPLY_TO, HDR_TRACEPARENT, PRIORITY_GROUP,
+};
 
 /// A command delivered to this process, with the pin it came under.
 #[derive(Debug)]
@@ -190,13 +198,82 @@ enum Ended {
     SubscriptionClosed,
 }
 
-/// A pull request still open at the server, as far as this loop knows.
-struct OpenPull {
-    sent: Instant,
-    remaining: u32,
-    /// Whether it carried the pin id: when the pin is cleared, the server ends such a pull
-    /// with 423 at once, so only pulls without it could pin this process again.
-    with_pin: bool,
+/// The messages this loop's open pull requests still ask for, summed over all of them.
+///
+/// Exact while the connection holds: a request adds its batch, every delivery takes one, and a
+/// status that ends a request takes what the server says that request had not been given. A
+/// request the server fills ends without a status, and the deliveries have already taken its
+/// whole batch. Requests lost with a connection end without either; no request outlives its
+/// `expires` at the server, so once the newest is older than that (plus a margin) nothing can
+/// still be open, and the count starts again from zero.
+#[derive(Debug, Default)]
+struct Requested {
+    messages: u64,
+    /// When the newest request was sent.
+    last_sent: Option<Instant>,
+}
+
+impl Requested {
+    fn sent(&mut self, batch: u32, now: Instant) {
+        self.messages += u64::from(batch);
+        self.last_sent = Some(now);
+    }
+
+    fn delivered(&mut self) {
+        self.messages = self.messages.saturating_sub(1);
+    }
+
+    /// A status ended one request: `pending` is what it had not been given (from the status's
+    /// `Nats-Pending-Messages`); a status without one refused the request before delivering
+    /// anything (`batch`).
+    fn ended(&mut self, pending: Option<u64>, batch: u32) {
+        let undelivered = pending.unwrap_or(u64::from(batch));
+        self.messages = self.messages.saturating_sub(undelivered);
+    }
+
+    /// Forgets requests that cannot be open any more: once the newest was sent `forget_after`
+    /// ago, every one has expired at the server, answered or lost.
+    fn expire(&mut self, now: Instant, forget_after: Duration) {
+        if self
+            .last_sent
+            .is_some_and(|sent| now >= sent + forget_after)
+        {
+            self.messages = 0;
+        }
+    }
+
+    /// No request of this loop can still deliver.
+    fn is_empty(&self) -> bool {
+        self.messages == 0
+    }
+
+    /// Whether to send another request now: when at most half a batch is still asked for, or
+    /// when the newest request is `expires` old (the pin lives only on fresh requests).
+    fn wants_pull(&self, batch: u32, expires: Duration, now: Instant) -> bool {
+        self.messages <= u64::from(batch / 2)
+            || self.last_sent.is_none_or(|sent| now >= sent + expires)
+    }
+
+    /// When the loop must wake to refresh its pull (running), or to notice that its requests
+    /// have all ended (paused).
+    fn wake_at(&self, paused: bool, expires: Duration, forget_after: Duration) -> Option<Instant> {
+        let sent = self.last_sent?;
+        match paused {
+            false => Some(sent + expires),
+            true if self.messages > 0 => Some(sent + forget_after),
+            true => None,
+        }
+    }
+}
+
+/// `Nats-Pending-Messages` of a status, if it has one.
+fn pending_of(headers: Option<&async_nats::HeaderMap>) -> Option<u64> {
+    headers?
+        .get(HDR_PENDING_MESSAGES)?
+        .as_str()
+        .trim()
+        .parse()
+        .ok()
 }
 
 async fn run(
@@ -217,7 +294,10 @@ async fn run(
     // A pull the server has not answered by then was lost with a connection: forget it.
     let forget_after = expires + Duration::from_secs(1);
     let mut pin: Option<Arc<str>> = None;
-    let mut open: VecDeque<OpenPull> = VecDeque::new();
+    let mut requested = Requested::default();
+    // When the newest pull without the pin id was sent.
+    let mut unpinned_sent: Option<Instant> = None;
+    let mut connects = client.statistics().connects.load(Ordering::Relaxed);
     let mut idle_reported = false;
     // The consumer sequence of the last delivery under `last_pin`.
     let mut last_pin: Option<Arc<str>> = None;
@@ -225,8 +305,12 @@ async fn run(
 
     loop {
         let now = Instant::now();
-        while open.front().is_some_and(|p| now >= p.sent + forget_after) {
-            open.pop_front();
+        requested.expire(now, forget_after);
+        let reconnected = client.statistics().connects.load(Ordering::Relaxed);
+        if reconnected != connects {
+            // The server dropped the requests of the old connection without a word.
+            connects = reconnected;
+            requested = Requested::default();
         }
         if let Some(forgotten) = forget.borrow_and_update().as_ref()
             && pin.as_ref() == Some(forgotten)
@@ -238,7 +322,10 @@ async fn run(
         if is_paused {
             // The next pull, after the pause, asks afresh.
             pin = None;
-            if open.iter().all(|p| p.with_pin) && !idle_reported {
+            // Only a pull without the pin id could pin this process again after an unpin: the
+            // server ends the open pulls that carry it with 423 when the pin is cleared.
+            let unpinned_open = unpinned_sent.is_some_and(|sent| now < sent + forget_after);
+            if (requested.is_empty() || !unpinned_open) && !idle_reported {
                 idle_reported = true;
                 if !sink(PinSignal::Idle) {
                     return Ok(Ended::OwnerGone);
@@ -247,27 +334,25 @@ async fn run(
         } else {
             idle_reported = false;
         }
-        let requested: u32 = open.iter().map(|p| p.remaining).sum();
-        let newest_is_fresh = open.back().is_some_and(|p| now < p.sent + expires);
-        if !is_paused && (requested <= settings.batch / 2 || !newest_is_fresh) {
+        if !is_paused && requested.wants_pull(settings.batch, expires, now) {
             let body = pull_request(settings.batch, expires, pin.as_deref());
             client
                 .publish_with_reply(request_subject.clone(), inbox.clone(), body.into())
                 .await?;
-            open.push_back(OpenPull {
-                sent: now,
-                remaining: settings.batch,
-                with_pin: pin.is_some(),
-            });
+            requested.sent(settings.batch, now);
+            if pin.is_none() {
+                unpinned_sent = Some(now);
+            }
         }
-        // Running: wake to refresh the pull (and so the pin). Paused: wake when the oldest open
+        // Running: wake to refresh the pull (and so the pin). Paused: wake when every open
         // pull must have ended, or not at all.
-        let wake_at = if is_paused {
-            open.front()
-                .map_or(now + Duration::from_secs(3600), |p| p.sent + forget_after)
-        } else {
-            open.back().map_or(now, |p| p.sent + expires)
-        };
+        let mut wake_at = requested
+            .wake_at(is_paused, expires, forget_after)
+            .unwrap_or(now + Duration::from_secs(3600));
+        if is_paused && let Some(sent) = unpinned_sent.filter(|s| now < *s + forget_after) {
+            // Idle once the last pull without the pin id has ended.
+            wake_at = wake_at.min(sent + forget_after);
+        }
 
         let message = tokio::select! {
             message = subscription.next() => match message {
@@ -290,12 +375,7 @@ async fn run(
         };
         match message.status {
             None | Some(StatusCode::OK) => {
-                if let Some(front) = open.front_mut() {
-                    front.remaining = front.remaining.saturating_sub(1);
-                    if front.remaining == 0 {
-                        open.pop_front();
-                    }
-                }
+                requested.delivered();
                 let delivered_pin = message
                     .headers
                     .as_ref()
@@ -351,7 +431,7 @@ async fn run(
             }
             Some(StatusCode::IDLE_HEARTBEAT) => {}
             Some(StatusCode::PIN_ID_MISMATCH) => {
-                open.pop_front();
+                requested.ended(pending_of(message.headers.as_ref()), settings.batch);
                 if let Some(lost) = pin.take() {
                     tracing::debug!(pin = %lost, "pin lost");
                     if !sink(PinSignal::Lost { pin: lost }) {
@@ -360,10 +440,10 @@ async fn run(
                 }
             }
             Some(StatusCode::TIMEOUT) | Some(StatusCode::NOT_FOUND) => {
-                open.pop_front();
+                requested.ended(pending_of(message.headers.as_ref()), settings.batch);
             }
             Some(status) => {
-                open.pop_front();
+                requested.ended(pending_of(message.headers.as_ref()), settings.batch);
                 tracing::warn!(%status, description = ?message.description, "pull request ended");
             }
         }
@@ -382,6 +462,8 @@ fn pull_request(batch: u32, expires: Duration, pin: Option<&str>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::VecDeque;
+
     use super::*;
 
     #[test]
@@ -419,6 +501,112 @@ mod tests {
         ] {
             assert_eq!(ack_info(bad), None, "{bad}");
         }
+    }
+
+    const EXPIRES: Duration = Duration::from_millis(500);
+
+    /// The warm-pass stall of issue 11: two open requests served in turn, the older expiring
+    /// partly served. Counting per request (deliveries taken from the oldest, a status ending
+    /// the oldest) left 5 messages counted that nobody would deliver; a few such rounds and
+    /// the loop believed half a batch was on its way, and pulled only once per `expires`.
+    #[test]
+    fn requests_served_in_turn_are_counted_exactly() {
+        let now = Instant::now();
+        let mut requested = Requested::default();
+        requested.sent(10, now); // A
+        (0..5).for_each(|_| requested.delivered());
+        assert!(requested.wants_pull(10, EXPIRES, now), "half a batch left");
+        requested.sent(10, now); // B
+        // In turn: A gets 2 more (3 left), B gets 2 (8 left).
+        (0..4).for_each(|_| requested.delivered());
+        assert!(!requested.wants_pull(10, EXPIRES, now));
+        requested.ended(Some(3), 10); // A expires
+        assert_eq!(requested.messages, 8, "what B still asks for");
+        // A backlog fills B, which ends without a status.
+        (0..8).for_each(|_| requested.delivered());
+        assert!(requested.is_empty());
+        assert!(requested.wants_pull(10, EXPIRES, now));
+    }
+
+    /// The count equals the sum of what the server's open requests still ask for, whatever
+    /// order they are served and ended in (a pseudo-random schedule of the server's rules).
+    #[test]
+    fn the_count_follows_the_servers_requests_through_any_schedule() {
+        const BATCH: u32 = 16;
+        let now = Instant::now();
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut random = move |n: u64| {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (seed >> 33) % n
+        };
+        let mut requested = Requested::default();
+        // The server's waiting queue: what each open request still asks for.
+        let mut server: VecDeque<u64> = VecDeque::new();
+        for _ in 0..100_000 {
+            match random(4) {
+                0 if requested.wants_pull(BATCH, EXPIRES, now) => {
+                    requested.sent(BATCH, now);
+                    server.push_back(u64::from(BATCH));
+                }
+                1 | 2 => {
+                    // A message to the first request, which then goes to the back.
+                    if let Some(mut first) = server.pop_front() {
+                        first -= 1;
+                        requested.delivered();
+                        if first > 0 {
+                            server.push_back(first);
+                        }
+                    }
+                }
+                _ => {
+                    // The oldest request expires, or a request is refused outright.
+                    if random(2) == 0 {
+                        if let Some(oldest) = server.pop_front() {
+                            requested.ended(Some(oldest), BATCH);
+                        }
+                    } else if requested.wants_pull(BATCH, EXPIRES, now) {
+                        requested.sent(BATCH, now);
+                        requested.ended(None, BATCH);
+                    }
+                }
+            }
+            assert_eq!(requested.messages, server.iter().sum::<u64>());
+        }
+    }
+
+    #[test]
+    fn requests_lost_unanswered_are_forgotten_once_they_must_have_expired() {
+        let now = Instant::now();
+        let forget_after = EXPIRES + Duration::from_secs(1);
+        let mut requested = Requested::default();
+        assert_eq!(requested.wake_at(true, EXPIRES, forget_after), None);
+        requested.sent(10, now);
+        assert_eq!(
+            requested.wake_at(false, EXPIRES, forget_after),
+            Some(now + EXPIRES)
+        );
+        assert_eq!(
+            requested.wake_at(true, EXPIRES, forget_after),
+            Some(now + forget_after)
+        );
+        requested.expire(now + EXPIRES, forget_after);
+        assert!(!requested.is_empty());
+        assert!(
+            requested.wants_pull(10, EXPIRES, now + EXPIRES),
+            "stale: refresh the pin"
+        );
+        requested.expire(now + forget_after, forget_after);
+        assert!(requested.is_empty());
+        assert_eq!(requested.wake_at(true, EXPIRES, forget_after), None);
+    }
+
+    #[test]
+    fn a_status_names_what_its_request_had_not_been_given() {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(HDR_PENDING_MESSAGES, "7");
+        assert_eq!(pending_of(Some(&headers)), Some(7));
+        assert_eq!(pending_of(Some(&async_nats::HeaderMap::new())), None);
+        assert_eq!(pending_of(None), None);
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub const HDR_REPLY_TO: &str = "Jetshard-Reply-To";
 pub const HDR_TRACEPARENT: &str = "traceparent";
 /// Server header naming the pin of a delivered message.
 pub const HDR_PIN_ID: &str = "Nats-Pin-Id";
+/// Server header of a status that ends a pull request (`408`, `409`, `423`): how many of the
+/// messages it asked for it had not been given.
+pub const HDR_PENDING_MESSAGES: &str = "Nats-Pending-Messages";
 /// Server header of the compare-and-set: the expected last sequence of a subject.
 pub const HDR_EXPECTED_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 /// Server header of the compare-and-set: the subject whose last sequence is checked.

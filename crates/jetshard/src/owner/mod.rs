@@ -45,7 +45,7 @@ use crate::config::ShardConfig;
 use crate::entity::{Entity, EntityId};
 use crate::entity_actor::{EntityContext, EntityReport, Outcome, Passivated, Reporter, Seed};
 use crate::fence;
-use crate::group_commit::CommitStats;
+use crate::group_commit::{CommitStats, Mode};
 use crate::health::{HealthBoard, PartitionHealth};
 use crate::journal::JournalWriter;
 use crate::pin::{self, Delivery, PinSignal, PullLoop, PullSettings};
@@ -480,6 +480,7 @@ impl<E: Entity> OwnerState<E> {
             self.shared.names.clone(),
             partition,
             fence,
+            Mode::for_replicas(self.shared.config.replicas),
             self.commits.clone(),
             self.metrics.commit.clone(),
         );
