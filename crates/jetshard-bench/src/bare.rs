@@ -20,6 +20,7 @@
 //! allows 5,000 by default).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow};
@@ -34,7 +35,7 @@ use jetshard::wire::{
     Names, PRIORITY_GROUP,
 };
 use jetshard::{Codec, Entity, EntityId, FenceRecord};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
 use crate::entity::{BenchCmd, BenchEntity, BenchState};
@@ -59,9 +60,14 @@ const PULL_HEARTBEAT: Duration = Duration::from_millis(400);
 /// Publish acknowledgements the JetStream context allows in flight: every partition's window.
 const ACKS_IN_FLIGHT: usize = 65_536;
 
+/// The server's code for a fenced write refused because another one naming the same subject
+/// is in flight (clustered streams only).
+const WRITE_IN_FLIGHT: u64 = 10164;
+
 /// A running bare loop over every partition of one entity type.
 pub struct BareLoop {
     tasks: Vec<JoinHandle<anyhow::Result<()>>>,
+    refused: Arc<AtomicU64>,
 }
 
 impl BareLoop {
@@ -72,6 +78,20 @@ impl BareLoop {
         client: async_nats::Client,
         entity_type: &str,
         partitions: u32,
+    ) -> anyhow::Result<Self> {
+        Self::start_with(client, entity_type, partitions, IN_FLIGHT).await
+    }
+
+    /// [`BareLoop::start`] with at most `in_flight` event writes in flight per partition: 1 is
+    /// the serialized loop, the fastest naive loop that does not collide on a clustered journal.
+    /// A write the server refuses because another fenced write of its partition is in flight
+    /// (10164, clustered journals only) is counted ([`BareLoop::refused`]) and sent again until
+    /// it is stored, as a naive loop would.
+    pub async fn start_with(
+        client: async_nats::Client,
+        entity_type: &str,
+        partitions: u32,
+        in_flight: usize,
     ) -> anyhow::Result<Self> {
         let js = jetstream::ContextBuilder::new()
             .timeout(Duration::from_secs(10))
@@ -84,6 +104,7 @@ impl BareLoop {
             .await
             .with_context(|| format!("open stream {}", names.command_stream()))?;
         let mut tasks = Vec::new();
+        let refused = Arc::new(AtomicU64::new(0));
         for partition in 0..partitions {
             let fence_seq = claim(&js, &names, partition).await?;
             let consumer: PullConsumer = commands
@@ -97,10 +118,17 @@ impl BareLoop {
                 fence_seq: fence_seq.to_string(),
                 fence_subject: names.fence_subject(partition),
                 codec: Codec::default(),
+                in_flight: in_flight.max(1),
+                refused: refused.clone(),
             };
-            tasks.push(tokio::spawn(writer.run(consumer)));
+            tasks.push(tokio::spawn(Arc::new(writer).run(consumer)));
         }
-        Ok(Self { tasks })
+        Ok(Self { tasks, refused })
+    }
+
+    /// Event writes refused with 10164 (and sent again) so far.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// An error if a partition loop has ended (they run until stopped).
@@ -151,10 +179,12 @@ struct PartitionWriter {
     fence_seq: String,
     fence_subject: String,
     codec: Codec,
+    in_flight: usize,
+    refused: Arc<AtomicU64>,
 }
 
 impl PartitionWriter {
-    async fn run(self, consumer: PullConsumer) -> anyhow::Result<()> {
+    async fn run(self: Arc<Self>, consumer: PullConsumer) -> anyhow::Result<()> {
         let mut messages = consumer
             .stream()
             .max_messages_per_batch(PULL_BATCH)
@@ -164,15 +194,21 @@ impl PartitionWriter {
             .messages()
             .await
             .context("start pulling")?;
-        let (written, mut to_ack) =
-            mpsc::channel::<(PublishAckFuture, jetstream::Message)>(IN_FLIGHT);
+        let permits = Arc::new(Semaphore::new(self.in_flight));
+        let (written, mut to_ack) = mpsc::unbounded_channel::<(
+            PublishAckFuture,
+            jetstream::Message,
+            OwnedSemaphorePermit,
+        )>();
+        let writer = self.clone();
         let acker: JoinHandle<anyhow::Result<()>> = tokio::spawn(async move {
-            while let Some((event_ack, command)) = to_ack.recv().await {
-                event_ack.await.context("event write not acknowledged")?;
+            while let Some((event_ack, command, permit)) = to_ack.recv().await {
+                writer.confirm(event_ack, &command).await?;
                 command
                     .ack()
                     .await
                     .map_err(|e| anyhow!("acknowledge a command: {e}"))?;
+                drop(permit);
             }
             Ok(())
         });
@@ -184,13 +220,37 @@ impl PartitionWriter {
                     continue;
                 }
             };
+            let permit = permits
+                .clone()
+                .acquire_owned()
+                .await
+                .context("the write window")?;
             let event_ack = self.write_event(&message).await?;
-            if written.send((event_ack, message)).await.is_err() {
+            if written.send((event_ack, message, permit)).is_err() {
                 break;
             }
         }
         drop(written);
         acker.await.context("the acknowledging task")?
+    }
+
+    /// Waits for an event write's acknowledgement; a write refused for another in flight
+    /// (10164) is counted and sent again until it is stored.
+    async fn confirm(
+        &self,
+        mut event_ack: PublishAckFuture,
+        command: &jetstream::Message,
+    ) -> anyhow::Result<()> {
+        loop {
+            match event_ack.await {
+                Ok(_) => return Ok(()),
+                Err(e) if server_error_code(&e) == Some(WRITE_IN_FLIGHT) => {
+                    self.refused.fetch_add(1, Ordering::Relaxed);
+                    event_ack = self.write_event(command).await?;
+                }
+                Err(e) => return Err(e).context("event write not acknowledged"),
+            }
+        }
     }
 
     /// Decides the command's event and publishes it, fenced; returns the pending publish ack.
@@ -229,4 +289,11 @@ impl PartitionWriter {
             .await
             .context("publish an event")
     }
+}
+
+/// The JetStream error code behind a publish error, if the server answered with one.
+fn server_error_code(error: &async_nats::jetstream::context::PublishError) -> Option<u64> {
+    std::error::Error::source(error)?
+        .downcast_ref::<async_nats::jetstream::Error>()
+        .map(|e| e.error_code().0)
 }

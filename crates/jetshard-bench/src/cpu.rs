@@ -43,10 +43,11 @@ pub fn heap_in_use_bytes() -> Option<u64> {
     }
 }
 
-/// CPU used by this process and by the server between two readings.
-#[derive(Debug, Clone, Copy)]
+/// CPU used by this process and by the server (or the servers of a cluster) between two
+/// readings.
+#[derive(Debug, Clone)]
 pub struct CpuMeter {
-    server_pid: Option<u32>,
+    server_pids: Vec<u32>,
     client_start: Option<Duration>,
     server_start: Option<Duration>,
 }
@@ -56,17 +57,17 @@ pub struct CpuMeter {
 pub struct CpuSpent {
     /// This process (the client side), seconds.
     pub client_secs: f64,
-    /// The server process, seconds.
+    /// The server processes, seconds.
     pub server_secs: f64,
 }
 
 impl CpuMeter {
-    /// Starts measuring this process and the server with pid `server_pid`.
-    pub fn start(server_pid: Option<u32>) -> Self {
+    /// Starts measuring this process and the servers with pids `server_pids`.
+    pub fn start(server_pids: &[u32]) -> Self {
         Self {
-            server_pid,
+            server_pids: server_pids.to_vec(),
             client_start: cpu_time(std::process::id()),
-            server_start: server_pid.and_then(cpu_time),
+            server_start: servers_cpu_time(server_pids),
         }
     }
 
@@ -78,9 +79,14 @@ impl CpuMeter {
         };
         CpuSpent {
             client_secs: since(self.client_start, cpu_time(std::process::id())),
-            server_secs: since(self.server_start, self.server_pid.and_then(cpu_time)),
+            server_secs: since(self.server_start, servers_cpu_time(&self.server_pids)),
         }
     }
+}
+
+/// The CPU time of all of `pids` together; `None` if one cannot be read.
+fn servers_cpu_time(pids: &[u32]) -> Option<Duration> {
+    pids.iter().map(|pid| cpu_time(*pid)).sum()
 }
 
 /// The memory the kernel says is available for new work (`MemAvailable`), in bytes.

@@ -1,7 +1,7 @@
 //! # jetshard-bench
 //!
 //! What jetshard costs over writing the JetStream loop by hand, how fast it recovers, and how
-//! much memory an entity takes. Six scenarios, each against a fresh `nats-server` from
+//! much memory an entity takes. Seven scenarios, each against a fresh `nats-server` from
 //! `jetshard-testkit`, each against a baseline measured in the same run, because the machines
 //! are shared and noisy: ratios are steadier than absolute figures.
 //!
@@ -13,6 +13,7 @@
 //! | `failover` | SIGKILL / SIGSTOP of the owner -> first event of the new owner | pin TTL + 300 ms + rebuild |
 //! | `memory` | RSS per resident entity, idle and with state, with and without passivation | - |
 //! | `scaling` | throughput at 1..256 partitions and 1..3 processes | the bare loop (partitions) |
+//! | `cluster` | commands/s on 3 servers with R3 streams, cold and warm; 10164 refusals | the serialized bare loop ([`cluster`]) |
 //!
 //! Figures are printed as a table and written as JSON; targets are reported, never asserted.
 //! A figure measured over rounds is their median, with the worst round beside it (`worst`,
@@ -21,6 +22,7 @@
 //! `cargo run --release -p jetshard-bench` or `cargo bench -p jetshard-bench`.
 
 pub mod bare;
+pub mod cluster;
 pub mod cpu;
 pub mod entity;
 pub mod failover;
@@ -60,6 +62,9 @@ pub enum Scenario {
     Memory,
     /// Throughput over partition and process counts.
     Scaling,
+    /// Throughput on a 3-server cluster with R3 streams, against serialized and pipelined bare
+    /// loops.
+    Cluster,
 }
 
 /// The sizes and settings of a run.
@@ -96,6 +101,12 @@ pub struct Options {
     /// worst round beside them.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Commands per pass of the cluster scenario (3 servers, R3 streams).
+    #[arg(long, default_value_t = 20_000)]
+    pub cluster_commands: usize,
+    /// Rounds of the cluster scenario (serialized bare, pipelined bare, jetshard, each round).
+    #[arg(long, default_value_t = 1)]
+    pub cluster_rounds: usize,
     /// Seconds of measured latency load.
     #[arg(long, default_value_t = 10)]
     pub latency_secs: u64,
@@ -243,6 +254,7 @@ async fn run(
             Scenario::Failover => failover::run(&options, &mut report).await,
             Scenario::Memory => memory::run(&options, &mut report).await,
             Scenario::Scaling => scaling::run(&options, &mut report).await,
+            Scenario::Cluster => cluster::run(&options, &mut report).await,
         };
         if let Err(e) = result {
             // One failed scenario does not cost the figures of the others.

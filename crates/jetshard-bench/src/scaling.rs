@@ -174,7 +174,8 @@ async fn drain_processes(spec: DrainSpec, processes: usize) -> anyhow::Result<Pr
         nodes.push(NodeProcess::start(&args).await?);
     }
     crate::load::seed_entities(control.clone(), "bench", spec.partitions, spec.entities).await?;
-    let passes = throughput::timed_passes(&server, &control, spec, || Ok(())).await;
+    let pids: Vec<u32> = server.pid().into_iter().collect();
+    let passes = throughput::timed_passes(&pids, &control, spec, || Ok(())).await;
     let split = nodes
         .iter()
         .map(|n| (n.id().to_owned(), n.acquisitions().len()))

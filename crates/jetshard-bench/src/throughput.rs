@@ -112,7 +112,8 @@ pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<DrainRun> {
         .await
         .context("start the shard system")?;
     load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
-    let passes = timed_passes(&server, &control, spec, || Ok(())).await;
+    let pids: Vec<u32> = server.pid().into_iter().collect();
+    let passes = timed_passes(&pids, &control, spec, || Ok(())).await;
     let acquisitions = system
         .status()
         .await
@@ -137,7 +138,8 @@ pub async fn drain_bare(spec: DrainSpec) -> anyhow::Result<DrainRun> {
     load::provision(server.connect().await?, config).await?;
     load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
     let bare = BareLoop::start(server.connect().await?, ENTITY_TYPE, spec.partitions).await?;
-    let passes = timed_passes(&server, &control, spec, || bare.check()).await;
+    let pids: Vec<u32> = server.pid().into_iter().collect();
+    let passes = timed_passes(&pids, &control, spec, || bare.check()).await;
     bare.stop().await?;
     Ok(DrainRun {
         passes: passes?,
@@ -147,7 +149,7 @@ pub async fn drain_bare(spec: DrainSpec) -> anyhow::Result<DrainRun> {
 
 /// Runs the passes of the protocol against whatever consumes `ENTITY_TYPE`'s partitions.
 pub async fn timed_passes(
-    server: &NatsServer,
+    server_pids: &[u32],
     control: &async_nats::Client,
     spec: DrainSpec,
     check: impl Fn() -> anyhow::Result<()>,
@@ -162,7 +164,7 @@ pub async fn timed_passes(
             .await?;
         check()?;
         let delivered_before = deliveries(control, spec.partitions).await?;
-        let cpu = CpuMeter::start(server.pid());
+        let cpu = CpuMeter::start(server_pids);
         let started = Instant::now();
         gate.open().await?;
         if std::env::var_os("BENCH_DRAIN_DEBUG").is_some() {

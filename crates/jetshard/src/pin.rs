@@ -308,7 +308,8 @@ async fn run(
         requested.expire(now, forget_after);
         let reconnected = client.statistics().connects.load(Ordering::Relaxed);
         if reconnected != connects {
-            // The server dropped the requests of the old connection without a word.
+            // The old connection's requests may be gone without a word (the server drops a
+            // request nobody listens to): count afresh. One that survived costs a spare pull.
             connects = reconnected;
             requested = Requested::default();
         }
