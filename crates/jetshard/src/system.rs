@@ -79,8 +79,16 @@ impl ShardSystem {
         config: ShardConfig,
         supervisor: Option<ActorCell>,
     ) -> Result<Self, Error> {
+        // Every command in hand may have a journal write in flight (one per entity): the
+        // client's own limit on acknowledgements in flight (5,000 by default, over which a
+        // publish fails) must not be lower, and reaching it waits rather than fails.
+        let in_flight = (config.partitions as usize)
+            .saturating_mul(config.max_ack_pending as usize)
+            .max(5_000);
         let js = jetstream::ContextBuilder::new()
             .timeout(config.write_timeout)
+            .max_ack_inflight(in_flight)
+            .backpressure_on_inflight(true)
             .build(client);
         let names = Arc::new(Names::new(&config.entity_type));
         topology::provision(&js, &names, &config).await?;
