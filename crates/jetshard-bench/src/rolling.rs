@@ -98,6 +98,7 @@ pub async fn run(report: &mut Report) -> anyhow::Result<serde_json::Value> {
         .await?;
         tokio::time::sleep(SETTLE).await;
         let steady_from = now_ns();
+        let steady_unix_ms = crate::probe::unix_ms();
         tokio::time::sleep(STEADY).await;
         let rollout_from = now_ns();
         let mut restarts = Vec::new();
@@ -118,17 +119,25 @@ pub async fn run(report: &mut Report) -> anyhow::Result<serde_json::Value> {
             tokio::time::sleep(SETTLE).await;
         }
         let rollout_to = now_ns();
-        Ok::<_, anyhow::Error>((steady_from, rollout_from, rollout_to, restarts, retired))
+        Ok::<_, anyhow::Error>((
+            steady_from,
+            steady_unix_ms,
+            rollout_from,
+            rollout_to,
+            restarts,
+            retired,
+        ))
     }
     .await;
     load.abort();
-    let (steady_from, rollout_from, rollout_to, restarts, mut retired) = match result {
-        Ok(r) => r,
-        Err(e) => {
-            watcher.abort();
-            return Err(e);
-        }
-    };
+    let (steady_from, steady_unix_ms, rollout_from, rollout_to, restarts, mut retired) =
+        match result {
+            Ok(r) => r,
+            Err(e) => {
+                watcher.abort();
+                return Err(e);
+            }
+        };
     // Every command published must show one event.
     let acked_seqs = lock(&acked).clone();
     let drained =
@@ -229,7 +238,34 @@ pub async fn run(report: &mut Report) -> anyhow::Result<serde_json::Value> {
     report
         .rows
         .push(Row::new("failover", case("rollout max"), rollout.max, "ms"));
+    // Per second of scheduled send time since the steady state began: p99 and max, ms.
+    let mut per_second: std::collections::BTreeMap<u64, Vec<f64>> = Default::default();
+    for (at, ms) in &seen.latencies {
+        if *at >= steady_from {
+            per_second
+                .entry((at - steady_from) / 1_000_000_000)
+                .or_default()
+                .push(*ms);
+        }
+    }
+    let per_second: Vec<serde_json::Value> = per_second
+        .into_iter()
+        .map(|(second, values)| {
+            let s = Summary::of(&values);
+            json!([second, s.p99.round(), s.max.round()])
+        })
+        .collect();
+    // Each restart: the node, and its SIGTERM and end in seconds since the steady state began.
+    let restarts_at: Vec<serde_json::Value> = restarts
+        .iter()
+        .map(|(id, from, to)| {
+            let secs = |ms: &u64| ms.saturating_sub(steady_unix_ms) as f64 / 1000.0;
+            json!([id, secs(from), secs(to)])
+        })
+        .collect();
     Ok(json!({
+        "restarts_s": restarts_at,
+        "per_second_p99_max_ms": per_second,
         "commands": acked_seqs.len(),
         "lost": lost,
         "doubled": doubled,
