@@ -70,9 +70,9 @@ async fn a_command_written_before_its_owner_crashed_is_not_applied_again() {
     assert_eq!(report.summary().events, 11, "{report}");
 }
 
-/// A previous owner dead-lettered command `S` and died before terminating it: the next owner's
-/// rebuild reads the dead letters as well as the events, so `S`, recovered from the stream, is
-/// a duplicate and is never applied.
+/// A previous owner dead-lettered command `S` and died before terminating it: the next owner
+/// loads the entity from its dead letters as well as its events, so `S`, recovered from the
+/// stream, is a duplicate and is never applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_dead_lettered_before_its_owner_crashed_is_not_applied_by_the_next() {
     use async_nats::HeaderMap;
@@ -101,7 +101,7 @@ async fn a_command_dead_lettered_before_its_owner_crashed_is_not_applied_by_the_
     .unwrap();
     headers.insert(HDR_COMMAND_SEQ, seq.to_string());
     headers.insert(HDR_ENTITY, "x");
-    s.js.publish_with_headers(names.dead_letter_subject(0), headers, "poison".into())
+    s.js.publish_with_headers(names.dead_letter_subject(0, "x"), headers, "poison".into())
         .await
         .unwrap()
         .await

@@ -195,10 +195,11 @@ fn node_permissions(entity_type: &str, provision: bool, inbox: &str, replies: &s
         format!("$JS.API.CONSUMER.CREATE.{journal}.>"),
         format!("$JS.API.CONSUMER.MSG.NEXT.{journal}.*"),
         format!("$JS.API.CONSUMER.DELETE.{journal}.*"),
-        // Writing the journal: events, fence records, dead letters.
+        // Writing the journal: events, fence records, dead letters, snapshots.
         format!("{t}.evt.>"),
         format!("{t}.fence.*"),
-        format!("{t}.dlq.*"),
+        format!("{t}.dlq.>"),
+        format!("{t}.snap.>"),
         // Heartbeats between the entity type's processes (partition balance).
         format!("{t}.nodes"),
         // Asking whether an owner's process is still there (the crash watch, and a takeover),
@@ -562,7 +563,13 @@ async fn a_node_of_another_entity_type_cannot_touch_the_ledger_streams() {
     let commands = js.get_stream_no_info("LEDGER_CMD").await.unwrap();
     assert!(commands.consumer_info("ledger-p0").await.is_err());
     // ...write its journal (a forged fence record and event)...
-    for subject in ["ledger.fence.0", "ledger.evt.0.a", "ledger.dlq.0"] {
+    for subject in [
+        "ledger.fence.0",
+        "ledger.evt.0.a",
+        "ledger.dlq.0",
+        "ledger.dlq.0.a",
+        "ledger.snap.0.a",
+    ] {
         let ack = async { js.publish(subject, "forged".into()).await?.await }.await;
         assert!(ack.is_err(), "{subject} was written");
     }

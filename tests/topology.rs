@@ -262,3 +262,43 @@ async fn the_server_stops_delivering_past_max_deliver_so_jetshard_sets_none() {
     }
     assert_eq!(seen, 2);
 }
+
+/// A journal stream created by a jetshard before snapshots (no per-entity dead-letter or
+/// snapshot subjects, no roll-ups) is upgraded in place, additively, and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_stream_of_an_earlier_version_gains_the_new_subjects_and_roll_ups() {
+    use async_nats::jetstream::{self, stream};
+
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    let js = jetstream::new(client.clone());
+    js.create_stream(stream::Config {
+        name: "LEDGER_JOURNAL".to_owned(),
+        subjects: vec![
+            "ledger.evt.*.*".to_owned(),
+            "ledger.fence.*".to_owned(),
+            "ledger.dlq.*".to_owned(),
+        ],
+        allow_atomic_publish: true,
+        allow_direct: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let config = ledger_config(1, "n1").build().unwrap();
+    provision(client.clone(), &config).await;
+    let info = js
+        .get_stream("LEDGER_JOURNAL")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .clone();
+    for subject in ["ledger.dlq.*.*", "ledger.snap.*.*", "ledger.evt.*.*"] {
+        assert!(info.subjects.iter().any(|s| s == subject), "{info:?}");
+    }
+    assert!(info.allow_rollup, "{info:?}");
+}

@@ -2,7 +2,7 @@
 //! (`Append { n }` is accepted only when `n` equals the list's length), so a lost, reordered or
 //! doubled command shows as a rejection or a gap.
 
-use jetshard::Entity;
+use jetshard::{Entity, Snapshots};
 use serde::{Deserialize, Serialize};
 
 /// The test entity.
@@ -56,6 +56,10 @@ impl Entity for Ledger {
             LedgerCmd::Refuse => Err("refused".to_owned()),
             LedgerCmd::Abort => std::process::abort(),
         }
+    }
+
+    fn snapshots() -> Option<Snapshots<Vec<u64>>> {
+        Some(Snapshots::serde(1))
     }
 
     fn apply(state: &mut Vec<u64>, event: &LedgerEvt) {

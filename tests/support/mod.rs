@@ -69,7 +69,9 @@ use std::time::Duration;
 
 use jetshard::{ShardConfig, ShardSystem};
 
-/// A config for the `ledger` test entity with short timings, JSON-encoded.
+/// A config for the `ledger` test entity with short timings, JSON-encoded, writing a snapshot
+/// every [`snapshot_every`] events (so every suite of the ledger, chaos and cluster included,
+/// runs with snapshots and loads entities from them).
 pub fn ledger_config(partitions: u32, node: &str) -> jetshard::ShardConfigBuilder {
     ShardConfig::builder("ledger")
         .partitions(partitions)
@@ -78,6 +80,16 @@ pub fn ledger_config(partitions: u32, node: &str) -> jetshard::ShardConfigBuilde
         .pin_ttl(Duration::from_secs(1))
         .ack_wait(Duration::from_secs(3))
         .retry_delay(Duration::from_millis(50))
+        .snapshot_every(snapshot_every())
+}
+
+/// The ledger's snapshot interval in events: `JETSHARD_SNAPSHOT_EVERY` (0: no periodic
+/// snapshots, only on passivation), default 3: short, so that most loads start from a snapshot.
+pub fn snapshot_every() -> u32 {
+    std::env::var("JETSHARD_SNAPSHOT_EVERY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
 }
 
 /// How many commands this system has worked through as applied (duplicates included), over

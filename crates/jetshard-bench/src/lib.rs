@@ -1,7 +1,7 @@
 //! # jetshard-bench
 //!
 //! What jetshard costs over writing the JetStream loop by hand, how fast it recovers, and how
-//! much memory an entity takes. Seven scenarios, each against a fresh `nats-server` from
+//! much memory an entity takes. Eight scenarios, each against a fresh `nats-server` from
 //! `jetshard-testkit`, each against a baseline measured in the same run, because the machines
 //! are shared and noisy: ratios are steadier than absolute figures.
 //!
@@ -14,6 +14,7 @@
 //! | `memory` | RSS per resident entity, idle and with state, with and without passivation | - |
 //! | `scaling` | throughput at 1..256 partitions and 1..3 processes | the bare loop (partitions) |
 //! | `cluster` | commands/s on 3 servers with R3 streams, cold and warm; 10164 refusals | the serialized bare loop ([`cluster`]) |
+//! | `recovery` | acquisition -> first command with a long history; first-command latency; dormant memory; snapshot cost | the full replay of the partition; loaded entities; snapshots off |
 //!
 //! Figures are printed as a table and written as JSON; targets are reported, never asserted.
 //! A figure measured over rounds is their median, with the worst round beside it (`worst`,
@@ -32,6 +33,7 @@ pub mod memory;
 pub mod node;
 pub mod probe;
 pub mod rebuild;
+pub mod recovery;
 pub mod report;
 pub mod scaling;
 pub mod stats;
@@ -65,6 +67,8 @@ pub enum Scenario {
     /// Throughput on a 3-server cluster with R3 streams, against serialized and pipelined bare
     /// loops.
     Cluster,
+    /// Bounded recovery: lazy loading, snapshots, the dormant budget.
+    Recovery,
 }
 
 /// The sizes and settings of a run.
@@ -124,6 +128,12 @@ pub struct Options {
     /// Entities those events belong to.
     #[arg(long, default_value_t = 20_000)]
     pub rebuild_entities: usize,
+    /// Events in the partition of the recovery scenario.
+    #[arg(long, default_value_t = 200_000)]
+    pub recovery_events: usize,
+    /// Entities those events belong to.
+    #[arg(long, default_value_t = 20_000)]
+    pub recovery_entities: usize,
     /// Failover trials per pin TTL and signal.
     #[arg(long, default_value_t = 20)]
     pub failover_trials: usize,
@@ -214,6 +224,8 @@ async fn run(
         options.rebuild_events = 1_000_000;
         options.rebuild_entities = 100_000;
         options.memory_entities = 1_000_000;
+        options.recovery_events = 10_000_000;
+        options.recovery_entities = 100_000;
     }
     let scenarios = if scenarios.is_empty() {
         Scenario::value_variants().to_vec()
@@ -255,6 +267,7 @@ async fn run(
             Scenario::Memory => memory::run(&options, &mut report).await,
             Scenario::Scaling => scaling::run(&options, &mut report).await,
             Scenario::Cluster => cluster::run(&options, &mut report).await,
+            Scenario::Recovery => recovery::run(&options, &acquisitions, &mut report).await,
         };
         if let Err(e) = result {
             // One failed scenario does not cost the figures of the others.

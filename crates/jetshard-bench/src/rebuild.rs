@@ -365,7 +365,7 @@ async fn read_partition(js: &Context, fold: Fold) -> anyhow::Result<Reading> {
         Fold::Count | Fold::Apply => vec![names.partition_events(PARTITION)],
         Fold::JetshardFilters => vec![
             names.partition_events(PARTITION),
-            names.dead_letter_subject(PARTITION),
+            names.partition_dead_letters(PARTITION),
             names.fence_subject(PARTITION),
         ],
     };

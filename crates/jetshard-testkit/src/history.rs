@@ -197,7 +197,7 @@ pub enum Record<E> {
         /// The generation it starts.
         generation: u64,
     },
-    /// A dead letter, `<t>.dlq.<p>`: a command given up.
+    /// A dead letter, `<t>.dlq.<p>.<id>` (or `<t>.dlq.<p>`): a command given up.
     DeadLetter {
         /// Journal sequence.
         seq: u64,
@@ -393,7 +393,8 @@ impl Record<Vec<u8>> {
                 partition: partition(p)?,
                 generation: header_u64(HDR_GENERATION)?,
             }),
-            ["dlq", p] => Ok(Record::DeadLetter {
+            // `<t>.dlq.<p>.<id>`, or `<t>.dlq.<p>` for a command whose subject held no valid id.
+            ["dlq", p] | ["dlq", p, _] => Ok(Record::DeadLetter {
                 seq,
                 partition: partition(p)?,
                 entity: header_text(HDR_ENTITY)
@@ -500,6 +501,17 @@ pub async fn read_journal(
             .info()
             .map_err(|e| ReadError::jetstream(format!("replay {stream_name}"), e.to_string()))?;
         let (seq, pending) = (info.stream_sequence, info.pending);
+        // Snapshots (`<t>.snap.<p>.<id>`) are a cache of the events, not part of the history.
+        let snapshot = message
+            .subject
+            .strip_prefix(entity_type)
+            .is_some_and(|rest| rest.starts_with(".snap."));
+        if snapshot {
+            if pending == 0 {
+                return Ok(records);
+            }
+            continue;
+        }
         records.push(Record::parse(
             entity_type,
             seq,
@@ -1538,6 +1550,11 @@ mod tests {
         headers.insert(HDR_ENTITY, "x-1");
         headers.insert(HDR_REASON, "malformed");
         let letter = Record::parse("ledger", 10, "ledger.dlq.2", Some(&headers), vec![]);
+        assert_eq!(
+            letter,
+            Ok(Record::dead_letter(10, 2, "x-1", 4, 17, "malformed"))
+        );
+        let letter = Record::parse("ledger", 10, "ledger.dlq.2.x-1", Some(&headers), vec![]);
         assert_eq!(
             letter,
             Ok(Record::dead_letter(10, 2, "x-1", 4, 17, "malformed"))

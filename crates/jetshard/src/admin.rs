@@ -17,7 +17,7 @@ use crate::status::NodeStatus;
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_GENERATION, HDR_REASON, Names, PRIORITY_GROUP,
 };
-use crate::wire::{HDR_MSG_ID, HDR_REPLAY_OF};
+use crate::wire::{HDR_MSG_ID, HDR_REPLAY_OF, HDR_SNAPSHOT_UPTO};
 
 /// One partition as the server sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,6 +117,16 @@ pub struct Purged {
     /// Dead letters selected but kept: their command is above its partition's ack floor and
     /// could be handled again without them. Purge again once the partition has caught up.
     pub kept: u64,
+}
+
+/// What [`Admin::compact`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Compacted {
+    /// Snapshots read (one per entity that has one).
+    pub snapshots: u64,
+    /// Events removed: each older than its entity's snapshot.
+    pub purged: u64,
 }
 
 /// The journal record named for a replay is not a dead letter of the entity type.
@@ -283,7 +293,9 @@ impl Admin {
     /// [`Error::JetStream`] if the journal cannot be read.
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetter>, Error> {
         let (_, journal) = self.streams().await?;
-        let filter = format!("{}.dlq.*", self.names.entity_type);
+        // `<t>.dlq.<p>.<id>`, and `<t>.dlq.<p>` (no valid id, or written before per-entity
+        // subjects).
+        let filter = self.names.all_dead_letters();
         let consumer = journal
             .create_consumer(jetstream::consumer::pull::OrderedConfig {
                 filter_subject: filter.clone(),
@@ -316,12 +328,7 @@ impl Admin {
             };
             letters.push(DeadLetter {
                 seq,
-                partition: message
-                    .subject
-                    .rsplit('.')
-                    .next()
-                    .and_then(|p| p.parse().ok())
-                    .unwrap_or(0),
+                partition: Names::partition_of_dead_letter(&message.subject).unwrap_or(0),
                 entity: text(HDR_ENTITY),
                 command_seq: fence::header_u64(&headers, HDR_COMMAND_SEQ).unwrap_or(0),
                 deliveries: fence::header_u64(&headers, HDR_DELIVERIES).unwrap_or(0),
@@ -395,6 +402,82 @@ impl Admin {
         })
     }
 
+    /// Bounds the journal: removes every event that its entity's latest snapshot covers (each
+    /// entity's events up to the snapshot's `Jetshard-Snapshot-Upto`), over all partitions or
+    /// one. Entities without a snapshot, dead letters (see [`purge_dead_letters`]) and fence
+    /// records are kept. Safe while owners run: an owner loads an entity from its latest
+    /// snapshot and the records after it, never from records the snapshot covers.
+    ///
+    /// After it, a snapshot is the only record of the history it covers, so
+    /// - the entity type's code must keep reading its snapshots: a change of the state's
+    ///   encoding (a new [`Snapshots`](crate::Snapshots) version) would load such entities from
+    ///   the events left, without the history before;
+    /// - readers of the journal (projections, audits) must have read the events before they
+    ///   go, or start from the snapshots. docs/OPERATIONS.md, "Bounding the journal".
+    ///
+    /// [`purge_dead_letters`]: Self::purge_dead_letters
+    ///
+    /// # Errors
+    /// [`Error::JetStream`] if the journal cannot be read or the server refuses a purge.
+    pub async fn compact(&self, partition: Option<u32>) -> Result<Compacted, Error> {
+        let (_, journal) = self.streams().await?;
+        let filter = match partition {
+            Some(p) => self.names.partition_snapshots(p),
+            None => format!("{}.snap.>", self.names.entity_type),
+        };
+        let consumer = journal
+            .create_consumer(jetstream::consumer::pull::OrderedConfig {
+                filter_subject: filter.clone(),
+                headers_only: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
+        let mut done = Compacted::default();
+        if consumer.cached_info().num_pending == 0 {
+            return Ok(done);
+        }
+        let mut covered = Vec::new();
+        let mut messages = consumer
+            .messages()
+            .await
+            .map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
+        while let Ok(Some(next)) =
+            tokio::time::timeout(Duration::from_secs(10), messages.next()).await
+        {
+            let message = next.map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
+            let pending = message
+                .info()
+                .map_err(|e| Error::jetstream(format!("read {filter}"), e.to_string()))?
+                .pending;
+            let headers = message.headers.clone().unwrap_or_default();
+            let upto = fence::header_u64(&headers, HDR_SNAPSHOT_UPTO);
+            let written = fence::header_u64(&headers, HDR_GENERATION).is_some();
+            // `<t>.snap.<p>.<id>` -> `<t>.evt.<p>.<id>`.
+            let events = message
+                .subject
+                .strip_prefix(&format!("{}.snap.", self.names.entity_type))
+                .map(|rest| format!("{}.evt.{rest}", self.names.entity_type));
+            if let (Some(upto), true, Some(events)) = (upto, written, events) {
+                done.snapshots += 1;
+                covered.push((events, upto));
+            }
+            if pending == 0 {
+                break;
+            }
+        }
+        for (events, upto) in covered {
+            let purged = journal
+                .purge()
+                .filter(events.clone())
+                .sequence(upto + 1)
+                .await
+                .map_err(|e| Error::jetstream(format!("purge {events}"), e))?;
+            done.purged += purged.purged;
+        }
+        Ok(done)
+    }
+
     /// Removes the dead letters `which` selects from the journal, except those whose command
     /// could still come back; returns how many went and how many stayed.
     ///
@@ -460,14 +543,20 @@ impl Admin {
             if going == 0 {
                 continue;
             }
-            let filter = self.names.dead_letter_subject(partition);
-            let purged = journal
-                .purge()
-                .filter(filter.clone())
-                .sequence(below)
-                .await
-                .map_err(|e| Error::jetstream(format!("purge {filter}"), e))?;
-            done.purged += purged.purged;
+            // Both subjects a partition's dead letters are on: each entity's, and the one of
+            // dead letters that name no valid entity.
+            for filter in [
+                format!("{}.*", self.names.partition_dead_letters(partition)),
+                self.names.partition_dead_letters(partition),
+            ] {
+                let purged = journal
+                    .purge()
+                    .filter(filter.clone())
+                    .sequence(below)
+                    .await
+                    .map_err(|e| Error::jetstream(format!("purge {filter}"), e))?;
+                done.purged += purged.purged;
+            }
         }
         Ok(done)
     }

@@ -36,6 +36,9 @@ pub struct ShardConfig {
     pub(crate) duplicate_window: Duration,
     pub(crate) passivate_after: Duration,
     pub(crate) max_resident_entities: Option<usize>,
+    pub(crate) max_dormant_entities: Option<usize>,
+    pub(crate) snapshot_every: Option<u32>,
+    pub(crate) snapshot_on_passivation: bool,
     pub(crate) retry_delay: Duration,
     pub(crate) write_timeout: Duration,
     pub(crate) max_entity_restarts: u32,
@@ -66,6 +69,9 @@ impl ShardConfig {
                 duplicate_window: Duration::from_secs(10 * 60),
                 passivate_after: Duration::from_secs(30),
                 max_resident_entities: None,
+                max_dormant_entities: Some(100_000),
+                snapshot_every: Some(100),
+                snapshot_on_passivation: true,
                 retry_delay: Duration::from_millis(250),
                 write_timeout: Duration::from_secs(10),
                 max_entity_restarts: 20,
@@ -233,6 +239,43 @@ impl ShardConfigBuilder {
         self
     }
 
+    /// A budget of entity states kept in memory without an actor (passivated, "dormant"), in
+    /// this process over all its partitions (default 100 000). Past it, each owner drops its
+    /// least recently used dormant states (down to 90 % of the budget); a dropped entity is
+    /// loaded again from the journal (its latest snapshot and the records after it) on its next
+    /// command. So memory is set by the entities in use, not by every entity the partitions have
+    /// seen. `None` ([`unbounded_dormant_entities`](Self::unbounded_dormant_entities)): keep them
+    /// all.
+    pub fn max_dormant_entities(mut self, budget: usize) -> Self {
+        self.config.max_dormant_entities = Some(budget);
+        self
+    }
+
+    /// Keeps every dormant state in memory (no [`max_dormant_entities`](Self::max_dormant_entities)).
+    pub fn unbounded_dormant_entities(mut self) -> Self {
+        self.config.max_dormant_entities = None;
+        self
+    }
+
+    /// Writes a snapshot of an entity's state after every `events` events it wrote since its
+    /// last one (default 100), if the entity type has opted in ([`Entity::snapshots`]); 0: no
+    /// periodic snapshots. Each snapshot is one more fenced journal write, of the whole state.
+    ///
+    /// [`Entity::snapshots`]: crate::Entity::snapshots
+    pub fn snapshot_every(mut self, events: u32) -> Self {
+        self.config.snapshot_every = (events > 0).then_some(events);
+        self
+    }
+
+    /// Whether a passivated entity writes a snapshot of its state if it wrote events since its
+    /// last one (default on; only for entity types that opted in, [`Entity::snapshots`]).
+    ///
+    /// [`Entity::snapshots`]: crate::Entity::snapshots
+    pub fn snapshot_on_passivation(mut self, on: bool) -> Self {
+        self.config.snapshot_on_passivation = on;
+        self
+    }
+
     /// Base delay of a command's retry after a failure (default 250 ms; doubled per delivery).
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.config.retry_delay = delay;
@@ -335,6 +378,9 @@ impl ShardConfigBuilder {
         if c.max_resident_entities == Some(0) {
             return fail("max_resident_entities", "must be at least 1");
         }
+        if c.max_dormant_entities == Some(0) {
+            return fail("max_dormant_entities", "must be at least 1");
+        }
         if c.max_ack_pending == 0 || c.pull_batch == 0 {
             return fail(
                 "max_ack_pending",
@@ -404,6 +450,10 @@ mod tests {
                 "pin_ttl",
             ),
             (ShardConfig::builder("order").max_deliver(0), "max_deliver"),
+            (
+                ShardConfig::builder("order").max_dormant_entities(0),
+                "max_dormant_entities",
+            ),
             (ShardConfig::builder("order").replicas(2), "replicas"),
             (
                 ShardConfig::builder("order").duplicate_window(Duration::from_secs(1)),

@@ -99,6 +99,95 @@ pub trait Entity: Send + Sync + 'static {
         let _ = version;
         codec.decode(payload)
     }
+
+    /// Whether and how the entity's state is written into snapshots (default: never).
+    ///
+    /// With snapshots, loading an entity reads its latest snapshot and only its records after
+    /// it, instead of its whole history; when they are written is [`ShardConfig`]'s policy
+    /// ([`snapshot_every`](crate::ShardConfigBuilder::snapshot_every),
+    /// [`snapshot_on_passivation`](crate::ShardConfigBuilder::snapshot_on_passivation)).
+    /// Opting in is the one place where the state must be serializable:
+    ///
+    /// ```
+    /// # use jetshard::{Entity, Snapshots};
+    /// # use serde::{Deserialize, Serialize};
+    /// # struct Counter;
+    /// # #[derive(Serialize, Deserialize)] enum Command { Add(u32) }
+    /// # #[derive(Serialize, Deserialize)] enum Event { Added(u32) }
+    /// impl Entity for Counter {
+    ///     # type Command = Command;
+    ///     # type Event = Event;
+    ///     type State = u64; // Serialize + DeserializeOwned: required by `Snapshots::serde`
+    ///     # type Rejection = String;
+    ///     # fn decide(_: &u64, c: Command) -> Result<Vec<Event>, String> {
+    ///     #     let Command::Add(n) = c; Ok(vec![Event::Added(n)]) }
+    ///     # fn apply(s: &mut u64, e: &Event) { let Event::Added(n) = e; *s += u64::from(*n); }
+    ///     // ...
+    ///     fn snapshots() -> Option<Snapshots<u64>> {
+    ///         Some(Snapshots::serde(1))
+    ///     }
+    /// }
+    /// ```
+    ///
+    /// A snapshot is only a cache of the events: one that does not decode (another state
+    /// version, a changed state type, a damaged record) is ignored and the entity is loaded
+    /// from its events.
+    ///
+    /// [`ShardConfig`]: crate::ShardConfig
+    fn snapshots() -> Option<Snapshots<Self::State>> {
+        None
+    }
+}
+
+/// How an entity's state is encoded into snapshots: see [`Entity::snapshots`].
+pub struct Snapshots<S> {
+    version: u32,
+    encode: fn(&S, Codec) -> Result<Vec<u8>, CodecError>,
+    decode: fn(&[u8], Codec) -> Result<S, CodecError>,
+}
+
+impl<S> Clone for Snapshots<S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S> Copy for Snapshots<S> {}
+
+impl<S> fmt::Debug for Snapshots<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Snapshots")
+            .field("version", &self.version)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Serialize + DeserializeOwned> Snapshots<S> {
+    /// Snapshots encoded with the entity type's codec (serde), marked with `version`: raise it
+    /// when a change of the state type changes its encoding (older snapshots are then ignored,
+    /// and each entity is loaded from its events once, until its next snapshot).
+    pub fn serde(version: u32) -> Self {
+        Self {
+            version,
+            encode: |state, codec| codec.encode(state),
+            decode: |bytes, codec| codec.decode(bytes),
+        }
+    }
+}
+
+impl<S> Snapshots<S> {
+    /// The version of the state's encoding written with each snapshot.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    pub(crate) fn encode(&self, state: &S, codec: Codec) -> Result<Vec<u8>, CodecError> {
+        (self.encode)(state, codec)
+    }
+
+    pub(crate) fn decode(&self, bytes: &[u8], codec: Codec) -> Result<S, CodecError> {
+        (self.decode)(bytes, codec)
+    }
 }
 
 /// Reads a stored event of `E` written with encoding `version`.

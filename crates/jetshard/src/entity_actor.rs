@@ -31,8 +31,9 @@ use tracing::Instrument;
 
 use crate::codec::Codec;
 use crate::command::CommandOutcome;
-use crate::entity::{Entity, EntityId, decode_event};
-use crate::journal::{self, JournalWriter, Record, WriteError};
+use crate::entity::{Entity, EntityId, Snapshots, decode_event};
+use crate::error::Error;
+use crate::journal::{self, JournalWriter, Record, SnapshotRecord, WriteError};
 use crate::telemetry::{self, CommandMetrics};
 use crate::trace::CommandTrace;
 use crate::wire::Names;
@@ -43,6 +44,11 @@ pub(crate) struct Seed<E: Entity> {
     pub(crate) last_command_seq: u64,
     /// The outcome of the command at `last_command_seq`, told again to a redelivery of it.
     pub(crate) last_outcome: Option<LastOutcome>,
+    /// The journal sequence of the entity's last record known to be in `state` (0: unknown):
+    /// a snapshot of `state` covers the records up to it.
+    pub(crate) journal_seq: u64,
+    /// Events in `state` since its last snapshot (or since it was loaded without one).
+    pub(crate) unsnapshotted: u32,
 }
 
 impl<E: Entity> Default for Seed<E> {
@@ -51,6 +57,8 @@ impl<E: Entity> Default for Seed<E> {
             state: E::State::default(),
             last_command_seq: 0,
             last_outcome: None,
+            journal_seq: 0,
+            unsnapshotted: 0,
         }
     }
 }
@@ -78,6 +86,28 @@ impl Verdict {
 }
 
 impl LastOutcome {
+    /// As written in a snapshot (header `Jetshard-Last-Outcome`).
+    pub(crate) fn to_header(&self) -> String {
+        match self {
+            LastOutcome::Applied { events } => format!("applied {events}"),
+            LastOutcome::Rejected(reason) => format!("rejected {reason}"),
+            LastOutcome::DeadLettered(reason) => format!("dead_lettered {reason}"),
+        }
+    }
+
+    /// Reads [`to_header`](Self::to_header)'s text back; `None` if it is not one.
+    pub(crate) fn from_header(text: &str) -> Option<Self> {
+        let (kind, rest) = text.split_once(' ').unwrap_or((text, ""));
+        match kind {
+            "applied" => Some(LastOutcome::Applied {
+                events: rest.parse().ok()?,
+            }),
+            "rejected" => Some(LastOutcome::Rejected(rest.into())),
+            "dead_lettered" => Some(LastOutcome::DeadLettered(rest.into())),
+            _ => None,
+        }
+    }
+
     pub(crate) fn to_outcome(&self, command_seq: u64) -> CommandOutcome {
         match self {
             LastOutcome::Applied { events } => CommandOutcome::Applied {
@@ -147,9 +177,11 @@ impl<E: Entity> Seed<E> {
                     _ => 1,
                 };
                 self.last_outcome = Some(LastOutcome::Applied { events });
+                self.unsnapshotted = self.unsnapshotted.saturating_add(1);
             }
         }
         self.last_command_seq = self.last_command_seq.max(stored.command_seq);
+        self.journal_seq = self.journal_seq.max(stored.seq);
         Ok(())
     }
 }
@@ -268,6 +300,23 @@ pub(crate) struct EntityContext {
     pub(crate) report: Reporter,
     /// The partition's decide and write timings.
     pub(crate) metrics: CommandMetrics,
+    /// When entities write snapshots (if their type writes them at all).
+    pub(crate) snapshots: SnapshotPolicy,
+    /// Entity loads in flight in this process, at most [`MAX_LOADS`]: after a takeover every
+    /// active entity loads at once, and unbounded, their reads swamp the server.
+    pub(crate) loads: Arc<tokio::sync::Semaphore>,
+}
+
+/// Entity loads one process runs side by side (each up to three reads at once, then its tail).
+pub(crate) const MAX_LOADS: usize = 32;
+
+/// When an entity writes a snapshot of its state ([`Entity::snapshots`] says whether it can).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SnapshotPolicy {
+    /// After this many events since its last snapshot.
+    pub(crate) every: Option<u32>,
+    /// On passivation, if it wrote events since its last snapshot.
+    pub(crate) on_passivation: bool,
 }
 
 pub(crate) struct EntityActor<E>(PhantomData<fn() -> E>);
@@ -321,6 +370,13 @@ impl<E: Entity> Actor for EntityActor<E> {
         let work = match message {
             EntityMsg::Work(work) => work,
             EntityMsg::Passivate => {
+                if let Loaded::Yes(seed) = &mut state.seed
+                    && !state.broken
+                    && state.context.snapshots.on_passivation
+                    && seed.unsnapshotted > 0
+                {
+                    write_snapshot(&state.id, &state.context, seed).await;
+                }
                 let seed = match std::mem::replace(&mut state.seed, Loaded::No) {
                     Loaded::Yes(seed) if !state.broken => {
                         Some(Box::new(seed) as Box<dyn Any + Send>)
@@ -377,6 +433,13 @@ impl<E: Entity> Actor for EntityActor<E> {
             quarantine,
         };
         (state.context.report)(EntityReport::Outcome(outcome));
+        // After the report, so the command's acknowledgement does not wait for it.
+        if let (Loaded::Yes(seed), false, Some(every)) =
+            (&mut state.seed, state.broken, state.context.snapshots.every)
+            && seed.unsnapshotted >= every
+        {
+            write_snapshot(&state.id, &state.context, seed).await;
+        }
         Ok(())
     }
 }
@@ -405,7 +468,13 @@ async fn process<E: Entity>(
         trace,
     } = work;
     if matches!(state.seed, Loaded::No) {
-        state.seed = match revive::<E>(&state.id, &state.context).await {
+        let loading = std::time::Instant::now();
+        // The semaphore is never closed.
+        let permit = state.context.loads.acquire().await.ok();
+        let revived = revive::<E>(&state.id, &state.context).await;
+        drop(permit);
+        telemetry::record(&state.context.metrics.replay_seconds, loading.elapsed());
+        state.seed = match revived {
             Ok(seed) => Loaded::Yes(seed),
             Err(Revival::Quarantined(q)) => Loaded::Quarantined(q),
             Err(Revival::Unreadable(reason)) => {
@@ -518,6 +587,14 @@ async fn process<E: Entity>(
     seed.last_outcome = Some(LastOutcome::Applied {
         events: u32::try_from(events.len()).unwrap_or(u32::MAX),
     });
+    // 0: a retried batch the server had stored already (its sequence unknown here); a
+    // snapshot then covers less than it could, and loading re-reads a little more.
+    if let Some(stored) = journal_seq.filter(|s| *s > 0) {
+        seed.journal_seq = stored;
+    }
+    seed.unsnapshotted = seed
+        .unsnapshotted
+        .saturating_add(u32::try_from(events.len()).unwrap_or(u32::MAX));
     let applied = catch_unwind(AssertUnwindSafe(|| {
         for event in &events {
             E::apply(&mut seed.state, event);
@@ -552,41 +629,177 @@ enum Revival {
     Unreadable(String),
 }
 
-/// Rebuilds one entity from its records in the journal: its events, and the dead letters of
-/// its commands (which count as processed).
+/// Loads one entity from the journal: its latest snapshot, if the entity type writes them and
+/// it reads back, then its own records after it: events (`<t>.evt.<p>.<id>`) and dead letters
+/// (`<t>.dlq.<p>.<id>`, which count as processed). Reads only this entity's subjects, so it
+/// costs the same however long the partition's history is: three single-message reads side by
+/// side (the snapshot, the last event, the last dead letter), plus one ordered read of the
+/// records after the snapshot if there are any.
+///
+/// A snapshot that does not read back (another state version, a damaged record) is ignored:
+/// the entity is loaded from all its events, which are the record; never a wedge.
+#[tracing::instrument(level = "debug", skip_all, fields(partition = context.partition, entity = %id, generation = context.journal.generation()))]
 async fn revive<E: Entity>(id: &EntityId, context: &EntityContext) -> Result<Seed<E>, Revival> {
-    let mut seed = Seed::<E>::default();
-    let mut quarantine = None;
+    let unreadable =
+        |e: Error| Revival::Unreadable(format!("cannot revive {id} from the journal: {e}"));
     let codec = context.codec;
-    let events = context.names.event_subject(context.partition, id);
-    let read = journal::replay(&context.journal_stream, events, u64::MAX, |stored| {
-        match &mut quarantine {
-            None => quarantine = seed.replay(id.as_str(), &stored, codec).err(),
-            Some(q) => q.last_command_seq = q.last_command_seq.max(stored.command_seq),
+    let partition = context.partition;
+    let events = context.names.event_subject(partition, id);
+    let dead_letters = context.names.entity_dead_letters(partition, id);
+    let mut seed = Seed::<E>::default();
+    // Records of commands up to `covered` are in the snapshot; those after `from` are read.
+    let (mut from, mut covered) = (1, None);
+    // The three reads side by side: an entity's first command waits for one round trip, not
+    // three, when its snapshot is recent (or it has no history).
+    let snapshots = E::snapshots();
+    let snapshot = async {
+        match snapshots {
+            Some(_) => {
+                let subject = context.names.snapshot_subject(partition, id);
+                journal::latest_snapshot(&context.journal_stream, &subject).await
+            }
+            None => Ok(None),
         }
-        Ok(())
-    })
-    .await;
-    read.map_err(|e| Revival::Unreadable(format!("cannot revive {id} from the journal: {e}")))?;
-    // Its dead letters are on the partition's dead-letter subject, among other entities'.
-    let dead_letters = context.names.dead_letter_subject(context.partition);
-    let read = journal::replay(&context.journal_stream, dead_letters, u64::MAX, |stored| {
-        if stored.entity == id.as_str() {
+    };
+    let (latest, events_end, dead_letters_end) = futures::try_join!(
+        snapshot,
+        journal::last_sequence(&context.journal_stream, &events),
+        journal::last_sequence(&context.journal_stream, &dead_letters),
+    )
+    .map_err(unreadable)?;
+    if let (Some(snapshots), Some((snapshot_seq, snapshot))) = (snapshots, latest) {
+        match restore::<E>(&snapshot, snapshots, codec) {
+            Ok(restored) => {
+                tracing::debug!(
+                    snapshot_seq,
+                    cmd_seq = snapshot.command_seq,
+                    "loaded from a snapshot"
+                );
+                from = snapshot.upto + 1;
+                covered = Some(snapshot.command_seq);
+                seed = restored;
+            }
+            Err(reason) => tracing::warn!(
+                snapshot_seq,
+                %reason,
+                "snapshot ignored; the entity is loaded from its events"
+            ),
+        }
+    }
+    let mut quarantine = None;
+    for (filter, end) in [(events, events_end), (dead_letters, dead_letters_end)] {
+        let read = journal::replay(&context.journal_stream, filter, from, end, |stored| {
+            if covered.is_some_and(|c| stored.command_seq <= c) || stored.entity != id.as_str() {
+                return Ok(());
+            }
             match &mut quarantine {
-                None => seed.replay(id.as_str(), &stored, codec).ok(),
-                Some(q) => {
-                    q.last_command_seq = q.last_command_seq.max(stored.command_seq);
-                    None
-                }
-            };
-        }
-        Ok(())
-    })
-    .await;
-    read.map_err(|e| Revival::Unreadable(format!("cannot revive {id} from the journal: {e}")))?;
+                None => quarantine = seed.replay(id.as_str(), &stored, codec).err(),
+                Some(q) => q.last_command_seq = q.last_command_seq.max(stored.command_seq),
+            }
+            Ok(())
+        })
+        .await;
+        read.map_err(unreadable)?;
+    }
     match quarantine {
         Some(q) => Err(Revival::Quarantined(q)),
         None => Ok(seed),
+    }
+}
+
+/// The state a snapshot holds, or why it cannot be used.
+fn restore<E: Entity>(
+    snapshot: &SnapshotRecord,
+    snapshots: Snapshots<E::State>,
+    codec: Codec,
+) -> Result<Seed<E>, String> {
+    if snapshot.version != snapshots.version() {
+        return Err(format!(
+            "state version {} written, this code reads {}",
+            snapshot.version,
+            snapshots.version()
+        ));
+    }
+    let decoded = catch_unwind(AssertUnwindSafe(|| {
+        snapshots.decode(&snapshot.state, codec)
+    }));
+    let state = match decoded {
+        Ok(Ok(state)) => state,
+        Ok(Err(e)) => return Err(format!("state does not decode: {e}")),
+        Err(panic) => return Err(format!("decoding panicked: {}", panic_message(&*panic))),
+    };
+    Ok(Seed {
+        state,
+        last_command_seq: snapshot.command_seq,
+        last_outcome: snapshot
+            .last_outcome
+            .as_deref()
+            .and_then(LastOutcome::from_header),
+        journal_seq: snapshot.upto,
+        unsnapshotted: 0,
+    })
+}
+
+/// Writes a snapshot of `seed` (if the entity type writes them), fenced like its events.
+/// Best effort: a snapshot is a cache of the events, so a failed one is logged and the entity
+/// goes on (a fenced writer learns it is stale at its next event).
+async fn write_snapshot<E: Entity>(id: &EntityId, context: &EntityContext, seed: &mut Seed<E>) {
+    let Some(snapshots) = E::snapshots() else {
+        return;
+    };
+    let encoded = catch_unwind(AssertUnwindSafe(|| {
+        snapshots.encode(&seed.state, context.codec)
+    }));
+    let state = match encoded {
+        Ok(Ok(state)) => state,
+        Ok(Err(e)) => {
+            tracing::warn!(partition = context.partition, entity = %id, error = %e, "state not encoded; no snapshot");
+            return;
+        }
+        Err(panic) => {
+            tracing::warn!(partition = context.partition, entity = %id, panic = %panic_message(&*panic), "encoding the state panicked; no snapshot");
+            return;
+        }
+    };
+    let record = SnapshotRecord {
+        state: state.into(),
+        version: snapshots.version(),
+        command_seq: seed.last_command_seq,
+        upto: seed.journal_seq,
+        last_outcome: seed.last_outcome.as_ref().map(LastOutcome::to_header),
+    };
+    let writing = std::time::Instant::now();
+    match context.journal.snapshot(id, record).await {
+        Ok(journal_seq) => {
+            telemetry::record(&context.metrics.snapshot_seconds, writing.elapsed());
+            tracing::debug!(
+                partition = context.partition,
+                entity = %id,
+                generation = context.journal.generation(),
+                cmd_seq = seed.last_command_seq,
+                journal_seq,
+                "snapshot written"
+            );
+            seed.unsnapshotted = 0;
+        }
+        // Not confirmed (a clustered stream refuses concurrent fenced writes, a leader change):
+        // tried again after the entity's next command.
+        Err(e @ WriteError::Unconfirmed(_)) => tracing::debug!(
+            partition = context.partition,
+            entity = %id,
+            generation = context.journal.generation(),
+            cmd_seq = seed.last_command_seq,
+            error = %e,
+            "snapshot not written"
+        ),
+        Err(e) => tracing::warn!(
+            partition = context.partition,
+            entity = %id,
+            generation = context.journal.generation(),
+            cmd_seq = seed.last_command_seq,
+            error = %e,
+            "snapshot not written"
+        ),
     }
 }
 
@@ -597,5 +810,79 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "non-string panic".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Counter;
+    impl Entity for Counter {
+        type Command = u32;
+        type Event = u32;
+        type State = u64;
+        type Rejection = String;
+        fn decide(_: &u64, command: u32) -> Result<Vec<u32>, String> {
+            Ok(vec![command])
+        }
+        fn apply(state: &mut u64, event: &u32) {
+            *state += u64::from(*event);
+        }
+        fn snapshots() -> Option<Snapshots<u64>> {
+            Some(Snapshots::serde(2))
+        }
+    }
+
+    fn record(version: u32, state: &[u8]) -> SnapshotRecord {
+        SnapshotRecord {
+            state: Bytes::copy_from_slice(state),
+            version,
+            command_seq: 17,
+            upto: 40,
+            last_outcome: Some("rejected too late".to_owned()),
+        }
+    }
+
+    #[test]
+    fn the_last_outcome_reads_back_from_its_header() {
+        for outcome in [
+            LastOutcome::Applied { events: 3 },
+            LastOutcome::Rejected("too late".into()),
+            LastOutcome::DeadLettered("malformed: x y".into()),
+            LastOutcome::Rejected("".into()),
+        ] {
+            assert_eq!(
+                LastOutcome::from_header(&outcome.to_header()),
+                Some(outcome)
+            );
+        }
+        assert_eq!(LastOutcome::from_header("applied many"), None);
+        assert_eq!(LastOutcome::from_header("other"), None);
+    }
+
+    #[test]
+    fn a_snapshot_restores_state_mark_and_outcome() {
+        let snapshots = Counter::snapshots().unwrap();
+        let seed = restore::<Counter>(&record(2, b"42"), snapshots, Codec::Json).unwrap();
+        assert_eq!(seed.state, 42);
+        assert_eq!(seed.last_command_seq, 17);
+        assert_eq!(seed.journal_seq, 40);
+        assert_eq!(seed.unsnapshotted, 0);
+        assert_eq!(
+            seed.last_outcome,
+            Some(LastOutcome::Rejected("too late".into()))
+        );
+    }
+
+    #[test]
+    fn a_snapshot_of_another_version_or_that_does_not_decode_is_refused() {
+        let snapshots = Counter::snapshots().unwrap();
+        let other = restore::<Counter>(&record(1, b"42"), snapshots, Codec::Json);
+        assert!(other.is_err_and(|e| e.contains("version 1")));
+        let garbage = restore::<Counter>(&record(2, b"\xff{"), snapshots, Codec::Json);
+        assert!(garbage.is_err_and(|e| e.contains("does not decode")));
+        let bincode = restore::<Counter>(&record(2, &[0xfd; 3]), snapshots, Codec::Bincode);
+        assert!(bincode.is_err());
     }
 }

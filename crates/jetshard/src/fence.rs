@@ -326,8 +326,10 @@ pub(crate) async fn claim(
             None => (0, None),
         };
         let generation = previous.as_ref().map_or(0, |r| r.generation) + 1;
+        // Whether the previous owner died only counts the commands in hand: with none, the
+        // probe (up to 20 ms when its process is gone and not known dead yet) is skipped.
         let died = match previous.as_ref().and_then(|r| r.incarnation.as_deref()) {
-            Some(theirs) if theirs != incarnation => {
+            Some(theirs) if theirs != incarnation && in_hand.counted.is_some() => {
                 crate::crash::is_gone(&js.client(), names, deaths, theirs).await
             }
             _ => false,

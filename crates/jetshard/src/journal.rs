@@ -12,7 +12,7 @@ use async_nats::HeaderMap;
 use async_nats::header::HeaderName;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use async_nats::jetstream::context::Context;
-use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
+use async_nats::jetstream::stream::{LastRawMessageErrorKind, RawMessageErrorKind, Stream};
 use bytes::Bytes;
 use futures::StreamExt;
 
@@ -24,7 +24,8 @@ use crate::telemetry::CommitMetrics;
 use crate::trace::TraceParent;
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_EVENT_VERSION, HDR_EXPECTED_SUBJECT,
-    HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_MSG_ID, HDR_REASON, HDR_TRACEPARENT, Names,
+    HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_MSG_ID, HDR_REASON, HDR_ROLLUP,
+    HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TRACEPARENT, Names,
 };
 
 /// Why a journal write did not happen.
@@ -180,11 +181,35 @@ impl JournalWriter {
             format!("{}:dlq:{command_seq}", self.names.entity_type),
         );
         let record = Outgoing {
-            subject: self.names.dead_letter_subject(self.partition),
+            subject: self.names.dead_letter_subject(self.partition, entity),
             headers,
             payload,
         };
         self.commit.write(vec![record]).await.map(drop)
+    }
+
+    /// Writes a snapshot of an entity's state on `<t>.snap.<p>.<id>`, fenced like an event (a
+    /// stale owner's snapshot is rejected by the server), rolling up the entity's previous
+    /// snapshot. Returns the snapshot's journal sequence.
+    pub(crate) async fn snapshot(
+        &self,
+        entity: &EntityId,
+        snapshot: SnapshotRecord,
+    ) -> Result<u64, WriteError> {
+        let mut headers = self.fenced_headers();
+        headers.insert(HDR_COMMAND_SEQ, snapshot.command_seq.to_string());
+        headers.insert(HDR_SNAPSHOT_UPTO, snapshot.upto.to_string());
+        headers.insert(HDR_STATE_VERSION, snapshot.version.to_string());
+        headers.insert(HDR_ROLLUP, "sub");
+        if let Some(outcome) = &snapshot.last_outcome {
+            headers.insert(HDR_LAST_OUTCOME, sanitize_header(outcome));
+        }
+        let record = Outgoing {
+            subject: self.names.snapshot_subject(self.partition, entity),
+            headers,
+            payload: snapshot.state,
+        };
+        self.commit.write(vec![record]).await
     }
 
     fn fenced_headers(&self) -> HeaderMap {
@@ -203,6 +228,54 @@ fn sanitize_header(value: &str) -> String {
         .map(|c| if c.is_control() { ' ' } else { c })
         .take(512)
         .collect()
+}
+
+/// A snapshot of one entity's state, as written to or read from `<t>.snap.<p>.<id>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SnapshotRecord {
+    /// The state, encoded by the entity's `Snapshots`.
+    pub(crate) state: Bytes,
+    /// The version of the state's encoding.
+    pub(crate) version: u32,
+    /// The entity's last command it covers (its events and dead letters included).
+    pub(crate) command_seq: u64,
+    /// The journal sequence of the entity's last record it covers: records after it are read
+    /// on top of it.
+    pub(crate) upto: u64,
+    /// What the last command came to (`applied <n>`, `rejected <why>`, `dead_lettered <why>`).
+    pub(crate) last_outcome: Option<String>,
+}
+
+/// The latest snapshot on `subject`, with its own journal sequence; `None` if there is none or
+/// it lacks jetshard's headers (then the entity loads from its events).
+pub(crate) async fn latest_snapshot(
+    journal: &Stream<()>,
+    subject: &str,
+) -> Result<Option<(u64, SnapshotRecord)>, Error> {
+    let message = match journal.get_last_raw_message_by_subject(subject).await {
+        Ok(message) => message,
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+        Err(e) => return Err(Error::jetstream(format!("read the snapshot {subject}"), e)),
+    };
+    let headers = &message.headers;
+    let record = (|| {
+        header_u64(headers, GENERATION)?;
+        Some(SnapshotRecord {
+            version: u32::try_from(header_u64(headers, STATE_VERSION)?).ok()?,
+            command_seq: header_u64(headers, COMMAND_SEQ)?,
+            upto: header_u64(headers, SNAPSHOT_UPTO)?,
+            last_outcome: headers.get(LAST_OUTCOME).map(|v| v.as_str().to_owned()),
+            state: message.payload.clone(),
+        })
+    })();
+    if record.is_none() {
+        tracing::warn!(
+            subject,
+            seq = message.sequence,
+            "snapshot without jetshard headers ignored"
+        );
+    }
+    Ok(record.map(|r| (message.sequence, r)))
 }
 
 /// One record of an entity read back from the journal.
@@ -224,35 +297,91 @@ pub(crate) enum Record<'a> {
     DeadLetter { reason: &'a str },
 }
 
-/// Reads, in journal order, every record on `filter` (a subject, wildcards allowed) up to and
-/// including journal sequence `upto`, calling `each` on each event and dead letter.
+/// Reads, in journal order, every record on `filter` (a subject, wildcards allowed) from journal
+/// sequence `from` up to and including `end`, calling `each` on each event and dead letter.
+/// Reads nothing when `end` is before `from`.
 ///
 /// One filter per read: the server serves a consumer with several filters, one of them sparse
 /// (a partition's fence records among its events), at a few hundred records a second, against
 /// ~100k with one (measured by `jetshard-bench rebuild`, nats-server 2.15).
 ///
 /// The end is a sequence, not "nothing pending": a replica serving the replay may lag behind
-/// the stream leader. The last record on the filter is asked of the leader first, and the
-/// replay waits for it, so it sees every record written before it started. Returns how many
-/// events were read.
+/// the stream leader. `end` is the last record on the filter as asked of the leader
+/// ([`last_sequence`]), and the replay waits for it, so it sees every record written before
+/// that. Returns how many events were read.
 pub(crate) async fn replay(
     journal: &Stream<()>,
     filter: String,
-    upto: u64,
+    from: u64,
+    end: u64,
     mut each: impl FnMut(StoredEvent<'_>) -> Result<(), Error>,
 ) -> Result<u64, Error> {
-    let end = last_sequence(journal, &filter).await?.min(upto);
-    if end == 0 {
+    if end == 0 || end < from {
         return Ok(0);
     }
+    // Most loads read a short tail: single-message reads, no consumer to create and delete.
+    let (mut read, mut from) = (0, from);
+    for _ in 0..DIRECT_READS {
+        let found = journal
+            .raw_message_builder()
+            .sequence(from)
+            .next_by_subject(filter.clone())
+            .send()
+            .await;
+        let message = match found {
+            Ok(message) => message,
+            // Removed since `end` was read (a compaction): nothing more.
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => return Ok(read),
+            Err(e) => return Err(Error::jetstream(format!("read {filter} from {from}"), e)),
+        };
+        if message.sequence > end {
+            return Ok(read);
+        }
+        read += take_record(
+            &message.subject,
+            Some(&message.headers),
+            &message.payload,
+            message.sequence,
+            &mut each,
+        )?;
+        if message.sequence == end {
+            return Ok(read);
+        }
+        from = message.sequence + 1;
+    }
+    let deliver_policy = if from <= 1 {
+        DeliverPolicy::All
+    } else {
+        DeliverPolicy::ByStartSequence {
+            start_sequence: from,
+        }
+    };
     let consumer = journal
         .create_consumer(pull::OrderedConfig {
             filter_subject: filter.clone(),
-            deliver_policy: DeliverPolicy::All,
+            deliver_policy,
             ..Default::default()
         })
         .await
         .map_err(|e| Error::jetstream(format!("open a replay of {filter}"), e))?;
+    let name = consumer.cached_info().name.clone();
+    let read = read_all(consumer, &filter, end, &mut each)
+        .await
+        .map(|more| read + more);
+    // Entities load side by side, each with its own reader: left to expire (after 30 s
+    // unused), their consumers would pile up on the stream (the server refuses past its limit).
+    if let Err(e) = journal.delete_consumer(&name).await {
+        tracing::debug!(%filter, error = %e, "replay consumer not deleted; it expires");
+    }
+    read
+}
+
+async fn read_all(
+    consumer: async_nats::jetstream::consumer::Consumer<pull::OrderedConfig>,
+    filter: &str,
+    end: u64,
+    each: &mut impl FnMut(StoredEvent<'_>) -> Result<(), Error>,
+) -> Result<u64, Error> {
     let mut messages = consumer
         .messages()
         .await
@@ -279,21 +408,42 @@ pub(crate) async fn replay(
         if seq > end {
             return Ok(read);
         }
-        match stored_record(&message.message, seq) {
-            Some(record) => {
-                read += u64::from(matches!(record.record, Record::Event { .. }));
-                each(record)?;
-            }
-            // Not written by jetshard (no generation or command header): never part of any
-            // entity's state. Whoever can publish there should not be able to (docs/SECURITY.md).
-            None => tracing::warn!(
-                subject = %message.subject,
-                seq,
-                "journal record without jetshard headers ignored"
-            ),
-        }
+        let message = &message.message;
+        read += take_record(
+            &message.subject,
+            message.headers.as_ref(),
+            &message.payload,
+            seq,
+            each,
+        )?;
         if seq == end {
             return Ok(read);
+        }
+    }
+}
+
+/// Records read one request each before a replay opens a consumer for the rest.
+const DIRECT_READS: usize = 16;
+
+/// Hands one stored record to `each`; whether it was an event (1) or not (0).
+fn take_record(
+    subject: &str,
+    headers: Option<&HeaderMap>,
+    payload: &Bytes,
+    seq: u64,
+    each: &mut impl FnMut(StoredEvent<'_>) -> Result<(), Error>,
+) -> Result<u64, Error> {
+    match stored_record(subject, headers, payload, seq) {
+        Some(record) => {
+            let event = u64::from(matches!(record.record, Record::Event { .. }));
+            each(record)?;
+            Ok(event)
+        }
+        // Not written by jetshard (no generation or command header): never part of any
+        // entity's state. Whoever can publish there should not be able to (docs/SECURITY.md).
+        None => {
+            tracing::warn!(%subject, seq, "journal record without jetshard headers ignored");
+            Ok(0)
         }
     }
 }
@@ -318,21 +468,29 @@ const COMMAND_SEQ: HeaderName = HeaderName::from_static(HDR_COMMAND_SEQ);
 const ENTITY: HeaderName = HeaderName::from_static(HDR_ENTITY);
 const EVENT_VERSION: HeaderName = HeaderName::from_static(HDR_EVENT_VERSION);
 const REASON: HeaderName = HeaderName::from_static(HDR_REASON);
+const STATE_VERSION: HeaderName = HeaderName::from_static(HDR_STATE_VERSION);
+const SNAPSHOT_UPTO: HeaderName = HeaderName::from_static(HDR_SNAPSHOT_UPTO);
+const LAST_OUTCOME: HeaderName = HeaderName::from_static(HDR_LAST_OUTCOME);
 
-fn stored_record(message: &async_nats::Message, seq: u64) -> Option<StoredEvent<'_>> {
-    let headers = message.headers.as_ref()?;
+fn stored_record<'a>(
+    subject: &'a str,
+    headers: Option<&'a HeaderMap>,
+    payload: &'a Bytes,
+    seq: u64,
+) -> Option<StoredEvent<'a>> {
+    let headers = headers?;
     header_u64(headers, GENERATION)?;
     let command_seq = header_u64(headers, COMMAND_SEQ)?;
-    match message.subject.split('.').nth(1)? {
+    match subject.split('.').nth(1)? {
         "evt" => Some(StoredEvent {
-            entity: Names::entity_of_subject(&message.subject)?,
+            entity: Names::entity_of_subject(subject)?,
             seq,
             command_seq,
             record: Record::Event {
                 // Events written before versions were recorded are version 1.
                 version: header_u64(headers, EVENT_VERSION)
                     .map_or(1, |v| u32::try_from(v).unwrap_or(u32::MAX)),
-                payload: &message.payload,
+                payload,
             },
         }),
         "dlq" => Some(StoredEvent {

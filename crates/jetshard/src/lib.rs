@@ -121,7 +121,7 @@ pub mod wire;
 pub use codec::Codec;
 pub use command::{CommandOutcome, CommandSender, MAX_KEY_LEN};
 pub use config::{CommandRetention, ShardConfig, ShardConfigBuilder};
-pub use entity::{Entity, EntityId, MAX_ID_LEN};
+pub use entity::{Entity, EntityId, MAX_ID_LEN, Snapshots};
 pub use error::{CodecError, ConfigError, Error, InvalidId};
 pub use fence::{FenceRecord, FenceRecordError, HeldRange, Trial};
 pub use health::{Health, PartitionHealth};

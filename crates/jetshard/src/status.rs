@@ -36,6 +36,10 @@ pub struct PartitionStatus {
     pub generation: Option<u64>,
     /// Entities with a live actor.
     pub resident_entities: usize,
+    /// Entities whose state is kept without an actor (within
+    /// [`max_dormant_entities`](crate::ShardConfigBuilder::max_dormant_entities)).
+    #[serde(default)]
+    pub dormant_entities: usize,
     /// Commands received and not yet acknowledged.
     pub commands_in_hand: usize,
     /// Commands applied (events durable) since this process started.

@@ -111,6 +111,8 @@ impl ShardSystem {
             journal_stream,
             events: events.clone(),
             resident: Arc::default(),
+            dormant: Arc::default(),
+            loads: Arc::new(tokio::sync::Semaphore::new(crate::entity_actor::MAX_LOADS)),
             incarnation: crate::journal::unique_token(),
             health: health.clone(),
             deaths: Arc::default(),

@@ -32,9 +32,12 @@ pub(crate) const JOURNAL_COMMIT_RECORDS: &str = "jetshard_journal_commit_records
 pub(crate) const JOURNAL_WRITE_CONFLICTS: &str = "jetshard_journal_write_conflicts_total";
 /// Acquisitions of a partition by this process, by `outcome`: `acquired`, `failed`.
 pub(crate) const ACQUISITIONS: &str = "jetshard_acquisitions_total";
-/// Time an acquisition spent replaying the journal.
+/// Time loading one entity from the journal on its first command (its latest snapshot and its
+/// records after it); an acquisition no longer replays the partition.
 pub(crate) const REPLAY_SECONDS: &str = "jetshard_replay_seconds";
-/// Time of a whole acquisition: claim, replay, recovery.
+/// Time of a snapshot write, to the server's acknowledgement.
+pub(crate) const SNAPSHOT_SECONDS: &str = "jetshard_snapshot_write_seconds";
+/// Time of a whole acquisition: in-hand read, claim, recovery of the in-flight window.
 pub(crate) const ACQUIRE_SECONDS: &str = "jetshard_acquire_seconds";
 /// Times this process stopped owning a partition, by `reason`.
 pub(crate) const STEP_DOWNS: &str = "jetshard_step_downs_total";
@@ -55,6 +58,8 @@ pub(crate) struct CommandMetrics {
     pub(crate) decide_seconds: Histogram,
     pub(crate) write_seconds: Histogram,
     pub(crate) batch_events: Histogram,
+    pub(crate) replay_seconds: Histogram,
+    pub(crate) snapshot_seconds: Histogram,
 }
 
 /// The handles of a partition's group commit.
@@ -75,7 +80,6 @@ pub(crate) struct PartitionMetrics {
     pub(crate) unconfirmed_writes: Counter,
     pub(crate) acquired: Counter,
     pub(crate) acquisition_failed: Counter,
-    pub(crate) replay_seconds: Histogram,
     pub(crate) acquire_seconds: Histogram,
     pub(crate) pin_changes: Counter,
     pub(crate) resident: Gauge,
@@ -108,7 +112,6 @@ impl PartitionMetrics {
             unconfirmed_writes: counter!(UNCONFIRMED_WRITES, labels.clone()),
             acquired: counter!(ACQUISITIONS, with("outcome", "acquired")),
             acquisition_failed: counter!(ACQUISITIONS, with("outcome", "failed")),
-            replay_seconds: histogram!(REPLAY_SECONDS, labels.clone()),
             acquire_seconds: histogram!(ACQUIRE_SECONDS, labels.clone()),
             pin_changes: counter!(PIN_CHANGES, labels.clone()),
             resident: gauge!(ENTITIES, with("state", "resident")),
@@ -121,6 +124,8 @@ impl PartitionMetrics {
                 decide_seconds: histogram!(DECIDE_SECONDS, labels.clone()),
                 write_seconds: histogram!(JOURNAL_WRITE_SECONDS, labels.clone()),
                 batch_events: histogram!(JOURNAL_BATCH_EVENTS, labels.clone()),
+                replay_seconds: histogram!(REPLAY_SECONDS, labels.clone()),
+                snapshot_seconds: histogram!(SNAPSHOT_SECONDS, labels.clone()),
             },
             commit: CommitMetrics {
                 records: histogram!(JOURNAL_COMMIT_RECORDS, labels.clone()),

@@ -2,7 +2,9 @@
 //!
 //! Architecture Invariant: only this module creates or changes streams and consumers. A stream
 //! that exists with another partition count, or a consumer with other settings, is an error at
-//! start, never a silent change.
+//! start, never a silent change. The one change made in place is additive: a journal stream
+//! created by an earlier jetshard gains the subjects it lacks (per-entity dead letters,
+//! snapshots) and roll-ups (`allow_rollup_hdrs`), which no existing record depends on.
 
 use async_nats::jetstream::consumer::{AckPolicy, PriorityPolicy, pull};
 use async_nats::jetstream::stream::{self, RetentionPolicy, StorageType, SubjectTransform};
@@ -44,6 +46,7 @@ async fn provision_once(js: &Context, names: &Names, config: &ShardConfig) -> Re
         check_command_stream(names, config, existing)
     })
     .await?;
+    upgrade_journal_stream(js, names).await?;
     ensure_stream(js, journal_stream_config(names, config), |existing| {
         check_journal_stream(names, config, existing)
     })
@@ -87,8 +90,39 @@ fn journal_stream_config(names: &Names, config: &ShardConfig) -> stream::Config 
         duplicate_window: config.duplicate_window,
         allow_direct: true,
         allow_atomic_publish: true,
+        // A snapshot rolls up the entity's previous one (`Nats-Rollup: sub`).
+        allow_rollup: true,
         ..Default::default()
     }
+}
+
+/// Adds what a journal stream of an earlier jetshard lacks: the subjects of per-entity dead
+/// letters and of snapshots, and roll-ups. A missing stream is left to [`ensure_stream`].
+async fn upgrade_journal_stream(js: &Context, names: &Names) -> Result<(), Error> {
+    let name = &names.journal_stream;
+    let Ok(mut stream) = js.get_stream(name).await else {
+        return Ok(());
+    };
+    let info = stream
+        .info()
+        .await
+        .map_err(|e| Error::jetstream(format!("read stream {name}"), e))?;
+    let mut config = info.config.clone();
+    let missing: Vec<String> = names
+        .journal_subjects()
+        .into_iter()
+        .filter(|s| !config.subjects.contains(s))
+        .collect();
+    if missing.is_empty() && config.allow_rollup {
+        return Ok(());
+    }
+    tracing::info!(stream = %name, ?missing, "adding the journal's new subjects and roll-ups");
+    config.subjects.extend(missing);
+    config.allow_rollup = true;
+    js.update_stream(config)
+        .await
+        .map_err(|e| Error::jetstream(format!("update stream {name}"), e))?;
+    Ok(())
 }
 
 pub(crate) fn consumer_config(names: &Names, config: &ShardConfig, partition: u32) -> pull::Config {
@@ -232,6 +266,12 @@ fn check_journal_stream(
         return Err(Error::Incompatible {
             what: what(),
             detail: "allow_atomic must be true".to_owned(),
+        });
+    }
+    if !existing.allow_rollup {
+        return Err(Error::Incompatible {
+            what: what(),
+            detail: "allow_rollup_hdrs must be true".to_owned(),
         });
     }
     check_replicas(&names.journal_stream, config, existing)

@@ -43,6 +43,16 @@ pub const HDR_BATCH_SEQUENCE: &str = "Nats-Batch-Sequence";
 pub const HDR_BATCH_COMMIT: &str = "Nats-Batch-Commit";
 /// Server header for de-duplication.
 pub const HDR_MSG_ID: &str = "Nats-Msg-Id";
+/// Server header of a roll-up: `sub` keeps only the message just stored on its subject (a
+/// snapshot replaces the entity's previous one).
+pub const HDR_ROLLUP: &str = "Nats-Rollup";
+/// Header on a snapshot: the version of the state's encoding (`Snapshots::version`).
+pub const HDR_STATE_VERSION: &str = "Jetshard-State-Version";
+/// Header on a snapshot: the journal sequence of the last record of the entity it covers.
+pub const HDR_SNAPSHOT_UPTO: &str = "Jetshard-Snapshot-Upto";
+/// Header on a snapshot: what the entity's last command came to (`applied <events>`,
+/// `rejected <reason>`, `dead_lettered <reason>`), told again to a redelivery of it.
+pub const HDR_LAST_OUTCOME: &str = "Jetshard-Last-Outcome";
 /// Header on a command an operator replayed from a dead letter (`Admin::replay`): the dead
 /// letter's journal sequence. Its `Nats-Msg-Id` is `<t>:replay:<that sequence>`, so a second
 /// replay within the command stream's duplicate window is stored once.
@@ -121,6 +131,8 @@ impl Names {
             format!("{t}.evt.*.*"),
             format!("{t}.fence.*"),
             format!("{t}.dlq.*"),
+            format!("{t}.dlq.*.*"),
+            format!("{t}.snap.*.*"),
         ]
     }
 
@@ -145,9 +157,47 @@ impl Names {
         format!("{}.fence.*", self.entity_type)
     }
 
-    /// A partition's dead letters: `<t>.dlq.<p>`.
-    pub fn dead_letter_subject(&self, partition: u32) -> String {
+    /// Where a dead letter of `entity` goes: `<t>.dlq.<p>.<id>` when `entity` is a valid id
+    /// (so that loading one entity reads its own dead letters only), else `<t>.dlq.<p>` (a
+    /// command whose subject held no valid id; dead letters written before per-entity subjects
+    /// are there too).
+    pub fn dead_letter_subject(&self, partition: u32, entity: &str) -> String {
+        match EntityId::new(entity) {
+            Ok(id) => self.entity_dead_letters(partition, &id),
+            Err(_) => self.partition_dead_letters(partition),
+        }
+    }
+
+    /// The dead letters of one entity: `<t>.dlq.<p>.<id>`.
+    pub fn entity_dead_letters(&self, partition: u32, id: &EntityId) -> String {
+        format!("{}.dlq.{partition}.{id}", self.entity_type)
+    }
+
+    /// A partition's dead letters that name no valid entity (and those written before
+    /// per-entity subjects): `<t>.dlq.<p>`.
+    pub fn partition_dead_letters(&self, partition: u32) -> String {
         format!("{}.dlq.{partition}", self.entity_type)
+    }
+
+    /// Every dead letter of the entity type: `<t>.dlq.>`.
+    pub fn all_dead_letters(&self) -> String {
+        format!("{}.dlq.>", self.entity_type)
+    }
+
+    /// The partition of a dead letter's subject (`<t>.dlq.<p>` or `<t>.dlq.<p>.<id>`).
+    pub fn partition_of_dead_letter(subject: &str) -> Option<u32> {
+        subject.split('.').nth(2)?.parse().ok()
+    }
+
+    /// The latest snapshot of an entity's state: `<t>.snap.<p>.<id>` (one message per
+    /// subject: each snapshot rolls the previous one up).
+    pub fn snapshot_subject(&self, partition: u32, id: &EntityId) -> String {
+        format!("{}.snap.{partition}.{id}", self.entity_type)
+    }
+
+    /// All snapshots of a partition: `<t>.snap.<p>.*`.
+    pub fn partition_snapshots(&self, partition: u32) -> String {
+        format!("{}.snap.{partition}.*", self.entity_type)
     }
 
     /// Where the processes of the entity type say how many partitions they own: `<t>.nodes`.
@@ -206,6 +256,11 @@ mod tests {
         assert_eq!(n.consumer(3), "order-p3");
         assert_eq!(n.event_subject(3, &id), "order.evt.3.o-1");
         assert_eq!(n.fence_subject(3), "order.fence.3");
+        assert_eq!(n.dead_letter_subject(3, "o-1"), "order.dlq.3.o-1");
+        assert_eq!(n.dead_letter_subject(3, "a.b"), "order.dlq.3");
+        assert_eq!(Names::partition_of_dead_letter("order.dlq.3.o-1"), Some(3));
+        assert_eq!(Names::partition_of_dead_letter("order.dlq.3"), Some(3));
+        assert_eq!(n.snapshot_subject(3, &id), "order.snap.3.o-1");
         assert_eq!(n.event_msg_id(42, 1), "order:42:1");
         assert_eq!(Names::entity_of_subject("order.evt.3.o-1"), Some("o-1"));
     }

@@ -1,32 +1,21 @@
-//! Taking a partition: a new generation claimed, the state rebuilt from the journal, and the
-//! commands the previous owners held recovered from the command stream.
-
-use std::collections::HashMap;
-use std::time::Duration;
+//! Taking a partition: a new generation claimed, and the commands the previous owners held
+//! recovered from the command stream. No entity's state is read here: each is loaded on its
+//! first command (`entity_actor::revive`), so an acquisition costs a few reads (the consumer's
+//! in-hand range, the claim, the in-flight window), not the partition's history.
 
 use async_nats::jetstream::stream::Stream;
-use tokio::time::Instant;
 
 use super::Shared;
 use super::route::Pending;
-use crate::entity::{Entity, EntityId};
-use crate::entity_actor::{Quarantine, Seed};
+use crate::entity::EntityId;
 use crate::error::Error;
 use crate::fence::{self, Claimed, InHand};
-use crate::journal;
 use crate::pin;
 use crate::wire::Names;
 
 /// What an acquisition gained.
-pub(super) struct Acquired<E: Entity> {
+pub(super) struct Acquired {
     pub(super) claimed: Claimed,
-    /// The rebuilt states.
-    pub(super) dormant: HashMap<EntityId, Seed<E>>,
-    /// Entities whose records cannot be read back.
-    pub(super) quarantined: HashMap<EntityId, Quarantine>,
-    /// Events replayed into them, and how long the replay took.
-    pub(super) rebuilt_events: u64,
-    pub(super) replay_time: Duration,
     /// The previous owners' in-flight commands, in order.
     pub(super) recovered: Vec<(EntityId, Pending)>,
 }
@@ -38,25 +27,19 @@ pub(super) enum AcquireError {
     InHand(#[source] Error),
     #[error("claiming a generation: {0}")]
     Claim(#[from] fence::ClaimError),
-    #[error("rebuilding generation {generation}: {source}")]
-    Rebuild {
-        generation: u64,
-        #[source]
-        source: Error,
-    },
     #[error("recovering in-flight commands: {0}")]
     Recover(#[source] Error),
 }
 
-/// Claims the next generation of `partition`, rebuilds its entities' state from the journal
-/// up to the claim, and reads back the commands earlier owners held. `first_new`: the stream
-/// sequence of the delivery that pinned this owner, if it was that command's first delivery.
-pub(super) async fn claim_and_rebuild<E: Entity>(
+/// Claims the next generation of `partition` and reads back the commands earlier owners held.
+/// `first_new`: the stream sequence of the delivery that pinned this owner, if it was that
+/// command's first delivery.
+pub(super) async fn claim(
     shared: &Shared,
     partition: u32,
     pin: &str,
     first_new: Option<u64>,
-) -> Result<Acquired<E>, AcquireError> {
+) -> Result<Acquired, AcquireError> {
     // The commands in hand, read before the claim so that the claim can count them (one
     // acknowledged meanwhile is recovered in vain and found applied).
     let in_hand = in_hand(shared, partition)
@@ -97,66 +80,10 @@ pub(super) async fn claim_and_rebuild<E: Entity>(
     for (_, pending) in &mut recovered {
         pending.deliveries = u64::from(fence::claims_holding(&claimed.held, pending.seq)) + 1;
     }
-    let fence = claimed.fence;
-
-    // Every event of this partition precedes our fence record: older owners are fenced.
-    let codec = shared.config.codec;
-    let mut dormant: HashMap<EntityId, Seed<E>> = HashMap::new();
-    let mut quarantined: HashMap<EntityId, Quarantine> = HashMap::new();
-    let mut rebuilt = 0;
-    let replay_started = Instant::now();
-    // Up to our own fence record: everything older owners wrote comes before it. Events first,
-    // then dead letters: a dead letter only raises its entity's high-water mark (and says what
-    // its command came to), so the order between the two does not matter.
-    for filter in [
-        shared.names.partition_events(partition),
-        shared.names.dead_letter_subject(partition),
-    ] {
-        rebuilt += journal::replay(&shared.journal_stream, filter, fence.seq, |stored| {
-            if let Some(q) = quarantined.get_mut(stored.entity) {
-                q.last_command_seq = q.last_command_seq.max(stored.command_seq);
-                return Ok(());
-            }
-            // Most records belong to entities seen before: look up by `&str`, and make an
-            // `EntityId` only for a new one.
-            let seed = match dormant.get_mut(stored.entity) {
-                Some(seed) => seed,
-                None => match EntityId::new(stored.entity) {
-                    Ok(id) => dormant.entry(id).or_default(),
-                    // A dead letter of a command whose subject held no valid id: no entity's.
-                    Err(_) => return Ok(()),
-                },
-            };
-            if let Err(quarantine) = seed.replay(stored.entity, &stored, codec) {
-                tracing::error!(
-                    partition,
-                    generation = fence.generation,
-                    entity = stored.entity,
-                    journal_seq = quarantine.journal_seq,
-                    reason = %quarantine.reason,
-                    "entity quarantined: its journal cannot be read back"
-                );
-                if let Some((id, _)) = dormant.remove_entry(stored.entity) {
-                    quarantined.insert(id, quarantine);
-                }
-            }
-            Ok(())
-        })
-        .await
-        .map_err(|source| AcquireError::Rebuild {
-            generation: fence.generation,
-            source,
-        })?;
-    }
-    let replay_time = replay_started.elapsed();
-    Ok(Acquired {
-        claimed,
-        dormant,
-        quarantined,
-        rebuilt_events: rebuilt,
-        replay_time,
-        recovered,
-    })
+    // Nothing of the journal is read here: each entity is loaded on its first command, from
+    // its own snapshot and records (`entity_actor::revive`), so taking a partition costs the
+    // same whatever its history.
+    Ok(Acquired { claimed, recovered })
 }
 
 /// The consumer's `(ack floor, delivered]` as an inclusive range of command-stream sequences:

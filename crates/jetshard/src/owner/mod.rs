@@ -20,6 +20,7 @@
 //! with.
 
 mod acquire;
+mod dormant;
 mod isolate;
 mod phase;
 mod route;
@@ -43,7 +44,9 @@ use tokio::time::Instant;
 use crate::command::CommandOutcome;
 use crate::config::ShardConfig;
 use crate::entity::{Entity, EntityId};
-use crate::entity_actor::{EntityContext, EntityReport, Outcome, Passivated, Reporter, Seed};
+use crate::entity_actor::{
+    EntityContext, EntityReport, Outcome, Passivated, Reporter, Seed, SnapshotPolicy,
+};
 use crate::fence;
 use crate::group_commit::{CommitStats, Mode};
 use crate::health::{HealthBoard, PartitionHealth};
@@ -54,6 +57,7 @@ use crate::status::{OwnershipChange, OwnershipEvent, PartitionStatus, Quarantine
 use crate::telemetry::{self, Load, PartitionMetrics};
 use crate::trace::TraceParent;
 use crate::wire::{HDR_TRACEPARENT, Names, PRIORITY_GROUP};
+use dormant::Dormant;
 use isolate::{Isolation, Next};
 use phase::{Counters, Owning, Phase, Refused, Release};
 use route::{Blocked, Pending};
@@ -70,6 +74,10 @@ pub(crate) struct Shared {
     pub(crate) events: broadcast::Sender<OwnershipEvent>,
     /// Live entity actors over all partitions of this system (for the resident cap).
     pub(crate) resident: Arc<AtomicUsize>,
+    /// Dormant entity states over all partitions of this system (for their budget).
+    pub(crate) dormant: Arc<AtomicUsize>,
+    /// Entity loads in flight over all partitions of this system.
+    pub(crate) loads: Arc<tokio::sync::Semaphore>,
     /// This process's run of the shard system: it answers on `<t>.alive.<incarnation>`, and its
     /// fence records name it.
     pub(crate) incarnation: String,
@@ -265,7 +273,6 @@ impl<E: Entity> Actor for OwnerActor<E> {
         let entity = entity.clone();
         slot.returning = None;
         slot.actor = None;
-        o.lost.insert(entity.clone());
         state.dispatch(&entity);
         Ok(())
     }
@@ -462,8 +469,7 @@ impl<E: Entity> OwnerState<E> {
         self.shared
             .health
             .set(partition, PartitionHealth::Acquiring);
-        let acquired =
-            acquire::claim_and_rebuild::<E>(&self.shared, partition, &pin, first_new).await;
+        let acquired = acquire::claim(&self.shared, partition, &pin, first_new).await;
         let acquired = match acquired {
             Ok(acquired) => acquired,
             Err(e) => {
@@ -498,9 +504,13 @@ impl<E: Entity> OwnerState<E> {
             names: self.shared.names.clone(),
             codec: self.shared.config.codec,
             report,
+            snapshots: SnapshotPolicy {
+                every: self.shared.config.snapshot_every,
+                on_passivation: self.shared.config.snapshot_on_passivation,
+            },
+            loads: Arc::clone(&self.shared.loads),
             metrics: self.metrics.command.clone(),
         });
-        let quarantined = acquired.quarantined.len();
         let trial = acquired.claimed.trial;
         let isolation = trial.map(|_| {
             let held = acquired.recovered.iter().map(|(_, p)| p.seq);
@@ -528,9 +538,8 @@ impl<E: Entity> OwnerState<E> {
             generation: fence.generation,
             pin,
             context,
-            dormant: acquired.dormant,
-            quarantined: acquired.quarantined,
-            lost: Default::default(),
+            dormant: Dormant::new(Arc::clone(&self.shared.dormant)),
+            quarantined: HashMap::new(),
             entities: HashMap::new(),
             crashes: RestartWindow::new(
                 self.shared.config.max_entity_restarts,
@@ -542,17 +551,17 @@ impl<E: Entity> OwnerState<E> {
         }));
         self.counters.acquisitions += 1;
         self.metrics.acquired.increment(1);
-        telemetry::record(&self.metrics.replay_seconds, acquired.replay_time);
         telemetry::record(&self.metrics.acquire_seconds, started.elapsed());
         self.post_load();
         tracing::info!(
             partition,
             generation = fence.generation,
             node = %node,
-            rebuilt_events = acquired.rebuilt_events,
-            quarantined,
+            // Nothing is replayed at acquisition any more (entities load on their first
+            // command); the fields stay for the readers of this line (jetshard-bench).
+            rebuilt_events = 0u64,
             recovered = acquired.recovered.len(),
-            replay_ms = acquired.replay_time.as_millis() as u64,
+            replay_ms = 0u64,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "acquired partition"
         );
@@ -612,9 +621,8 @@ impl<E: Entity> OwnerState<E> {
             crate::entity_actor::Verdict::Fenced | crate::entity_actor::Verdict::Failed(_)
         ) || outcome.quarantine.is_some();
         if stopped {
-            // The actor has stopped, and its state with it.
+            // The actor has stopped, and its state with it: its next actor loads the entity.
             slot.actor = None;
-            o.lost.insert(entity.clone());
         }
         match &outcome.verdict {
             crate::entity_actor::Verdict::Applied { events } => {
@@ -759,7 +767,7 @@ impl<E: Entity> OwnerState<E> {
                 }
                 Effect::Quarantine(quarantine) => {
                     tracing::error!(partition, %entity, journal_seq = quarantine.journal_seq, reason = %quarantine.reason, "entity quarantined");
-                    o.dormant.remove(entity);
+                    o.dormant.forget(entity);
                     o.quarantined.insert(entity.clone(), quarantine);
                 }
                 Effect::StepDown(reason) => self.step_down(reason).await,
@@ -828,21 +836,31 @@ impl<E: Entity> OwnerState<E> {
         if slot.returning.take().is_none() {
             return;
         }
-        match passivated
+        // Without a state it trusts, the actor hands back nothing: the next actor loads the
+        // entity.
+        if let Some(seed) = passivated
             .seed
             .and_then(|seed| seed.downcast::<Seed<E>>().ok())
         {
-            Some(seed) => {
-                o.dormant.insert(entity.clone(), *seed);
-            }
-            None => {
-                o.lost.insert(entity.clone());
-            }
+            o.dormant.keep(entity.clone(), *seed);
         }
         if slot.is_idle() {
             o.entities.remove(&entity);
         } else {
             self.dispatch(&entity);
+        }
+        if let (Some(budget), Some(o)) =
+            (self.shared.config.max_dormant_entities, self.phase.owning())
+        {
+            let evicted = o.dormant.evict_over(budget);
+            if evicted > 0 {
+                tracing::debug!(
+                    partition = self.partition,
+                    generation = o.generation,
+                    evicted,
+                    "dormant states over the budget dropped"
+                );
+            }
         }
     }
 
@@ -1102,6 +1120,7 @@ impl<E: Entity> OwnerState<E> {
         PartitionStatus {
             partition: self.partition,
             generation: owning.map(|o| o.generation),
+            dormant_entities: owning.map_or(0, |o| o.dormant.len()),
             resident_entities: owning.map_or(0, |o| {
                 o.entities.values().filter(|s| s.actor.is_some()).count()
             }),

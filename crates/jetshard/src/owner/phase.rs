@@ -13,16 +13,17 @@
 //!
 //! A stop (graceful release) can start in any phase; its owner stops once released.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use ractor::RpcReplyPort;
 use tokio::time::Instant;
 
+use super::dormant::Dormant;
 use super::isolate::Isolation;
 use super::route::Slot;
 use crate::entity::{Entity, EntityId};
-use crate::entity_actor::{EntityContext, Quarantine, Seed};
+use crate::entity_actor::{EntityContext, Quarantine};
 use crate::fence::HeldRange;
 use crate::retry::RestartWindow;
 
@@ -48,14 +49,13 @@ pub(super) struct Owning<E: Entity> {
     pub(super) pin: Arc<str>,
     /// The fenced journal writer and the rest of what this generation's entity actors share.
     pub(super) context: Arc<EntityContext>,
-    /// The states of entities that have no actor: rebuilt on acquisition, or handed back by
-    /// a passivated actor.
-    pub(super) dormant: HashMap<EntityId, Seed<E>>,
-    /// Entities whose journal cannot be read back: their commands are dead-lettered.
+    /// The states of entities that have no actor, handed back by passivated actors (within the
+    /// process's budget). An entity with neither an actor nor a dormant state is loaded from the
+    /// journal by its next actor.
+    pub(super) dormant: Dormant<E>,
+    /// Entities whose journal cannot be read back (found when they were loaded): their commands
+    /// are dead-lettered.
     pub(super) quarantined: HashMap<EntityId, Quarantine>,
-    /// Entities whose state was lost with an actor that stopped or died: the next actor revives
-    /// them from the journal (an entity in neither this set nor `dormant` has no history).
-    pub(super) lost: HashSet<EntityId>,
     pub(super) entities: HashMap<EntityId, Slot>,
     /// Entity actor crashes, against the restart window.
     pub(super) crashes: RestartWindow,

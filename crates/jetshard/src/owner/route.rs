@@ -190,13 +190,12 @@ pub(super) fn dispatch<E: Entity>(
     if slot.actor.is_none() {
         let loaded = if let Some(q) = o.quarantined.get(entity) {
             Loaded::Quarantined(q.clone())
-        } else if let Some(seed) = o.dormant.remove(entity) {
+        } else if let Some(seed) = o.dormant.take(entity) {
             Loaded::Yes(seed)
-        } else if o.lost.remove(entity) {
-            Loaded::No
         } else {
-            // After a rebuild every entity with records has a dormant state: none, no history.
-            Loaded::Yes(Default::default())
+            // Never loaded under this generation, evicted, or lost with a failed actor: the
+            // actor loads it from the journal on its first command.
+            Loaded::No
         };
         // Without waiting for the actor's start (its `pre_start` only stores its arguments, and
         // cannot fail): the owner goes on routing while the actor starts, and the commands sent
@@ -210,7 +209,6 @@ pub(super) fn dispatch<E: Entity>(
             Ok((actor, _)) => slot.actor = Some(Resident::new(actor, resident)),
             Err(e) => {
                 tracing::error!(partition = o.context.partition, %entity, error = %e, "cannot spawn entity actor");
-                o.lost.insert(entity.clone());
                 return;
             }
         }
