@@ -41,8 +41,11 @@ use crate::wire::{Names, PRIORITY_GROUP};
 /// less than that; a closed connection stays closed.
 pub(crate) const CONFIRM_GAP: Duration = Duration::from_millis(20);
 
-/// How long a claim's probe waits for an answer before it counts for nothing.
-const CLAIM_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long a claim's probe waits for an answer before it counts for nothing. Only "no
+/// responders" changes a claim's verdict (an answer and a timeout both mean "not known dead"),
+/// and the server gives it within a millisecond or two: a longer wait would only delay the
+/// takeover from a stalled owner, whose probe is never answered.
+const CLAIM_PROBE_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// How long a watch's probe waits for an answer before it counts for nothing. A new probe
 /// goes out every interval whether or not the last one was answered: a probe that reached the
