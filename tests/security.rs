@@ -202,8 +202,8 @@ fn node_permissions(entity_type: &str, provision: bool, inbox: &str, replies: &s
         format!("{t}.snap.>"),
         // Heartbeats between the entity type's processes (partition balance).
         format!("{t}.nodes"),
-        // Asking whether an earlier owner's process is still there (on a takeover), and
-        // answering such asks of other nodes, in their inboxes.
+        // Asking whether an owner's process is still there (the crash watch, and a takeover),
+        // and answering such asks of other nodes, in their inboxes.
         format!("{t}.alive.*"),
         format!("{inbox}.>"),
         // Outcomes of commands sent with `Jetshard-Reply-To` (`CommandSender::request`).
@@ -224,7 +224,7 @@ fn node_permissions(entity_type: &str, provision: bool, inbox: &str, replies: &s
             .join(", ")
     };
     format!(
-        "{{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [\"{inbox}.>\", \"{t}.nodes\", \"{t}.alive.*\", \"{t}.status\", \"{t}.query.*.*\"] }} }}",
+        "{{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [\"{inbox}.>\", \"{t}.nodes\", \"{t}.alive.*\", \"{t}.fence.*\", \"{t}.status\", \"{t}.query.*.*\"] }} }}",
         quoted(&publish)
     )
 }

@@ -46,6 +46,7 @@ pub struct ShardConfig {
     pub(crate) max_owner_restarts: u32,
     pub(crate) owner_restart_window: Duration,
     pub(crate) balance: bool,
+    pub(crate) crash_probe_interval: Option<Duration>,
 }
 
 impl ShardConfig {
@@ -78,6 +79,7 @@ impl ShardConfig {
                 max_owner_restarts: 10,
                 owner_restart_window: Duration::from_secs(60),
                 balance: true,
+                crash_probe_interval: Some(Duration::from_millis(20)),
             },
         }
     }
@@ -311,6 +313,30 @@ impl ShardConfigBuilder {
         self
     }
 
+    /// How often this process asks each process that owns partitions whether it is still
+    /// there (default 20 ms; a request on `<t>.alive.<incarnation>` per owning process). A
+    /// process found gone ("no responders" twice, 20 ms apart) has its partitions unpinned at
+    /// once, so a standby takes them over in milliseconds instead of after the pin TTL. A probe
+    /// that times out counts for nothing: a stalled owner keeps its pin until the TTL.
+    pub fn crash_probe_interval(mut self, interval: Duration) -> Self {
+        self.config.crash_probe_interval = Some(interval);
+        self
+    }
+
+    /// Whether this process watches for crashed owners (default on; see
+    /// [`crash_probe_interval`](Self::crash_probe_interval)). Off: a crashed owner's partitions
+    /// move after the pin TTL, unless another process watches.
+    pub fn crash_detection(mut self, on: bool) -> Self {
+        self.config.crash_probe_interval = match on {
+            true => self
+                .config
+                .crash_probe_interval
+                .or(Some(Duration::from_millis(20))),
+            false => None,
+        };
+        self
+    }
+
     /// Validates the settings.
     ///
     /// # Errors
@@ -337,6 +363,11 @@ impl ShardConfigBuilder {
         }
         if c.pin_ttl < Duration::from_millis(300) {
             return fail("pin_ttl", "must be at least 300 ms");
+        }
+        if c.crash_probe_interval
+            .is_some_and(|i| i < Duration::from_millis(5) || i > c.pin_ttl)
+        {
+            return fail("crash_probe_interval", "must be in 5 ms..=pin_ttl");
         }
         if c.ack_wait < Duration::from_millis(500) {
             return fail("ack_wait", "must be at least 500 ms");

@@ -14,6 +14,7 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 use serde::{Deserialize, Serialize};
 
+use crate::crash::Deaths;
 use crate::error::{BoxError, Error};
 use crate::wire::{HDR_GENERATION, Names};
 
@@ -83,6 +84,11 @@ pub struct FenceRecord {
     /// the pin alive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incarnation: Option<String>,
+    /// The pin (`Nats-Pin-Id`) the claimant held the partition's consumer under: a process that
+    /// finds the claimant dead unpins the consumer only while it is still pinned to this pin,
+    /// so that a partition is moved once, not once per process that noticed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin: Option<String>,
     /// The commands in hand at the claim, delivered to earlier owners and not acknowledged
     /// (the consumer's `(ack floor, delivered]`, in command-stream sequences), each range with
     /// how many claims in a row found it in hand after the previous owner died: a command that
@@ -212,6 +218,7 @@ impl FenceRecord {
             generation,
             node: node.into(),
             incarnation: None,
+            pin: None,
             held: Vec::new(),
             trial: None,
         }
@@ -285,47 +292,32 @@ pub(crate) async fn latest(
 /// naming the same expected subject is in flight (not the fence's 10071): try again.
 const IN_FLIGHT_COLLISION: u64 = 10164;
 
-/// Whether the process behind an incarnation is still there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Liveness {
-    /// It answered.
-    Alive,
-    /// The server knows no one answering for it, twice: its connection is gone.
-    Gone,
-    /// No answer in time (stalled, or busy): not taken for dead.
-    Unknown,
+/// Who claims: this process's node id, incarnation and the pin it holds the partition under.
+pub(crate) struct Claimant<'a> {
+    pub(crate) node: &'a str,
+    pub(crate) incarnation: &'a str,
+    pub(crate) pin: &'a str,
+    /// What this process knows of others' deaths: a previous owner known dead is not probed
+    /// for long again (see [`crate::crash::is_gone`]).
+    pub(crate) deaths: &'a Deaths,
 }
 
-/// Asks the process of `incarnation` whether it is there (`<t>.alive.<incarnation>`). A process
-/// that is reconnecting may miss the first ask: "no responders" counts only when it holds a
-/// moment later too.
-async fn probe(client: &async_nats::Client, names: &Names, incarnation: &str) -> Liveness {
-    let subject = names.alive_subject(incarnation);
-    for attempt in 0..2 {
-        if attempt > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        let ask = client.request(subject.clone(), Default::default());
-        match tokio::time::timeout(std::time::Duration::from_millis(500), ask).await {
-            Ok(Ok(_)) => return Liveness::Alive,
-            Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => continue,
-            _ => return Liveness::Unknown,
-        }
-    }
-    Liveness::Gone
-}
-
-/// Claims the next generation of `partition` for `node` (this process: `incarnation`),
-/// counting the commands `in_hand` into the record.
+/// Claims the next generation of `partition` for `claimant`, counting the commands `in_hand`
+/// into the record.
 pub(crate) async fn claim(
     js: &Context,
     journal: &Stream<()>,
     names: &Names,
     partition: u32,
-    node: &str,
-    incarnation: &str,
+    claimant: Claimant<'_>,
     in_hand: InHand,
 ) -> Result<Claimed, ClaimError> {
+    let Claimant {
+        node,
+        incarnation,
+        pin,
+        deaths,
+    } = claimant;
     const ATTEMPTS: u32 = 6;
     let subject = names.fence_subject(partition);
     for attempt in 1..=ATTEMPTS {
@@ -335,10 +327,10 @@ pub(crate) async fn claim(
         };
         let generation = previous.as_ref().map_or(0, |r| r.generation) + 1;
         // Whether the previous owner died only counts the commands in hand: with none, the
-        // probe (50 ms when its process is gone) is skipped.
+        // probe (up to 20 ms when its process is gone and not known dead yet) is skipped.
         let died = match previous.as_ref().and_then(|r| r.incarnation.as_deref()) {
             Some(theirs) if theirs != incarnation && in_hand.counted.is_some() => {
-                probe(&js.client(), names, theirs).await == Liveness::Gone
+                crate::crash::is_gone(&js.client(), names, deaths, theirs).await
             }
             _ => false,
         };
@@ -353,6 +345,7 @@ pub(crate) async fn claim(
             generation,
             node: node.to_owned(),
             incarnation: Some(incarnation.to_owned()),
+            pin: (!pin.is_empty()).then(|| pin.to_owned()),
             held,
             trial,
         };
@@ -505,6 +498,7 @@ mod tests {
             generation: 7,
             node: "n1".into(),
             incarnation: Some("abc".into()),
+            pin: Some("p1n".into()),
             held: vec![range(4, 9, 2)],
             trial: Some(Trial { seq: 5, runs: 1 }),
         };

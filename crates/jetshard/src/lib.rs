@@ -100,6 +100,7 @@ mod balance;
 mod codec;
 mod command;
 mod config;
+mod crash;
 mod entity;
 mod entity_actor;
 mod error;

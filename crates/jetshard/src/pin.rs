@@ -111,8 +111,9 @@ pub(crate) enum PinSignal {
     /// A delivery under `pin` never arrived (the consumer's delivery counter jumped): later
     /// commands must not overtake it.
     Gap { pin: Arc<str> },
-    /// Pulling is paused and no pull request of this loop is open at the server any more:
-    /// nothing more can be delivered to this process, and an unpin cannot pin it again.
+    /// Pulling is paused and no pull request of this loop without the pin id is open at the
+    /// server any more: an unpin cannot pin this process again (the open pulls that carry the
+    /// pin id are ended with 423 by the unpin). Deliveries to those may still arrive until then.
     Idle,
     /// The loop has ended (its subscription closed, or the client failed): nothing more will be
     /// delivered here until a new loop is started.
@@ -296,6 +297,8 @@ async fn run(
     let forget_after = expires + Duration::from_secs(1);
     let mut pin: Option<Arc<str>> = None;
     let mut requested = Requested::default();
+    // When the newest pull without the pin id was sent.
+    let mut unpinned_sent: Option<Instant> = None;
     let mut connects = client.statistics().connects.load(Ordering::Relaxed);
     let mut idle_reported = false;
     // The consumer sequence of the last delivery under `last_pin`.
@@ -322,7 +325,10 @@ async fn run(
         if is_paused {
             // The next pull, after the pause, asks afresh.
             pin = None;
-            if requested.is_empty() && !idle_reported {
+            // Only a pull without the pin id could pin this process again after an unpin: the
+            // server ends the open pulls that carry it with 423 when the pin is cleared.
+            let unpinned_open = unpinned_sent.is_some_and(|sent| now < sent + forget_after);
+            if (requested.is_empty() || !unpinned_open) && !idle_reported {
                 idle_reported = true;
                 if !sink(PinSignal::Idle) {
                     return Ok(Ended::OwnerGone);
@@ -337,12 +343,19 @@ async fn run(
                 .publish_with_reply(request_subject.clone(), inbox.clone(), body.into())
                 .await?;
             requested.sent(settings.batch, now);
+            if pin.is_none() {
+                unpinned_sent = Some(now);
+            }
         }
         // Running: wake to refresh the pull (and so the pin). Paused: wake when every open
         // pull must have ended, or not at all.
-        let wake_at = requested
+        let mut wake_at = requested
             .wake_at(is_paused, expires, forget_after)
             .unwrap_or(now + Duration::from_secs(3600));
+        if is_paused && let Some(sent) = unpinned_sent.filter(|s| now < *s + forget_after) {
+            // Idle once the last pull without the pin id has ended.
+            wake_at = wake_at.min(sent + forget_after);
+        }
 
         let message = tokio::select! {
             message = subscription.next() => match message {

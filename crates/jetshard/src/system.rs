@@ -115,6 +115,7 @@ impl ShardSystem {
             loads: Arc::new(tokio::sync::Semaphore::new(crate::entity_actor::MAX_LOADS)),
             incarnation: crate::journal::unique_token(),
             health: health.clone(),
+            deaths: Arc::default(),
         });
         let actor = SystemActor::<E>(std::marker::PhantomData);
         let spawned = match supervisor {
@@ -260,10 +261,8 @@ impl<E: Entity> Actor for SystemActor<E> {
             last_hand_off: None,
             tasks: Vec::new(),
         };
-        for partition in 0..partitions {
-            spawn_owner::<E>(&myself, &mut state, partition).await?;
-        }
-        // Answers liveness probes of claimants (fence.rs) for as long as this system runs.
+        // Answers liveness probes (crash.rs) for as long as this system runs: subscribed before any
+        // owner can claim, so that no fence record names this process before it answers.
         let alive = state.shared.names.alive_subject(&state.shared.incarnation);
         let mut probes = state.shared.client.subscribe(alive).await?;
         let client = state.shared.client.clone();
@@ -274,6 +273,25 @@ impl<E: Entity> Actor for SystemActor<E> {
                 }
             }
         }));
+        for partition in 0..partitions {
+            spawn_owner::<E>(&myself, &mut state, partition).await?;
+        }
+        if let Some(interval) = state.shared.config.crash_probe_interval {
+            let shared = &state.shared;
+            let watch = crate::crash::watch(crate::crash::WatchArgs {
+                client: shared.client.clone(),
+                names: shared.names.clone(),
+                journal: shared.journal_stream.clone(),
+                commands: shared.command_stream.clone(),
+                partitions,
+                incarnation: shared.incarnation.clone(),
+                node: shared.config.node_id.clone(),
+                interval,
+                deaths: shared.deaths.clone(),
+            })
+            .await?;
+            state.tasks.push(watch);
+        }
         let mut requests = state
             .shared
             .client

@@ -182,6 +182,12 @@ impl Names {
         format!("{}.fence.{partition}", self.entity_type)
     }
 
+    /// Every partition's fence records: `<t>.fence.*` (a core subscription there sees each
+    /// claim as it is published, whether it wins or not).
+    pub fn fence_subjects(&self) -> String {
+        format!("{}.fence.*", self.entity_type)
+    }
+
     /// Where a dead letter of `entity` goes: `<t>.dlq.<p>.<id>` when `entity` is a valid id
     /// (so that loading one entity reads its own dead letters only), else `<t>.dlq.<p>` (a
     /// command whose subject held no valid id; dead letters written before per-entity subjects

@@ -26,7 +26,9 @@ use crate::verify::{self, VerifyOptions};
 /// What happens to the node that owns the most partitions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Fault {
-    /// SIGKILL: a crash. The others take over once its pins lapse (the pin TTL).
+    /// SIGKILL: a crash. Its connection closes with it: the others find its liveness subject
+    /// without responders within milliseconds and unpin its partitions, without waiting for
+    /// the pin TTL.
     Kill,
     /// SIGSTOP, then SIGCONT once the others took over: a stalled process (GC pause, frozen
     /// VM) that comes back believing it still owns its partitions, and must be fenced.
@@ -333,9 +335,9 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoOutcome> {
     );
     if let (Some(min), Some(max)) = (times.iter().min(), times.iter().max()) {
         println!(
-            "  time to take over: {:.2} s to {:.2} s after the {} (pin TTL {:.2} s)",
-            min.as_secs_f64(),
-            max.as_secs_f64(),
+            "  time to take over: {:.0} ms to {:.0} ms after the {} (pin TTL {:.2} s)",
+            min.as_secs_f64() * 1000.0,
+            max.as_secs_f64() * 1000.0,
             options.fault.signal(),
             settings.pin_ttl.as_secs_f64()
         );

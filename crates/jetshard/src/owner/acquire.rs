@@ -37,6 +37,7 @@ pub(super) enum AcquireError {
 pub(super) async fn claim(
     shared: &Shared,
     partition: u32,
+    pin: &str,
     first_new: Option<u64>,
 ) -> Result<Acquired, AcquireError> {
     // The commands in hand, read before the claim so that the claim can count them (one
@@ -63,8 +64,12 @@ pub(super) async fn claim(
         &shared.journal_stream,
         &shared.names,
         partition,
-        &shared.config.node_id,
-        &shared.incarnation,
+        fence::Claimant {
+            node: &shared.config.node_id,
+            incarnation: &shared.incarnation,
+            pin,
+            deaths: &shared.deaths,
+        },
         InHand {
             counted,
             head,

@@ -86,6 +86,8 @@ pub(crate) struct Shared {
     pub(crate) incarnation: String,
     /// Each owner's phase, for [`ShardSystem::health`](crate::ShardSystem::health).
     pub(crate) health: Arc<HealthBoard>,
+    /// Other processes this one found dead (see [`crate::crash`]).
+    pub(crate) deaths: Arc<crate::crash::Deaths>,
 }
 
 /// The owner's messages.
@@ -529,7 +531,7 @@ impl<E: Entity> OwnerState<E> {
         self.shared
             .health
             .set(partition, PartitionHealth::Acquiring);
-        let acquired = acquire::claim(&self.shared, partition, first_new).await;
+        let acquired = acquire::claim(&self.shared, partition, &pin, first_new).await;
         let acquired = match acquired {
             Ok(acquired) => acquired,
             Err(e) => {
@@ -1122,8 +1124,9 @@ impl<E: Entity> OwnerState<E> {
     }
 
     async fn finish_release_if_drained(&mut self) {
-        // Unpinning while a pull of ours is still open could pin this process again: wait for
-        // the pull loop to be idle as well as for the commands in hand.
+        // Unpinning while a pull of ours without the pin id is still open could pin this
+        // process again: wait for the pull loop to be idle (the pulls carrying the pin id are
+        // ended by the unpin) as well as for the commands in hand.
         let done = match &self.phase {
             Phase::Releasing(release, owning) => {
                 release.pulls_idle

@@ -73,7 +73,8 @@ pub(super) struct Release {
     pub(super) reply: Option<RpcReplyPort<()>>,
     /// Past it, commands still in hand are left for redelivery.
     pub(super) deadline: Instant,
-    /// Whether the pull loop has no request open any more.
+    /// Whether the pull loop has no request open any more that an unpin could pin again (one
+    /// without the pin id).
     pub(super) pulls_idle: bool,
 }
 

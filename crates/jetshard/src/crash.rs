@@ -1,0 +1,516 @@
+//! Crash detection: moving a dead process's partitions without waiting for the pin TTL.
+//!
+//! A process that dies takes its connection with it, and the server then knows no subscriber of
+//! its `<t>.alive.<incarnation>`: a request there is answered "no responders" within a
+//! millisecond or two. Each shard system watches the processes that own partitions:
+//!
+//! - it learns who owns what from the fence records (read once at start, then from a core
+//!   subscription on `<t>.fence.*`: every claim is seen as it is published);
+//! - every [`probe interval`](crate::ShardConfigBuilder::crash_probe_interval) it asks each
+//!   owning incarnation but its own whether it is there;
+//! - two "no responders" at least [`CONFIRM_GAP`] apart, with no answer between them, declare
+//!   it dead: for each partition whose latest fence record (read again from the stream) still
+//!   names it, and whose consumer is still pinned to the pin that record names, it asks the
+//!   server to unpin. A standby's waiting pull is pinned about a millisecond later.
+//!
+//! Only "no responders" counts: it is the server saying that nobody subscribes, which is what a
+//! closed connection leaves. A probe that times out (a stalled, swapped or busy process, or a
+//! slow network) counts for nothing: such an owner keeps its pin until the pin TTL, as before.
+//! A wrong verdict (a process whose connection dropped and comes back) costs one takeover: the
+//! new owner claims a new generation, and every write of the old one is fenced.
+//!
+//! Architecture Invariant: this module unpins only a partition whose latest fence record names
+//! an incarnation found dead, and whose consumer is still pinned to that record's pin.
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use async_nats::jetstream::stream::Stream;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::fence::{self, FenceRecord};
+use crate::wire::{Names, PRIORITY_GROUP};
+
+/// Two "no responders" this far apart (with no answer between them) declare a process dead.
+/// A subscription that is being set up or moved between servers of a cluster is missing for
+/// less than that; a closed connection stays closed.
+pub(crate) const CONFIRM_GAP: Duration = Duration::from_millis(20);
+
+/// How long a claim's probe waits for an answer before it counts for nothing. Only "no
+/// responders" changes a claim's verdict (an answer and a timeout both mean "not known dead"),
+/// and the server gives it within a millisecond or two: a longer wait would only delay the
+/// takeover from a stalled owner, whose probe is never answered.
+const CLAIM_PROBE_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// How long a watch's probe waits for an answer before it counts for nothing. A new probe
+/// goes out every interval whether or not the last one was answered: a probe that reached the
+/// process just before it died is never answered, and must not hold up the next one.
+const WATCH_PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// The most dead incarnations remembered (the oldest are forgotten first).
+const REMEMBERED_DEATHS: usize = 1024;
+
+/// What one ask on `<t>.alive.<incarnation>` got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// The process answered.
+    Alive,
+    /// The server knows no subscriber: the connection is gone (for now, or for good).
+    NoResponders,
+    /// No answer in time, or another error: tells nothing.
+    Silent,
+}
+
+/// Asks the process of `incarnation` once whether it is there, waiting `timeout` at most.
+pub(crate) async fn ask(
+    client: &async_nats::Client,
+    names: &Names,
+    incarnation: &str,
+    timeout: Duration,
+) -> Answer {
+    let request = client.request(names.alive_subject(incarnation), Default::default());
+    match tokio::time::timeout(timeout, request).await {
+        Ok(Ok(_)) => Answer::Alive,
+        Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
+            Answer::NoResponders
+        }
+        _ => Answer::Silent,
+    }
+}
+
+/// What this process knows of other processes' deaths, shared by its watch and its claims
+/// (a claim whose previous owner is known dead does not probe it again).
+#[derive(Default)]
+pub(crate) struct Deaths {
+    inner: Mutex<Known>,
+    /// Bumped at every death recorded, to wake claims waiting on a verdict.
+    changed: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct Known {
+    /// When the first "no responders" of a run was seen, per incarnation.
+    suspected: HashMap<String, Instant>,
+    dead: HashSet<String>,
+    order: VecDeque<String>,
+}
+
+/// A verdict on an incarnation after an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Alive,
+    /// One "no responders" (or several, less than [`CONFIRM_GAP`] apart) so far.
+    Suspect,
+    /// Declared dead by this answer.
+    Died,
+    /// Declared dead before.
+    Dead,
+    Unknown,
+}
+
+impl Deaths {
+    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `incarnation` was declared dead.
+    pub(crate) fn is_dead(&self, incarnation: &str) -> bool {
+        self.known().dead.contains(incarnation)
+    }
+
+    /// Takes an answer of `incarnation` at `now` into account.
+    pub(crate) fn heard(&self, incarnation: &str, answer: Answer, now: Instant) -> Verdict {
+        let mut known = self.known();
+        match answer {
+            Answer::Alive => {
+                known.suspected.remove(incarnation);
+                if known.dead.remove(incarnation) {
+                    known.order.retain(|i| i != incarnation);
+                }
+                Verdict::Alive
+            }
+            Answer::Silent => Verdict::Unknown,
+            Answer::NoResponders => {
+                if known.dead.contains(incarnation) {
+                    return Verdict::Dead;
+                }
+                let since = *known.suspected.entry(incarnation.to_owned()).or_insert(now);
+                if now.duration_since(since) < CONFIRM_GAP {
+                    return Verdict::Suspect;
+                }
+                known.suspected.remove(incarnation);
+                known.dead.insert(incarnation.to_owned());
+                known.order.push_back(incarnation.to_owned());
+                while known.order.len() > REMEMBERED_DEATHS {
+                    if let Some(oldest) = known.order.pop_front() {
+                        known.dead.remove(&oldest);
+                    }
+                }
+                drop(known);
+                self.changed.send_modify(|n| *n += 1);
+                Verdict::Died
+            }
+        }
+    }
+
+    /// `incarnation` wrote a new fence record: it is alive, whatever was concluded before.
+    pub(crate) fn revived(&self, incarnation: &str) {
+        let mut known = self.known();
+        known.suspected.remove(incarnation);
+        if known.dead.remove(incarnation) {
+            known.order.retain(|i| i != incarnation);
+        }
+    }
+
+    /// When a "no responders" of `incarnation` was first seen in the current run of them.
+    fn suspected_since(&self, incarnation: &str) -> Option<Instant> {
+        self.known().suspected.get(incarnation).copied()
+    }
+
+    /// Waits until `incarnation` is declared dead or `until` passes.
+    async fn wait_dead(&self, incarnation: &str, until: Instant) {
+        let mut changed = self.changed.subscribe();
+        while !self.is_dead(incarnation) {
+            if tokio::time::timeout_at(until, changed.changed())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// Whether the process of `incarnation` is gone, as a claim needs to know: dead if it was
+/// declared dead and still gets "no responders", or if it gets "no responders" twice
+/// [`CONFIRM_GAP`] apart (counting this process's watch's earlier ones); alive if it answers;
+/// unknown if it does not answer in time.
+pub(crate) async fn is_gone(
+    client: &async_nats::Client,
+    names: &Names,
+    deaths: &Deaths,
+    incarnation: &str,
+) -> bool {
+    loop {
+        let answer = ask(client, names, incarnation, CLAIM_PROBE_TIMEOUT).await;
+        match deaths.heard(incarnation, answer, Instant::now()) {
+            Verdict::Died | Verdict::Dead => return true,
+            Verdict::Alive | Verdict::Unknown => return false,
+            Verdict::Suspect => {
+                let since = deaths
+                    .suspected_since(incarnation)
+                    .unwrap_or_else(Instant::now);
+                deaths.wait_dead(incarnation, since + CONFIRM_GAP).await;
+            }
+        }
+    }
+}
+
+/// Who owns each partition, by the fence records seen: the pure part of the watch.
+#[derive(Debug, Default)]
+pub(crate) struct Owners {
+    me: String,
+    /// Per partition: the newest generation seen and the incarnations that claimed it (two
+    /// claims of one generation are both seen on the subscription; one of them lost).
+    latest: HashMap<u32, (u64, Vec<String>)>,
+}
+
+impl Owners {
+    pub(crate) fn new(me: &str) -> Self {
+        Self {
+            me: me.to_owned(),
+            latest: HashMap::new(),
+        }
+    }
+
+    /// A fence record of `partition` was seen: `confirmed` when read from the stream (it is the
+    /// latest), not when heard on the subscription (it may have lost its race).
+    pub(crate) fn seen(
+        &mut self,
+        partition: u32,
+        generation: u64,
+        incarnation: Option<&str>,
+        confirmed: bool,
+    ) {
+        let entry = self.latest.entry(partition).or_insert((0, Vec::new()));
+        if generation < entry.0 {
+            return;
+        }
+        if generation > entry.0 || confirmed {
+            *entry = (generation, Vec::new());
+        }
+        if let Some(incarnation) = incarnation
+            && !entry.1.iter().any(|i| i == incarnation)
+        {
+            entry.1.push(incarnation.to_owned());
+        }
+    }
+
+    /// The incarnations to watch: those named by a partition's newest records, but this one's.
+    pub(crate) fn watched(&self) -> BTreeSet<String> {
+        self.latest
+            .values()
+            .flat_map(|(_, incarnations)| incarnations.iter())
+            .filter(|i| **i != self.me)
+            .cloned()
+            .collect()
+    }
+
+    /// The partitions whose newest records name `incarnation`.
+    pub(crate) fn partitions_of(&self, incarnation: &str) -> Vec<u32> {
+        let mut partitions: Vec<u32> = self
+            .latest
+            .iter()
+            .filter(|(_, (_, incarnations))| incarnations.iter().any(|i| i == incarnation))
+            .map(|(p, _)| *p)
+            .collect();
+        partitions.sort_unstable();
+        partitions
+    }
+}
+
+/// What the watch needs.
+pub(crate) struct WatchArgs {
+    pub(crate) client: async_nats::Client,
+    pub(crate) names: std::sync::Arc<Names>,
+    pub(crate) journal: Stream<()>,
+    pub(crate) commands: Stream<()>,
+    pub(crate) partitions: u32,
+    pub(crate) incarnation: String,
+    pub(crate) node: String,
+    pub(crate) interval: Duration,
+    pub(crate) deaths: std::sync::Arc<Deaths>,
+}
+
+/// Starts watching the owners of the entity type's partitions (see the module docs). The
+/// subscription is made before this returns, so no claim published after it is missed.
+///
+/// # Errors
+/// If the subscription cannot be made.
+pub(crate) async fn watch(args: WatchArgs) -> Result<JoinHandle<()>, async_nats::SubscribeError> {
+    let claims = args.client.subscribe(args.names.fence_subjects()).await?;
+    Ok(tokio::spawn(run(args, claims)))
+}
+
+async fn run(args: WatchArgs, mut claims: async_nats::Subscriber) {
+    let mut owners = Owners::new(&args.incarnation);
+    for partition in 0..args.partitions {
+        match fence::latest(&args.journal, &args.names, partition).await {
+            Ok(Some((_, record))) => owners.seen(
+                partition,
+                record.generation,
+                record.incarnation.as_deref(),
+                true,
+            ),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(partition, error = %e, "crash watch: fence record not read");
+            }
+        }
+    }
+    let mut tick = tokio::time::interval(args.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut answers = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            claim = claims.next() => {
+                let Some(claim) = claim else { return };
+                let headers = claim.headers.unwrap_or_default();
+                if let Ok(record) = FenceRecord::decode(&headers, &claim.payload) {
+                    if let Some(incarnation) = &record.incarnation {
+                        args.deaths.revived(incarnation);
+                    }
+                    owners.seen(record.partition, record.generation, record.incarnation.as_deref(), false);
+                }
+            }
+            _ = tick.tick() => {
+                for incarnation in owners.watched() {
+                    if args.deaths.is_dead(&incarnation) {
+                        continue;
+                    }
+                    let client = args.client.clone();
+                    let names = args.names.clone();
+                    answers.push(async move {
+                        let answer = ask(&client, &names, &incarnation, WATCH_PROBE_TIMEOUT).await;
+                        (incarnation, answer, Instant::now())
+                    });
+                }
+            }
+            Some((incarnation, answer, at)) = answers.next(), if !answers.is_empty() => {
+                if args.deaths.heard(&incarnation, answer, at) == Verdict::Died {
+                    let partitions = owners.partitions_of(&incarnation);
+                    tracing::warn!(node = %args.node, dead = %incarnation, ?partitions, "a process that owned partitions is gone; unpinning those it still holds");
+                    let unpins = partitions.iter().map(|&p| unpin_if_still_owned(&args, p, &incarnation));
+                    for (partition, found) in partitions.iter().zip(futures::future::join_all(unpins).await) {
+                        if let Some((generation, incarnation)) = found {
+                            owners.seen(*partition, generation, incarnation.as_deref(), true);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Unpins `partition` if its latest fence record names `dead` and its consumer is still pinned
+/// under the pin that record names (none named: an older record; unpinned anyway). Returns
+/// the latest record's generation and incarnation, to correct the watch's view.
+async fn unpin_if_still_owned(
+    args: &WatchArgs,
+    partition: u32,
+    dead: &str,
+) -> Option<(u64, Option<String>)> {
+    let (_, record) = match fence::latest(&args.journal, &args.names, partition).await {
+        Ok(Some(latest)) => latest,
+        Ok(None) => return None,
+        Err(e) => {
+            tracing::warn!(partition, error = %e, "crash watch: fence record not read; the pin moves after its TTL");
+            return None;
+        }
+    };
+    let found = Some((record.generation, record.incarnation.clone()));
+    if record.incarnation.as_deref() != Some(dead) {
+        tracing::debug!(
+            partition,
+            generation = record.generation,
+            "already claimed by another process"
+        );
+        return found;
+    }
+    let consumer = args.names.consumer(partition);
+    if let Some(pin) = &record.pin {
+        let pinned = match args.commands.consumer_info(&consumer).await {
+            Ok(info) => info
+                .priority_groups
+                .iter()
+                .find(|g| g.group == PRIORITY_GROUP)
+                .and_then(|g| g.pinned_client_id.clone()),
+            Err(e) => {
+                tracing::warn!(partition, error = %e, "crash watch: consumer not read; the pin moves after its TTL");
+                return found;
+            }
+        };
+        if pinned.as_deref() != Some(pin.as_str()) {
+            tracing::debug!(
+                partition,
+                generation = record.generation,
+                "the pin has already moved"
+            );
+            return found;
+        }
+    }
+    match args
+        .commands
+        .unpin_consumer(&consumer, PRIORITY_GROUP)
+        .await
+    {
+        Ok(()) => tracing::info!(
+            partition,
+            generation = record.generation,
+            node = %args.node,
+            owner = %record.node,
+            "unpinned the partition of a dead process"
+        ),
+        Err(e) => {
+            tracing::warn!(partition, error = %e, "crash watch: unpin failed; the pin moves after its TTL");
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_no_responders_a_gap_apart_declare_death_and_an_answer_or_a_claim_undoes_it() {
+        let deaths = Deaths::default();
+        let t0 = Instant::now();
+        assert_eq!(
+            deaths.heard("a", Answer::NoResponders, t0),
+            Verdict::Suspect
+        );
+        // Too soon after the first: still a suspect.
+        let soon = t0 + CONFIRM_GAP / 2;
+        assert_eq!(
+            deaths.heard("a", Answer::NoResponders, soon),
+            Verdict::Suspect
+        );
+        assert!(!deaths.is_dead("a"));
+        let later = t0 + CONFIRM_GAP;
+        assert_eq!(
+            deaths.heard("a", Answer::NoResponders, later),
+            Verdict::Died
+        );
+        assert!(deaths.is_dead("a"));
+        // Once: later answers of the dead do not declare it again.
+        assert_eq!(
+            deaths.heard("a", Answer::NoResponders, later),
+            Verdict::Dead
+        );
+        // It answered after all (its connection came back): alive, and the count restarts.
+        assert_eq!(deaths.heard("a", Answer::Alive, later), Verdict::Alive);
+        assert!(!deaths.is_dead("a"));
+        assert_eq!(
+            deaths.heard("a", Answer::NoResponders, later + CONFIRM_GAP * 2),
+            Verdict::Suspect
+        );
+        // A new claim of it is a sign of life too.
+        deaths.heard("a", Answer::NoResponders, later + CONFIRM_GAP * 4);
+        deaths.revived("a");
+        assert_eq!(
+            deaths.heard("a", Answer::NoResponders, later + CONFIRM_GAP * 5),
+            Verdict::Suspect
+        );
+    }
+
+    #[test]
+    fn a_probe_that_times_out_counts_for_nothing() {
+        let deaths = Deaths::default();
+        let t0 = Instant::now();
+        for k in 0..10 {
+            assert_eq!(
+                deaths.heard("slow", Answer::Silent, t0 + CONFIRM_GAP * k),
+                Verdict::Unknown
+            );
+        }
+        assert!(!deaths.is_dead("slow"));
+        assert_eq!(
+            deaths.heard("b", Answer::NoResponders, t0),
+            Verdict::Suspect
+        );
+        assert_eq!(
+            deaths.heard("b", Answer::Silent, t0 + CONFIRM_GAP),
+            Verdict::Unknown
+        );
+        assert!(!deaths.is_dead("b"));
+    }
+
+    #[test]
+    fn the_watch_follows_the_newest_claims_and_skips_this_process() {
+        let mut owners = Owners::new("me");
+        owners.seen(0, 3, Some("x"), true);
+        owners.seen(1, 1, Some("me"), true);
+        owners.seen(2, 5, Some("y"), false);
+        assert_eq!(owners.watched(), ["x", "y"].map(String::from).into());
+        // Two claims of generation 6 of partition 2 were heard: both watched until one is read
+        // back from the stream as the latest.
+        owners.seen(2, 6, Some("x"), false);
+        owners.seen(2, 6, Some("z"), false);
+        assert_eq!(owners.partitions_of("z"), vec![2]);
+        assert_eq!(owners.partitions_of("x"), vec![0, 2]);
+        owners.seen(2, 6, Some("z"), true);
+        assert_eq!(owners.partitions_of("x"), vec![0]);
+        // An older record heard late changes nothing.
+        owners.seen(0, 2, Some("y"), false);
+        assert_eq!(owners.partitions_of("x"), vec![0]);
+        // Partition 0 is taken by this process: x is no longer watched.
+        owners.seen(0, 4, Some("me"), false);
+        assert_eq!(owners.watched(), ["z"].map(String::from).into());
+    }
+}
