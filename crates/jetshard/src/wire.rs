@@ -164,6 +164,7 @@ impl Names {
             format!("{t}.snap.*.*"),
             format!("{t}.out.*"),
             format!("{t}.tmr.*.*"),
+            format!("{t}.unpin.*"),
         ]
     }
 
@@ -262,6 +263,20 @@ impl Names {
     /// empty answer): `<t>.alive.<incarnation>`.
     pub fn alive_subject(&self, incarnation: &str) -> String {
         format!("{}.alive.{incarnation}", self.entity_type)
+    }
+
+    /// Where a crash watch records that it unpins a dead owner's partition: `<t>.unpin.<p>`
+    /// (one record per fence record found dead, deduplicated by [`Names::unpin_msg_id`], rolled
+    /// up: only the latest is kept).
+    pub fn unpin_subject(&self, partition: u32) -> String {
+        format!("{}.unpin.{partition}", self.entity_type)
+    }
+
+    /// `Nats-Msg-Id` of the unpin record for the fence record at `fence_seq`: the first watch
+    /// to store it unpins; every other watch that found the same owner dead is told
+    /// "duplicate" and leaves the pin alone.
+    pub fn unpin_msg_id(&self, partition: u32, fence_seq: u64) -> String {
+        format!("{}:unpin:{partition}:{fence_seq}", self.entity_type)
     }
 
     /// `Nats-Msg-Id` of the `index`th event of the command at `command_seq`.
