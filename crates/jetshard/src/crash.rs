@@ -397,19 +397,27 @@ async fn unpin_if_still_owned(
         return found;
     }
     let consumer = args.names.consumer(partition);
-    if let Some(pin) = &record.pin {
-        let pinned = match args.commands.consumer_info(&consumer).await {
-            Ok(info) => info
-                .priority_groups
+    let (pinned, waiting) = match args.commands.consumer_info(&consumer).await {
+        Ok(info) => (
+            info.priority_groups
                 .iter()
                 .find(|g| g.group == PRIORITY_GROUP)
                 .and_then(|g| g.pinned_client_id.clone()),
-            Err(e) => {
-                tracing::warn!(partition, error = %e, "crash watch: consumer not read; the pin moves after its TTL");
-                return found;
-            }
-        };
-        if pinned.as_deref() != Some(pin.as_str()) {
+            info.num_pending,
+        ),
+        Err(e) => {
+            tracing::warn!(partition, error = %e, "crash watch: consumer not read; the pin moves after its TTL");
+            return found;
+        }
+    };
+    // Unpin if the dead owner's pin holds (a record naming none is older: unpinned anyway).
+    // Nobody pinned (its pin lapsed, or the server restarted): nothing to unpin, but with no
+    // command waiting the partition would stay unowned, and its timers unfired.
+    let unpin = match (&record.pin, &pinned) {
+        (_, None) => false,
+        (None, Some(_)) => true,
+        (Some(pin), Some(pinned)) if pin == pinned => true,
+        (Some(_), Some(_)) => {
             tracing::debug!(
                 partition,
                 generation = record.generation,
@@ -417,6 +425,9 @@ async fn unpin_if_still_owned(
             );
             return found;
         }
+    };
+    if !unpin && waiting > 0 {
+        return found;
     }
     let what = serde_json::json!({
         "fence_seq": fence_seq,
@@ -449,21 +460,29 @@ async fn unpin_if_still_owned(
             return found;
         }
     }
-    match args
-        .commands
-        .unpin_consumer(&consumer, PRIORITY_GROUP)
-        .await
-    {
-        Ok(()) => tracing::info!(
-            partition,
-            generation = record.generation,
-            node = %args.node,
-            owner = %record.node,
-            "unpinned the partition of a dead process"
-        ),
-        Err(e) => {
-            tracing::warn!(partition, error = %e, "crash watch: unpin failed; the pin moves after its TTL");
+    if unpin {
+        match args
+            .commands
+            .unpin_consumer(&consumer, PRIORITY_GROUP)
+            .await
+        {
+            Ok(()) => tracing::info!(
+                partition,
+                generation = record.generation,
+                node = %args.node,
+                owner = %record.node,
+                "unpinned the partition of a dead process"
+            ),
+            Err(e) => {
+                tracing::warn!(partition, error = %e, "crash watch: unpin failed; the pin moves after its TTL");
+                return found;
+            }
         }
+    }
+    if waiting == 0 {
+        // No command waits to pin a standby: wake it, so that it takes the partition and fires
+        // the timers due there.
+        crate::pin::wake(&args.js, &args.names, partition, args.partitions).await;
     }
     found
 }
