@@ -63,8 +63,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Runs the rolling deploy; rows go to `report`, the details are returned.
-pub async fn run(report: &mut Report) -> anyhow::Result<serde_json::Value> {
+/// Runs the rolling deploy (the nodes' entity with `snapshots`, or without); rows go to
+/// `report`, the details are returned.
+pub async fn run(report: &mut Report, snapshots: bool) -> anyhow::Result<serde_json::Value> {
     let server = NatsServer::start().await.context("start nats-server")?;
     let node_args = |id: usize| NodeArgs {
         url: server.url(),
@@ -73,6 +74,7 @@ pub async fn run(report: &mut Report) -> anyhow::Result<serde_json::Value> {
         partitions: PARTITIONS,
         pin_ttl_ms: PIN_TTL_MS,
         balance: true,
+        snapshots,
     };
     let mut nodes = Vec::new();
     for id in 0..NODES {
@@ -264,6 +266,7 @@ pub async fn run(report: &mut Report) -> anyhow::Result<serde_json::Value> {
         })
         .collect();
     Ok(json!({
+        "snapshots": snapshots,
         "restarts_s": restarts_at,
         "per_second_p99_max_ms": per_second,
         "commands": acked_seqs.len(),

@@ -18,6 +18,11 @@ use tokio::time::Instant;
 pub(crate) struct Heartbeat {
     pub(crate) node: String,
     pub(crate) owned: u32,
+    /// Said once by a process that stops gracefully, before it releases its partitions: the
+    /// others count it out at once. Counted until its heartbeats expire, a process gone would
+    /// lower everyone's fair share, and they would hand partitions off to each other.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) leaving: bool,
 }
 
 /// The other processes heard recently.
@@ -37,7 +42,12 @@ impl Membership {
     }
 
     pub(crate) fn heard(&mut self, heartbeat: Heartbeat, at: Instant) {
-        if heartbeat.node != self.me {
+        if heartbeat.node == self.me {
+            return;
+        }
+        if heartbeat.leaving {
+            self.peers.remove(&heartbeat.node);
+        } else {
             self.peers.insert(heartbeat.node, (heartbeat.owned, at));
         }
     }
@@ -66,7 +76,46 @@ mod tests {
         Heartbeat {
             node: node.into(),
             owned,
+            leaving: false,
         }
+    }
+
+    #[test]
+    fn a_process_that_says_it_leaves_is_counted_out_at_once() {
+        let now = Instant::now();
+        // b's view: a, c and b share 8 partitions (3, 3, 2); c stops, a takes its three.
+        let mut counted = Membership::new("b", Duration::from_secs(6));
+        let mut told = Membership::new("b", Duration::from_secs(6));
+        for m in [&mut counted, &mut told] {
+            m.heard(beat("a", 3), now);
+            m.heard(beat("c", 3), now);
+            assert_eq!(m.shed_count(3, 8, now), 0);
+        }
+        told.heard(
+            Heartbeat {
+                leaving: true,
+                ..beat("c", 0)
+            },
+            now,
+        );
+        // A newcomer d, heard before c's last heartbeat expired.
+        for m in [&mut counted, &mut told] {
+            m.heard(beat("a", 5), now);
+            m.heard(beat("d", 0), now);
+        }
+        assert_eq!(told.shed_count(3, 8, now), 0, "b is at its share of 3");
+        // Counted, c makes four processes and a share of 2: b would hand one off, to a standby
+        // of a as likely as to d's.
+        assert_eq!(counted.shed_count(3, 8, now), 1);
+    }
+
+    #[test]
+    fn a_heartbeat_says_leaving_only_when_it_is() {
+        let text = serde_json::to_string(&beat("a", 2)).unwrap_or_default();
+        assert_eq!(text, r#"{"node":"a","owned":2}"#, "the wire as before");
+        let leaving: Heartbeat = serde_json::from_str(r#"{"node":"a","owned":0,"leaving":true}"#)
+            .unwrap_or(beat("x", 9));
+        assert!(leaving.leaving);
     }
 
     #[test]

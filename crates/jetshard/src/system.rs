@@ -354,6 +354,16 @@ impl<E: Entity> Actor for SystemActor<E> {
             }
             SystemMsg::Shutdown(reply) => {
                 state.stopping = true;
+                if state.shared.config.balance {
+                    // Before the releases: the others take this process's partitions at a fair
+                    // share counted without it.
+                    let leaving = Heartbeat {
+                        node: state.shared.config.node_id.clone(),
+                        owned: 0,
+                        leaving: true,
+                    };
+                    publish_heartbeat(&state.shared, &leaving).await;
+                }
                 let timeout = Some(state.shared.config.ack_wait + Duration::from_secs(1));
                 let releases = state
                     .owners
@@ -462,11 +472,9 @@ async fn balance(state: &mut SystemState) {
     let heartbeat = Heartbeat {
         node: config.node_id.clone(),
         owned: owned.len() as u32,
+        leaving: false,
     };
-    if let Ok(body) = serde_json::to_vec(&heartbeat) {
-        let subject = state.shared.names.membership_subject();
-        let _ = state.shared.client.publish(subject, body.into()).await;
-    }
+    publish_heartbeat(&state.shared, &heartbeat).await;
     let now = Instant::now();
     // Time for the last hand-offs to land and show in the heartbeats before the next ones.
     let settled = state
@@ -481,6 +489,15 @@ async fn balance(state: &mut SystemState) {
             let _ = owner.cast(OwnerMsg::HandOff);
         }
         state.last_hand_off = Some(now);
+    }
+}
+
+/// Says `heartbeat` on `<t>.nodes` (core NATS, best effort: the next one follows a pin TTL
+/// later).
+async fn publish_heartbeat(shared: &Shared, heartbeat: &Heartbeat) {
+    if let Ok(body) = serde_json::to_vec(heartbeat) {
+        let subject = shared.names.membership_subject();
+        let _ = shared.client.publish(subject, body.into()).await;
     }
 }
 

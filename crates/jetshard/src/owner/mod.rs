@@ -270,6 +270,8 @@ impl<E: Entity> Actor for OwnerActor<E> {
             }
             OwnerMsg::Entity(EntityReport::Passivated(passivated)) => {
                 state.on_passivated(passivated);
+                // Releasing: the entity's snapshot is written; the release may be done.
+                state.finish_release_if_drained().await;
             }
             OwnerMsg::Tick => state.on_tick().await,
             OwnerMsg::Release(reply) => state.start_release(Some(reply)).await,
@@ -1124,21 +1126,30 @@ impl<E: Entity> OwnerState<E> {
     }
 
     async fn finish_release_if_drained(&mut self) {
+        let snapshots = self.snapshots_on_release();
         // Unpinning while a pull of ours without the pin id is still open could pin this
         // process again: wait for the pull loop to be idle (the pulls carrying the pin id are
-        // ended by the unpin) as well as for the commands in hand.
-        let done = match &self.phase {
+        // ended by the unpin) as well as for the commands in hand, and, with snapshots, for
+        // every entity's snapshot (`route::hand_over`).
+        let done = match &mut self.phase {
             Phase::Releasing(release, owning) => {
-                release.pulls_idle
-                    && owning
-                        .as_ref()
-                        .is_none_or(|o| o.entities.values().all(|s| s.queue.is_empty()))
+                let drained = owning
+                    .as_deref_mut()
+                    .is_none_or(|o| route::hand_over(o, snapshots));
+                release.pulls_idle && drained
             }
             _ => false,
         };
         if done {
             self.finish_release().await;
         }
+    }
+
+    /// Whether a release passivates every entity first, so that each writes a snapshot of
+    /// what it wrote since its last one: the next owner then loads it with one read instead of
+    /// its records since that snapshot, while its commands wait.
+    fn snapshots_on_release(&self) -> bool {
+        E::snapshots().is_some() && self.shared.config.snapshot_on_passivation
     }
 
     async fn finish_release(&mut self) {
@@ -1151,6 +1162,12 @@ impl<E: Entity> OwnerState<E> {
             return;
         };
         let stopping = release.reply.is_some();
+        let took = self
+            .shared
+            .config
+            .ack_wait
+            .saturating_sub(release.deadline.saturating_duration_since(Instant::now()));
+        tracing::debug!(target: "jetshard::load", partition = self.partition, owned, took_ms = took.as_millis() as u64, "released");
         if let Some(o) = owning {
             self.left(
                 &o,
