@@ -66,6 +66,21 @@ impl Membership {
             .sum();
         owned.saturating_sub(fair).min(lacking)
     }
+
+    /// Whether this process, owning `owned`, holds back its standbys: while a process heard
+    /// recently owns at least two fewer partitions, the partitions that move (handed off, or
+    /// released by a process that stops) are left to the processes that own fewest. Otherwise
+    /// any standby may be pinned, and a partition handed off by one process over its share
+    /// often lands on another, which hands it off again (three moves where one would do).
+    /// The process that owns fewest never holds back, so every partition keeps a standby; one
+    /// that falls silent stops counting after the expiry (three pin TTLs).
+    pub(crate) fn holds_back(&mut self, owned: u32, now: Instant) -> bool {
+        self.peers
+            .retain(|_, (_, at)| now.duration_since(*at) < self.expiry);
+        self.peers
+            .values()
+            .any(|(theirs, _)| theirs.saturating_add(2) <= owned)
+    }
 }
 
 #[cfg(test)]
@@ -107,6 +122,28 @@ mod tests {
         // Counted, c makes four processes and a share of 2: b would hand one off, to a standby
         // of a as likely as to d's.
         assert_eq!(counted.shed_count(3, 8, now), 1);
+    }
+
+    #[test]
+    fn standbys_hold_back_while_another_process_owns_two_fewer() {
+        let now = Instant::now();
+        let mut m = Membership::new("a", Duration::from_secs(6));
+        assert!(!m.holds_back(8, now), "alone, it takes everything");
+        // A newcomer: a and b (4 each) hold back, d takes what they hand off.
+        m.heard(beat("b", 4), now);
+        m.heard(beat("d", 0), now);
+        assert!(m.holds_back(4, now));
+        // 3-3-2 is as even as 8 over 3 gets: every standby pulls, so that any process can take
+        // over from one that dies.
+        m.heard(beat("b", 3), now);
+        m.heard(beat("d", 2), now);
+        assert!(!m.holds_back(3, now));
+        assert!(!m.holds_back(2, now), "the fewest never holds back");
+        // d fell silent (it died): nobody holds back for it after the expiry.
+        m.heard(beat("b", 4), now);
+        m.heard(beat("d", 0), now);
+        assert!(m.holds_back(4, now));
+        assert!(!m.holds_back(4, now + Duration::from_secs(7)));
     }
 
     #[test]

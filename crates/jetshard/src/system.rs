@@ -483,6 +483,10 @@ async fn balance(state: &mut SystemState) {
     let shed = state
         .membership
         .shed_count(owned.len() as u32, config.partitions, now) as usize;
+    let hold_back = state.membership.holds_back(owned.len() as u32, now);
+    for owner in state.owners.iter().flatten() {
+        let _ = owner.cast(OwnerMsg::HoldBack(hold_back));
+    }
     if settled && shed > 0 {
         for (partition, owner) in owned.iter().rev().take(shed) {
             tracing::info!(partition, node = %config.node_id, owned = owned.len(), "handing a partition off to balance the processes");

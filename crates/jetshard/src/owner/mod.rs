@@ -103,6 +103,10 @@ pub(crate) enum OwnerMsg {
     /// Balancing: hand the partition to another process (as a graceful stop does), then stay
     /// out of it for a while before pulling again.
     HandOff,
+    /// Balancing, every pin TTL: whether this process owns enough while another owns too little,
+    /// so that a standby here stops pulling (`true`) and the partitions handed off go to the
+    /// process that lacks them, not back and forth between the others (see `balance.rs`).
+    HoldBack(bool),
     /// A snapshot for status displays.
     Status(RpcReplyPort<PartitionStatus>),
     /// A state query for one of the partition's entities (`<t>.query.<p>.<id>`).
@@ -151,6 +155,10 @@ pub(crate) struct OwnerState<E: Entity> {
     metrics: PartitionMetrics,
     /// The pin of the last delivery (for `jetshard_pin_changes_total`).
     last_pin: Option<Arc<str>>,
+    /// The balancing's last word: standbys of this process hold back.
+    hold_back: bool,
+    /// Whether this owner's pulls are paused as a standby holding back.
+    holding: bool,
 }
 
 impl<E: Entity> Drop for OwnerState<E> {
@@ -216,6 +224,8 @@ impl<E: Entity> Actor for OwnerActor<E> {
         Ok(OwnerState {
             metrics,
             last_pin: None,
+            hold_back: false,
+            holding: false,
             partition: args.partition,
             shared: args.shared,
             myself,
@@ -279,6 +289,10 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 if matches!(state.phase, Phase::Owning(_)) {
                     state.start_release(None).await;
                 }
+            }
+            OwnerMsg::HoldBack(hold_back) => {
+                state.hold_back = hold_back;
+                state.hold_standby();
             }
             OwnerMsg::Status(reply) => {
                 let _ = reply.send(state.status());
@@ -403,7 +417,15 @@ impl<E: Entity> OwnerState<E> {
                 let nak = AckKind::Nak(Some(self.policy.retry_delay));
                 acknowledge(&self.shared.client, self.partition, delivery.reply, nak).await;
             }
-            _ => self.acquire(delivery).await,
+            _ => {
+                // A pull still open when the standby held back may deliver: the pin is ours
+                // now, and an owner must keep pulling to keep it.
+                if self.holding {
+                    self.holding = false;
+                    self.pull.pause(false);
+                }
+                self.acquire(delivery).await;
+            }
         }
         if matches!(self.phase, Phase::Owning(_)) {
             self.metrics.pending.set(pending);
@@ -997,7 +1019,8 @@ impl<E: Entity> OwnerState<E> {
         match &mut self.phase {
             Phase::CoolingDown(until) if now >= *until => {
                 self.phase = Phase::Standby;
-                self.pull.pause(false);
+                self.holding = self.hold_back;
+                self.pull.pause(self.holding);
             }
             Phase::Releasing(release, _) if now >= release.deadline => {
                 tracing::warn!(
@@ -1142,6 +1165,15 @@ impl<E: Entity> OwnerState<E> {
         };
         if done {
             self.finish_release().await;
+        }
+    }
+
+    /// A standby pulls unless the balancing says this process holds back (then it pauses its
+    /// pulls until told otherwise). Nothing else pauses a standby's pulls.
+    fn hold_standby(&mut self) {
+        if matches!(self.phase, Phase::Standby) && self.holding != self.hold_back {
+            self.holding = self.hold_back;
+            self.pull.pause(self.holding);
         }
     }
 
