@@ -329,8 +329,9 @@ fn offer_load(
                     let ack: async_nats::jetstream::context::PublishAckFuture = ack;
                     match ack.await {
                         Ok(ack) => lock(&acked).push(ack.sequence),
-                        Err(_) => {
+                        Err(e) => {
                             refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            tracing::warn!(error = %e, kind = ?e.kind(), "rolling load: a command's publish was not acknowledged");
                         }
                     }
                 }

@@ -159,6 +159,8 @@ pub(crate) struct OwnerState<E: Entity> {
     hold_back: bool,
     /// Whether this owner's pulls are paused as a standby holding back.
     holding: bool,
+    /// The last pin this standby was given while holding back, and gave back.
+    declined: Option<Arc<str>>,
 }
 
 impl<E: Entity> Drop for OwnerState<E> {
@@ -226,6 +228,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
             last_pin: None,
             hold_back: false,
             holding: false,
+            declined: None,
             partition: args.partition,
             shared: args.shared,
             myself,
@@ -417,15 +420,8 @@ impl<E: Entity> OwnerState<E> {
                 let nak = AckKind::Nak(Some(self.policy.retry_delay));
                 acknowledge(&self.shared.client, self.partition, delivery.reply, nak).await;
             }
-            _ => {
-                // A pull still open when the standby held back may deliver: the pin is ours
-                // now, and an owner must keep pulling to keep it.
-                if self.holding {
-                    self.holding = false;
-                    self.pull.pause(false);
-                }
-                self.acquire(delivery).await;
-            }
+            Phase::Standby if self.holding => self.decline(delivery).await,
+            _ => self.acquire(delivery).await,
         }
         if matches!(self.phase, Phase::Owning(_)) {
             self.metrics.pending.set(pending);
@@ -1175,6 +1171,24 @@ impl<E: Entity> OwnerState<E> {
             self.holding = self.hold_back;
             self.pull.pause(self.holding);
         }
+    }
+
+    /// Gives back a pin this standby got while holding back (from a pull it sent before): the
+    /// delivery goes back to the server, and the pin to a process that lacks partitions, at once.
+    /// Cheaper than taking the partition only to hand it off again.
+    async fn decline(&mut self, delivery: Delivery) {
+        let nak = AckKind::Nak(Some(Duration::from_millis(100)));
+        acknowledge(&self.shared.client, self.partition, delivery.reply, nak).await;
+        if self.declined.as_ref() == Some(&delivery.pin) {
+            return;
+        }
+        tracing::debug!(
+            partition = self.partition,
+            "pinned while holding back; giving the pin back"
+        );
+        self.pull.forget_pin(delivery.pin.clone());
+        self.declined = Some(delivery.pin);
+        unpin(&self.shared, self.partition).await;
     }
 
     /// Whether a release passivates every entity first, so that each writes a snapshot of
