@@ -61,30 +61,17 @@ async fn a_newcomer_gets_its_share_with_one_move_per_partition() {
     .await
     .unwrap();
     let b = s.system("b").await;
-    wait_until(Duration::from_secs(30), "a and b to own 3 each", || async {
-        owned(&a).await == 3 && owned(&b).await == 3
-    })
-    .await
-    .unwrap();
+    // A partition is pinned, and so owned, only once a command comes: load goes on.
+    let mut n = 1;
+    while [owned(&a).await, owned(&b).await] != [3, 3] {
+        n = load_round(&mut s, &entities, n, "a and b to own 3 each").await;
+    }
 
     let mut seen = vec![a.ownership_events(), b.ownership_events()];
     let c = s.system("c").await;
     seen.push(c.ownership_events());
-    let mut n = 1;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        s.append_to_all(&entities, n).await;
-        n += 1;
-        let shares = [owned(&a).await, owned(&b).await, owned(&c).await];
-        if shares == [2, 2, 2] {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not balanced after 30 s: {shares:?}"
-        );
-        // Deliberate: the load's pace between rounds, not a wait for a condition.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    while [owned(&a).await, owned(&b).await, owned(&c).await] != [2, 2, 2] {
+        n = load_round(&mut s, &entities, n, "a, b and c to own 2 each").await;
     }
     let mut acquired = [0u32; 6];
     for events in &mut seen {
@@ -100,6 +87,16 @@ async fn a_newcomer_gets_its_share_with_one_move_per_partition() {
     );
     assert_eq!(acquired.iter().sum::<u32>(), 2, "{acquired:?}");
     s.check_within(Duration::from_secs(30)).await;
+}
+
+/// Sends `Append(n)` to every entity and paces the load (100 ms); panics once `n` passes the
+/// 30 s such rounds take at most, saying what did not happen. Returns the next `n`.
+async fn load_round(s: &mut Scenario, entities: &[String], n: u64, what: &str) -> u64 {
+    assert!(n < 300, "no {what} after 300 rounds of load");
+    s.append_to_all(entities, n).await;
+    // Deliberate: the load's pace between rounds, not a wait for a condition.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    n + 1
 }
 
 /// Partitions a shard system owns, by its own account.

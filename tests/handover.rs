@@ -81,7 +81,7 @@ async fn a_stopping_owner_leaves_a_snapshot_of_every_entity_it_held() {
             .expect("journal");
     for entity in &entities {
         let id = EntityId::new(entity).expect("id");
-        let partition = jetshard::partition_of(entity, 2);
+        let partition = jetshard::partition_of(&id, 2);
         let last_event = journal
             .get_last_raw_message_by_subject(&names.event_subject(partition, &id))
             .await
