@@ -605,7 +605,11 @@ async fn process<E: Entity>(
         let waited = loading.elapsed();
         let revived = revive::<E>(&state.id, &state.context).await;
         drop(permit);
-        tracing::debug!(target: "jetshard::load", partition = state.context.partition, entity = %state.id, generation = state.context.journal.generation(), cmd_seq = seq, waited_ms = waited.as_millis() as u64, load_ms = (loading.elapsed() - waited).as_millis() as u64, "entity loaded");
+        tracing::debug!(
+            waited_ms = waited.as_millis() as u64,
+            load_ms = loading.elapsed().saturating_sub(waited).as_millis() as u64,
+            "entity loaded"
+        );
         telemetry::record(&state.context.metrics.replay_seconds, loading.elapsed());
         state.seed = match revived {
             Ok(seed) => Loaded::Yes(seed),

@@ -1208,12 +1208,18 @@ impl<E: Entity> OwnerState<E> {
             return;
         };
         let stopping = release.reply.is_some();
+        // The release began one ack wait before its deadline.
         let took = self
             .shared
             .config
             .ack_wait
             .saturating_sub(release.deadline.saturating_duration_since(Instant::now()));
-        tracing::debug!(target: "jetshard::load", partition = self.partition, owned, took_ms = took.as_millis() as u64, "released");
+        tracing::debug!(
+            partition = self.partition,
+            owned,
+            took_ms = took.as_millis() as u64,
+            "released"
+        );
         if let Some(o) = owning {
             self.left(
                 &o,
