@@ -84,7 +84,13 @@ pub async fn run(report: &mut Report, snapshots: bool) -> anyhow::Result<serde_j
     let watcher = watch_events(server.connect().await?, seen.clone()).await?;
     let acked: Shared<Vec<u64>> = Arc::default();
     let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let load = offer_load(server.connect().await?, acked.clone(), refused.clone());
+    let stop_load = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = offer_load(
+        server.connect().await?,
+        acked.clone(),
+        refused.clone(),
+        stop_load.clone(),
+    );
 
     let result = async {
         let balanced = |nodes: &[NodeProcess]| {
@@ -131,7 +137,16 @@ pub async fn run(report: &mut Report, snapshots: bool) -> anyhow::Result<serde_j
         ))
     }
     .await;
-    load.abort();
+    // Stopped, not aborted: the acknowledgements of the last publishes are still on their way,
+    // and an aborted publisher loses them (they showed as refused publishes, "broken pipe").
+    stop_load.store(true, std::sync::atomic::Ordering::Relaxed);
+    let abort = load.abort_handle();
+    if tokio::time::timeout(Duration::from_secs(10), load)
+        .await
+        .is_err()
+    {
+        abort.abort();
+    }
     let (steady_from, steady_unix_ms, rollout_from, rollout_to, restarts, mut retired) =
         match result {
             Ok(r) => r,
@@ -309,12 +324,14 @@ async fn watch_events(
     }))
 }
 
-/// Publishes [`RATE`] commands/s round-robin over [`ENTITIES`] entities until aborted, each
-/// stamped with its scheduled send time; records the sequences stored and counts refusals.
+/// Publishes [`RATE`] commands/s round-robin over [`ENTITIES`] entities until `stop`, each
+/// stamped with its scheduled send time; records the sequences stored and counts refusals, and
+/// ends once every publish is acknowledged or refused.
 fn offer_load(
     client: async_nats::Client,
     acked: Shared<Vec<u64>>,
     refused: Arc<std::sync::atomic::AtomicU64>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let publisher = CommandPublisher::new(client, ENTITY_TYPE, ENTITIES);
@@ -337,8 +354,11 @@ fn offer_load(
                 }
             })
         };
-        let _collector = AbortOnDrop(collector);
+        let mut collector = AbortOnDrop(collector);
         for i in 0u32.. {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                break;
+            }
             let offset = period * i;
             tokio::time::sleep_until(started + offset).await;
             let at_ns = started_ns + offset.as_nanos() as u64;
@@ -357,6 +377,9 @@ fn offer_load(
                 }
             }
         }
+        // The collector ends once it has every acknowledgement still on its way.
+        drop(acks);
+        let _ = (&mut collector.0).await;
     })
 }
 
