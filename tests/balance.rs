@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use jetshard_tests::{Scenario, init_tracing};
+use jetshard::{OwnershipChange, ShardSystem};
+use jetshard_testkit::wait_until;
+use jetshard_tests::{Scenario, id_in, init_tracing};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_that_join_get_an_even_share_of_the_partitions() {
@@ -38,4 +40,68 @@ async fn processes_that_join_get_an_even_share_of_the_partitions() {
     }
     // Every entity holds 0..n, each once, in order, under its partition's generation.
     s.check_within(Duration::from_secs(30)).await;
+}
+
+/// A partition handed off goes to the process that lacks partitions, not to another one that
+/// has its share (which would hand it off again): a newcomer's share moves once per partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_gets_its_share_with_one_move_per_partition() {
+    init_tracing();
+    let mut s = Scenario::single(6)
+        .await
+        .pin_ttl(Duration::from_millis(500));
+    let entities: Vec<String> = (0..6).map(|p| id_in("e", p, 6)).collect();
+    let a = s.system("a").await;
+    s.append_to_all(&entities, 0).await;
+    wait_until(
+        Duration::from_secs(20),
+        "a to own every partition",
+        || async { owned(&a).await == 6 },
+    )
+    .await
+    .unwrap();
+    let b = s.system("b").await;
+    // A partition is pinned, and so owned, only once a command comes: load goes on.
+    let mut n = 1;
+    while [owned(&a).await, owned(&b).await] != [3, 3] {
+        n = load_round(&mut s, &entities, n, "a and b to own 3 each").await;
+    }
+
+    let mut seen = vec![a.ownership_events(), b.ownership_events()];
+    let c = s.system("c").await;
+    seen.push(c.ownership_events());
+    while [owned(&a).await, owned(&b).await, owned(&c).await] != [2, 2, 2] {
+        n = load_round(&mut s, &entities, n, "a, b and c to own 2 each").await;
+    }
+    let mut acquired = [0u32; 6];
+    for events in &mut seen {
+        while let Ok(event) = events.try_recv() {
+            if event.change == OwnershipChange::Acquired {
+                acquired[event.partition as usize] += 1;
+            }
+        }
+    }
+    assert!(
+        acquired.iter().all(|n| *n <= 1),
+        "acquisitions per partition since c started: {acquired:?}"
+    );
+    assert_eq!(acquired.iter().sum::<u32>(), 2, "{acquired:?}");
+    s.check_within(Duration::from_secs(30)).await;
+}
+
+/// Sends `Append(n)` to every entity and paces the load (100 ms); panics once `n` passes the
+/// 30 s such rounds take at most, saying what did not happen. Returns the next `n`.
+async fn load_round(s: &mut Scenario, entities: &[String], n: u64, what: &str) -> u64 {
+    assert!(n < 300, "no {what} after 300 rounds of load");
+    s.append_to_all(entities, n).await;
+    // Deliberate: the load's pace between rounds, not a wait for a condition.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    n + 1
+}
+
+/// Partitions a shard system owns, by its own account.
+async fn owned(system: &ShardSystem) -> usize {
+    system.status().await.map_or(0, |partitions| {
+        partitions.iter().filter(|p| p.generation.is_some()).count()
+    })
 }

@@ -3,8 +3,12 @@
 
 use std::time::Duration;
 
+use jetshard::wire::{HDR_SNAPSHOT_UPTO, Names};
+use jetshard::{EntityId, OwnershipChange, OwnershipEvent};
+use jetshard_testkit::wait_until;
 use jetshard_tests::node::now_ms;
-use jetshard_tests::{Scenario, init_tracing};
+use jetshard_tests::{Scenario, init_tracing, wait_drained};
+use tokio::sync::broadcast::error::RecvError;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_node_hands_its_partitions_over_well_before_the_pin_ttl() {
@@ -50,4 +54,109 @@ async fn a_stopping_node_hands_its_partitions_over_well_before_the_pin_ttl() {
             "handover took {handover_ms} ms: the pin was not released"
         );
     }
+}
+
+/// A release hands each entity over as a snapshot: every entity the stopping owner held has a
+/// snapshot that covers its last event, so the next owner loads it with one read (not its
+/// events since its last snapshot, while its commands wait), and goes on from the right state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_owner_leaves_a_snapshot_of_every_entity_it_held() {
+    init_tracing();
+    let mut s = Scenario::single(2).await;
+    // No periodic snapshots: only the release writes them.
+    let a = s.system_with(s.config("a").snapshot_every(0)).await;
+    let entities: Vec<String> = (0..8).map(|e| format!("e{e}")).collect();
+    for n in 0..5 {
+        s.append_to_all(&entities, n).await;
+    }
+    wait_drained(&s.js, Duration::from_secs(30))
+        .await
+        .expect("every command acknowledged");
+    a.shutdown().await.expect("a stops");
+
+    let names = Names::new("ledger");
+    let journal =
+        s.js.get_stream(names.journal_stream())
+            .await
+            .expect("journal");
+    for entity in &entities {
+        let id = EntityId::new(entity).expect("id");
+        let partition = jetshard::partition_of(&id, 2);
+        let last_event = journal
+            .get_last_raw_message_by_subject(&names.event_subject(partition, &id))
+            .await
+            .expect("its events")
+            .sequence;
+        let snapshot = journal
+            .get_last_raw_message_by_subject(&names.snapshot_subject(partition, &id))
+            .await
+            .unwrap_or_else(|e| panic!("{entity} has no snapshot after the release: {e}"));
+        let upto: u64 = snapshot
+            .headers
+            .get(HDR_SNAPSHOT_UPTO)
+            .and_then(|v| v.as_str().parse().ok())
+            .expect("the snapshot says what it covers");
+        assert_eq!(
+            upto, last_event,
+            "{entity}'s snapshot covers its last event"
+        );
+    }
+
+    // The next owner goes on from there.
+    let _b = s.system("b").await;
+    s.append_to_all(&entities, 5).await;
+    s.check_within(Duration::from_secs(30)).await;
+}
+
+/// A process stopped during the cool-down after a hand-off stops at once: its owner of the
+/// partition it handed off holds nothing, and does not wait out the ack wait for its pulls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_stopped_while_cooling_down_after_a_hand_off_stops_at_once() {
+    init_tracing();
+    // Cool-down: two pin TTLs (4 s). Before the fix, the stop waited for the ack wait (10 s).
+    let mut s = Scenario::single(4)
+        .await
+        .pin_ttl(Duration::from_secs(2))
+        .ack_wait(Duration::from_secs(10));
+    let entities: Vec<String> = (0..4).map(|p| jetshard_tests::id_in("e", p, 4)).collect();
+    let a = s.system("a").await;
+    let mut events = a.ownership_events();
+    s.append_to_all(&entities, 0).await;
+    wait_until(
+        Duration::from_secs(20),
+        "a to own every partition",
+        || async {
+            a.status()
+                .await
+                .is_ok_and(|p| p.iter().all(|p| p.generation.is_some()))
+        },
+    )
+    .await
+    .expect("a owns all");
+    let b = s.system("b").await;
+    // a hands two partitions off to b.
+    let handed_off = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match events.recv().await {
+                Ok(OwnershipEvent {
+                    change: OwnershipChange::Released { reason },
+                    ..
+                }) if reason == "handed off" => return,
+                Ok(_) | Err(RecvError::Lagged(_)) => {}
+                Err(RecvError::Closed) => panic!("a stopped"),
+            }
+        }
+    })
+    .await;
+    assert!(handed_off.is_ok(), "a handed nothing off within 20 s");
+    let stopping = tokio::time::Instant::now();
+    a.shutdown().await.expect("a stops");
+    let took = stopping.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "a took {took:?} to stop during its cool-down"
+    );
+    s.append_to_all(&entities, 1).await;
+    s.check_within(Duration::from_secs(30)).await;
+    drop(b);
 }

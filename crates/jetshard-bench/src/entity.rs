@@ -1,6 +1,6 @@
 //! The bench entity: as small as an entity can be, so that what is measured is the framework.
 
-use jetshard::Entity;
+use jetshard::{Entity, Snapshots};
 use serde::{Deserialize, Serialize};
 
 /// The entity every scenario runs.
@@ -26,7 +26,7 @@ pub enum BenchEvt {
 }
 
 /// Its state: a counter, the last stamp, and an optional blob.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct BenchState {
     /// Events applied.
     pub count: u64,
@@ -55,6 +55,31 @@ impl Entity for BenchEntity {
             BenchEvt::Stamped { at_ns } => state.last_at_ns = *at_ns,
             BenchEvt::Filled { blob } => state.blob.clone_from(blob),
         }
+    }
+}
+
+/// The bench entity with snapshots ([`Entity::snapshots`]; written by jetshard's default
+/// policy: every 100 events, on passivation, and when a partition is handed over): what an
+/// application whose entities live long does, so that loading one reads its latest snapshot
+/// and the few records after it rather than its whole history.
+pub struct SnapshottedBenchEntity;
+
+impl Entity for SnapshottedBenchEntity {
+    type Command = BenchCmd;
+    type Event = BenchEvt;
+    type State = BenchState;
+    type Rejection = String;
+
+    fn decide(state: &BenchState, command: BenchCmd) -> Result<Vec<BenchEvt>, String> {
+        BenchEntity::decide(state, command)
+    }
+
+    fn apply(state: &mut BenchState, event: &BenchEvt) {
+        BenchEntity::apply(state, event);
+    }
+
+    fn snapshots() -> Option<Snapshots<BenchState>> {
+        Some(Snapshots::serde(1))
     }
 }
 

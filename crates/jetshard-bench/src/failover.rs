@@ -151,7 +151,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         }
     }
     eprintln!("failover: rolling deploy of 3 nodes");
-    let rolled = rolling::run(report).await?;
+    let rolled = rolling::run(report, !options.rolling_without_snapshots).await?;
     details.insert("rolling".to_owned(), rolled);
     report
         .details
@@ -196,6 +196,7 @@ async fn trials(ttl_ms: u64, fault: Fault, count: usize) -> anyhow::Result<Vec<S
         pin_ttl_ms: ttl_ms,
         // The owner keeps every partition: each trial moves them all at once.
         balance: false,
+        snapshots: false,
     };
     let mut owner = NodeProcess::start(&node_args(0)).await?;
 

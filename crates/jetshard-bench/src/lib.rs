@@ -137,6 +137,11 @@ pub struct Options {
     /// Failover trials per pin TTL and signal.
     #[arg(long, default_value_t = 20)]
     pub failover_trials: usize,
+    /// Run the rolling deploy (part of `failover`) with the bench entity as it is elsewhere,
+    /// without snapshots: each move of a partition then loads every entity from its whole
+    /// history.
+    #[arg(long)]
+    pub rolling_without_snapshots: bool,
     /// Pin TTLs of the failover scenario, milliseconds.
     #[arg(long, value_delimiter = ',', default_value = "1000,2000")]
     pub pin_ttls_ms: Vec<u64>,

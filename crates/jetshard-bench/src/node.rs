@@ -19,7 +19,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::entity::BenchEntity;
+use crate::entity::{BenchEntity, SnapshottedBenchEntity};
 use crate::probe;
 
 /// How long a node may take to start its shard system.
@@ -46,6 +46,9 @@ pub struct NodeArgs {
     /// Share partitions evenly with the other nodes (jetshard's balancing).
     #[arg(long)]
     pub balance: bool,
+    /// Run the bench entity with snapshots (`SnapshottedBenchEntity`).
+    #[arg(long)]
+    pub snapshots: bool,
 }
 
 impl NodeArgs {
@@ -65,6 +68,7 @@ impl NodeArgs {
         ]
         .into_iter()
         .chain(self.balance.then(|| "--balance".to_owned()))
+        .chain(self.snapshots.then(|| "--snapshots".to_owned()))
         .collect()
     }
 }
@@ -90,9 +94,12 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         .balance(args.balance)
         .build()
         .context("node configuration")?;
-    let system = ShardSystem::start::<BenchEntity>(client, config)
-        .await
-        .context("start the shard system")?;
+    let system = if args.snapshots {
+        ShardSystem::start::<SnapshottedBenchEntity>(client, config).await
+    } else {
+        ShardSystem::start::<BenchEntity>(client, config).await
+    }
+    .context("start the shard system")?;
     let mut events = system.ownership_events();
     let mut terminate = signal(SignalKind::terminate()).context("install a SIGTERM handler")?;
     println!("READY");

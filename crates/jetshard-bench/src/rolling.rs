@@ -63,8 +63,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Runs the rolling deploy; rows go to `report`, the details are returned.
-pub async fn run(report: &mut Report) -> anyhow::Result<serde_json::Value> {
+/// Runs the rolling deploy (the nodes' entity with `snapshots`, or without); rows go to
+/// `report`, the details are returned.
+pub async fn run(report: &mut Report, snapshots: bool) -> anyhow::Result<serde_json::Value> {
     let server = NatsServer::start().await.context("start nats-server")?;
     let node_args = |id: usize| NodeArgs {
         url: server.url(),
@@ -73,6 +74,7 @@ pub async fn run(report: &mut Report) -> anyhow::Result<serde_json::Value> {
         partitions: PARTITIONS,
         pin_ttl_ms: PIN_TTL_MS,
         balance: true,
+        snapshots,
     };
     let mut nodes = Vec::new();
     for id in 0..NODES {
@@ -82,7 +84,13 @@ pub async fn run(report: &mut Report) -> anyhow::Result<serde_json::Value> {
     let watcher = watch_events(server.connect().await?, seen.clone()).await?;
     let acked: Shared<Vec<u64>> = Arc::default();
     let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let load = offer_load(server.connect().await?, acked.clone(), refused.clone());
+    let stop_load = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = offer_load(
+        server.connect().await?,
+        acked.clone(),
+        refused.clone(),
+        stop_load.clone(),
+    );
 
     let result = async {
         let balanced = |nodes: &[NodeProcess]| {
@@ -129,7 +137,16 @@ pub async fn run(report: &mut Report) -> anyhow::Result<serde_json::Value> {
         ))
     }
     .await;
-    load.abort();
+    // Stopped, not aborted: the acknowledgements of the last publishes are still on their way,
+    // and an aborted publisher loses them (they showed as refused publishes, "broken pipe").
+    stop_load.store(true, std::sync::atomic::Ordering::Relaxed);
+    let abort = load.abort_handle();
+    if tokio::time::timeout(Duration::from_secs(10), load)
+        .await
+        .is_err()
+    {
+        abort.abort();
+    }
     let (steady_from, steady_unix_ms, rollout_from, rollout_to, restarts, mut retired) =
         match result {
             Ok(r) => r,
@@ -264,6 +281,7 @@ pub async fn run(report: &mut Report) -> anyhow::Result<serde_json::Value> {
         })
         .collect();
     Ok(json!({
+        "snapshots": snapshots,
         "restarts_s": restarts_at,
         "per_second_p99_max_ms": per_second,
         "commands": acked_seqs.len(),
@@ -306,12 +324,14 @@ async fn watch_events(
     }))
 }
 
-/// Publishes [`RATE`] commands/s round-robin over [`ENTITIES`] entities until aborted, each
-/// stamped with its scheduled send time; records the sequences stored and counts refusals.
+/// Publishes [`RATE`] commands/s round-robin over [`ENTITIES`] entities until `stop`, each
+/// stamped with its scheduled send time; records the sequences stored and counts refusals, and
+/// ends once every publish is acknowledged or refused.
 fn offer_load(
     client: async_nats::Client,
     acked: Shared<Vec<u64>>,
     refused: Arc<std::sync::atomic::AtomicU64>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let publisher = CommandPublisher::new(client, ENTITY_TYPE, ENTITIES);
@@ -326,15 +346,19 @@ fn offer_load(
                     let ack: async_nats::jetstream::context::PublishAckFuture = ack;
                     match ack.await {
                         Ok(ack) => lock(&acked).push(ack.sequence),
-                        Err(_) => {
+                        Err(e) => {
                             refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            tracing::warn!(error = %e, kind = ?e.kind(), "rolling load: a command's publish was not acknowledged");
                         }
                     }
                 }
             })
         };
-        let _collector = AbortOnDrop(collector);
+        let mut collector = AbortOnDrop(collector);
         for i in 0u32.. {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                break;
+            }
             let offset = period * i;
             tokio::time::sleep_until(started + offset).await;
             let at_ns = started_ns + offset.as_nanos() as u64;
@@ -353,6 +377,9 @@ fn offer_load(
                 }
             }
         }
+        // The collector ends once it has every acknowledgement still on its way.
+        drop(acks);
+        let _ = (&mut collector.0).await;
     })
 }
 

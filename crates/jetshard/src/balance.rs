@@ -18,43 +18,96 @@ use tokio::time::Instant;
 pub(crate) struct Heartbeat {
     pub(crate) node: String,
     pub(crate) owned: u32,
+    /// Said once by a process that stops gracefully, before it releases its partitions: the
+    /// others count it out at once. Counted until its heartbeats expire, a process gone would
+    /// lower everyone's fair share, and they would hand partitions off to each other.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) leaving: bool,
 }
 
 /// The other processes heard recently.
 pub(crate) struct Membership {
     me: String,
-    peers: HashMap<String, (u32, Instant)>,
+    /// Each peer: what it owns, when it was heard last, and first.
+    peers: HashMap<String, Peer>,
     expiry: Duration,
+    /// How long a newcomer is heard before partitions are handed off to it: every process
+    /// hears it, and holds its standbys back, before the first hand-off.
+    known_after: Duration,
+}
+
+struct Peer {
+    owned: u32,
+    last: Instant,
+    first: Instant,
 }
 
 impl Membership {
-    pub(crate) fn new(me: &str, expiry: Duration) -> Self {
+    /// `expiry`: a peer not heard for this long no longer counts; `known_after`: a newcomer
+    /// is handed partitions once heard for this long (a balancing round).
+    pub(crate) fn new(me: &str, expiry: Duration, known_after: Duration) -> Self {
         Self {
             me: me.to_owned(),
             peers: HashMap::new(),
             expiry,
+            known_after,
         }
     }
 
     pub(crate) fn heard(&mut self, heartbeat: Heartbeat, at: Instant) {
-        if heartbeat.node != self.me {
-            self.peers.insert(heartbeat.node, (heartbeat.owned, at));
+        if heartbeat.node == self.me {
+            return;
         }
+        if heartbeat.leaving {
+            self.peers.remove(&heartbeat.node);
+            return;
+        }
+        let peer = self.peers.entry(heartbeat.node).or_insert(Peer {
+            owned: 0,
+            last: at,
+            first: at,
+        });
+        peer.owned = heartbeat.owned;
+        peer.last = at;
+    }
+
+    fn forget_silent(&mut self, now: Instant) {
+        self.peers
+            .retain(|_, peer| now.duration_since(peer.last) < self.expiry);
     }
 
     /// How many partitions this process, owning `owned` of `partitions`, should hand off now:
-    /// its excess over the fair share, at most what the processes under their share lack.
+    /// its excess over the fair share, at most what the processes under their share lack
+    /// (counting the processes heard for a round at least).
     pub(crate) fn shed_count(&mut self, owned: u32, partitions: u32, now: Instant) -> u32 {
-        self.peers
-            .retain(|_, (_, at)| now.duration_since(*at) < self.expiry);
-        let processes = self.peers.len() as u32 + 1;
-        let fair = partitions.div_ceil(processes);
-        let lacking: u32 = self
+        self.forget_silent(now);
+        let known: Vec<u32> = self
             .peers
             .values()
-            .map(|(theirs, _)| fair.saturating_sub(*theirs))
+            .filter(|peer| now.duration_since(peer.first) >= self.known_after)
+            .map(|peer| peer.owned)
+            .collect();
+        let processes = known.len() as u32 + 1;
+        let fair = partitions.div_ceil(processes);
+        let lacking: u32 = known
+            .iter()
+            .map(|theirs| fair.saturating_sub(*theirs))
             .sum();
         owned.saturating_sub(fair).min(lacking)
+    }
+
+    /// Whether this process, owning `owned`, holds back its standbys: while a process heard
+    /// recently owns at least two fewer partitions, the partitions that move (handed off, or
+    /// released by a process that stops) are left to the processes that own fewest. Otherwise
+    /// any standby may be pinned, and a partition handed off by one process over its share
+    /// often lands on another, which hands it off again (three moves where one would do).
+    /// The process that owns fewest never holds back, so every partition keeps a standby; one
+    /// that falls silent stops counting after the expiry (three pin TTLs).
+    pub(crate) fn holds_back(&mut self, owned: u32, now: Instant) -> bool {
+        self.forget_silent(now);
+        self.peers
+            .values()
+            .any(|peer| peer.owned.saturating_add(2) <= owned)
     }
 }
 
@@ -66,13 +119,87 @@ mod tests {
         Heartbeat {
             node: node.into(),
             owned,
+            leaving: false,
         }
+    }
+
+    #[test]
+    fn a_process_that_says_it_leaves_is_counted_out_at_once() {
+        let now = Instant::now();
+        // b's view: a, c and b share 8 partitions (3, 3, 2); c stops, a takes its three.
+        let mut counted = Membership::new("b", Duration::from_secs(6), Duration::ZERO);
+        let mut told = Membership::new("b", Duration::from_secs(6), Duration::ZERO);
+        for m in [&mut counted, &mut told] {
+            m.heard(beat("a", 3), now);
+            m.heard(beat("c", 3), now);
+            assert_eq!(m.shed_count(3, 8, now), 0);
+        }
+        told.heard(
+            Heartbeat {
+                leaving: true,
+                ..beat("c", 0)
+            },
+            now,
+        );
+        // A newcomer d, heard before c's last heartbeat expired.
+        for m in [&mut counted, &mut told] {
+            m.heard(beat("a", 5), now);
+            m.heard(beat("d", 0), now);
+        }
+        assert_eq!(told.shed_count(3, 8, now), 0, "b is at its share of 3");
+        // Counted, c makes four processes and a share of 2: b would hand one off, to a standby
+        // of a as likely as to d's.
+        assert_eq!(counted.shed_count(3, 8, now), 1);
+    }
+
+    #[test]
+    fn standbys_hold_back_while_another_process_owns_two_fewer() {
+        let now = Instant::now();
+        let mut m = Membership::new("a", Duration::from_secs(6), Duration::ZERO);
+        assert!(!m.holds_back(8, now), "alone, it takes everything");
+        // A newcomer: a and b (4 each) hold back, d takes what they hand off.
+        m.heard(beat("b", 4), now);
+        m.heard(beat("d", 0), now);
+        assert!(m.holds_back(4, now));
+        // 3-3-2 is as even as 8 over 3 gets: every standby pulls, so that any process can take
+        // over from one that dies.
+        m.heard(beat("b", 3), now);
+        m.heard(beat("d", 2), now);
+        assert!(!m.holds_back(3, now));
+        assert!(!m.holds_back(2, now), "the fewest never holds back");
+        // d fell silent (it died): nobody holds back for it after the expiry.
+        m.heard(beat("b", 4), now);
+        m.heard(beat("d", 0), now);
+        assert!(m.holds_back(4, now));
+        assert!(!m.holds_back(4, now + Duration::from_secs(7)));
+    }
+
+    #[test]
+    fn a_newcomer_is_handed_partitions_once_heard_for_a_round() {
+        let start = Instant::now();
+        let round = Duration::from_secs(2);
+        let mut m = Membership::new("a", Duration::from_secs(6), round);
+        m.heard(beat("b", 4), start - round);
+        m.heard(beat("c", 0), start);
+        // Meanwhile b hears c too, and holds its standbys back.
+        assert_eq!(m.shed_count(4, 8, start), 0);
+        m.heard(beat("c", 0), start + round);
+        assert_eq!(m.shed_count(4, 8, start + round), 1);
+    }
+
+    #[test]
+    fn a_heartbeat_says_leaving_only_when_it_is() {
+        let text = serde_json::to_string(&beat("a", 2)).unwrap_or_default();
+        assert_eq!(text, r#"{"node":"a","owned":2}"#, "the wire as before");
+        let leaving: Heartbeat = serde_json::from_str(r#"{"node":"a","owned":0,"leaving":true}"#)
+            .unwrap_or(beat("x", 9));
+        assert!(leaving.leaving);
     }
 
     #[test]
     fn a_process_over_its_share_sheds_only_when_another_is_under_it() {
         let now = Instant::now();
-        let mut m = Membership::new("a", Duration::from_secs(3));
+        let mut m = Membership::new("a", Duration::from_secs(3), Duration::ZERO);
         assert_eq!(m.shed_count(8, 8, now), 0, "alone, it keeps everything");
         m.heard(beat("b", 0), now);
         assert_eq!(m.shed_count(8, 8, now), 4);
@@ -93,7 +220,7 @@ mod tests {
     #[test]
     fn its_own_heartbeat_and_silent_peers_do_not_count() {
         let now = Instant::now();
-        let mut m = Membership::new("a", Duration::from_secs(3));
+        let mut m = Membership::new("a", Duration::from_secs(3), Duration::ZERO);
         m.heard(beat("a", 0), now);
         assert_eq!(m.shed_count(8, 8, now), 0);
         m.heard(beat("b", 0), now);

@@ -602,8 +602,14 @@ async fn process<E: Entity>(
         let loading = std::time::Instant::now();
         // The semaphore is never closed.
         let permit = state.context.loads.acquire().await.ok();
+        let waited = loading.elapsed();
         let revived = revive::<E>(&state.id, &state.context).await;
         drop(permit);
+        tracing::debug!(
+            waited_ms = waited.as_millis() as u64,
+            load_ms = loading.elapsed().saturating_sub(waited).as_millis() as u64,
+            "entity loaded"
+        );
         telemetry::record(&state.context.metrics.replay_seconds, loading.elapsed());
         state.seed = match revived {
             Ok(seed) => Loaded::Yes(seed),

@@ -358,6 +358,11 @@ async fn run(
             tracing::debug!(pin = %forgotten, "pin forgotten");
             pin = None;
         }
+        // Every pause is answered with `Idle` once its pulls have ended, even one asked for
+        // while paused already: a stop during the cool-down after a hand-off waits for it.
+        if paused.has_changed().unwrap_or(false) {
+            idle_reported = false;
+        }
         let is_paused = *paused.borrow_and_update();
         if is_paused {
             // The next pull, after the pause, asks afresh.
@@ -404,6 +409,7 @@ async fn run(
                 if changed.is_err() {
                     return Ok(Ended::OwnerGone);
                 }
+                idle_reported = false;
                 continue;
             }
             changed = forget.changed() => {

@@ -222,6 +222,10 @@ struct SystemState {
     failures: RestartWindow,
     stopping: bool,
     membership: Membership,
+    /// Partitions this process owned at the last balancing round.
+    owned: u32,
+    /// Whether its standbys hold back (`Membership::holds_back`), as last told to the owners.
+    hold_back: bool,
     last_hand_off: Option<Instant>,
     /// The heartbeat listener and the balance timer; stopped with the system.
     tasks: Vec<JoinHandle<()>>,
@@ -252,7 +256,9 @@ impl<E: Entity> Actor for SystemActor<E> {
             shared.config.owner_restart_window,
         );
         let mut state = SystemState {
-            membership: Membership::new(&shared.config.node_id, pin_ttl * 3),
+            membership: Membership::new(&shared.config.node_id, pin_ttl * 3, pin_ttl),
+            owned: 0,
+            hold_back: false,
             shared,
             owners: vec![None; partitions as usize],
             partition_of: HashMap::new(),
@@ -355,6 +361,16 @@ impl<E: Entity> Actor for SystemActor<E> {
             }
             SystemMsg::Shutdown(reply) => {
                 state.stopping = true;
+                if state.shared.config.balance {
+                    // Before the releases: the others take this process's partitions at a fair
+                    // share counted without it.
+                    let leaving = Heartbeat {
+                        node: state.shared.config.node_id.clone(),
+                        owned: 0,
+                        leaving: true,
+                    };
+                    publish_heartbeat(&state.shared, &leaving).await;
+                }
                 let timeout = Some(state.shared.config.ack_wait + Duration::from_secs(1));
                 let releases = state
                     .owners
@@ -366,7 +382,16 @@ impl<E: Entity> Actor for SystemActor<E> {
                 let _ = reply.send(());
                 myself.stop(Some("shutdown".to_owned()));
             }
-            SystemMsg::Heard(heartbeat) => state.membership.heard(heartbeat, Instant::now()),
+            SystemMsg::Heard(heartbeat) => {
+                let now = Instant::now();
+                state.membership.heard(heartbeat, now);
+                // At once, not at the next round: another process may hand a partition off on
+                // hearing the same heartbeat.
+                let hold_back = state.membership.holds_back(state.owned, now);
+                if hold_back != state.hold_back {
+                    tell_hold_back(state, hold_back);
+                }
+            }
             SystemMsg::Balance => balance(state).await,
             SystemMsg::Respawn(partition) => {
                 if !state.stopping && state.owners[partition as usize].is_none() {
@@ -459,15 +484,14 @@ async fn balance(state: &mut SystemState) {
             owned.push((status.partition, owner.clone()));
         }
     }
-    let config = &state.shared.config;
+    let shared = Arc::clone(&state.shared);
+    let config = &shared.config;
     let heartbeat = Heartbeat {
         node: config.node_id.clone(),
         owned: owned.len() as u32,
+        leaving: false,
     };
-    if let Ok(body) = serde_json::to_vec(&heartbeat) {
-        let subject = state.shared.names.membership_subject();
-        let _ = state.shared.client.publish(subject, body.into()).await;
-    }
+    publish_heartbeat(&state.shared, &heartbeat).await;
     let now = Instant::now();
     // Time for the last hand-offs to land and show in the heartbeats before the next ones.
     let settled = state
@@ -476,12 +500,36 @@ async fn balance(state: &mut SystemState) {
     let shed = state
         .membership
         .shed_count(owned.len() as u32, config.partitions, now) as usize;
+    state.owned = owned.len() as u32;
+    let hold_back = state.membership.holds_back(state.owned, now);
+    // Every round, for owners restarted since.
+    tell_hold_back(state, hold_back);
     if settled && shed > 0 {
         for (partition, owner) in owned.iter().rev().take(shed) {
             tracing::info!(partition, node = %config.node_id, owned = owned.len(), "handing a partition off to balance the processes");
             let _ = owner.cast(OwnerMsg::HandOff);
         }
         state.last_hand_off = Some(now);
+    }
+}
+
+/// Tells every owner whether its standby holds back.
+fn tell_hold_back(state: &mut SystemState, hold_back: bool) {
+    if hold_back != state.hold_back {
+        tracing::debug!(node = %state.shared.config.node_id, hold_back, owned = state.owned, "standbys hold back: another process owns two fewer partitions");
+    }
+    state.hold_back = hold_back;
+    for owner in state.owners.iter().flatten() {
+        let _ = owner.cast(OwnerMsg::HoldBack(hold_back));
+    }
+}
+
+/// Says `heartbeat` on `<t>.nodes` (core NATS, best effort: the next one follows a pin TTL
+/// later).
+async fn publish_heartbeat(shared: &Shared, heartbeat: &Heartbeat) {
+    if let Ok(body) = serde_json::to_vec(heartbeat) {
+        let subject = shared.names.membership_subject();
+        let _ = shared.client.publish(subject, body.into()).await;
     }
 }
 

@@ -103,6 +103,10 @@ pub(crate) enum OwnerMsg {
     /// Balancing: hand the partition to another process (as a graceful stop does), then stay
     /// out of it for a while before pulling again.
     HandOff,
+    /// Balancing, every pin TTL: whether this process owns enough while another owns too little,
+    /// so that a standby here stops pulling (`true`) and the partitions handed off go to the
+    /// process that lacks them, not back and forth between the others (see `balance.rs`).
+    HoldBack(bool),
     /// A snapshot for status displays.
     Status(RpcReplyPort<PartitionStatus>),
     /// A state query for one of the partition's entities (`<t>.query.<p>.<id>`).
@@ -151,6 +155,12 @@ pub(crate) struct OwnerState<E: Entity> {
     metrics: PartitionMetrics,
     /// The pin of the last delivery (for `jetshard_pin_changes_total`).
     last_pin: Option<Arc<str>>,
+    /// The balancing's last word: standbys of this process hold back.
+    hold_back: bool,
+    /// Whether this owner's pulls are paused as a standby holding back.
+    holding: bool,
+    /// The last pin this standby was given while holding back, and gave back.
+    declined: Option<Arc<str>>,
 }
 
 impl<E: Entity> Drop for OwnerState<E> {
@@ -216,6 +226,9 @@ impl<E: Entity> Actor for OwnerActor<E> {
         Ok(OwnerState {
             metrics,
             last_pin: None,
+            hold_back: false,
+            holding: false,
+            declined: None,
             partition: args.partition,
             shared: args.shared,
             myself,
@@ -270,6 +283,8 @@ impl<E: Entity> Actor for OwnerActor<E> {
             }
             OwnerMsg::Entity(EntityReport::Passivated(passivated)) => {
                 state.on_passivated(passivated);
+                // Releasing: the entity's snapshot is written; the release may be done.
+                state.finish_release_if_drained().await;
             }
             OwnerMsg::Tick => state.on_tick().await,
             OwnerMsg::Release(reply) => state.start_release(Some(reply)).await,
@@ -277,6 +292,10 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 if matches!(state.phase, Phase::Owning(_)) {
                     state.start_release(None).await;
                 }
+            }
+            OwnerMsg::HoldBack(hold_back) => {
+                state.hold_back = hold_back;
+                state.hold_standby();
             }
             OwnerMsg::Status(reply) => {
                 let _ = reply.send(state.status());
@@ -401,6 +420,7 @@ impl<E: Entity> OwnerState<E> {
                 let nak = AckKind::Nak(Some(self.policy.retry_delay));
                 acknowledge(&self.shared.client, self.partition, delivery.reply, nak).await;
             }
+            Phase::Standby if self.holding => self.decline(delivery).await,
             _ => self.acquire(delivery).await,
         }
         if matches!(self.phase, Phase::Owning(_)) {
@@ -1000,7 +1020,8 @@ impl<E: Entity> OwnerState<E> {
         match &mut self.phase {
             Phase::CoolingDown(until) if now >= *until => {
                 self.phase = Phase::Standby;
-                self.pull.pause(false);
+                self.holding = self.hold_back;
+                self.pull.pause(self.holding);
             }
             Phase::Releasing(release, _) if now >= release.deadline => {
                 tracing::warn!(
@@ -1129,21 +1150,57 @@ impl<E: Entity> OwnerState<E> {
     }
 
     async fn finish_release_if_drained(&mut self) {
+        let snapshots = self.snapshots_on_release();
         // Unpinning while a pull of ours without the pin id is still open could pin this
         // process again: wait for the pull loop to be idle (the pulls carrying the pin id are
-        // ended by the unpin) as well as for the commands in hand.
-        let done = match &self.phase {
+        // ended by the unpin) as well as for the commands in hand, and, with snapshots, for
+        // every entity's snapshot (`route::hand_over`).
+        let done = match &mut self.phase {
             Phase::Releasing(release, owning) => {
-                release.pulls_idle
-                    && owning
-                        .as_ref()
-                        .is_none_or(|o| o.entities.values().all(|s| s.queue.is_empty()))
+                let drained = owning
+                    .as_deref_mut()
+                    .is_none_or(|o| route::hand_over(o, snapshots));
+                release.pulls_idle && drained
             }
             _ => false,
         };
         if done {
             self.finish_release().await;
         }
+    }
+
+    /// A standby pulls unless the balancing says this process holds back (then it pauses its
+    /// pulls until told otherwise). Nothing else pauses a standby's pulls.
+    fn hold_standby(&mut self) {
+        if matches!(self.phase, Phase::Standby) && self.holding != self.hold_back {
+            self.holding = self.hold_back;
+            self.pull.pause(self.holding);
+        }
+    }
+
+    /// Gives back a pin this standby got while holding back (from a pull it sent before): the
+    /// delivery goes back to the server, and the pin to a process that lacks partitions, at once.
+    /// Cheaper than taking the partition only to hand it off again.
+    async fn decline(&mut self, delivery: Delivery) {
+        let nak = AckKind::Nak(Some(Duration::from_millis(100)));
+        acknowledge(&self.shared.client, self.partition, delivery.reply, nak).await;
+        if self.declined.as_ref() == Some(&delivery.pin) {
+            return;
+        }
+        tracing::debug!(
+            partition = self.partition,
+            "pinned while holding back; giving the pin back"
+        );
+        self.pull.forget_pin(delivery.pin.clone());
+        self.declined = Some(delivery.pin);
+        unpin(&self.shared, self.partition).await;
+    }
+
+    /// Whether a release passivates every entity first, so that each writes a snapshot of
+    /// what it wrote since its last one: the next owner then loads it with one read instead of
+    /// its records since that snapshot, while its commands wait.
+    fn snapshots_on_release(&self) -> bool {
+        E::snapshots().is_some() && self.shared.config.snapshot_on_passivation
     }
 
     async fn finish_release(&mut self) {
@@ -1167,6 +1224,18 @@ impl<E: Entity> OwnerState<E> {
             return;
         };
         let stopping = release.reply.is_some();
+        // The release began one ack wait before its deadline.
+        let took = self
+            .shared
+            .config
+            .ack_wait
+            .saturating_sub(release.deadline.saturating_duration_since(Instant::now()));
+        tracing::debug!(
+            partition = self.partition,
+            owned,
+            took_ms = took.as_millis() as u64,
+            "released"
+        );
         if let Some(o) = owning {
             self.left(
                 &o,

@@ -265,6 +265,30 @@ pub(super) fn passivate<E: Entity>(o: &mut Owning<E>, entity: &EntityId) {
     }
 }
 
+/// Hands the partition's entities over, for a release: whether every command in hand is done
+/// and, with `snapshots`, every entity's state is back from its actor (each idle actor is
+/// passivated, so it writes a snapshot of its events since its last one before it stops).
+///
+/// Without those snapshots, the next owner would load each entity from its latest snapshot and
+/// every record after it, on its first command, while its commands wait: after a move, every
+/// active entity of the partition at once.
+pub(super) fn hand_over<E: Entity>(o: &mut Owning<E>, snapshots: bool) -> bool {
+    if snapshots {
+        let idle: Vec<EntityId> = o
+            .entities
+            .iter()
+            .filter(|(_, s)| s.actor.is_some() && s.queue.is_empty() && s.blocked.is_none())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for entity in idle {
+            passivate(o, &entity);
+        }
+    }
+    o.entities
+        .values()
+        .all(|s| s.queue.is_empty() && (!snapshots || s.returning.is_none()))
+}
+
 /// Passivates up to `count` of this partition's idle resident entities, least recently active
 /// first: the resident cap is over.
 pub(super) fn evict_idle<E: Entity>(o: &mut Owning<E>, count: usize) {
