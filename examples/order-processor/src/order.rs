@@ -279,6 +279,8 @@ pub enum Refusal {
     NoSuchLine(u32),
     /// An answer of the inventory about a line it answered before.
     LineAnswered(u32),
+    /// A command of a feature the node runs without (its flag).
+    FeatureOff(&'static str),
 }
 
 impl fmt::Display for Refusal {
@@ -298,6 +300,7 @@ impl fmt::Display for Refusal {
             Refusal::NotReserved => f.write_str("items not all reserved yet"),
             Refusal::NoSuchLine(line) => write!(f, "no item line {line}"),
             Refusal::LineAnswered(line) => write!(f, "item line {line} was answered before"),
+            Refusal::FeatureOff(flag) => write!(f, "{flag} is off"),
         }
     }
 }
@@ -381,12 +384,30 @@ impl Order {
     ///   released at once.
     /// - `--payment-timeout`: placing arms the payment timer, which sends `PaymentDue`; paying,
     ///   or the order's end while open, disarms it.
+    ///
+    /// The commands of a feature that is off (`Reserved`, `OutOfStock`, `PaymentDue`) are
+    /// refused. (With it on, they are commands like any other: who may publish to
+    /// `order.cmd.*` is a matter of permissions, docs/SECURITY.md.)
     pub fn decision(
         features: &Features,
         id: &str,
         state: &OrderState,
         command: OrderCommand,
     ) -> Decision<OrderEvent> {
+        let off = match command {
+            OrderCommand::Reserved { .. } | OrderCommand::OutOfStock { .. }
+                if !features.inventory =>
+            {
+                Some("--inventory")
+            }
+            OrderCommand::PaymentDue if features.payment_timeout.is_none() => {
+                Some("--payment-timeout")
+            }
+            _ => None,
+        };
+        if let Some(flag) = off {
+            return Decision::event(rejected(&Refusal::FeatureOff(flag)));
+        }
         let not_reserved = state.items.iter().any(|item| item.stock != Stock::Reserved);
         if features.inventory
             && command == OrderCommand::Ship
@@ -430,10 +451,10 @@ impl Order {
             }
             // The timer fired: it is disarmed already.
             OrderEvent::Expired => release = true,
-            OrderEvent::ItemReserved { line } => {
-                if features.inventory && state.phase == Phase::Cancelled {
-                    decision.messages.push(release_message(id, state, *line));
-                }
+            OrderEvent::ItemReserved { line }
+                if features.inventory && state.phase == Phase::Cancelled =>
+            {
+                decision.messages.push(release_message(id, state, *line));
             }
             _ => {}
         }
@@ -828,6 +849,25 @@ mod tests {
         for (decision, event) in decisions.iter().zip(&events) {
             assert_eq!(decision, &Decision::event(event.clone()));
         }
+        let (decisions, state) = decide_all(
+            &Features::NONE,
+            [
+                place(),
+                add(1, 5),
+                C::Reserved { line: 0 },
+                C::OutOfStock { line: 0 },
+                C::PaymentDue,
+            ],
+        );
+        assert_eq!(
+            decisions[2].event,
+            rejected(Refusal::FeatureOff("--inventory"))
+        );
+        assert_eq!(
+            decisions[4].event,
+            rejected(Refusal::FeatureOff("--payment-timeout"))
+        );
+        assert_eq!(state.phase, Phase::Open);
     }
 
     #[test]

@@ -243,8 +243,8 @@ fn write_summary(f: &mut fmt::Formatter<'_>, s: &Summary, what: &str) -> fmt::Re
         .iter()
         .map(|(kind, n)| format!("{kind} {n}"))
         .collect();
-    writeln!(f, "events: {events} ({})", by_kind.join(", "))?;
-    writeln!(f, "dead letters (terminated): {}", s.dead_letters)?;
+    writeln!(f, "{what}events: {events} ({})", by_kind.join(", "))?;
+    writeln!(f, "{what}dead letters (terminated): {}", s.dead_letters)?;
     for (partition, generations) in &s.generations {
         let chain: Vec<String> = generations
             .iter()
@@ -262,9 +262,9 @@ impl fmt::Display for Report {
         write_summary(f, o, "")?;
         if self.features.inventory {
             let i = &self.inventory;
-            write!(
+            writeln!(
                 f,
-                "inventory commands: {} for {} products; ",
+                "inventory commands: {} for {} products",
                 i.commands, i.entities
             )?;
             write_summary(f, i, "inventory ")?;
@@ -335,8 +335,8 @@ struct Replayed<R: Rules> {
     summary: Summary,
     /// The state of each entity at the end.
     states: BTreeMap<String, R::State>,
-    /// The messages decided: (command seq, index within the command, message).
-    sent: Vec<(u64, usize, Message)>,
+    /// The messages decided.
+    sent: Sent,
     /// Armed timers at the end: (entity, name) -> set sequence.
     armed: BTreeMap<(String, String), u64>,
     timers: TimerSummary,
@@ -766,11 +766,14 @@ fn check_timers(
     report.timers = timers;
 }
 
+/// The messages a model decided: (command seq, index within the command, message).
+type Sent = Vec<(u64, usize, Message)>;
+
 /// The outbox check (5 of the module docs): `sources` are each entity type with the messages
 /// its model sent and its own streams (where the messages to it are stored). Returns how many
 /// messages were stored more than once.
 fn check_outbox(
-    sources: &[(&str, &Vec<(u64, usize, Message)>, &Recorded)],
+    sources: &[(&str, &Sent, &Recorded)],
     violations: &mut Vec<String>,
     unsettled: &mut Vec<String>,
 ) -> usize {
@@ -948,7 +951,7 @@ pub async fn run(client: Client, options: &VerifyOptions) -> anyhow::Result<Repo
     loop {
         let mut partitions = 0;
         for (t, _, _) in &types {
-            partitions = settle(&Admin::new(client.clone(), *t), deadline).await?;
+            partitions = settle(&Admin::new(client.clone(), t), deadline).await?;
         }
         // Commands first, then journals: every record read answers a command read, or is left
         // out as newer.
