@@ -969,13 +969,14 @@ pub async fn run(client: Client, options: &VerifyOptions) -> anyhow::Result<Repo
                 .filter_map(journal_record)
                 .collect();
         }
-        let inventory = recorded.pop().filter(|_| options.features.inventory);
-        let orders = recorded.pop().unwrap_or_default();
+        let mut recorded = recorded.into_iter();
+        let orders = recorded.next().unwrap_or_default();
+        let inventory = recorded.next().unwrap_or_default();
         let mut report = check(
             partitions,
             &options.features,
             &orders,
-            &inventory.unwrap_or_default(),
+            &inventory,
             unix_ms_now(),
         );
         if partitions == 0 {
