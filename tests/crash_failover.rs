@@ -51,6 +51,66 @@ async fn a_killed_owner_is_replaced_within_a_second_under_a_30_s_pin_ttl() {
     s.check().await;
 }
 
+/// Every live process watches, so two standbys find the dead owner at the same moment; the
+/// server's unpin names no pin, and a second unpin would take the partition from the standby the
+/// first one let in. Only the watch that stores the unpin record first may unpin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_owner_s_partitions_move_once_though_two_standbys_watch() {
+    init_tracing();
+    let partitions = 8;
+    let mut s = Scenario::single(partitions)
+        .await
+        .pin_ttl(Duration::from_secs(30));
+    let entities = entities(40);
+    let mut a = s.node("a").await;
+    s.append_to_all(&entities, 0).await;
+    s.wait_owns_all(&a).await;
+    let b = s.node("b").await;
+    let c = s.node("c").await;
+    // Both standbys watch a: each has read a's claims (they pull, so they are running).
+    s.append_to_all(&entities, 1).await;
+
+    a.kill().await;
+    let killed_at = now_ms();
+    for n in 2..6 {
+        s.append_to_all(&entities, n).await;
+    }
+    wait_until(
+        Duration::from_secs(10),
+        "b and c to own every partition",
+        || async {
+            let mut owned = b.owned();
+            owned.extend(c.owned());
+            owned.sort_unstable();
+            owned.dedup();
+            owned.len() == partitions as usize
+        },
+    )
+    .await
+    .unwrap();
+    // Every command is served (so any second unpin has long happened) ...
+    s.check().await;
+    // ... and each partition was taken once, by one of them, with one new generation.
+    for partition in 0..partitions {
+        let takeovers: Vec<(String, u64)> = [&b, &c]
+            .iter()
+            .flat_map(|node| {
+                node.lines()
+                    .into_iter()
+                    .filter(|l| {
+                        l.what == "ACQUIRED" && l.partition == partition && l.at_ms >= killed_at
+                    })
+                    .map(|l| (node.id.clone(), l.generation))
+            })
+            .collect();
+        assert_eq!(
+            takeovers.len(),
+            1,
+            "partition {partition} moved more than once after the kill: {takeovers:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_owner_is_not_moved_by_probes_that_time_out() {
     init_tracing();

@@ -108,13 +108,13 @@ async fn an_armed_timer_survives_a_restart_and_fires_once() {
     system.shutdown().await.unwrap();
 
     let system = s.system("n2").await;
-    // The partition needs a command to be owned again.
-    s.sender.send("r", &LedgerCmd::Push { n: 0 }).await.unwrap();
-    wait_state(&s, "r", &[0, 5]).await;
+    // No command is sent: n1 let the partition go with a timer armed, so it woke it (a
+    // partition is owned only while it has a command to deliver), and n2 takes it on start.
+    wait_state(&s, "r", &[5]).await;
     system.shutdown().await.unwrap();
     let system = s.system("n3").await;
     s.sender.send("r", &LedgerCmd::Push { n: 6 }).await.unwrap();
-    wait_state(&s, "r", &[0, 5, 6]).await;
+    wait_state(&s, "r", &[5, 6]).await;
     system.shutdown().await.unwrap();
 }
 
@@ -135,11 +135,8 @@ async fn a_timer_armed_before_its_owner_crashed_fires_once_at_the_next_owner() {
     .unwrap();
     doomed.kill().await;
     let heir = s.node("heir").await;
-    // A partition is owned once it has a command to deliver (docs/guide.md, "Timers").
-    s.sender
-        .send("wake", &LedgerCmd::Push { n: 0 })
-        .await
-        .unwrap();
+    // No command is sent: the heir's crash watch finds the owner dead, unpins its partition
+    // and wakes it (a partition is owned only while it has a command to deliver).
     s.wait_owns_all(&heir).await;
     wait_state(&s, "f", &[7]).await;
     // And not again: a later command sees one 7.
@@ -232,4 +229,35 @@ async fn a_timer_of_an_entity_nobody_loads_fires_after_a_takeover_though_it_has_
     s.sender.send("s", &LedgerCmd::Push { n: 9 }).await.unwrap();
     wait_state(&s, "s", &[0, 1, 2, 3, 6, 7, 8, 5, 9]).await;
     system.shutdown().await.unwrap();
+}
+
+/// A partition is owned only while it has a command to deliver: without a wake-up, a timer of
+/// a crashed owner's partition would wait for the partition's next command (or a redelivery).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_owner_s_timer_fires_at_the_standby_with_no_command_sent() {
+    init_tracing();
+    let s = Scenario::single(2).await.pin_ttl(Duration::from_secs(30));
+    let mut owner = s.node("owner").await;
+    s.sender.send("q", &remind("a", 3, 1_500)).await.unwrap();
+    wait_until(WITHIN, "the timer armed", || async {
+        s.sender
+            .get("q", Duration::from_secs(1))
+            .await
+            .is_ok_and(|snapshot| snapshot.last_command_seq > 0)
+    })
+    .await
+    .unwrap();
+    let standby = s.node("standby").await;
+    owner.kill().await;
+    let killed = std::time::Instant::now();
+    wait_state(&s, "q", &[3]).await;
+    assert!(
+        killed.elapsed() < Duration::from_secs(15),
+        "fired {:?} after the kill: the wake-up, not the pin TTL (30 s)",
+        killed.elapsed()
+    );
+    assert!(!standby.owned().is_empty());
+    // Once: a later command sees one 3.
+    s.sender.send("q", &LedgerCmd::Push { n: 4 }).await.unwrap();
+    wait_state(&s, "q", &[3, 4]).await;
 }

@@ -143,6 +143,10 @@ pub struct Options {
     /// Resident entities in the memory scenario.
     #[arg(long, default_value_t = 100_000)]
     pub memory_entities: usize,
+    /// Run only the memory scenario's bounded variant (every entity known, a hundredth of them
+    /// resident and as many dormant).
+    #[arg(long)]
+    pub memory_bounded_only: bool,
     /// Commands per pass in the scaling scenario.
     #[arg(long, default_value_t = 20_000)]
     pub scaling_commands: usize,

@@ -21,6 +21,17 @@
 //! With a resident cap (jetshard's `max_resident_entities`, a tenth of the entities), the
 //! figures are the largest number of resident entities seen while every entity is touched
 //! (polled every 50 ms), and the RSS growth per touched entity.
+//!
+//! Since entities load lazily (on their first command), the **rebuilt** point reads no state:
+//! its figure is about 0, and the resident figures include the entity's load.
+//!
+//! The **bounded** variant is issue 12's memory target: every entity is known (it has an event
+//! in the journal), a hundredth of them may be resident (`max_resident_entities`) and as many
+//! dormant (`max_dormant_entities`), and traffic moves over all of them (one `Touch` each, in
+//! waves). RSS and glibc's heap in use are sampled after every tenth of the entities: the heap
+//! must stay flat (the last sample within 10% of the one at a tenth), RSS bounded (the last
+//! within 10% of the one half-way: glibc keeps freed pages for a while), and the heap is given
+//! per entity the budgets keep (resident or dormant).
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -52,6 +63,10 @@ const CAP_DIVISOR: usize = 10;
 /// What one resident entity is budgeted at when checking that a variant fits in memory
 /// (measured: about 7.5 KB for jetshard's live entity actor, 6.7 KB for ractor's idle actor).
 const BUDGET_PER_ENTITY: u64 = 10 * 1024;
+/// The resident and the dormant budget of the bounded variant, as fractions of the entities.
+const BOUNDED_DIVISOR: usize = 100;
+/// How much the bounded variant's RSS may grow from a tenth of the entities touched to all.
+const FLAT_WITHIN: f64 = 1.10;
 /// The share of the available memory a variant may use: the machine is shared.
 const MEMORY_SHARE: f64 = 0.5;
 
@@ -72,6 +87,9 @@ pub struct ChildArgs {
     /// jetshard's `max_resident_entities` (default: no cap).
     #[arg(long)]
     pub max_resident: Option<usize>,
+    /// jetshard's `max_dormant_entities` (default: jetshard's default).
+    #[arg(long)]
+    pub max_dormant: Option<usize>,
     /// jetshard's `passivate_after`, milliseconds.
     #[arg(long)]
     pub passivate_after_ms: u64,
@@ -89,10 +107,13 @@ struct Variant {
     capped: bool,
     /// Measure again once every entity has been passivated.
     passivated: bool,
+    /// Resident and dormant budgets of a hundredth of the entities each; RSS sampled as the
+    /// traffic moves over all of them.
+    bounded: bool,
 }
 
 /// What a variant measured.
-#[derive(Debug, Clone, Copy, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Default)]
 struct Figures {
     entities: usize,
     standby_rss: u64,
@@ -107,6 +128,14 @@ struct Figures {
     passivated_rss: u64,
     passivated_heap: u64,
     passivate_secs: f64,
+    /// The dormant budget (bounded variant).
+    dormant_budget: Option<usize>,
+    /// RSS after each tenth of the entities was touched (bounded variant).
+    rss_by_tenth: Vec<u64>,
+    /// glibc's heap in use at the same points.
+    heap_by_tenth: Vec<u64>,
+    /// Dormant states held at the end.
+    dormant_at_end: usize,
 }
 
 /// Scenario 5.
@@ -117,24 +146,35 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             state_bytes: 0,
             capped: false,
             passivated: false,
+            bounded: false,
         },
         Variant {
             name: "64-byte state",
             state_bytes: SMALL_STATE_BYTES,
             capped: false,
             passivated: false,
+            bounded: false,
         },
         Variant {
             name: "idle, passivate_after = 2 s",
             state_bytes: 0,
             capped: false,
             passivated: true,
+            bounded: false,
         },
         Variant {
             name: "idle, max_resident_entities = entities / 10",
             state_bytes: 0,
             capped: true,
             passivated: false,
+            bounded: false,
+        },
+        Variant {
+            name: "every entity known, resident and dormant budgets = entities / 100 each",
+            state_bytes: 0,
+            capped: true,
+            passivated: false,
+            bounded: true,
         },
     ];
     let n = options.memory_entities;
@@ -159,7 +199,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             )),
         );
     }
-    let ractor_bytes = if fits(n) {
+    let ractor_bytes = if fits(n) && !options.memory_bounded_only {
         eprintln!("memory: {n} idle ractor actors (baseline)");
         let bytes = ractor_baseline(n).await?;
         report.rows.push(Row::new(
@@ -174,11 +214,22 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         0.0
     };
     for variant in variants {
+        if options.memory_bounded_only && !variant.bounded {
+            continue;
+        }
         if !variant.capped && !fits(n) {
             continue;
         }
         eprintln!("memory: {} entities, {}", n, variant.name);
         let figures = measure(variant, n).await?;
+        if variant.bounded {
+            bounded_rows(report, &figures, n, variant.name);
+            details.insert(
+                variant.name.to_owned(),
+                json!({ "variant": variant, "figures": figures }),
+            );
+            continue;
+        }
         let per = |from: u64, to: u64| (to as f64 - from as f64) / n as f64;
         let heap = per;
         let rebuilt = per(figures.standby_rss, figures.rebuilt_rss);
@@ -254,6 +305,82 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The bounded variant's rows: the heap in use flat as traffic moves over every known entity
+/// (from a tenth touched to all), RSS bounded (from half touched to all: glibc keeps pages it
+/// freed, so RSS climbs for a while where the heap does not), and what the process holds per
+/// entity it may keep.
+fn bounded_rows(report: &mut Report, figures: &Figures, n: usize, name: &str) {
+    let mb = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    let (rss, heap) = (&figures.rss_by_tenth, &figures.heap_by_tenth);
+    let (Some(&rss_first), Some(&rss_half), Some(&rss_last)) =
+        (rss.first(), rss.get(rss.len() / 2 - 1), rss.last())
+    else {
+        return;
+    };
+    let (Some(&heap_first), Some(&heap_last)) = (heap.first(), heap.last()) else {
+        return;
+    };
+    let case = |what: &str| format!("{what}, {n} entities, {name}");
+    let flat = |from: u64, to: u64| to as f64 <= from as f64 * FLAT_WITHIN;
+    report.rows.push(Row::new(
+        "memory",
+        case("RSS at standby"),
+        mb(figures.standby_rss),
+        "MB",
+    ));
+    report.rows.push(Row::new(
+        "memory",
+        case("heap in use, a tenth of the entities touched"),
+        mb(heap_first),
+        "MB",
+    ));
+    report.rows.push(
+        Row::new(
+            "memory",
+            case("heap in use, every entity touched"),
+            mb(heap_last),
+            "MB",
+        )
+        .against(mb(heap_first))
+        .target(
+            format!("<= {FLAT_WITHIN} of a tenth's"),
+            flat(heap_first, heap_last),
+        ),
+    );
+    report.rows.push(Row::new(
+        "memory",
+        case("RSS, a tenth of the entities touched"),
+        mb(rss_first),
+        "MB",
+    ));
+    report.rows.push(Row::new(
+        "memory",
+        case("RSS, half of the entities touched"),
+        mb(rss_half),
+        "MB",
+    ));
+    report.rows.push(
+        Row::new(
+            "memory",
+            case("RSS, every entity touched"),
+            mb(rss_last),
+            "MB",
+        )
+        .against(mb(rss_half))
+        .target(
+            format!("<= {FLAT_WITHIN} of half-way's"),
+            flat(rss_half, rss_last),
+        ),
+    );
+    let kept = figures.cap.unwrap_or(0) + figures.dormant_budget.unwrap_or(0);
+    report.rows.push(Row::new(
+        "memory",
+        case("heap in use per entity the budgets keep"),
+        heap_last as f64 / kept.max(1) as f64,
+        "bytes",
+    ));
+}
+
 /// Runs one variant: a fresh server, the journal written, the child driven through its
 /// three measuring points.
 async fn measure(variant: Variant, n: usize) -> anyhow::Result<Figures> {
@@ -280,16 +407,22 @@ async fn measure(variant: Variant, n: usize) -> anyhow::Result<Figures> {
     });
     load::write_events(control.clone(), ENTITY_TYPE, events).await?;
 
-    let cap = variant.capped.then_some((n / CAP_DIVISOR).max(1));
+    let cap = if variant.bounded {
+        Some((n / BOUNDED_DIVISOR).max(1))
+    } else {
+        variant.capped.then_some((n / CAP_DIVISOR).max(1))
+    };
+    let dormant_budget = variant.bounded.then_some((n / BOUNDED_DIVISOR).max(1));
     let passivate_after = if variant.passivated {
         PASSIVATE_AFTER
     } else {
         NEVER
     };
-    let mut child = MemoryChild::start(&server.url(), cap, passivate_after).await?;
+    let mut child = MemoryChild::start(&server.url(), cap, dormant_budget, passivate_after).await?;
     let mut figures = Figures {
         entities: n,
         cap,
+        dormant_budget,
         standby_rss: child.rss().await?,
         ..Figures::default()
     };
@@ -319,6 +452,8 @@ async fn measure(variant: Variant, n: usize) -> anyhow::Result<Figures> {
     let started = tokio::time::Instant::now();
     let mut touched = 0;
     let mut status = ChildStatus::default();
+    let tenth = n.div_ceil(10);
+    let mut next_sample = tenth;
     while touched < n {
         let wave = WAVE.min(n - touched);
         publisher
@@ -333,7 +468,22 @@ async fn measure(variant: Variant, n: usize) -> anyhow::Result<Figures> {
                 |s| s.applied >= expected && s.in_hand == 0,
             )
             .await?;
+        if variant.bounded && (touched >= next_sample || touched == n) {
+            let rss = child.rss().await?;
+            let heap = child.heap().await?;
+            eprintln!(
+                "memory: {touched} of {n} touched, RSS {} MB, heap in use {} MB, {} resident, {} dormant",
+                rss / (1024 * 1024),
+                heap / (1024 * 1024),
+                status.resident,
+                status.dormant
+            );
+            figures.rss_by_tenth.push(rss);
+            figures.heap_by_tenth.push(heap);
+            next_sample += tenth;
+        }
     }
+    figures.dormant_at_end = status.dormant;
     figures.touch_secs = started.elapsed().as_secs_f64();
     figures.peak_resident = child.peak_resident;
     figures.resident_at_end = status.resident;
@@ -364,6 +514,7 @@ struct ChildStatus {
     resident: usize,
     in_hand: usize,
     applied: u64,
+    dormant: usize,
 }
 
 /// The parent's handle on a memory child: requests on its stdin, answers on its stdout.
@@ -378,6 +529,7 @@ impl MemoryChild {
     async fn start(
         url: &str,
         max_resident: Option<usize>,
+        max_dormant: Option<usize>,
         passivate_after: Duration,
     ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("find this executable")?;
@@ -392,6 +544,9 @@ impl MemoryChild {
         ]);
         if let Some(cap) = max_resident {
             command.args(["--max-resident", &cap.to_string()]);
+        }
+        if let Some(budget) = max_dormant {
+            command.args(["--max-dormant", &budget.to_string()]);
         }
         let mut child = command
             .stdin(Stdio::piped())
@@ -454,14 +609,15 @@ impl MemoryChild {
 
     async fn status(&mut self) -> anyhow::Result<ChildStatus> {
         let answer = self.ask("STATUS").await?;
-        let [owned, resident, in_hand, applied] = answer[..] else {
-            bail!("a status of four numbers, got {answer:?}");
+        let [owned, resident, in_hand, applied, dormant] = answer[..] else {
+            bail!("a status of five numbers, got {answer:?}");
         };
         let status = ChildStatus {
             owned: owned as usize,
             resident: resident as usize,
             in_hand: in_hand as usize,
             applied,
+            dormant: dormant as usize,
         };
         self.peak_resident = self.peak_resident.max(status.resident);
         Ok(status)
@@ -518,6 +674,9 @@ pub async fn run_child(args: ChildArgs) -> anyhow::Result<()> {
     if let Some(cap) = args.max_resident {
         config = config.max_resident_entities(cap);
     }
+    if let Some(budget) = args.max_dormant {
+        config = config.max_dormant_entities(budget);
+    }
     let system = ShardSystem::start::<BenchEntity>(client, config.build()?)
         .await
         .context("start the shard system")?;
@@ -533,7 +692,8 @@ pub async fn run_child(args: ChildArgs) -> anyhow::Result<()> {
                 let resident: usize = status.iter().map(|p| p.resident_entities).sum();
                 let in_hand: usize = status.iter().map(|p| p.commands_in_hand).sum();
                 let applied: u64 = status.iter().map(|p| p.applied + p.duplicates).sum();
-                println!("STATUS {owned} {resident} {in_hand} {applied}");
+                let dormant: usize = status.iter().map(|p| p.dormant_entities).sum();
+                println!("STATUS {owned} {resident} {in_hand} {applied} {dormant}");
             }
             "QUIT" => break,
             other => eprintln!("memory child: unknown request {other:?}"),

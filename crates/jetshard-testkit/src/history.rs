@@ -505,10 +505,11 @@ pub async fn read_journal(
         let (seq, pending) = (info.stream_sequence, info.pending);
         // Snapshots (`<t>.snap.<p>.<id>`) are a cache of the events, not part of the history.
         // Outbox records (`<t>.out.<p>`) are the messages commands sent, not entity history.
-        // Timer records (`<t>.tmr.<p>.<id>`, `Jetshard-Timer-Op`) are not events either.
+        // Timer records (`<t>.tmr.<p>.<id>`, `Jetshard-Timer-Op`) are not events either, nor
+        // are a crash watch's unpin records (`<t>.unpin.<p>`).
         let skipped = matches!(
             message.subject.split('.').nth(1),
-            Some("snap" | "out" | "tmr")
+            Some("snap" | "out" | "tmr" | "unpin")
         ) || message
             .headers
             .as_ref()

@@ -13,6 +13,10 @@
 //!   names it, and whose consumer is still pinned to the pin that record names, it asks the
 //!   server to unpin. A standby's waiting pull is pinned about a millisecond later.
 //!
+//! Several watches find the same death at once; the first to store an unpin record for the dead
+//! owner's fence record (`<t>.unpin.<p>`, deduplicated by the fence record's sequence) unpins,
+//! the others leave the pin alone (see `unpin_if_still_owned`).
+//!
 //! Only "no responders" counts: it is the server saying that nobody subscribes, which is what a
 //! closed connection leaves. A probe that times out (a stalled, swapped or busy process, or a
 //! slow network) counts for nothing: such an owner keeps its pin until the pin TTL, as before.
@@ -20,7 +24,8 @@
 //! new owner claims a new generation, and every write of the old one is fenced.
 //!
 //! Architecture Invariant: this module unpins only a partition whose latest fence record names
-//! an incarnation found dead, and whose consumer is still pinned to that record's pin.
+//! an incarnation found dead, whose consumer is still pinned to that record's pin, and whose
+//! unpin record for that fence record this process stored first: at most one unpin per claim.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, PoisonError};
@@ -277,6 +282,8 @@ impl Owners {
 /// What the watch needs.
 pub(crate) struct WatchArgs {
     pub(crate) client: async_nats::Client,
+    /// Publishes the unpin records (`<t>.unpin.<p>`).
+    pub(crate) js: async_nats::jetstream::Context,
     pub(crate) names: std::sync::Arc<Names>,
     pub(crate) journal: Stream<()>,
     pub(crate) commands: Stream<()>,
@@ -357,15 +364,22 @@ async fn run(args: WatchArgs, mut claims: async_nats::Subscriber) {
     }
 }
 
-/// Unpins `partition` if its latest fence record names `dead` and its consumer is still pinned
-/// under the pin that record names (none named: an older record; unpinned anyway). Returns
-/// the latest record's generation and incarnation, to correct the watch's view.
+/// Unpins `partition` if its latest fence record names `dead`, its consumer is still pinned
+/// under the pin that record names (none named: an older record; unpinned anyway), and no other
+/// watch unpins it for the same record. Returns the latest record's generation and incarnation,
+/// to correct the watch's view.
+///
+/// Every live process watches, so several find the same owner dead within a millisecond. The
+/// server's unpin names no pin: a second unpin sent just after the first would take the pin from
+/// the standby the first one let in. So a watch first stores an unpin record whose `Nats-Msg-Id`
+/// names the fence record; the server stores it once, and answers every later watch
+/// "duplicate": only the first unpins.
 async fn unpin_if_still_owned(
     args: &WatchArgs,
     partition: u32,
     dead: &str,
 ) -> Option<(u64, Option<String>)> {
-    let (_, record) = match fence::latest(&args.journal, &args.names, partition).await {
+    let (fence_seq, record) = match fence::latest(&args.journal, &args.names, partition).await {
         Ok(Some(latest)) => latest,
         Ok(None) => return None,
         Err(e) => {
@@ -383,19 +397,27 @@ async fn unpin_if_still_owned(
         return found;
     }
     let consumer = args.names.consumer(partition);
-    if let Some(pin) = &record.pin {
-        let pinned = match args.commands.consumer_info(&consumer).await {
-            Ok(info) => info
-                .priority_groups
+    let (pinned, waiting) = match args.commands.consumer_info(&consumer).await {
+        Ok(info) => (
+            info.priority_groups
                 .iter()
                 .find(|g| g.group == PRIORITY_GROUP)
                 .and_then(|g| g.pinned_client_id.clone()),
-            Err(e) => {
-                tracing::warn!(partition, error = %e, "crash watch: consumer not read; the pin moves after its TTL");
-                return found;
-            }
-        };
-        if pinned.as_deref() != Some(pin.as_str()) {
+            info.num_pending,
+        ),
+        Err(e) => {
+            tracing::warn!(partition, error = %e, "crash watch: consumer not read; the pin moves after its TTL");
+            return found;
+        }
+    };
+    // Unpin if the dead owner's pin holds (a record naming none is older: unpinned anyway).
+    // Nobody pinned (its pin lapsed, or the server restarted): nothing to unpin, but with no
+    // command waiting the partition would stay unowned, and its timers unfired.
+    let unpin = match (&record.pin, &pinned) {
+        (_, None) => false,
+        (None, Some(_)) => true,
+        (Some(pin), Some(pinned)) if pin == pinned => true,
+        (Some(_), Some(_)) => {
             tracing::debug!(
                 partition,
                 generation = record.generation,
@@ -403,24 +425,91 @@ async fn unpin_if_still_owned(
             );
             return found;
         }
+    };
+    if !unpin && waiting > 0 {
+        return found;
     }
-    match args
-        .commands
-        .unpin_consumer(&consumer, PRIORITY_GROUP)
-        .await
+    let what = serde_json::json!({
+        "fence_seq": fence_seq,
+        "generation": record.generation,
+        "dead": record.incarnation,
+        "owner": record.node,
+        "by": args.incarnation,
+        "by_node": args.node,
+    });
+    match first_to_unpin(
+        &args.js,
+        &args.names,
+        partition,
+        fence_seq,
+        what.to_string(),
+    )
+    .await
     {
-        Ok(()) => tracing::info!(
-            partition,
-            generation = record.generation,
-            node = %args.node,
-            owner = %record.node,
-            "unpinned the partition of a dead process"
-        ),
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::debug!(
+                partition,
+                generation = record.generation,
+                "another process unpins it"
+            );
+            return found;
+        }
         Err(e) => {
-            tracing::warn!(partition, error = %e, "crash watch: unpin failed; the pin moves after its TTL");
+            tracing::warn!(partition, error = %e, "crash watch: unpin record not stored; the pin moves after its TTL");
+            return found;
         }
     }
+    if unpin {
+        match args
+            .commands
+            .unpin_consumer(&consumer, PRIORITY_GROUP)
+            .await
+        {
+            Ok(()) => tracing::info!(
+                partition,
+                generation = record.generation,
+                node = %args.node,
+                owner = %record.node,
+                "unpinned the partition of a dead process"
+            ),
+            Err(e) => {
+                tracing::warn!(partition, error = %e, "crash watch: unpin failed; the pin moves after its TTL");
+                return found;
+            }
+        }
+    }
+    if waiting == 0 {
+        // No command waits to pin a standby: wake it, so that it takes the partition and fires
+        // the timers due there.
+        crate::pin::wake(&args.js, &args.names, partition, args.partitions).await;
+    }
     found
+}
+
+/// Stores the unpin record of the fence record at `fence_seq` (`what`: who found whom dead,
+/// for people reading the journal): true if this watch stored it first (it unpins), false if
+/// the server already had it (another watch unpins).
+async fn first_to_unpin(
+    js: &async_nats::jetstream::Context,
+    names: &Names,
+    partition: u32,
+    fence_seq: u64,
+    what: String,
+) -> Result<bool, String> {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(
+        crate::wire::HDR_MSG_ID,
+        names.unpin_msg_id(partition, fence_seq).as_str(),
+    );
+    headers.insert(crate::wire::HDR_ROLLUP, "sub");
+    let ack = js
+        .publish_with_headers(names.unpin_subject(partition), headers, what.into())
+        .await
+        .map_err(|e| e.to_string())?
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(!ack.duplicate)
 }
 
 #[cfg(test)]
@@ -489,6 +578,60 @@ mod tests {
             Verdict::Unknown
         );
         assert!(!deaths.is_dead("b"));
+    }
+
+    #[tokio::test]
+    async fn of_the_watches_that_find_one_claim_dead_only_the_first_unpins() {
+        use async_nats::jetstream::stream;
+        let server = jetshard_testkit::NatsServer::start()
+            .await
+            .expect("nats-server");
+        let client = async_nats::connect(server.url()).await.expect("connect");
+        let js = async_nats::jetstream::new(client);
+        let names = Names::new("t");
+        js.create_stream(stream::Config {
+            name: names.journal_stream.clone(),
+            subjects: names.journal_subjects(),
+            allow_rollup: true,
+            ..Default::default()
+        })
+        .await
+        .expect("create the journal");
+        // Five watches found the claim at sequence 7 of partition 3 dead at once.
+        let firsts = futures::future::join_all(
+            (0..5).map(|i| first_to_unpin(&js, &names, 3, 7, format!("watch {i}"))),
+        )
+        .await;
+        let firsts: Vec<bool> = firsts.into_iter().map(|r| r.expect("stored")).collect();
+        assert_eq!(firsts.iter().filter(|f| **f).count(), 1, "{firsts:?}");
+        // Later, again: still not first.
+        assert!(
+            !first_to_unpin(&js, &names, 3, 7, "late".into())
+                .await
+                .unwrap()
+        );
+        // Another claim (or another partition) is another verdict.
+        assert!(
+            first_to_unpin(&js, &names, 3, 9, "next claim".into())
+                .await
+                .unwrap()
+        );
+        assert!(
+            first_to_unpin(&js, &names, 4, 7, "other partition".into())
+                .await
+                .unwrap()
+        );
+        // Rolled up: one record per partition.
+        let stored = js
+            .get_stream(&names.journal_stream)
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .state
+            .messages;
+        assert_eq!(stored, 2);
     }
 
     #[test]

@@ -55,6 +55,43 @@ pub(crate) struct Delivery {
     pub(crate) trace: Option<Box<CommandTrace>>,
     /// Which timer fired, if it is a timer's command (`Jetshard-Timer`).
     pub(crate) timer: Option<crate::timer::Firing>,
+    /// A wake-up (`Jetshard-Wake`, see [`wake`]): acknowledged, routed to no entity.
+    pub(crate) wake: bool,
+}
+
+/// Whether a stored command is a wake-up (see [`wake`]).
+pub(crate) fn is_wake(headers: Option<&async_nats::HeaderMap>) -> bool {
+    headers.is_some_and(|h| h.get(crate::wire::HDR_WAKE).is_some())
+}
+
+/// Sends a wake-up to `partition`: a command for no entity, so that the server pins a standby
+/// at once although no command of an entity is waiting (a partition is owned only while it
+/// has a command to deliver). The new owner reads the partition's armed timers on acquisition
+/// and fires those due; the wake-up itself is acknowledged and routed nowhere. Sent after a
+/// dead owner's partition is unpinned (`crash.rs`) and by an owner that lets its partition go
+/// with timers armed: otherwise those timers would wait for the partition's next command.
+pub(crate) async fn wake(
+    js: &async_nats::jetstream::Context,
+    names: &crate::wire::Names,
+    partition: u32,
+    partitions: u32,
+) {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(crate::wire::HDR_WAKE, "1");
+    let subject = names.wake_subject(partition, partitions);
+    let stored = match js
+        .publish_with_headers(subject, headers, Bytes::new())
+        .await
+    {
+        Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match stored {
+        Ok(()) => tracing::debug!(partition, "woke the partition"),
+        Err(e) => {
+            tracing::warn!(partition, error = %e, "wake-up not sent; the partition's timers wait for its next command");
+        }
+    }
 }
 
 /// The `Jetshard-Reply-To` subject of a command, if it has a valid one.
@@ -420,6 +457,7 @@ async fn run(
                 let timer = crate::timer::firing_of(message.headers.as_ref());
                 let delivery = Delivery {
                     timer,
+                    wake: is_wake(message.headers.as_ref()),
                     respond_to,
                     pin: pin.clone().unwrap_or_else(|| Arc::from("")),
                     subject: message.subject,

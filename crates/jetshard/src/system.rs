@@ -280,6 +280,7 @@ impl<E: Entity> Actor for SystemActor<E> {
             let shared = &state.shared;
             let watch = crate::crash::watch(crate::crash::WatchArgs {
                 client: shared.client.clone(),
+                js: shared.js.clone(),
                 names: shared.names.clone(),
                 journal: shared.journal_stream.clone(),
                 commands: shared.command_stream.clone(),

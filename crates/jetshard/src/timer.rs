@@ -188,6 +188,11 @@ impl Timers {
         self.entries.len()
     }
 
+    /// Whether none is armed.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// The timers due at `now_ms` whose command is to be published (again), marked published
     /// at `now`.
     pub(crate) fn due(&mut self, now_ms: u64, now: Instant) -> Vec<(EntityId, Box<str>, Armed)> {

@@ -75,6 +75,10 @@ pub const HDR_TIMER_DUE: &str = "Jetshard-Timer-Due";
 /// Header on a `fired` timer record and on a fired timer's command: the command sequence that
 /// set the timer.
 pub const HDR_TIMER_SET: &str = "Jetshard-Timer-Set";
+/// Header of a wake-up: a command that carries nothing for any entity, sent to a partition
+/// whose owner is gone so that the server pins a standby (a partition is owned only while it
+/// has a command to deliver), which then fires the partition's due timers.
+pub const HDR_WAKE: &str = "Jetshard-Wake";
 
 /// All names of one entity type, computed once.
 #[derive(Debug, Clone)]
@@ -164,6 +168,7 @@ impl Names {
             format!("{t}.snap.*.*"),
             format!("{t}.out.*"),
             format!("{t}.tmr.*.*"),
+            format!("{t}.unpin.*"),
         ]
     }
 
@@ -262,6 +267,31 @@ impl Names {
     /// empty answer): `<t>.alive.<incarnation>`.
     pub fn alive_subject(&self, incarnation: &str) -> String {
         format!("{}.alive.{incarnation}", self.entity_type)
+    }
+
+    /// The command subject of a wake-up of `partition` (of `partitions`): `<t>.cmd.<id>`, for
+    /// the first id `jetshard-wake-<k>` that hashes to the partition. Its header
+    /// ([`HDR_WAKE`]) tells the owner to acknowledge it and route it nowhere.
+    pub fn wake_subject(&self, partition: u32, partitions: u32) -> String {
+        let id = (0u64..)
+            .map(|k| format!("jetshard-wake-{k}"))
+            .find(|id| crate::partition::fnv1a_32(id.as_bytes()) % partitions.max(1) == partition)
+            .unwrap_or_default();
+        format!("{}.cmd.{id}", self.entity_type)
+    }
+
+    /// Where a crash watch records that it unpins a dead owner's partition: `<t>.unpin.<p>`
+    /// (one record per fence record found dead, deduplicated by [`Names::unpin_msg_id`], rolled
+    /// up: only the latest is kept).
+    pub fn unpin_subject(&self, partition: u32) -> String {
+        format!("{}.unpin.{partition}", self.entity_type)
+    }
+
+    /// `Nats-Msg-Id` of the unpin record for the fence record at `fence_seq`: the first watch
+    /// to store it unpins; every other watch that found the same owner dead is told
+    /// "duplicate" and leaves the pin alone.
+    pub fn unpin_msg_id(&self, partition: u32, fence_seq: u64) -> String {
+        format!("{}:unpin:{partition}:{fence_seq}", self.entity_type)
     }
 
     /// `Nats-Msg-Id` of the `index`th event of the command at `command_seq`.

@@ -183,6 +183,10 @@ async fn read_slice(
             break;
         }
         next = message.sequence + 1;
+        // A wake-up is for no entity: acknowledged when it is delivered again.
+        if pin::is_wake(Some(&message.headers)) {
+            continue;
+        }
         // A command whose subject holds no valid id is dead-lettered when it is delivered.
         let Some(entity) =
             Names::entity_of_subject(&message.subject).and_then(|id| EntityId::new(id).ok())

@@ -109,6 +109,7 @@ mod tests {
             pending: 0,
             trace: None,
             timer: None,
+            wake: false,
         }
     }
 

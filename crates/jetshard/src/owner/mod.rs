@@ -463,6 +463,11 @@ impl<E: Entity> OwnerState<E> {
     /// what the subject held.
     async fn route_delivery(&mut self, delivery: Delivery, give_up: Option<String>) {
         let partition = self.partition;
+        if delivery.wake {
+            // It has done its work: this owner holds the partition and fires its due timers.
+            acknowledge(&self.shared.client, partition, delivery.reply, AckKind::Ack).await;
+            return;
+        }
         let subject = delivery.subject.clone();
         let mut pending = Pending::delivered(delivery);
         pending.give_up = give_up.map(Into::into);
@@ -1143,6 +1148,17 @@ impl<E: Entity> OwnerState<E> {
         let owned = self.phase.owning_ref().is_some();
         if owned {
             unpin(&self.shared, self.partition).await;
+            if !self.timers.is_empty() {
+                // Armed timers must not wait for the partition's next command.
+                let partitions = self.shared.config.partitions;
+                pin::wake(
+                    &self.shared.js,
+                    &self.shared.names,
+                    self.partition,
+                    partitions,
+                )
+                .await;
+            }
         }
         let Phase::Releasing(release, owning) = std::mem::replace(&mut self.phase, Phase::Standby)
         else {
