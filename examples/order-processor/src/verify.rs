@@ -32,6 +32,10 @@
 //!    twice, or after it was cancelled (by a payment), is a violation, and so is one due that
 //!    never fired. The journal holds at most one `fired` record per timer setting.
 //!
+//! Wake-ups (commands with the header `Jetshard-Wake`, which jetshard sends to a partition
+//! whose owner is gone so that a standby takes it and fires its timers) carry nothing for any
+//! entity and are skipped.
+//!
 //! It assumes the command streams still hold every command (no `max_age` or size limits have
 //! removed any). It first waits (bounded) until no partition has commands pending or
 //! unacknowledged; what can still complete after that (a command without an outcome yet, a
@@ -1015,6 +1019,10 @@ async fn read_commands(
         .await?
         .into_iter()
         .filter_map(|m| {
+            // A wake-up carries nothing for any entity: its owner acknowledges it, no more.
+            if m.headers.get(wire::HDR_WAKE).is_some() {
+                return None;
+            }
             let tokens: Vec<&str> = m.subject.split('.').collect();
             let [_, _, partition, entity] = tokens[..] else {
                 return None;
