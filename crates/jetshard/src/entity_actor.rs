@@ -697,7 +697,7 @@ async fn process<E: Entity>(
         return Verdict::Failed(Failure::Unconfirmed("entity state missing".to_owned()));
     };
     let deciding = std::time::Instant::now();
-    let mut effects = Effects::new(codec);
+    let mut effects = Effects::for_entity(codec, state.id.clone());
     let decided = catch_unwind(AssertUnwindSafe(|| {
         E::decide_with_effects(&seed.state, command, &mut effects)
     }));

@@ -9,10 +9,14 @@
 //!   (error 10164): fenced writes of one partition cannot be pipelined there, and one after the
 //!   other they reach ~1.5k writes/s. An atomic batch carries the fence on every message and
 //!   commits as one: hundreds of writes in one round trip, none in flight beside it.
-//! - [`Mode::Pipelined`] (a single server, R1): each command's records go on their own, all in
-//!   flight side by side. A single server never refuses them for being in flight together, and
-//!   stores pipelined single writes with less CPU than the same records in batches (measured:
-//!   docs/PERFORMANCE.md, "Write path").
+//! - [`Mode::Pipelined`] (a single server, R1): a command's single record goes on its own, all
+//!   in flight side by side. A single server never refuses them for being in flight together,
+//!   and stores pipelined single writes with less CPU than the same records in batches
+//!   (measured: docs/PERFORMANCE.md, "Write path"). A command of several records (an event with
+//!   a timer or outbox record) must be an atomic batch, and a file-backed single server commits
+//!   each atomic batch on its own, about 14 ms apart on a 2-core CI machine (measured: 64
+//!   two-record batches side by side took 1.1 s each): those units are gathered, as
+//!   `Batched` does, into one batch in flight, beside the single records.
 //!
 //! Architecture Invariant: a [`Unit`] (one command's records) is stored all or none, and its
 //! submitter hears back only once the server has answered for it. Per-entity order follows: an
@@ -108,7 +112,8 @@ pub(crate) struct CommitStats {
 pub(crate) enum Mode {
     /// Every ready write in one atomic batch, one batch in flight.
     Batched,
-    /// Each command's records on their own, side by side.
+    /// Each single record on its own, side by side; units of several records gathered into
+    /// one atomic batch in flight beside them.
     Pipelined,
 }
 
@@ -144,21 +149,17 @@ impl GroupCommit {
         // entities with work are bounded by the commands in hand.
         let (units, receiver) = mpsc::unbounded_channel();
         let client = js.client();
-        let (in_flight, max_records) = match mode {
-            Mode::Batched => (1, MAX_BATCH_MESSAGES),
-            // As many as the entities with a command in hand: each has one write at most.
-            Mode::Pipelined => (usize::MAX, 1),
-        };
         let committer = Committer {
             js,
             generation,
-            in_flight,
-            max_records,
             stats,
             metrics,
         };
         let span = tracing::debug_span!("group_commit", partition, generation, ?mode);
-        tokio::spawn(committer.run(receiver).instrument(span));
+        match mode {
+            Mode::Batched => tokio::spawn(committer.run(receiver).instrument(span)),
+            Mode::Pipelined => tokio::spawn(committer.run_pipelined(receiver).instrument(span)),
+        };
         Self { units, client }
     }
 
@@ -213,20 +214,69 @@ enum Refusal {
 struct Committer {
     js: Context,
     generation: u64,
-    /// Batches in flight at once.
-    in_flight: usize,
-    /// Records per batch at most.
-    max_records: usize,
     stats: Arc<CommitStats>,
     metrics: CommitMetrics,
 }
 
+/// Takes from `waiting` the units of the next batch, oldest first, within the batch limits.
+fn next_batch(waiting: &mut std::collections::VecDeque<Unit>) -> Vec<Unit> {
+    let (mut records, mut bytes) = (0, 0);
+    let mut batch = Vec::new();
+    while let Some(unit) = waiting.front() {
+        let full = records + unit.records.len() > MAX_BATCH_MESSAGES
+            || bytes + unit.bytes > MAX_BATCH_BYTES;
+        if full && !batch.is_empty() {
+            break;
+        }
+        records += unit.records.len();
+        bytes += unit.bytes;
+        batch.extend(waiting.pop_front());
+    }
+    batch
+}
+
 impl Committer {
+    /// [`Mode::Pipelined`]: single records in flight side by side, as they come; the units of
+    /// several records gathered into one atomic batch in flight at a time.
+    async fn run_pipelined(self, mut receiver: mpsc::UnboundedReceiver<Unit>) {
+        let mut in_flight = FuturesUnordered::new();
+        let mut waiting = std::collections::VecDeque::new();
+        let mut batch_in_flight = false;
+        let mut open = true;
+        while open || !in_flight.is_empty() || !waiting.is_empty() {
+            if !batch_in_flight && !waiting.is_empty() {
+                let batch = next_batch(&mut waiting);
+                batch_in_flight = true;
+                in_flight.push(self.commit_tagged(batch, true));
+                continue;
+            }
+            tokio::select! {
+                unit = receiver.recv(), if open => match unit {
+                    Some(unit) if unit.records.len() > 1 => waiting.push_back(unit),
+                    Some(unit) => in_flight.push(self.commit_tagged(vec![unit], false)),
+                    None => open = false,
+                },
+                Some(was_batch) = in_flight.next(), if !in_flight.is_empty() => {
+                    if was_batch {
+                        batch_in_flight = false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Commits `units`, then returns `tag`.
+    async fn commit_tagged(&self, units: Vec<Unit>, tag: bool) -> bool {
+        self.commit(units).await;
+        tag
+    }
+
+    /// [`Mode::Batched`]: everything ready in one atomic batch, one batch in flight.
     async fn run(self, mut receiver: mpsc::UnboundedReceiver<Unit>) {
         let mut in_flight = FuturesUnordered::new();
         let mut next = None;
         loop {
-            if in_flight.len() >= self.in_flight {
+            if !in_flight.is_empty() {
                 in_flight.next().await;
                 continue;
             }
@@ -244,9 +294,9 @@ impl Committer {
             let mut records = first.records.len();
             let mut bytes = first.bytes;
             let mut batch = vec![first];
-            while records < self.max_records {
+            while records < MAX_BATCH_MESSAGES {
                 let Ok(unit) = receiver.try_recv() else { break };
-                if records + unit.records.len() > self.max_records
+                if records + unit.records.len() > MAX_BATCH_MESSAGES
                     || bytes + unit.bytes > MAX_BATCH_BYTES
                 {
                     next = Some(unit);

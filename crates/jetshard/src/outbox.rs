@@ -59,6 +59,7 @@ const PUBLISH_ATTEMPTS: u32 = 3;
 #[derive(Debug)]
 pub struct Effects {
     codec: Codec,
+    entity: Option<EntityId>,
     messages: Vec<OutboxMessage>,
     timers: Vec<TimerChange>,
     error: Option<EffectError>,
@@ -98,10 +99,28 @@ impl Effects {
     pub fn new(codec: Codec) -> Self {
         Self {
             codec,
+            entity: None,
             messages: Vec::new(),
             timers: Vec::new(),
             error: None,
         }
+    }
+
+    /// Empty effects of the entity `id`: what jetshard gives
+    /// [`decide_with_effects`](crate::Entity::decide_with_effects), so that a command can name
+    /// its own entity as the address of a reply ([`entity_id`](Self::entity_id)).
+    pub fn for_entity(codec: Codec, id: EntityId) -> Self {
+        Self {
+            entity: Some(id),
+            ..Self::new(codec)
+        }
+    }
+
+    /// The id of the entity whose command is being decided (`None` for effects made with
+    /// [`new`](Self::new)): a saga step puts it in a command to another entity, which answers
+    /// with a command back to `<type>.cmd.<id>`.
+    pub fn entity_id(&self) -> Option<&EntityId> {
+        self.entity.as_ref()
     }
 
     /// Arms the timer `name` of this entity: at `at` (whole milliseconds; at once if past), the
@@ -418,6 +437,16 @@ mod tests {
             effects.into_messages(),
             Err(EffectError::Subject(_))
         ));
+    }
+
+    #[test]
+    fn effects_made_for_an_entity_name_it() {
+        let id = EntityId::new("o-1").unwrap();
+        assert_eq!(
+            Effects::for_entity(Codec::Json, id.clone()).entity_id(),
+            Some(&id)
+        );
+        assert_eq!(Effects::new(Codec::Json).entity_id(), None);
     }
 
     #[test]

@@ -20,7 +20,7 @@
 //!   cancelled or set again meanwhile, is dropped as a duplicate. The check is in the entity's
 //!   own order, against its durable records: exact across crashes, failovers and restarts.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::HeaderMap;
@@ -123,10 +123,16 @@ struct Entry {
     published: Option<Instant>,
 }
 
-/// The armed timers of a partition, as its owner knows them.
+/// The armed timers of a partition, as its owner knows them: from the outcomes of its commands,
+/// and from the partition's timer records read once on acquisition ([`found`](Self::found)).
 #[derive(Default)]
 pub(crate) struct Timers {
     entries: HashMap<(EntityId, Box<str>), Entry>,
+    /// Whether the timer records read on acquisition are in.
+    scanned: bool,
+    /// Until then: the timers an outcome armed or disarmed, which the records read (older)
+    /// must not arm again.
+    reported: HashSet<(EntityId, Box<str>)>,
 }
 
 impl Timers {
@@ -141,18 +147,32 @@ impl Timers {
         );
     }
 
-    /// Arms a timer found in the journal, unless the table knows that name of the entity
-    /// already (from a command's outcome since, which is newer).
-    pub(crate) fn arm_found(&mut self, entity: EntityId, name: Box<str>, armed: Armed) {
-        self.entries.entry((entity, name)).or_insert(Entry {
-            armed,
-            published: None,
-        });
+    /// Arms the timers found in the journal on acquisition, but those an outcome armed or
+    /// disarmed since (which is newer: the read may end before that command's records).
+    pub(crate) fn found(&mut self, found: Vec<(EntityId, Box<str>, Armed)>) {
+        for (entity, name, armed) in found {
+            let key = (entity, name);
+            if self.reported.contains(&key) {
+                continue;
+            }
+            self.entries.entry(key).or_insert(Entry {
+                armed,
+                published: None,
+            });
+        }
+        self.scanned = true;
+        self.reported = HashSet::new();
     }
 
     /// Takes what one command did to an entity's timers.
     pub(crate) fn report(&mut self, entity: &EntityId, reports: Vec<TimerReport>) {
         for report in reports {
+            if !self.scanned {
+                let name = match &report {
+                    TimerReport::Armed { name, .. } | TimerReport::Disarmed { name } => name,
+                };
+                self.reported.insert((entity.clone(), name.clone()));
+            }
             match report {
                 TimerReport::Armed { name, armed } => self.arm(entity, name, armed),
                 TimerReport::Disarmed { name } => {
@@ -310,12 +330,35 @@ mod tests {
                 armed: armed(7, 100),
             }],
         );
-        timers.arm_found(e.clone(), "a".into(), armed(3, 50));
-        timers.arm_found(e.clone(), "b".into(), armed(4, 50));
+        timers.found(vec![
+            (e.clone(), "a".into(), armed(3, 50)),
+            (e.clone(), "b".into(), armed(4, 50)),
+        ]);
         let mut due = timers.due(1_000, Instant::now());
         due.sort_by(|x, y| x.1.cmp(&y.1));
         let sets: Vec<u64> = due.iter().map(|(_, _, a)| a.set_seq).collect();
         assert_eq!(sets, [7, 4]);
+    }
+
+    #[test]
+    fn a_timer_found_in_the_journal_is_not_armed_again_after_an_outcome_disarmed_it() {
+        // The read on acquisition ends before the command that cancels `a`; the command's
+        // outcome comes first.
+        let mut timers = Timers::default();
+        let e = EntityId::new("e").unwrap();
+        timers.report(&e, vec![TimerReport::Disarmed { name: "a".into() }]);
+        timers.found(vec![(e.clone(), "a".into(), armed(3, 50))]);
+        assert!(timers.due(1_000, Instant::now()).is_empty());
+        // Once the read is in, outcomes alone keep the table.
+        timers.report(
+            &e,
+            vec![TimerReport::Armed {
+                name: "a".into(),
+                armed: armed(9, 50),
+            }],
+        );
+        assert_eq!(timers.due(1_000, Instant::now()).len(), 1);
+        assert!(timers.reported.is_empty());
     }
 
     #[test]

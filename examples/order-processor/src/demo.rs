@@ -2,12 +2,16 @@
 //!
 //! 1. Starts its own `nats-server` (JetStream, store in a temporary directory), found as the
 //!    tests find it (`NATS_SERVER_BIN`, the repository's `.tools/`, `PATH`).
-//! 2. Starts three `order-processor node` child processes (this same binary).
+//! 2. Starts three `order-processor node` child processes (this same binary), with the
+//!    features on: `--inventory` (orders reserve their items from the inventory entities, a
+//!    saga through the outbox) and `--payment-timeout` (an unpaid order is cancelled by a
+//!    durable timer).
 //! 3. Loads orders at a steady rate. Part way through, strikes the node that owns the most
 //!    partitions with a [`Fault`] (SIGKILL by default), and shows which node took which
 //!    partition, under which generation, and how long after the fault.
-//! 4. Lets the load finish, runs [`verify`], prints a summary, and stops the
-//!    remaining nodes gracefully. Exits non-zero on any violation.
+//! 4. Lets the load finish, runs [`verify`] (which also waits for the saga to settle and the
+//!    timers due to fire), prints a summary, and stops the remaining nodes gracefully. Exits
+//!    non-zero on any violation.
 //!
 //! Every wait is bounded, and every child is killed when the demo ends, however it ends.
 
@@ -21,6 +25,7 @@ use jetshard_testkit::NatsServer;
 
 use crate::load::{self, LoadOptions, LoadReport};
 use crate::nodes::{NodeProcess, NodeSettings, unix_ms};
+use crate::rules::Features;
 use crate::verify::{self, VerifyOptions};
 
 /// What happens to the node that owns the most partitions.
@@ -64,6 +69,21 @@ pub struct DemoOptions {
     /// With a port P: node-a, node-b and node-c serve `/metrics`, `/healthz` and `/readyz` on
     /// 127.0.0.1:P, P+1 and P+2 (`node --metrics-addr`).
     pub metrics_port: Option<u16>,
+    /// The features the nodes run with.
+    pub features: Features,
+}
+
+/// The `node` (and `verify`) flags of `features`.
+pub fn feature_args(features: &Features) -> Vec<String> {
+    let mut args = Vec::new();
+    if features.inventory {
+        args.push("--inventory".to_owned());
+    }
+    if let Some(timeout) = features.payment_timeout {
+        args.push("--payment-timeout".to_owned());
+        args.push(format!("{}ms", timeout.as_millis()));
+    }
+    args
 }
 
 /// What the demo measured.
@@ -111,6 +131,19 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoOutcome> {
         settings.ack_wait.as_millis(),
         options.fault.signal()
     );
+    let features = &options.features;
+    if features.inventory {
+        println!(
+            "  --inventory: every item an order adds is reserved from its product's inventory entity ({} units each)",
+            crate::inventory::STOCK
+        );
+    }
+    if let Some(timeout) = features.payment_timeout {
+        println!(
+            "  --payment-timeout {} ms: an order not paid in time is cancelled by a durable timer",
+            timeout.as_millis()
+        );
+    }
 
     let server = NatsServer::start()
         .await
@@ -124,14 +157,12 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoOutcome> {
     let mut nodes = Vec::new();
     for (index, id) in (0u16..).zip(["node-a", "node-b", "node-c"]) {
         let log = logs.join(format!("{id}.log"));
-        let extra = match options.metrics_port {
-            Some(port) => {
-                let addr = format!("127.0.0.1:{}", port.saturating_add(index));
-                println!("{} {id}: http://{addr}/metrics", clock.stamp());
-                vec!["--metrics-addr".to_owned(), addr]
-            }
-            None => Vec::new(),
-        };
+        let mut extra = feature_args(features);
+        if let Some(port) = options.metrics_port {
+            let addr = format!("127.0.0.1:{}", port.saturating_add(index));
+            println!("{} {id}: http://{addr}/metrics", clock.stamp());
+            extra.extend(["--metrics-addr".to_owned(), addr]);
+        }
         let node = NodeProcess::spawn_with(&exe, &server.url(), id, settings, &log, &extra)?;
         nodes.push(node);
     }
@@ -285,11 +316,17 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoOutcome> {
     }
 
     println!(
-        "{} verifying: waiting for every partition to drain, then reading both streams",
+        "{} verifying: waiting for every partition to drain (and the saga to settle, the timers due to fire), then reading the streams",
         clock.stamp()
     );
-    let settle = settings.ack_wait * 2 + Duration::from_secs(20);
-    let report = verify::run(client, &VerifyOptions { settle }).await?;
+    let settle = settings.ack_wait * 2
+        + features.payment_timeout.unwrap_or_default()
+        + Duration::from_secs(20);
+    let verify_options = VerifyOptions {
+        settle,
+        features: *features,
+    };
+    let report = verify::run(client, &verify_options).await?;
     println!("{report}");
 
     let mut stopped = Vec::new();
@@ -311,15 +348,37 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoOutcome> {
     let times: Vec<Duration> = takeovers.values().map(|(_, _, t)| *t).collect();
     println!();
     println!("summary");
+    let orders = &report.orders;
     println!(
-        "  commands:          {} published ({} malformed), {} checked",
-        load_report.published, load_report.malformed, report.commands
+        "  commands:          {} published ({} malformed), {} order commands checked",
+        load_report.published, load_report.malformed, orders.commands
     );
     println!(
         "  outcomes:          {} events, {} dead letters",
-        report.events.values().sum::<usize>(),
-        report.dead_letters
+        orders.events.values().sum::<usize>(),
+        orders.dead_letters
     );
+    if features.inventory {
+        let inventory = &report.inventory;
+        println!(
+            "  saga:              {} items reserved, {} out of stock ({} orders cancelled for it), {} released; {} inventory commands",
+            inventory.count("Reserved"),
+            inventory.count("OutOfStock"),
+            orders.count("ItemUnavailable"),
+            inventory.count("Released"),
+            inventory.commands
+        );
+    }
+    if features.payment_timeout.is_some() {
+        let timers = &report.timers;
+        println!(
+            "  timers:            {} set, {} fired ({} unpaid orders expired), {} cancelled by payment or cancellation",
+            timers.set,
+            timers.fired,
+            orders.count("Expired"),
+            timers.cancelled
+        );
+    }
     if let Some(fault) = &struck {
         println!(
             "  fault:             {} {} (partitions {:?})",
@@ -329,9 +388,9 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<DemoOutcome> {
         );
     }
     println!(
-        "  takeovers:         {} after the fault ({} generations claimed in all)",
+        "  takeovers:         {} after the fault ({} order generations claimed in all)",
         takeovers.len(),
-        report.generations.values().map(Vec::len).sum::<usize>()
+        orders.generations.values().map(Vec::len).sum::<usize>()
     );
     if let (Some(min), Some(max)) = (times.iter().min(), times.iter().max()) {
         println!(

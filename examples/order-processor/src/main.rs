@@ -7,7 +7,51 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use order_processor::rules::Features;
 use order_processor::{demo, load, node, nodes, status, verify};
+
+/// The flags that turn on the rules' features; `node` and `verify` take the same.
+#[derive(clap::Args, Debug, Clone, Copy)]
+struct FeatureFlags {
+    /// Run the `inventory` entity type too: orders reserve their items from it (a saga);
+    /// every node must agree.
+    #[arg(long)]
+    inventory: bool,
+    /// Cancel an order not paid this long after it was placed (a durable timer), e.g. `30s`,
+    /// `500ms`, `2m`; every node must agree.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    payment_timeout: Option<Duration>,
+}
+
+impl From<FeatureFlags> for Features {
+    fn from(flags: FeatureFlags) -> Features {
+        Features {
+            inventory: flags.inventory,
+            payment_timeout: flags.payment_timeout,
+        }
+    }
+}
+
+/// `250ms`, `30s`, `2m`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: a number and a unit (ms, s, m)"))?;
+    let duration = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        _ => return Err(format!("{text:?}: the unit must be ms, s or m")),
+    };
+    if duration.is_zero() {
+        return Err(format!("{text:?}: must be more than 0"));
+    }
+    Ok(duration)
+}
 
 #[derive(Parser)]
 #[command(
@@ -47,6 +91,8 @@ enum Command {
         /// Serve Prometheus metrics at /metrics, and /healthz and /readyz, on HOST:PORT.
         #[arg(long, value_name = "HOST:PORT")]
         metrics_addr: Option<String>,
+        #[command(flatten)]
+        features: FeatureFlags,
     },
     /// Publishes a realistic mix of commands for N orders, with a progress bar.
     Load {
@@ -95,6 +141,9 @@ enum Command {
         /// How long to wait for the partitions to drain before checking, in seconds.
         #[arg(long, default_value_t = 30)]
         settle_secs: u64,
+        /// The features the nodes ran with: their flags.
+        #[command(flatten)]
+        features: FeatureFlags,
     },
     /// Starts a server and three nodes, loads orders, kills a node, verifies.
     Demo {
@@ -119,6 +168,9 @@ enum Command {
         /// Serve each node's /metrics, /healthz and /readyz on 127.0.0.1:PORT, PORT+1, PORT+2.
         #[arg(long, value_name = "PORT")]
         metrics_port: Option<u16>,
+        /// The nodes' payment timeout (the demo runs them with `--inventory` and this).
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "3s")]
+        payment_timeout: Duration,
     },
 }
 
@@ -161,6 +213,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             replicas,
             report_every_ms,
             metrics_addr,
+            features,
         } => {
             let node_id = match node_id {
                 Some(id) => id,
@@ -178,6 +231,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 replicas,
                 report_every: Duration::from_millis(report_every_ms.max(100)),
                 metrics_addr,
+                features: features.into(),
             })
             .await?;
             Ok(ExitCode::SUCCESS)
@@ -245,10 +299,12 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Verify {
             nats_url,
             settle_secs,
+            features,
         } => {
             let client = connect(&nats_url).await?;
             let options = verify::VerifyOptions {
                 settle: Duration::from_secs(settle_secs),
+                features: features.into(),
             };
             let report = verify::run(client, &options).await?;
             println!("{report}");
@@ -266,6 +322,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             ack_wait_ms,
             fault,
             metrics_port,
+            payment_timeout,
         } => {
             let options = demo::DemoOptions {
                 orders,
@@ -278,6 +335,10 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 fault_at_percent: 35,
                 fault,
                 metrics_port,
+                features: Features {
+                    inventory: true,
+                    payment_timeout: Some(payment_timeout),
+                },
             };
             // Interrupted, the demo is dropped: its node processes and its server are killed.
             let outcome = tokio::select! {
@@ -289,6 +350,21 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::FAILURE
             })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_with_a_unit() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        for bad in ["", "5", "s", "1h", "0s", "-1s", "1.5s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
     }
 }

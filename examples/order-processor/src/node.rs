@@ -16,8 +16,11 @@
 //! finishes and acknowledges the commands in hand and releases its pins, so the other nodes
 //! take over at once instead of after the pin TTL.
 //!
-//! Ownership changes go to the log (stderr) and, one line each, to stdout for programs that
-//! watch the node (the demo, the tests): see [`NodeLine`].
+//! With `--inventory` the node runs a second shard system beside the order's, for the
+//! [`inventory`](crate::inventory) entity type, under the same root (restarted the same way).
+//!
+//! Ownership changes (of the order's partitions) go to the log (stderr) and, one line each, to
+//! stdout for programs that watch the node (the demo, the tests): see [`NodeLine`].
 
 use std::collections::{BTreeSet, VecDeque};
 use std::io::Write as _;
@@ -34,9 +37,11 @@ use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::inventory::{self, Inventory};
 use crate::nodes::{NodeLine, unix_ms};
 use crate::order::{self, Order};
 use crate::probe;
+use crate::rules::{self, Features};
 
 /// How often the shard system may fail within [`SYSTEM_RESTART_WINDOW`] and be restarted.
 pub const MAX_SYSTEM_RESTARTS: usize = 3;
@@ -64,6 +69,8 @@ pub struct NodeOptions {
     pub report_every: Duration,
     /// Where to serve `/metrics`, `/healthz` and `/readyz` (see [`crate::probe`]), if anywhere.
     pub metrics_addr: Option<String>,
+    /// What the rules do beyond the first example's (every node must agree).
+    pub features: Features,
 }
 
 impl NodeOptions {
@@ -80,6 +87,25 @@ impl NodeOptions {
             .replicas(self.replicas)
             .build()?)
     }
+
+    /// The shard configuration of the inventory's system, if `--inventory`: the same settings.
+    ///
+    /// # Errors
+    /// If a setting is out of range.
+    pub fn inventory_config(&self) -> anyhow::Result<Option<ShardConfig>> {
+        if !self.features.inventory {
+            return Ok(None);
+        }
+        Ok(Some(
+            inventory::shard_config()
+                .node_id(&self.node_id)
+                .partitions(self.partitions)
+                .pin_ttl(self.pin_ttl)
+                .ack_wait(self.ack_wait)
+                .replicas(self.replicas)
+                .build()?,
+        ))
+    }
 }
 
 /// Runs a node until SIGINT or SIGTERM (then shuts down gracefully and returns `Ok`), or
@@ -90,6 +116,8 @@ impl NodeOptions {
 /// start (e.g. the streams exist with other settings), or it fails beyond its restart budget.
 pub async fn run(options: NodeOptions) -> anyhow::Result<()> {
     let config = options.shard_config()?;
+    let inventory = options.inventory_config()?;
+    rules::configure(options.features)?;
     // Before the shard system starts: its owners register their series as they start.
     let recorder = match &options.metrics_addr {
         Some(_) => Some(probe::install_recorder()?),
@@ -107,6 +135,7 @@ pub async fn run(options: NodeOptions) -> anyhow::Result<()> {
     let args = RootArgs {
         client,
         config: config.clone(),
+        inventory,
         report_every: options.report_every,
         exit,
     };
@@ -178,6 +207,7 @@ struct Root;
 struct RootArgs {
     client: Client,
     config: ShardConfig,
+    inventory: Option<ShardConfig>,
     report_every: Duration,
     exit: oneshot::Sender<String>,
 }
@@ -196,8 +226,13 @@ enum RootMsg {
 struct RootState {
     client: Client,
     config: ShardConfig,
+    /// The inventory's configuration, with `--inventory`.
+    inventory_config: Option<ShardConfig>,
     report_every: Duration,
+    /// The order's shard system.
     system: Option<ShardSystem>,
+    /// The inventory's, with `--inventory`.
+    inventory: Option<ShardSystem>,
     reporter: ActorRef<ReporterMsg>,
     /// Forwards the system's ownership events to the reporter.
     forwarder: Option<Forwarder>,
@@ -220,8 +255,10 @@ impl Actor for Root {
         let mut state = RootState {
             client: args.client,
             config: args.config,
+            inventory_config: args.inventory,
             report_every: args.report_every,
             system: None,
+            inventory: None,
             reporter,
             forwarder: None,
             failures: VecDeque::new(),
@@ -251,10 +288,13 @@ impl Actor for Root {
             }
             RootMsg::Shutdown(reply) => {
                 state.stopping = true;
-                if let Some(system) = state.system.take()
-                    && let Err(e) = system.shutdown().await
+                for system in [state.system.take(), state.inventory.take()]
+                    .into_iter()
+                    .flatten()
                 {
-                    tracing::warn!(error = %e, "shard system shutdown");
+                    if let Err(e) = system.shutdown().await {
+                        tracing::warn!(error = %e, "shard system shutdown");
+                    }
                 }
                 // Every release is in the channel by now: pass them on, then make sure the
                 // reporter printed them (it answers a flush after what was queued before).
@@ -269,7 +309,8 @@ impl Actor for Root {
                 myself.stop(Some("shutdown".to_owned()));
             }
             RootMsg::RestartSystem => {
-                if state.stopping || state.system.is_some() {
+                let inventory_up = state.inventory_config.is_none() || state.inventory.is_some();
+                if state.stopping || (state.system.is_some() && inventory_up) {
                     return Ok(());
                 }
                 if let Err(e) = start_system(&myself, state).await {
@@ -315,6 +356,14 @@ impl Actor for Root {
             // Its partition owners are gone, so its pins lapse and the other nodes take over.
             state.system = None;
             state.forwarder = None;
+            system_failed(&myself, state, reason);
+        } else if state
+            .inventory
+            .as_ref()
+            .is_some_and(|s| s.actor().get_id() == id)
+        {
+            tracing::error!(node = %state.config.node_id(), %reason, "inventory shard system failed");
+            state.inventory = None;
             system_failed(&myself, state, reason);
         }
         Ok(())
@@ -363,10 +412,24 @@ fn system_failed(myself: &ActorRef<RootMsg>, state: &mut RootState, reason: Stri
     myself.send_after(SYSTEM_RESTART_DELAY, || RootMsg::RestartSystem);
 }
 
+/// Starts the shard systems that do not run. The inventory's first: an order's reservation is
+/// published to `inventory.cmd.<sku>`, and must find the inventory's command stream there.
 async fn start_system(
     myself: &ActorRef<RootMsg>,
     state: &mut RootState,
 ) -> Result<(), ActorProcessingErr> {
+    if let (Some(config), None) = (&state.inventory_config, &state.inventory) {
+        let system = ShardSystem::start_linked::<Inventory>(
+            state.client.clone(),
+            config.clone(),
+            myself.get_cell(),
+        )
+        .await?;
+        state.inventory = Some(system);
+    }
+    if state.system.is_some() {
+        return Ok(());
+    }
     let system = ShardSystem::start_linked::<Order>(
         state.client.clone(),
         state.config.clone(),

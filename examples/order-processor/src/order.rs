@@ -4,18 +4,30 @@
 //! (`{"type":"Place","customer":"c-1"}` to `order.cmd.o-17`) and read the journal.
 //!
 //! Every command leaves exactly one event: what it did (`Placed`, `ItemAdded`, `Paid`,
-//! `Shipped`, `Cancelled`), or `Rejected` with the reason. A refusal is an event rather than a
+//! `Shipped`, `Cancelled`; with the features of [`crate::rules`], also `ItemReserved`,
+//! `ItemUnavailable`, `Expired`), or `Rejected` with the reason. A refusal is an event rather than a
 //! [`jetshard::Entity::Rejection`] (which writes nothing), so that the journal is a complete
 //! audit trail of every decision; the `Rejection` type is therefore
 //! [`Never`], which has no value. A body that is not a command at all never reaches
 //! [`decide`](Order::decide): jetshard terminates it and writes a dead-letter record.
 //!
-//! The rules are pure functions, tested below without a server.
+//! The rules are pure functions, tested below without a server: [`Order::rule`] is the first
+//! example's phase x command table; [`Order::decision`] adds what the features
+//! ([`crate::rules::Features`]) make an event cause: a reservation per item (`--inventory`), a
+//! payment timer (`--payment-timeout`), and their compensations.
 
 use std::fmt;
 
-use jetshard::{Codec, CodecError, CommandRetention, Entity, ShardConfig, ShardConfigBuilder};
+use jetshard::{
+    Codec, CodecError, CommandRetention, Effects, Entity, ShardConfig, ShardConfigBuilder,
+};
 use serde::{Deserialize, Serialize};
+
+use crate::inventory::InventoryCommand;
+use crate::rules::{self, Decision, Features, Message, Rules, Timer};
+
+/// The name of the order's payment timer (`--payment-timeout`).
+pub const PAYMENT_TIMER: &str = "payment";
 
 /// The order's rejection: it has no value (refusals are `Rejected` events). An uninhabited
 /// enum rather than `Infallible`, because a rejection travels in typed replies (serde).
@@ -95,6 +107,18 @@ pub enum OrderCommand {
     Ship,
     /// Cancels an order that has not shipped.
     Cancel,
+    /// From the inventory (`--inventory`): item `line` is reserved.
+    Reserved {
+        /// The item's line, from 0, in the order it was added.
+        line: u32,
+    },
+    /// From the inventory (`--inventory`): item `line` is out of stock; the order is cancelled.
+    OutOfStock {
+        /// The item's line.
+        line: u32,
+    },
+    /// From the order's own payment timer (`--payment-timeout`): cancels the order if unpaid.
+    PaymentDue,
 }
 
 /// What happened to an order: one event per command.
@@ -124,6 +148,18 @@ pub enum OrderEvent {
     Shipped,
     /// The order was cancelled.
     Cancelled,
+    /// An item was reserved by the inventory.
+    ItemReserved {
+        /// The item's line.
+        line: u32,
+    },
+    /// An item was out of stock: the order is cancelled, if it was open or paid.
+    ItemUnavailable {
+        /// The item's line.
+        line: u32,
+    },
+    /// The order was not paid in time: cancelled by its payment timer.
+    Expired,
     /// The command was refused, and why.
     Rejected {
         /// The broken rule.
@@ -140,6 +176,9 @@ impl OrderEvent {
             OrderEvent::Paid { .. } => "Paid",
             OrderEvent::Shipped => "Shipped",
             OrderEvent::Cancelled => "Cancelled",
+            OrderEvent::ItemReserved { .. } => "ItemReserved",
+            OrderEvent::ItemUnavailable { .. } => "ItemUnavailable",
+            OrderEvent::Expired => "Expired",
             OrderEvent::Rejected { .. } => "Rejected",
         }
     }
@@ -172,6 +211,40 @@ pub struct OrderState {
     pub lines: u32,
     /// The sum of `qty * price_cents` over the lines.
     pub total_cents: u64,
+    /// The items, by line.
+    #[serde(default)]
+    pub items: Vec<Item>,
+}
+
+impl OrderState {
+    /// The lines whose items the inventory reserved.
+    pub fn reserved(&self) -> impl Iterator<Item = (u32, &Item)> {
+        (0..)
+            .zip(&self.items)
+            .filter(|(_, item)| item.stock == Stock::Reserved)
+    }
+}
+
+/// One item line of an order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Item {
+    /// The product.
+    pub sku: String,
+    /// How many.
+    pub qty: u32,
+    /// What the inventory answered.
+    pub stock: Stock,
+}
+
+/// What the inventory answered for an item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Stock {
+    /// No answer (yet; always, without `--inventory`).
+    Unconfirmed,
+    /// Reserved for the order.
+    Reserved,
+    /// Out of stock.
+    Unavailable,
 }
 
 /// Why a command was refused; its text is the `reason` of the `Rejected` event.
@@ -200,6 +273,14 @@ pub enum Refusal {
     NotShippable(Phase),
     /// `Cancel` on a shipped or cancelled order.
     NotCancellable(Phase),
+    /// `Ship` before the inventory reserved every item (`--inventory`).
+    NotReserved,
+    /// An answer of the inventory about a line the order does not have.
+    NoSuchLine(u32),
+    /// An answer of the inventory about a line it answered before.
+    LineAnswered(u32),
+    /// A command of a feature the node runs without (its flag).
+    FeatureOff(&'static str),
 }
 
 impl fmt::Display for Refusal {
@@ -216,6 +297,10 @@ impl fmt::Display for Refusal {
             }
             Refusal::NotShippable(phase) => write!(f, "order is {phase:?}, not paid"),
             Refusal::NotCancellable(phase) => write!(f, "order is {phase:?}, cannot cancel"),
+            Refusal::NotReserved => f.write_str("items not all reserved yet"),
+            Refusal::NoSuchLine(line) => write!(f, "no item line {line}"),
+            Refusal::LineAnswered(line) => write!(f, "item line {line} was answered before"),
+            Refusal::FeatureOff(flag) => write!(f, "{flag} is off"),
         }
     }
 }
@@ -266,7 +351,163 @@ impl Order {
 
             (P::Open | P::Paid, C::Cancel) => Ok(OrderEvent::Cancelled),
             (phase, C::Cancel) => Err(Refusal::NotCancellable(phase)),
+
+            (_, C::Reserved { line }) => {
+                Self::unanswered(state, line).map(|()| OrderEvent::ItemReserved { line })
+            }
+            (_, C::OutOfStock { line }) => {
+                Self::unanswered(state, line).map(|()| OrderEvent::ItemUnavailable { line })
+            }
+
+            (P::Open, C::PaymentDue) => Ok(OrderEvent::Expired),
+            (phase, C::PaymentDue) => Err(Refusal::NotOpen(phase)),
         }
+    }
+
+    fn unanswered(state: &OrderState, line: u32) -> Result<(), Refusal> {
+        let item = usize::try_from(line)
+            .ok()
+            .and_then(|i| state.items.get(i))
+            .ok_or(Refusal::NoSuchLine(line))?;
+        match item.stock {
+            Stock::Unconfirmed => Ok(()),
+            Stock::Reserved | Stock::Unavailable => Err(Refusal::LineAnswered(line)),
+        }
+    }
+
+    /// The rules with `features`: [`rule`](Self::rule)'s event (a refusal as `Rejected`), and
+    /// what else it causes for order `id`. Without features, exactly `rule`.
+    ///
+    /// - `--inventory`: an added item is reserved from the inventory of its product; an order
+    ///   ships only once every item is reserved; an order that ends unshipped (cancelled, out of
+    ///   stock, expired) releases what it holds, and a reservation answered after it ended is
+    ///   released at once.
+    /// - `--payment-timeout`: placing arms the payment timer, which sends `PaymentDue`; paying,
+    ///   or the order's end while open, disarms it.
+    ///
+    /// The commands of a feature that is off (`Reserved`, `OutOfStock`, `PaymentDue`) are
+    /// refused. (With it on, they are commands like any other: who may publish to
+    /// `order.cmd.*` is a matter of permissions, docs/SECURITY.md.)
+    pub fn decision(
+        features: &Features,
+        id: &str,
+        state: &OrderState,
+        command: OrderCommand,
+    ) -> Decision<OrderEvent> {
+        let off = match command {
+            OrderCommand::Reserved { .. } | OrderCommand::OutOfStock { .. }
+                if !features.inventory =>
+            {
+                Some("--inventory")
+            }
+            OrderCommand::PaymentDue if features.payment_timeout.is_none() => {
+                Some("--payment-timeout")
+            }
+            _ => None,
+        };
+        if let Some(flag) = off {
+            return Decision::event(rejected(&Refusal::FeatureOff(flag)));
+        }
+        let not_reserved = state.items.iter().any(|item| item.stock != Stock::Reserved);
+        if features.inventory
+            && command == OrderCommand::Ship
+            && state.phase == Phase::Paid
+            && not_reserved
+        {
+            return Decision::event(rejected(&Refusal::NotReserved));
+        }
+        let event = match Order::rule(state, command) {
+            Ok(event) => event,
+            Err(refusal) => return Decision::event(rejected(&refusal)),
+        };
+        let mut decision = Decision::event(event);
+        let (mut release, mut disarm) = (false, false);
+        match &decision.event {
+            OrderEvent::Placed { .. } => {
+                if let Some(after) = features.payment_timeout {
+                    decision.timers.push(Timer::Set {
+                        name: PAYMENT_TIMER,
+                        after,
+                        command: OrderCommand::PaymentDue,
+                    });
+                }
+            }
+            OrderEvent::ItemAdded { sku, qty, .. } if features.inventory => {
+                decision.messages.push(Message::Inventory {
+                    sku: sku.clone(),
+                    command: InventoryCommand::Reserve {
+                        order: id.to_owned(),
+                        line: state.lines,
+                        qty: *qty,
+                    },
+                });
+            }
+            OrderEvent::Paid { .. } => disarm = true,
+            OrderEvent::Cancelled | OrderEvent::ItemUnavailable { .. } => {
+                // Ends the order (an unavailable item only while it is open or paid).
+                let ends = matches!(state.phase, Phase::Open | Phase::Paid);
+                release = ends;
+                disarm = ends && state.phase == Phase::Open;
+            }
+            // The timer fired: it is disarmed already.
+            OrderEvent::Expired => release = true,
+            OrderEvent::ItemReserved { line }
+                if features.inventory && state.phase == Phase::Cancelled =>
+            {
+                decision.messages.push(release_message(id, state, *line));
+            }
+            _ => {}
+        }
+        if release && features.inventory {
+            for (line, _) in state.reserved() {
+                decision.messages.push(release_message(id, state, line));
+            }
+        }
+        if disarm && features.payment_timeout.is_some() {
+            decision.timers.push(Timer::Cancel {
+                name: PAYMENT_TIMER,
+            });
+        }
+        decision
+    }
+}
+
+fn rejected(refusal: &Refusal) -> OrderEvent {
+    OrderEvent::Rejected {
+        reason: refusal.to_string(),
+    }
+}
+
+/// Gives item `line` of order `id` back to its inventory.
+fn release_message(id: &str, state: &OrderState, line: u32) -> Message {
+    let sku = usize::try_from(line)
+        .ok()
+        .and_then(|i| state.items.get(i))
+        .map(|item| item.sku.clone())
+        .unwrap_or_default();
+    Message::Inventory {
+        sku,
+        command: InventoryCommand::Release {
+            order: id.to_owned(),
+            line,
+        },
+    }
+}
+
+impl Rules for Order {
+    const ENTITY_TYPE: &'static str = ENTITY_TYPE;
+
+    fn decision(
+        features: &Features,
+        id: &str,
+        state: &OrderState,
+        command: OrderCommand,
+    ) -> Decision<OrderEvent> {
+        Order::decision(features, id, state, command)
+    }
+
+    fn kind(event: &OrderEvent) -> &'static str {
+        event.kind()
     }
 }
 
@@ -277,11 +518,19 @@ impl Entity for Order {
     /// Refusals are `Rejected` events, so `decide` never fails.
     type Rejection = Never;
 
+    /// The rules with this process's features ([`rules::features`]), without their effects.
     fn decide(state: &OrderState, command: OrderCommand) -> Result<Vec<OrderEvent>, Never> {
-        let event = Order::rule(state, command).unwrap_or_else(|refusal| OrderEvent::Rejected {
-            reason: refusal.to_string(),
-        });
-        Ok(vec![event])
+        Self::decide_with_effects(state, command, &mut Effects::new(Codec::Json))
+    }
+
+    /// [`Order::decision`] with this process's features; jetshard sends its messages and
+    /// sets its timers once the event is durable.
+    fn decide_with_effects(
+        state: &OrderState,
+        command: OrderCommand,
+        effects: &mut Effects,
+    ) -> Result<Vec<OrderEvent>, Never> {
+        Ok(rules::decide::<Order>(state, command, effects))
     }
 
     fn encode_state(state: &OrderState, codec: Codec) -> Result<Vec<u8>, CodecError> {
@@ -295,9 +544,16 @@ impl Entity for Order {
                 state.customer = Some(customer.clone());
             }
             OrderEvent::ItemAdded {
-                qty, price_cents, ..
+                sku,
+                qty,
+                price_cents,
             } => {
                 state.lines += 1;
+                state.items.push(Item {
+                    sku: sku.clone(),
+                    qty: *qty,
+                    stock: Stock::Unconfirmed,
+                });
                 // `rule` refused anything that would overflow; saturate rather than panic on a
                 // journal written by other rules.
                 state.total_cents = state
@@ -306,9 +562,25 @@ impl Entity for Order {
             }
             OrderEvent::Paid { .. } => state.phase = Phase::Paid,
             OrderEvent::Shipped => state.phase = Phase::Shipped,
-            OrderEvent::Cancelled => state.phase = Phase::Cancelled,
+            OrderEvent::Cancelled | OrderEvent::Expired => state.phase = Phase::Cancelled,
+            OrderEvent::ItemReserved { line } => set_stock(state, *line, Stock::Reserved),
+            OrderEvent::ItemUnavailable { line } => {
+                set_stock(state, *line, Stock::Unavailable);
+                if matches!(state.phase, Phase::Open | Phase::Paid) {
+                    state.phase = Phase::Cancelled;
+                }
+            }
             OrderEvent::Rejected { .. } => {}
         }
+    }
+}
+
+fn set_stock(state: &mut OrderState, line: u32, stock: Stock) {
+    if let Some(item) = usize::try_from(line)
+        .ok()
+        .and_then(|i| state.items.get_mut(i))
+    {
+        item.stock = stock;
     }
 }
 
@@ -515,6 +787,193 @@ mod tests {
                 "{body:?}"
             );
         }
+    }
+
+    /// Runs commands through [`Order::decision`] with `features`, for order `o-1`.
+    fn decide_all(
+        features: &Features,
+        commands: impl IntoIterator<Item = C>,
+    ) -> (Vec<Decision<E>>, OrderState) {
+        let mut state = OrderState::default();
+        let mut decisions = Vec::new();
+        for command in commands {
+            let decision = Order::decision(features, "o-1", &state, command);
+            Order::apply(&mut state, &decision.event);
+            decisions.push(decision);
+        }
+        (decisions, state)
+    }
+
+    const INVENTORY: Features = Features {
+        inventory: true,
+        payment_timeout: None,
+    };
+    const TIMEOUT: Features = Features {
+        inventory: false,
+        payment_timeout: Some(std::time::Duration::from_secs(30)),
+    };
+
+    fn reserve(line: u32, qty: u32) -> Message {
+        Message::Inventory {
+            sku: "sku-1".into(),
+            command: InventoryCommand::Reserve {
+                order: "o-1".into(),
+                line,
+                qty,
+            },
+        }
+    }
+
+    fn release(line: u32) -> Message {
+        Message::Inventory {
+            sku: "sku-1".into(),
+            command: InventoryCommand::Release {
+                order: "o-1".into(),
+                line,
+            },
+        }
+    }
+
+    #[test]
+    fn without_features_a_decision_is_the_first_examples_rule_and_nothing_else() {
+        let script = [
+            place(),
+            add(2, 150),
+            C::Ship,
+            C::Pay { amount_cents: 300 },
+            C::Ship,
+            C::Cancel,
+        ];
+        let (decisions, _) = decide_all(&Features::NONE, script.clone());
+        let (events, _) = run(script);
+        for (decision, event) in decisions.iter().zip(&events) {
+            assert_eq!(decision, &Decision::event(event.clone()));
+        }
+        let (decisions, state) = decide_all(
+            &Features::NONE,
+            [
+                place(),
+                add(1, 5),
+                C::Reserved { line: 0 },
+                C::OutOfStock { line: 0 },
+                C::PaymentDue,
+            ],
+        );
+        assert_eq!(
+            decisions[2].event,
+            rejected(Refusal::FeatureOff("--inventory"))
+        );
+        assert_eq!(
+            decisions[4].event,
+            rejected(Refusal::FeatureOff("--payment-timeout"))
+        );
+        assert_eq!(state.phase, Phase::Open);
+    }
+
+    #[test]
+    fn an_added_item_is_reserved_and_the_order_ships_only_once_all_are() {
+        let (d, state) = decide_all(
+            &INVENTORY,
+            [
+                place(),
+                add(2, 100),
+                add(1, 100),
+                C::Reserved { line: 0 },
+                C::Pay { amount_cents: 300 },
+                C::Ship,
+                C::Reserved { line: 1 },
+                C::Reserved { line: 1 },
+                C::Ship,
+            ],
+        );
+        assert_eq!(d[1].messages, [reserve(0, 2)]);
+        assert_eq!(d[2].messages, [reserve(1, 1)]);
+        assert_eq!(d[5].event, rejected(Refusal::NotReserved));
+        assert_eq!(d[7].event, rejected(Refusal::LineAnswered(1)));
+        assert_eq!(d[8].event, E::Shipped);
+        assert_eq!(state.reserved().count(), 2);
+    }
+
+    #[test]
+    fn an_item_out_of_stock_cancels_the_order_and_releases_what_it_holds() {
+        let (d, state) = decide_all(
+            &INVENTORY,
+            [
+                place(),
+                add(1, 100),
+                add(5, 100),
+                C::Reserved { line: 0 },
+                C::OutOfStock { line: 1 },
+                C::Pay { amount_cents: 600 },
+            ],
+        );
+        assert_eq!(d[4].event, E::ItemUnavailable { line: 1 });
+        assert_eq!(d[4].messages, [release(0)]);
+        assert_eq!(state.phase, Phase::Cancelled);
+        assert_eq!(d[5].event, rejected(Refusal::NotOpen(Phase::Cancelled)));
+    }
+
+    #[test]
+    fn a_reservation_answered_after_the_order_ended_is_released_at_once() {
+        let (d, _) = decide_all(
+            &INVENTORY,
+            [place(), add(1, 100), C::Cancel, C::Reserved { line: 0 }],
+        );
+        assert!(d[2].messages.is_empty(), "nothing held yet");
+        assert_eq!(d[3].event, E::ItemReserved { line: 0 });
+        assert_eq!(d[3].messages, [release(0)]);
+    }
+
+    #[test]
+    fn the_payment_timer_is_armed_when_placed_and_disarmed_by_payment() {
+        let (d, _) = decide_all(
+            &TIMEOUT,
+            [
+                place(),
+                add(1, 5),
+                C::Pay { amount_cents: 5 },
+                C::PaymentDue,
+            ],
+        );
+        assert_eq!(
+            d[0].timers,
+            [Timer::Set {
+                name: PAYMENT_TIMER,
+                after: std::time::Duration::from_secs(30),
+                command: C::PaymentDue
+            }]
+        );
+        assert_eq!(
+            d[2].timers,
+            [Timer::Cancel {
+                name: PAYMENT_TIMER
+            }]
+        );
+        // jetshard never delivers it now; were it to, it would change nothing.
+        assert_eq!(d[3].event, rejected(Refusal::NotOpen(Phase::Paid)));
+    }
+
+    #[test]
+    fn an_unpaid_order_expires_and_releases_what_it_holds() {
+        let both = Features {
+            inventory: true,
+            ..TIMEOUT
+        };
+        let (d, state) = decide_all(
+            &both,
+            [place(), add(1, 5), C::Reserved { line: 0 }, C::PaymentDue],
+        );
+        assert_eq!(d[3].event, E::Expired);
+        assert_eq!(d[3].messages, [release(0)]);
+        assert!(d[3].timers.is_empty(), "a fired timer is disarmed already");
+        assert_eq!(state.phase, Phase::Cancelled);
+        let (d, _) = decide_all(&both, [place(), C::Cancel]);
+        assert_eq!(
+            d[1].timers,
+            [Timer::Cancel {
+                name: PAYMENT_TIMER
+            }]
+        );
     }
 
     #[test]

@@ -317,9 +317,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
                         armed = found.len(),
                         "armed timers read"
                     );
-                    for (entity, name, armed) in found {
-                        state.timers.arm_found(entity, name, armed);
-                    }
+                    state.timers.found(found);
                 }
             }
         }

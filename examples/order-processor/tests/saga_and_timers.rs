@@ -1,0 +1,176 @@
+//! Three `order-processor node` processes with both features on (`--inventory`,
+//! `--payment-timeout`) against a real server: while orders load, and their reservations and
+//! timers are in flight, the node owning the most partitions is SIGKILLed. `verify` then finds
+//! every command answered once, every outbox message stored once, no item reserved twice or
+//! lost, and every timer fired once and never after a payment; `get` reads an order's state.
+
+use std::collections::BTreeSet;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use jetshard_testkit::{NatsServer, wait_until};
+use order_processor::demo::feature_args;
+use order_processor::nodes::{NodeProcess, NodeSettings};
+use order_processor::rules::Features;
+
+const BIN: &str = env!("CARGO_BIN_EXE_order-processor");
+
+/// Prints the nodes' log tails if the test fails, so a failure explains itself.
+struct Nodes(Vec<NodeProcess>);
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for node in &self.0 {
+                eprintln!(
+                    "---- {} ({})\n{}",
+                    node.id,
+                    node.log().display(),
+                    node.log_tail(40)
+                );
+            }
+        }
+    }
+}
+
+fn owned_by(nodes: &[&NodeProcess]) -> BTreeSet<u32> {
+    nodes.iter().flat_map(|n| n.owned()).collect()
+}
+
+/// The number after `prefix` on the report line that starts with `line`.
+fn number(report: &str, line: &str, prefix: &str) -> usize {
+    let text = report
+        .lines()
+        .find(|l| l.starts_with(line))
+        .unwrap_or_else(|| panic!("no {line:?} line in\n{report}"));
+    let after = &text[text.find(prefix).expect(prefix) + prefix.len()..];
+    after
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {prefix:?} in {text:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_saga_and_the_timers_hold_through_a_sigkill() {
+    let started = Instant::now();
+    let server = NatsServer::start().await.expect("nats-server");
+    let url = server.url();
+    let logs = tempfile::tempdir().expect("temp dir");
+    let settings = NodeSettings {
+        partitions: 8,
+        pin_ttl: Duration::from_millis(1000),
+        ack_wait: Duration::from_millis(3000),
+    };
+    let features = Features {
+        inventory: true,
+        payment_timeout: Some(Duration::from_secs(3)),
+    };
+    let flags = feature_args(&features);
+    let mut nodes = Nodes(Vec::new());
+    for id in ["a", "b", "c"] {
+        let log = logs.path().join(format!("{id}.log"));
+        let node = NodeProcess::spawn_with(BIN.as_ref(), &url, id, &settings, &log, &flags)
+            .expect("spawn node");
+        nodes.0.push(node);
+    }
+    for node in &mut nodes.0 {
+        node.wait_ready(Duration::from_secs(30))
+            .await
+            .expect("node ready");
+    }
+
+    // About 2,000 commands over 8 s, besides the reservations, their answers and the timers.
+    let mut load = tokio::process::Command::new(BIN)
+        .args([
+            "load",
+            "--nats-url",
+            &url,
+            "--orders",
+            "400",
+            "--rate",
+            "250",
+            "--prefix",
+            "t",
+        ])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn load");
+
+    let all: BTreeSet<u32> = (0..settings.partitions).collect();
+    wait_until(Duration::from_secs(20), "every partition owned", || async {
+        owned_by(&nodes.0.iter().collect::<Vec<_>>()) == all
+    })
+    .await
+    .expect("ownership");
+
+    let victim = (0..3)
+        .max_by_key(|i| nodes.0[*i].owned().len())
+        .unwrap_or(0);
+    let killed_parts = nodes.0[victim].owned();
+    nodes.0[victim].kill().await.expect("SIGKILL");
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != victim).collect();
+    wait_until(
+        Duration::from_secs(20),
+        "the survivors own every partition",
+        || async { owned_by(&survivors.iter().map(|i| &nodes.0[*i]).collect::<Vec<_>>()) == all },
+    )
+    .await
+    .expect("takeover after the kill");
+
+    let loaded = tokio::time::timeout(Duration::from_secs(60), load.wait())
+        .await
+        .expect("load finished in time")
+        .expect("load exit status");
+    assert!(loaded.success(), "load failed");
+
+    let mut args = vec!["verify", "--nats-url", &url, "--settle-secs", "60"];
+    args.extend(flags.iter().map(String::as_str));
+    let verify = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(BIN)
+            .args(&args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("verify finished in time")
+    .expect("verify ran");
+    let report = String::from_utf8_lossy(&verify.stdout);
+    eprintln!(
+        "killed {} (partitions {killed_parts:?})\n{report}",
+        nodes.0[victim].id
+    );
+    assert!(
+        verify.status.success(),
+        "verify found violations:\n{report}"
+    );
+    assert!(report.contains("violations: 0"), "{report}");
+    assert!(report.contains("takeovers: "), "{report}");
+    assert!(number(&report, "saga: ", "saga: ") > 0, "{report}");
+    assert!(number(&report, "timers: ", "timers: ") > 0, "{report}");
+    // Abandoned orders (about one in twelve) are never paid: their timers fire.
+    assert!(number(&report, "timers: ", "set, ") > 0, "{report}");
+
+    // A state query, answered by the order's owner.
+    let get = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(BIN)
+            .args(["get", "--nats-url", &url, "t-0"])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("get finished in time")
+    .expect("get ran");
+    let answer = String::from_utf8_lossy(&get.stdout);
+    assert!(get.status.success(), "get failed: {answer}");
+    assert!(answer.starts_with("t-0 (partition "), "{answer}");
+    assert!(answer.contains("phase: "), "{answer}");
+
+    for node in survivors {
+        nodes.0[node].terminate(Duration::from_secs(20)).await;
+    }
+    eprintln!("test took {:?}", started.elapsed());
+}
