@@ -105,3 +105,36 @@ async fn owned(system: &ShardSystem) -> usize {
         partitions.iter().filter(|p| p.generation.is_some()).count()
     })
 }
+
+/// A partition is owned only while it has a command to deliver: one handed off with none
+/// waiting is woken (a wake-up command), so the newcomer takes it at once and answers queries
+/// for its entities, with no load at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_partition_handed_off_is_taken_by_the_newcomer_without_load() {
+    init_tracing();
+    let mut s = Scenario::single(4)
+        .await
+        .pin_ttl(Duration::from_millis(500));
+    let entities: Vec<String> = (0..12).map(|e| format!("e{e}")).collect();
+    let a = s.node("a").await;
+    s.append_to_all(&entities, 0).await;
+    s.wait_owns_all(&a).await;
+    s.check().await;
+    // No command from here on.
+    let b = s.node("b").await;
+    wait_until(Duration::from_secs(30), "b to own its share", || async {
+        b.owned().len() == 2 && a.owned().len() == 2
+    })
+    .await
+    .unwrap();
+    // Every entity is answered by its owner, whichever process that is.
+    for entity in &entities {
+        let state = s
+            .sender
+            .get(entity, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|e| panic!("{entity} not answered: {e}"))
+            .state;
+        assert_eq!(state, [0], "{entity}");
+    }
+}

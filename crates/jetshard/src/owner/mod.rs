@@ -1203,10 +1203,16 @@ impl<E: Entity> OwnerState<E> {
 
     async fn finish_release(&mut self) {
         let owned = self.phase.owning_ref().is_some();
+        let handing_off =
+            matches!(&self.phase, Phase::Releasing(release, _) if release.reply.is_none());
         if owned {
             unpin(&self.shared, self.partition).await;
-            if !self.timers.is_empty() {
-                // Armed timers must not wait for the partition's next command.
+            if handing_off || !self.timers.is_empty() {
+                // A partition is owned only while it has a command to deliver: a partition
+                // handed off with none would stay unowned (no queries answered, no timers
+                // fired), and armed timers must not wait for the partition's next command. A
+                // stopping process's idle partitions are woken by the others' crash watches
+                // once it is gone.
                 let partitions = self.shared.config.partitions;
                 pin::wake(
                     &self.shared.js,
