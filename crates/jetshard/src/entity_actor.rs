@@ -1085,23 +1085,7 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    struct Counter;
-    impl Entity for Counter {
-        type Command = u32;
-        type Event = u32;
-        type State = u64;
-        type Rejection = String;
-        fn decide(_: &u64, command: u32) -> Result<Vec<u32>, String> {
-            Ok(vec![command])
-        }
-        fn apply(state: &mut u64, event: &u32) {
-            *state += u64::from(*event);
-        }
-        fn snapshots() -> Option<Snapshots<u64>> {
-            Some(Snapshots::serde(2))
-        }
-    }
+    use crate::test_entity::Counter;
 
     fn record(version: u32, state: &[u8]) -> SnapshotRecord {
         SnapshotRecord {

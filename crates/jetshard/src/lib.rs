@@ -118,6 +118,8 @@ mod retry;
 mod status;
 mod system;
 mod telemetry;
+#[cfg(test)]
+mod test_entity;
 mod timer;
 mod topology;
 mod trace;

@@ -215,20 +215,7 @@ fn outcome_seq(outcome: &CommandOutcome) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    struct Counter;
-    impl Entity for Counter {
-        type Command = u32;
-        type Event = u32;
-        type State = u64;
-        type Rejection = String;
-        fn decide(_: &u64, n: u32) -> Result<Vec<u32>, String> {
-            Ok(vec![n])
-        }
-        fn apply(state: &mut u64, n: &u32) {
-            *state += u64::from(*n);
-        }
-    }
+    use crate::test_entity::Counter;
 
     fn round_trip(body: ReplyBody) -> Reply<Counter> {
         let json = serde_json::to_vec(&body).unwrap();
