@@ -1,7 +1,7 @@
 //! # jetshard-bench
 //!
 //! What jetshard costs over writing the JetStream loop by hand, how fast it recovers, and how
-//! much memory an entity takes. Eight scenarios, each against a fresh `nats-server` from
+//! much memory an entity takes. Nine scenarios, each against a fresh `nats-server` from
 //! `jetshard-testkit`, each against a baseline measured in the same run, because the machines
 //! are shared and noisy: ratios are steadier than absolute figures.
 //!
@@ -14,6 +14,7 @@
 //! | `memory` | RSS per resident entity, idle and with state, with and without passivation | - |
 //! | `scaling` | throughput at 1..256 partitions and 1..3 processes | the bare loop (partitions) |
 //! | `cluster` | commands/s on 3 servers with R3 streams, cold and warm; 10164 refusals | the serialized bare loop ([`cluster`]) |
+//! | `scale` | idle messages and CPU per process and per partition as the fleet grows; time to an even spread | the same figure at the smallest fleet |
 //! | `recovery` | acquisition -> first command with a long history; first-command latency; dormant memory; snapshot cost | the full replay of the partition; loaded entities; snapshots off |
 //!
 //! Figures are printed as a table and written as JSON; targets are reported, never asserted.
@@ -35,6 +36,7 @@ pub mod probe;
 pub mod rebuild;
 pub mod recovery;
 pub mod report;
+pub mod scale;
 pub mod scaling;
 pub mod stats;
 pub mod throughput;
@@ -69,6 +71,8 @@ pub enum Scenario {
     Cluster,
     /// Bounded recovery: lazy loading, snapshots, the dormant budget.
     Recovery,
+    /// Idle cost of a fleet per process and per partition as it grows.
+    Scale,
 }
 
 /// The sizes and settings of a run.
@@ -161,6 +165,16 @@ pub struct Options {
     /// Process counts of the scaling scenario.
     #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
     pub scaling_processes: Vec<usize>,
+    /// Process counts of the scale scenario (shard systems in this process, each on its own
+    /// connection).
+    #[arg(long, value_delimiter = ',', default_value = "4,16")]
+    pub scale_nodes: Vec<usize>,
+    /// Partition counts of the scale scenario.
+    #[arg(long, value_delimiter = ',', default_value = "64,256")]
+    pub scale_partitions: Vec<u32>,
+    /// Seconds of idle measured per fleet in the scale scenario.
+    #[arg(long, default_value_t = 10)]
+    pub scale_idle_secs: u64,
     /// The big sizes of the issue: rebuild 1M events over 100k entities, memory at 1M
     /// entities (overrides those settings; takes far longer than 10 minutes).
     #[arg(long)]
@@ -277,6 +291,7 @@ async fn run(
             Scenario::Scaling => scaling::run(&options, &mut report).await,
             Scenario::Cluster => cluster::run(&options, &mut report).await,
             Scenario::Recovery => recovery::run(&options, &acquisitions, &mut report).await,
+            Scenario::Scale => scale::run(&options, &mut report).await,
         };
         if let Err(e) = result {
             // One failed scenario does not cost the figures of the others.

@@ -6,12 +6,66 @@
 //! more than its fair share, `ceil(partitions / processes)`, while others own less, hands off
 //! its excess (at most what the others lack; gracefully: drain, acknowledge, unpin, stay out for
 //! a while); a process under its share is pulling as a standby and is pinned.
+//!
+//! Not every process stands by for every partition: a partition is pulled by its owner and by
+//! the first [`standbys`](crate::ShardConfigBuilder::standbys) + 1 live processes ranked by
+//! rendezvous hashing of (process, partition) (the owner among them or not), so the pulls a
+//! partition costs do not grow with the fleet, and the partitions a process stands by for are
+//! spread evenly. While the spread is uneven (a process owns more than its fair share), the
+//! processes under their share pull every partition, so that whatever is handed off lands on
+//! one of them. When the members change (a process comes, goes or falls silent for three pin
+//! TTLs) the standbys are chosen again: a partition whose owner and standbys all died is pulled
+//! by its new standbys within three pin TTLs, and pinned by the server once its pin lapses (or
+//! at once, if a crash watch of the owner survives and unpins it).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
+
+/// The first `k` of `members` for `key`, by rendezvous hashing (highest weight first): every
+/// process that knows the same members computes the same answer, and a member that comes or
+/// goes changes the answer only for the keys it ranks high for.
+pub(crate) fn rendezvous<'a>(
+    key: &str,
+    members: impl IntoIterator<Item = &'a str>,
+    k: usize,
+) -> Vec<&'a str> {
+    let mut ranked: Vec<(u64, &str)> = members.into_iter().map(|m| (weight(m, key), m)).collect();
+    ranked.sort_unstable_by(|a, b| b.cmp(a));
+    ranked.dedup_by(|a, b| a.1 == b.1);
+    ranked.into_iter().take(k).map(|(_, m)| m).collect()
+}
+
+/// The rendezvous weight of `member` for `key`: FNV-1a (64 bits) of both, mixed by
+/// splitmix64's finalizer so that names differing in one character spread well.
+fn weight(member: &str, key: &str) -> u64 {
+    let bytes = member.bytes().chain(std::iter::once(0)).chain(key.bytes());
+    let mut z = bytes.fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    });
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The partitions `me` stands by for among the live `members` (which name `me`): those for
+/// which it is among the first `standbys + 1` by rendezvous hashing. Every partition has
+/// `standbys + 1` of them (or every member, in a fleet that small).
+pub(crate) fn standing_by(
+    me: &str,
+    members: &BTreeSet<String>,
+    partitions: u32,
+    standbys: usize,
+) -> Vec<bool> {
+    (0..partitions)
+        .map(|p| {
+            let key = format!("p{p}");
+            rendezvous(&key, members.iter().map(String::as_str), standbys + 1).contains(&me)
+        })
+        .collect()
+}
 
 /// What a process says of itself on `<t>.nodes`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,6 +125,17 @@ impl Membership {
         peer.last = at;
     }
 
+    /// The processes heard recently (not silent for the expiry, not leaving), this one with
+    /// them: the members the crash watch ranks its watchers among.
+    pub(crate) fn live(&mut self, now: Instant) -> std::collections::BTreeSet<String> {
+        self.forget_silent(now);
+        self.peers
+            .keys()
+            .cloned()
+            .chain(std::iter::once(self.me.clone()))
+            .collect()
+    }
+
     fn forget_silent(&mut self, now: Instant) {
         self.peers
             .retain(|_, peer| now.duration_since(peer.last) < self.expiry);
@@ -94,6 +159,15 @@ impl Membership {
             .map(|theirs| fair.saturating_sub(*theirs))
             .sum();
         owned.saturating_sub(fair).min(lacking)
+    }
+
+    /// Whether this process, owning `owned` of `partitions`, pulls every partition: while it
+    /// owns less than its fair share and another process more (a hand-off is coming), so that
+    /// what is handed off lands on a process under its share whoever its standbys are.
+    pub(crate) fn pulls_every_partition(&mut self, owned: u32, partitions: u32, now: Instant) -> bool {
+        self.forget_silent(now);
+        let fair = partitions.div_ceil(self.peers.len() as u32 + 1);
+        owned < fair && self.peers.values().any(|peer| peer.owned > fair)
     }
 
     /// Whether this process, owning `owned`, holds back its standbys: while a process heard
@@ -229,5 +303,39 @@ mod tests {
             0,
             "b fell silent"
         );
+    }
+
+    #[test]
+    fn each_partition_has_its_standbys_and_they_spread_evenly() {
+        let members: BTreeSet<String> = (0..16).map(|i| format!("node-{i}")).collect();
+        let partitions = 256;
+        let by: Vec<Vec<bool>> = members
+            .iter()
+            .map(|me| standing_by(me, &members, partitions, 2))
+            .collect();
+        for p in 0..partitions as usize {
+            assert_eq!(by.iter().filter(|b| b[p]).count(), 3, "partition {p}");
+        }
+        // 256 x 3 over 16: 48 each on average.
+        for b in &by {
+            let n = b.iter().filter(|x| **x).count();
+            assert!((24..=80).contains(&n), "a process stands by for {n}");
+        }
+        // A fleet of two: both stand by for everything.
+        let two: BTreeSet<String> = ["a".to_owned(), "b".to_owned()].into();
+        assert!(standing_by("a", &two, 8, 2).iter().all(|b| *b));
+    }
+
+    #[test]
+    fn processes_under_their_share_pull_everything_only_while_another_is_over() {
+        let now = Instant::now();
+        let mut m = Membership::new("a", Duration::from_secs(6), Duration::ZERO);
+        m.heard(beat("b", 3), now);
+        m.heard(beat("c", 3), now);
+        assert!(!m.pulls_every_partition(2, 8, now), "3-3-2 is even");
+        m.heard(beat("b", 6), now);
+        m.heard(beat("c", 2), now);
+        assert!(m.pulls_every_partition(0, 8, now), "b hands off");
+        assert!(!m.pulls_every_partition(3, 8, now), "a at its share");
     }
 }

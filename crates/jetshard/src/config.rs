@@ -47,6 +47,8 @@ pub struct ShardConfig {
     pub(crate) owner_restart_window: Duration,
     pub(crate) balance: bool,
     pub(crate) crash_probe_interval: Option<Duration>,
+    pub(crate) crash_watchers: usize,
+    pub(crate) standbys: usize,
 }
 
 impl ShardConfig {
@@ -80,6 +82,8 @@ impl ShardConfig {
                 owner_restart_window: Duration::from_secs(60),
                 balance: true,
                 crash_probe_interval: Some(Duration::from_millis(20)),
+                crash_watchers: 3,
+                standbys: 2,
             },
         }
     }
@@ -323,6 +327,30 @@ impl ShardConfigBuilder {
         self
     }
 
+    /// How many other processes watch each owning process for a crash (default 3). Each
+    /// process probes only the owners it is chosen to watch (rendezvous hashing over the
+    /// processes heard on `<t>.nodes`), so the probes a process sends do not grow with the
+    /// fleet: about `watchers / crash_probe_interval` requests a second (150 at the defaults),
+    /// whatever the number of processes. More watchers make it likelier that one survives an
+    /// owner that dies with others at once; an owner whose watchers all die with it moves
+    /// after the pin TTL, as without a watch.
+    pub fn crash_watchers(mut self, watchers: usize) -> Self {
+        self.config.crash_watchers = watchers;
+        self
+    }
+
+    /// How many processes stand by for each partition besides its owner (default 2): they keep
+    /// a pull waiting on its consumer, so the server pins one of them within a millisecond when
+    /// the owner's pin is taken away (a crash found by the watch, a hand-off). The others do
+    /// not pull it, so a partition costs the same pulls in a fleet of 3 and of 300. Chosen by
+    /// rendezvous hashing over the processes heard on `<t>.nodes` (every one, in a fleet of
+    /// `standbys + 1` or fewer, and while balancing is off); see `balance.rs` for what happens
+    /// when they all die.
+    pub fn standbys(mut self, standbys: usize) -> Self {
+        self.config.standbys = standbys;
+        self
+    }
+
     /// Whether this process watches for crashed owners (default on; see
     /// [`crash_probe_interval`](Self::crash_probe_interval)). Off: a crashed owner's partitions
     /// move after the pin TTL, unless another process watches.
@@ -368,6 +396,12 @@ impl ShardConfigBuilder {
             .is_some_and(|i| i < Duration::from_millis(5) || i > c.pin_ttl)
         {
             return fail("crash_probe_interval", "must be in 5 ms..=pin_ttl");
+        }
+        if !(1..=64).contains(&c.crash_watchers) {
+            return fail("crash_watchers", "must be in 1..=64");
+        }
+        if !(1..=64).contains(&c.standbys) {
+            return fail("standbys", "must be in 1..=64");
         }
         if c.ack_wait < Duration::from_millis(500) {
             return fail("ack_wait", "must be at least 500 ms");

@@ -6,8 +6,18 @@
 //!
 //! - it learns who owns what from the fence records (read once at start, then from a core
 //!   subscription on `<t>.fence.*`: every claim is seen as it is published);
-//! - every [`probe interval`](crate::ShardConfigBuilder::crash_probe_interval) it asks each
-//!   owning incarnation but its own whether it is there;
+//! - every [`probe interval`](crate::ShardConfigBuilder::crash_probe_interval) it asks the
+//!   owning incarnations it watches whether they are there. Each owning process is watched by
+//!   [`crash_watchers`](crate::ShardConfigBuilder::crash_watchers) others (default 3), not by
+//!   everyone: the first `k` of the live processes (the membership heard on `<t>.nodes`) ranked
+//!   by a hash of (watcher, watched) node names, rendezvous hashing, so every process agrees
+//!   without a coordinator and a membership change moves only the watches of the process that
+//!   came or went. A process that has heard no membership (balancing off, or in its first pin
+//!   TTL) watches every owner, as before. Idle probe traffic is `N x k / interval` requests and
+//!   answers for N processes: linear in N, constant per process. An owner whose watchers all
+//!   die with it loses its pin at the pin TTL (the server's own fallback, as without a watch),
+//!   and within the membership expiry (three pin TTLs) the survivors choose new watchers;
+//!
 //! - two "no responders" at least [`CONFIRM_GAP`] apart, with no answer between them, declare
 //!   it dead: for each partition whose latest fence record (read again from the stream) still
 //!   names it, and whose consumer is still pinned to the pin that record names, it asks the
@@ -223,6 +233,8 @@ pub(crate) struct Owners {
     /// Per partition: the newest generation seen and the incarnations that claimed it (two
     /// claims of one generation are both seen on the subscription; one of them lost).
     latest: HashMap<u32, (u64, Vec<String>)>,
+    /// The node name of each incarnation seen in a fence record (watches are chosen by node).
+    nodes: HashMap<String, String>,
 }
 
 impl Owners {
@@ -230,7 +242,26 @@ impl Owners {
         Self {
             me: me.to_owned(),
             latest: HashMap::new(),
+            nodes: HashMap::new(),
         }
+    }
+
+    /// `incarnation` runs on the node named `node` (from its fence record).
+    pub(crate) fn named(&mut self, incarnation: &str, node: &str) {
+        if self.nodes.get(incarnation).is_some_and(|n| n == node) {
+            return;
+        }
+        self.nodes.insert(incarnation.to_owned(), node.to_owned());
+        // Forget the incarnations no partition names any more, so the map stays bounded.
+        if self.nodes.len() > 2 * self.latest.len() + 16 {
+            let named: HashSet<&String> = self.latest.values().flat_map(|(_, i)| i).collect();
+            self.nodes.retain(|i, _| named.contains(i));
+        }
+    }
+
+    /// The node of `incarnation`, if a fence record named it.
+    pub(crate) fn node_of(&self, incarnation: &str) -> Option<&str> {
+        self.nodes.get(incarnation).map(String::as_str)
     }
 
     /// A fence record of `partition` was seen: `confirmed` when read from the stream (it is the
@@ -279,6 +310,32 @@ impl Owners {
     }
 }
 
+/// The processes that watch the node `watched`: the first `k` of `members` (but `watched`)
+/// ranked by rendezvous hashing. Every process that knows the same members computes the same
+/// watchers; a member that comes or goes changes the watchers of the nodes it ranks high for,
+/// and no others. Operators and tests use it to tell who watches whom.
+pub fn crash_watchers<'a>(
+    watched: &str,
+    members: impl IntoIterator<Item = &'a str>,
+    k: usize,
+) -> Vec<&'a str> {
+    let others = members.into_iter().filter(|m| *m != watched);
+    crate::balance::rendezvous(&format!("watch:{watched}"), others, k)
+}
+
+/// Whether `me` is one of the `k` watchers of `watched` among `members` (which may or may not
+/// name `me`).
+pub(crate) fn watches(me: &str, watched: &str, members: &BTreeSet<String>, k: usize) -> bool {
+    if me == watched {
+        return false;
+    }
+    let ranked = members
+        .iter()
+        .map(String::as_str)
+        .chain(std::iter::once(me));
+    crash_watchers(watched, ranked, k).contains(&me)
+}
+
 /// What the watch needs.
 pub(crate) struct WatchArgs {
     pub(crate) client: async_nats::Client,
@@ -292,6 +349,11 @@ pub(crate) struct WatchArgs {
     pub(crate) node: String,
     pub(crate) interval: Duration,
     pub(crate) deaths: std::sync::Arc<Deaths>,
+    /// How many processes watch each owner.
+    pub(crate) watchers: usize,
+    /// The live processes (node names) as the membership last heard them; `None` while there
+    /// is no membership (balancing off): then every owner is watched.
+    pub(crate) members: watch::Receiver<Option<BTreeSet<String>>>,
 }
 
 /// Starts watching the owners of the entity type's partitions (see the module docs). The
@@ -308,12 +370,17 @@ async fn run(args: WatchArgs, mut claims: async_nats::Subscriber) {
     let mut owners = Owners::new(&args.incarnation);
     for partition in 0..args.partitions {
         match fence::latest(&args.journal, &args.names, partition).await {
-            Ok(Some((_, record))) => owners.seen(
-                partition,
-                record.generation,
-                record.incarnation.as_deref(),
-                true,
-            ),
+            Ok(Some((_, record))) => {
+                if let Some(incarnation) = &record.incarnation {
+                    owners.named(incarnation, &record.node);
+                }
+                owners.seen(
+                    partition,
+                    record.generation,
+                    record.incarnation.as_deref(),
+                    true,
+                );
+            }
             Ok(None) => {}
             Err(e) => {
                 tracing::debug!(partition, error = %e, "crash watch: fence record not read");
@@ -331,13 +398,20 @@ async fn run(args: WatchArgs, mut claims: async_nats::Subscriber) {
                 if let Ok(record) = FenceRecord::decode(&headers, &claim.payload) {
                     if let Some(incarnation) = &record.incarnation {
                         args.deaths.revived(incarnation);
+                        owners.named(incarnation, &record.node);
                     }
                     owners.seen(record.partition, record.generation, record.incarnation.as_deref(), false);
                 }
             }
             _ = tick.tick() => {
+                let members = args.members.borrow().clone();
                 for incarnation in owners.watched() {
                     if args.deaths.is_dead(&incarnation) {
+                        continue;
+                    }
+                    if let (Some(members), Some(node)) = (&members, owners.node_of(&incarnation))
+                        && !watches(&args.node, node, members, args.watchers)
+                    {
                         continue;
                     }
                     let client = args.client.clone();
@@ -655,5 +729,60 @@ mod tests {
         // Partition 0 is taken by this process: x is no longer watched.
         owners.seen(0, 4, Some("me"), false);
         assert_eq!(owners.watched(), ["z"].map(String::from).into());
+    }
+
+    #[test]
+    fn each_owner_has_k_watchers_that_every_process_agrees_on() {
+        let members: BTreeSet<String> = (0..64).map(|i| format!("node-{i}")).collect();
+        let mut watching = HashMap::<&str, usize>::new();
+        for watched in &members {
+            let watchers = crash_watchers(watched, members.iter().map(String::as_str), 3);
+            assert_eq!(watchers.len(), 3);
+            assert!(!watchers.contains(&watched.as_str()));
+            // Each process decides alone, from the same members, and agrees.
+            for me in &members {
+                assert_eq!(
+                    watches(me, watched, &members, 3),
+                    watchers.contains(&me.as_str()),
+                    "{me} on {watched}"
+                );
+            }
+            for w in watchers {
+                *watching.entry(w).or_default() += 1;
+            }
+        }
+        // Spread: no process watches many more than k others (64 x 3 watches over 64).
+        let most = watching.values().max().copied().unwrap_or(0);
+        assert!(most <= 9, "a process watches {most} owners");
+    }
+
+    #[test]
+    fn a_member_that_comes_or_goes_moves_only_its_own_watches() {
+        let mut members: BTreeSet<String> = (0..16).map(|i| format!("n{i}")).collect();
+        let before: HashMap<String, Vec<String>> = members
+            .iter()
+            .map(|w| {
+                let watchers = crash_watchers(w, members.iter().map(String::as_str), 3);
+                (w.clone(), watchers.into_iter().map(str::to_owned).collect())
+            })
+            .collect();
+        let gone = "n7".to_owned();
+        members.remove(&gone);
+        for (watched, was) in &before {
+            if *watched == gone {
+                continue;
+            }
+            let now = crash_watchers(watched, members.iter().map(String::as_str), 3);
+            let kept: Vec<&String> = was.iter().filter(|w| **w != gone).collect();
+            for w in kept {
+                assert!(now.contains(&w.as_str()), "{w} stays a watcher of {watched}");
+            }
+        }
+        // Too few members for k: everyone watches everyone else.
+        let two: BTreeSet<String> = ["a".to_owned(), "b".to_owned()].into();
+        assert!(watches("a", "b", &two, 3));
+        assert!(!watches("a", "a", &two, 3));
+        // A process that knows nobody yet watches everyone.
+        assert!(watches("new", "x", &BTreeSet::new(), 1));
     }
 }

@@ -128,6 +128,7 @@ pub mod wire;
 pub use codec::Codec;
 pub use command::{CommandOutcome, CommandSender, MAX_KEY_LEN};
 pub use config::{CommandRetention, ShardConfig, ShardConfigBuilder};
+pub use crash::crash_watchers;
 pub use entity::{Entity, EntityId, MAX_ID_LEN, Snapshots};
 pub use error::{CodecError, ConfigError, Error, InvalidId};
 pub use fence::{FenceRecord, FenceRecordError, HeldRange, Trial};

@@ -222,10 +222,16 @@ struct SystemState {
     failures: RestartWindow,
     stopping: bool,
     membership: Membership,
+    /// The live members as last told to the crash watch (`None`: no membership, balancing off).
+    members: tokio::sync::watch::Sender<Option<std::collections::BTreeSet<String>>>,
     /// Partitions this process owned at the last balancing round.
     owned: u32,
-    /// Whether its standbys hold back (`Membership::holds_back`), as last told to the owners.
-    hold_back: bool,
+    /// Per partition: whether its standby pauses its pulls (it holds back, or it is not one of
+    /// the partition's standbys), as last told to its owner.
+    holding: Vec<bool>,
+    /// Per partition: whether this process is one of its standbys, for the members in
+    /// `members` (computed again only when they change).
+    standing_by: Vec<bool>,
     last_hand_off: Option<Instant>,
     /// The heartbeat listener and the balance timer; stopped with the system.
     tasks: Vec<JoinHandle<()>>,
@@ -257,8 +263,10 @@ impl<E: Entity> Actor for SystemActor<E> {
         );
         let mut state = SystemState {
             membership: Membership::new(&shared.config.node_id, pin_ttl * 3, pin_ttl),
+            members: tokio::sync::watch::Sender::new(None),
             owned: 0,
-            hold_back: false,
+            holding: vec![false; partitions as usize],
+            standing_by: vec![true; partitions as usize],
             shared,
             owners: vec![None; partitions as usize],
             partition_of: HashMap::new(),
@@ -295,6 +303,8 @@ impl<E: Entity> Actor for SystemActor<E> {
                 node: shared.config.node_id.clone(),
                 interval,
                 deaths: shared.deaths.clone(),
+                watchers: shared.config.crash_watchers,
+                members: state.members.subscribe(),
             })
             .await?;
             state.tasks.push(watch);
@@ -387,10 +397,8 @@ impl<E: Entity> Actor for SystemActor<E> {
                 state.membership.heard(heartbeat, now);
                 // At once, not at the next round: another process may hand a partition off on
                 // hearing the same heartbeat.
-                let hold_back = state.membership.holds_back(state.owned, now);
-                if hold_back != state.hold_back {
-                    tell_hold_back(state, hold_back);
-                }
+                tell_members(state, now);
+                tell_holding(state, now, false);
             }
             SystemMsg::Balance => balance(state).await,
             SystemMsg::Respawn(partition) => {
@@ -501,9 +509,9 @@ async fn balance(state: &mut SystemState) {
         .membership
         .shed_count(owned.len() as u32, config.partitions, now) as usize;
     state.owned = owned.len() as u32;
-    let hold_back = state.membership.holds_back(state.owned, now);
+    tell_members(state, now);
     // Every round, for owners restarted since.
-    tell_hold_back(state, hold_back);
+    tell_holding(state, now, true);
     if settled && shed > 0 {
         for (partition, owner) in owned.iter().rev().take(shed) {
             tracing::info!(partition, node = %config.node_id, owned = owned.len(), "handing a partition off to balance the processes");
@@ -513,15 +521,46 @@ async fn balance(state: &mut SystemState) {
     }
 }
 
-/// Tells every owner whether its standby holds back.
-fn tell_hold_back(state: &mut SystemState, hold_back: bool) {
-    if hold_back != state.hold_back {
-        tracing::debug!(node = %state.shared.config.node_id, hold_back, owned = state.owned, "standbys hold back: another process owns two fewer partitions");
+/// Tells the crash watch who is live, and chooses the partitions this process stands by for
+/// again, when the members changed.
+fn tell_members(state: &mut SystemState, now: Instant) {
+    let live = state.membership.live(now);
+    let changed = state.members.send_if_modified(|members| {
+        let changed = members.as_ref() != Some(&live);
+        if changed {
+            *members = Some(live.clone());
+        }
+        changed
+    });
+    if changed {
+        let config = &state.shared.config;
+        state.standing_by =
+            crate::balance::standing_by(&config.node_id, &live, config.partitions, config.standbys);
     }
-    state.hold_back = hold_back;
-    for owner in state.owners.iter().flatten() {
-        let _ = owner.cast(OwnerMsg::HoldBack(hold_back));
+}
+
+/// Tells each owner whether its standby pauses its pulls: when this process holds back (another
+/// owns two fewer partitions), or when it is not one of the partition's standbys and is not
+/// under its share while another process is over (then it pulls everything, to take what is
+/// handed off). `all`: every owner, else only those whose answer changed.
+fn tell_holding(state: &mut SystemState, now: Instant, all: bool) {
+    let partitions = state.shared.config.partitions;
+    let hold_back = state.membership.holds_back(state.owned, now);
+    let every = state
+        .membership
+        .pulls_every_partition(state.owned, partitions, now);
+    let mut paused = 0;
+    for (partition, owner) in state.owners.iter().enumerate() {
+        let hold = hold_back || !(every || state.standing_by[partition]);
+        paused += usize::from(hold);
+        if (all || hold != state.holding[partition])
+            && let Some(owner) = owner
+        {
+            let _ = owner.cast(OwnerMsg::HoldBack(hold));
+        }
+        state.holding[partition] = hold;
     }
+    tracing::trace!(node = %state.shared.config.node_id, hold_back, every, paused, owned = state.owned, "standbys told whether to pull");
 }
 
 /// Says `heartbeat` on `<t>.nodes` (core NATS, best effort: the next one follows a pin TTL
