@@ -81,6 +81,17 @@ pub fn ledger_config(partitions: u32, node: &str) -> jetshard::ShardConfigBuilde
         .ack_wait(Duration::from_secs(3))
         .retry_delay(Duration::from_millis(50))
         .snapshot_every(snapshot_every())
+        .crash_watchers(env_or("JETSHARD_CRASH_WATCHERS", 3))
+        .standbys(env_or("JETSHARD_STANDBYS", 2))
+}
+
+/// A number from the environment (the scale-out tests set the watchers and standbys of their
+/// node processes), else `default`.
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// The ledger's snapshot interval in events: `JETSHARD_SNAPSHOT_EVERY` (0: no periodic

@@ -105,7 +105,9 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         }
         let mut row = Row::new(
             "scale",
-            format!("idle msgs/s per process, {many} against {few} processes, {partitions} partitions"),
+            format!(
+                "idle msgs/s per process, {many} against {few} processes, {partitions} partitions"
+            ),
             value,
             "msg/s",
         )
@@ -299,5 +301,7 @@ async fn varz(port: u16) -> anyhow::Result<Varz> {
 }
 
 fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }

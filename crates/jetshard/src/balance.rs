@@ -50,6 +50,17 @@ fn weight(member: &str, key: &str) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The processes that stand by for `partition` among `members` (node names), `standbys + 1`
+/// of them (or all, in a smaller fleet): whichever of them does not own it keeps a pull waiting
+/// on its consumer. Operators and tests use it to tell who stands by for what.
+pub fn partition_standbys<'a>(
+    partition: u32,
+    members: impl IntoIterator<Item = &'a str>,
+    standbys: usize,
+) -> Vec<&'a str> {
+    rendezvous(&format!("p{partition}"), members, standbys + 1)
+}
+
 /// The partitions `me` stands by for among the live `members` (which name `me`): those for
 /// which it is among the first `standbys + 1` by rendezvous hashing. Every partition has
 /// `standbys + 1` of them (or every member, in a fleet that small).
@@ -60,10 +71,7 @@ pub(crate) fn standing_by(
     standbys: usize,
 ) -> Vec<bool> {
     (0..partitions)
-        .map(|p| {
-            let key = format!("p{p}");
-            rendezvous(&key, members.iter().map(String::as_str), standbys + 1).contains(&me)
-        })
+        .map(|p| partition_standbys(p, members.iter().map(String::as_str), standbys).contains(&me))
         .collect()
 }
 
@@ -164,7 +172,12 @@ impl Membership {
     /// Whether this process, owning `owned` of `partitions`, pulls every partition: while it
     /// owns less than its fair share and another process more (a hand-off is coming), so that
     /// what is handed off lands on a process under its share whoever its standbys are.
-    pub(crate) fn pulls_every_partition(&mut self, owned: u32, partitions: u32, now: Instant) -> bool {
+    pub(crate) fn pulls_every_partition(
+        &mut self,
+        owned: u32,
+        partitions: u32,
+        now: Instant,
+    ) -> bool {
         self.forget_silent(now);
         let fair = partitions.div_ceil(self.peers.len() as u32 + 1);
         owned < fair && self.peers.values().any(|peer| peer.owned > fair)

@@ -775,7 +775,10 @@ mod tests {
             let now = crash_watchers(watched, members.iter().map(String::as_str), 3);
             let kept: Vec<&String> = was.iter().filter(|w| **w != gone).collect();
             for w in kept {
-                assert!(now.contains(&w.as_str()), "{w} stays a watcher of {watched}");
+                assert!(
+                    now.contains(&w.as_str()),
+                    "{w} stays a watcher of {watched}"
+                );
             }
         }
         // Too few members for k: everyone watches everyone else.

@@ -125,6 +125,7 @@ mod topology;
 mod trace;
 pub mod wire;
 
+pub use balance::partition_standbys;
 pub use codec::Codec;
 pub use command::{CommandOutcome, CommandSender, MAX_KEY_LEN};
 pub use config::{CommandRetention, ShardConfig, ShardConfigBuilder};

@@ -1,0 +1,214 @@
+//! Scale out (issue 21): each owning process is watched by a few others and each partition is
+//! pulled by a few processes, chosen by rendezvous hashing over the membership; a crash still
+//! moves in well under the pin TTL in a fleet of 16, and what the bounded sets miss (the watchers
+//! or the standbys die with the owner) is still taken, later.
+
+use std::time::Duration;
+
+use jetshard_testkit::wait_until;
+use jetshard_tests::node::{Node, now_ms};
+use jetshard_tests::{Scenario, id_in, init_tracing};
+
+/// Starts one node process per id, each with `env`.
+async fn fleet(s: &Scenario, ids: &[String], env: &[(&str, &str)]) -> Vec<Node> {
+    let mut nodes = Vec::with_capacity(ids.len());
+    for id in ids {
+        nodes.push(s.node_with(id, env).await);
+    }
+    nodes
+}
+
+/// One entity per partition, and a command to each: every partition has work.
+async fn work_everywhere(s: &mut Scenario, partitions: u32, round: u64) -> Vec<String> {
+    let entities: Vec<String> = (0..partitions)
+        .map(|p| id_in("scale-", p, partitions))
+        .collect();
+    s.append_to_all(&entities, round).await;
+    entities
+}
+
+/// Waits until the live nodes own every partition, each as many as the others give or take
+/// one: balancing ran, so every process has heard every other's heartbeat and the watches and
+/// standbys are the bounded ones.
+async fn wait_even(nodes: &[&Node], partitions: u32) {
+    wait_until(
+        Duration::from_secs(90),
+        "every partition owned, spread evenly",
+        || async {
+            let owned: Vec<usize> = nodes.iter().map(|n| n.owned().len()).collect();
+            let most = owned.iter().max().copied().unwrap_or(0);
+            let fewest = owned.iter().min().copied().unwrap_or(0);
+            owned.iter().sum::<usize>() == partitions as usize && most - fewest <= 1
+        },
+    )
+    .await
+    .unwrap();
+}
+
+fn owner_of<'a>(nodes: &'a [Node], partition: u32) -> &'a Node {
+    nodes
+        .iter()
+        .find(|n| n.owned().contains(&partition))
+        .expect("an owner")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_among_16_processes_moves_in_well_under_the_pin_ttl() {
+    init_tracing();
+    let partitions = 16;
+    let mut s = Scenario::single(partitions)
+        .await
+        .pin_ttl(Duration::from_secs(3));
+    let ids: Vec<String> = (0..16).map(|i| format!("n{i:02}")).collect();
+    let mut nodes = fleet(&s, &ids, &[]).await;
+    let entities = work_everywhere(&mut s, partitions, 0).await;
+    wait_even(&nodes.iter().collect::<Vec<_>>(), partitions).await;
+
+    let victim = owner_of(&nodes, 0).id.clone();
+    let lost = owner_of(&nodes, 0).owned();
+    let index = nodes.iter().position(|n| n.id == victim).expect("victim");
+    nodes[index].kill().await;
+    let killed_at = now_ms();
+    s.append_to_all(&entities, 1).await;
+    let survivors: Vec<&Node> = nodes.iter().filter(|n| n.id != victim).collect();
+    for &partition in &lost {
+        wait_until(
+            Duration::from_secs(10),
+            "a survivor to take the dead owner's partition",
+            || async {
+                survivors
+                    .iter()
+                    .any(|n| n.acquired_after(partition, killed_at).is_some())
+            },
+        )
+        .await
+        .unwrap();
+        let taken = survivors
+            .iter()
+            .filter_map(|n| n.acquired_after(partition, killed_at))
+            .map(|l| l.at_ms)
+            .min()
+            .expect("taken");
+        let takeover_ms = taken - killed_at;
+        eprintln!(
+            "partition {partition}: taken {takeover_ms} ms after SIGKILL (pin TTL 3 s, 16 processes, 3 watchers)"
+        );
+        assert!(takeover_ms < 1000, "takeover took {takeover_ms} ms");
+    }
+    s.check().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_whose_watchers_die_with_it_is_still_replaced() {
+    init_tracing();
+    let partitions = 4;
+    let pin_ttl = Duration::from_secs(2);
+    let mut s = Scenario::single(partitions).await.pin_ttl(pin_ttl);
+    let ids: Vec<String> = ["a", "b", "c", "d"].map(str::to_owned).to_vec();
+    // One watcher per owner, so that it can die with the owner.
+    let mut nodes = fleet(&s, &ids, &[("JETSHARD_CRASH_WATCHERS", "1")]).await;
+    let entities = work_everywhere(&mut s, partitions, 0).await;
+    wait_even(&nodes.iter().collect::<Vec<_>>(), partitions).await;
+
+    let owner = owner_of(&nodes, 0).id.clone();
+    let watchers = jetshard::crash_watchers(&owner, ids.iter().map(String::as_str), 1);
+    assert_eq!(watchers.len(), 1);
+    let doomed = [owner.clone(), watchers[0].to_owned()];
+    let lost: Vec<u32> = nodes
+        .iter()
+        .filter(|n| doomed.contains(&n.id))
+        .flat_map(Node::owned)
+        .collect();
+    for node in nodes.iter_mut().filter(|n| doomed.contains(&n.id)) {
+        node.kill().await;
+    }
+    let killed_at = now_ms();
+    s.append_to_all(&entities, 1).await;
+    let survivors: Vec<&Node> = nodes.iter().filter(|n| !doomed.contains(&n.id)).collect();
+    for &partition in &lost {
+        wait_until(
+            Duration::from_secs(20),
+            "a survivor to take a partition of the owner and its watcher",
+            || async {
+                survivors
+                    .iter()
+                    .any(|n| n.acquired_after(partition, killed_at).is_some())
+            },
+        )
+        .await
+        .unwrap();
+        let taken = survivors
+            .iter()
+            .filter_map(|n| n.acquired_after(partition, killed_at))
+            .map(|l| l.at_ms)
+            .min()
+            .expect("taken");
+        eprintln!(
+            "partition {partition}: taken {} ms after {doomed:?} were killed (pin TTL 2 s)",
+            taken - killed_at
+        );
+    }
+    s.check().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_whose_owner_and_standbys_all_die_is_still_taken() {
+    init_tracing();
+    let partitions = 5;
+    let pin_ttl = Duration::from_secs(2);
+    let mut s = Scenario::single(partitions).await.pin_ttl(pin_ttl);
+    let ids: Vec<String> = ["a", "b", "c", "d", "e"].map(str::to_owned).to_vec();
+    // Two processes stand by for each partition.
+    let mut nodes = fleet(&s, &ids, &[("JETSHARD_STANDBYS", "1")]).await;
+    let entities = work_everywhere(&mut s, partitions, 0).await;
+    wait_even(&nodes.iter().collect::<Vec<_>>(), partitions).await;
+
+    let owner = owner_of(&nodes, 0).id.clone();
+    let mut doomed: Vec<String> =
+        jetshard::partition_standbys(0, ids.iter().map(String::as_str), 1)
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+    if !doomed.contains(&owner) {
+        doomed.push(owner.clone());
+    }
+    assert!(doomed.len() <= 3, "two survivors at least: {doomed:?}");
+    for node in nodes.iter_mut().filter(|n| doomed.contains(&n.id)) {
+        node.kill().await;
+    }
+    let killed_at = now_ms();
+    s.append_to_all(&entities, 1).await;
+    let survivors: Vec<&Node> = nodes.iter().filter(|n| !doomed.contains(&n.id)).collect();
+    wait_until(
+        Duration::from_secs(30),
+        "a survivor, none of them a standby of partition 0, to take it",
+        || async {
+            survivors
+                .iter()
+                .any(|n| n.acquired_after(0, killed_at).is_some())
+        },
+    )
+    .await
+    .unwrap();
+    let taken = survivors
+        .iter()
+        .filter_map(|n| n.acquired_after(0, killed_at))
+        .map(|l| l.at_ms)
+        .min()
+        .expect("taken");
+    eprintln!(
+        "partition 0: taken {} ms after its owner and standbys {doomed:?} were killed (pin TTL 2 s)",
+        taken - killed_at
+    );
+    // Every partition is served again, by the survivors alone.
+    wait_until(
+        Duration::from_secs(30),
+        "the survivors to own every partition",
+        || async {
+            survivors.iter().map(|n| n.owned().len()).sum::<usize>() == partitions as usize
+        },
+    )
+    .await
+    .unwrap();
+    s.check().await;
+}
