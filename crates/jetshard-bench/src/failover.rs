@@ -44,7 +44,7 @@ use crate::probe::unix_ms;
 use crate::report::{Report, Row};
 use crate::stats::{Summary, now_ns};
 
-const ENTITY_TYPE: &str = "fail";
+pub(crate) const ENTITY_TYPE: &str = "fail";
 /// Partitions of the failover system.
 pub const PARTITIONS: u32 = 8;
 /// Commands/s offered throughout.
@@ -182,7 +182,7 @@ async fn write_history(client: async_nats::Client, ttl_ms: u64) -> anyhow::Resul
 }
 
 /// Per partition, when each generation's first event was seen.
-type FirstSeen = Arc<Mutex<HashMap<u32, HashMap<u64, Instant>>>>;
+pub(crate) type FirstSeen = Arc<Mutex<HashMap<u32, HashMap<u64, Instant>>>>;
 
 /// Runs `count` trials of one fault at one pin TTL on a fresh server.
 async fn trials(ttl_ms: u64, fault: Fault, count: usize) -> anyhow::Result<Vec<Sample>> {
@@ -279,7 +279,7 @@ async fn trials(ttl_ms: u64, fault: Fault, count: usize) -> anyhow::Result<Vec<S
 }
 
 /// Each partition consumer's last delivered command-stream sequence.
-async fn delivered(js: &async_nats::jetstream::Context) -> anyhow::Result<Vec<u64>> {
+pub(crate) async fn delivered(js: &async_nats::jetstream::Context) -> anyhow::Result<Vec<u64>> {
     let names = jetshard::wire::Names::new(ENTITY_TYPE);
     let stream = js
         .get_stream_no_info(names.command_stream())
@@ -297,7 +297,7 @@ async fn delivered(js: &async_nats::jetstream::Context) -> anyhow::Result<Vec<u6
 }
 
 /// Waits (bounded) until each partition consumer's ack floor is at or past `delivered`.
-async fn wait_recovered_acknowledged(
+pub(crate) async fn wait_recovered_acknowledged(
     js: &async_nats::jetstream::Context,
     delivered: &[u64],
 ) -> anyhow::Result<()> {
@@ -328,7 +328,7 @@ async fn wait_recovered_acknowledged(
 
 /// Subscribes to every event of the journal and records when each partition's generations
 /// first wrote.
-async fn watch_generations(
+pub(crate) async fn watch_generations(
     client: async_nats::Client,
     seen: FirstSeen,
 ) -> anyhow::Result<JoinHandle<()>> {
@@ -362,7 +362,7 @@ async fn watch_generations(
 }
 
 /// The newest generation seen per partition.
-fn latest_generations(seen: &FirstSeen) -> HashMap<u32, u64> {
+pub(crate) fn latest_generations(seen: &FirstSeen) -> HashMap<u32, u64> {
     seen.lock()
         .unwrap_or_else(PoisonError::into_inner)
         .iter()
@@ -371,7 +371,7 @@ fn latest_generations(seen: &FirstSeen) -> HashMap<u32, u64> {
 }
 
 /// Per partition with a generation newer than in `before`, when its first event was seen.
-fn taken_over(seen: &FirstSeen, before: &HashMap<u32, u64>) -> HashMap<u32, Instant> {
+pub(crate) fn taken_over(seen: &FirstSeen, before: &HashMap<u32, u64>) -> HashMap<u32, Instant> {
     seen.lock()
         .unwrap_or_else(PoisonError::into_inner)
         .iter()
@@ -387,7 +387,7 @@ fn taken_over(seen: &FirstSeen, before: &HashMap<u32, u64>) -> HashMap<u32, Inst
 }
 
 /// Publishes `OFFERED_RATE` commands/s round-robin over `ENTITIES` entities until aborted.
-fn offer_load(client: async_nats::Client) -> JoinHandle<()> {
+pub(crate) fn offer_load(client: async_nats::Client) -> JoinHandle<()> {
     tokio::spawn(async move {
         let publisher = CommandPublisher::new(client, ENTITY_TYPE, ENTITIES);
         let mut tick = tokio::time::interval(Duration::from_nanos(1_000_000_000 / OFFERED_RATE));

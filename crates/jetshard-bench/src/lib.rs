@@ -167,7 +167,7 @@ pub struct Options {
     pub scaling_processes: Vec<usize>,
     /// Process counts of the scale scenario (shard systems in this process, each on its own
     /// connection).
-    #[arg(long, value_delimiter = ',', default_value = "4,16")]
+    #[arg(long, value_delimiter = ',', default_value = "4,16,64")]
     pub scale_nodes: Vec<usize>,
     /// Partition counts of the scale scenario.
     #[arg(long, value_delimiter = ',', default_value = "64,256")]
@@ -175,6 +175,12 @@ pub struct Options {
     /// Seconds of idle measured per fleet in the scale scenario.
     #[arg(long, default_value_t = 10)]
     pub scale_idle_secs: u64,
+    /// Node processes of the scale scenario's SIGKILL failover (0: none).
+    #[arg(long, default_value_t = 16)]
+    pub scale_failover_nodes: usize,
+    /// SIGKILL trials of the scale scenario's failover (each kills the owner of some partitions).
+    #[arg(long, default_value_t = 5)]
+    pub scale_failover_trials: usize,
     /// The big sizes of the issue: rebuild 1M events over 100k entities, memory at 1M
     /// entities (overrides those settings; takes far longer than 10 minutes).
     #[arg(long)]
