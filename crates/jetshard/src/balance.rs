@@ -169,9 +169,12 @@ impl Membership {
         owned.saturating_sub(fair).min(lacking)
     }
 
-    /// Whether this process, owning `owned` of `partitions`, pulls every partition: while it
-    /// owns less than its fair share and another process more (a hand-off is coming), so that
-    /// what is handed off lands on a process under its share whoever its standbys are.
+    /// Whether this process, owning `owned` of `partitions`, pulls every partition, not only
+    /// those it stands by for: while it owns less than its fair share and another process more
+    /// (a hand-off is coming: it lands on a process under its share, whoever the partition's
+    /// standbys are), and while another owns two more (that one holds back its standbys: see
+    /// [`holds_back`](Self::holds_back); so a partition whose standbys all hold back is still
+    /// pulled, by the process that owns fewest).
     pub(crate) fn pulls_every_partition(
         &mut self,
         owned: u32,
@@ -180,7 +183,13 @@ impl Membership {
     ) -> bool {
         self.forget_silent(now);
         let fair = partitions.div_ceil(self.peers.len() as u32 + 1);
-        owned < fair && self.peers.values().any(|peer| peer.owned > fair)
+        let most = self
+            .peers
+            .values()
+            .map(|peer| peer.owned)
+            .max()
+            .unwrap_or(0);
+        owned.saturating_add(2) <= most || (owned < fair && most > fair)
     }
 
     /// Whether this process, owning `owned`, holds back its standbys: while a process heard
@@ -349,6 +358,19 @@ mod tests {
         m.heard(beat("b", 6), now);
         m.heard(beat("c", 2), now);
         assert!(m.pulls_every_partition(0, 8, now), "b hands off");
-        assert!(!m.pulls_every_partition(3, 8, now), "a at its share");
+        assert!(
+            m.pulls_every_partition(3, 8, now),
+            "b, two over a, holds back"
+        );
+        m.heard(beat("b", 4), now);
+        assert!(
+            !m.pulls_every_partition(3, 9, now),
+            "a at its share, b one over"
+        );
+        // 3-3-1 with a partition nobody owns: b and c hold back; a, fewest, pulls it.
+        m.heard(beat("b", 3), now);
+        m.heard(beat("c", 3), now);
+        assert!(!m.holds_back(1, now), "the fewest never holds back");
+        assert!(m.pulls_every_partition(1, 8, now));
     }
 }
