@@ -257,3 +257,29 @@ async fn members_coming_and_going_under_load_keep_every_promise() {
     wait_even(&nodes.iter().collect::<Vec<_>>(), partitions).await;
     s.check().await;
 }
+
+/// nats-server 2.15 limits a stream to 1,000 consumers by default; a partition is a consumer,
+/// and jetshard takes up to 4,096 of them: the command stream says how many it needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_partitions_than_the_server_s_default_consumer_limit_start_and_serve() {
+    init_tracing();
+    let partitions = 1100;
+    let mut s = Scenario::single(partitions).await;
+    let system = s.system("big").await;
+    let entity = id_in("big-", partitions - 1, partitions);
+    s.send(&entity, jetshard_tests::model::Op::Append(0)).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the last partition owned",
+        || async {
+            system.status().await.is_ok_and(|st| {
+                st.iter()
+                    .any(|p| p.partition == partitions - 1 && p.generation.is_some())
+            })
+        },
+    )
+    .await
+    .unwrap();
+    s.check().await;
+    system.shutdown().await.expect("shut down");
+}

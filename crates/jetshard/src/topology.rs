@@ -76,6 +76,9 @@ fn command_stream_config(names: &Names, config: &ShardConfig) -> stream::Config 
         storage: StorageType::File,
         num_replicas: config.replicas,
         allow_direct: true,
+        // nats-server 2.15 limits a stream to 1,000 consumers unless it says otherwise (and
+        // takes no value <= 0 for "unlimited"): one per partition, and room for the readers.
+        max_consumers: config.partitions as i32 + 1000,
         ..Default::default()
     }
 }
