@@ -10,8 +10,6 @@
 
 #![deny(missing_docs)]
 
-use std::fmt;
-
 use stateright::{Model, Property};
 
 /// Deliberate bugs, each the removal of one safeguard of the protocol. The tests show that each
@@ -480,10 +478,10 @@ impl Model for Ownership {
                 }
                 Some((q, id)) => {
                     let holder = &s.processes[q as usize];
-                    if s.pulling(q) {
-                        if let Some(c) = part.deliverable((q, id)).next() {
-                            actions.push(Action::Deliver(p, c));
-                        }
+                    if s.pulling(q)
+                        && let Some(c) = part.deliverable((q, id)).next()
+                    {
+                        actions.push(Action::Deliver(p, c));
                     }
                     let pulls = s.pulling(q) && {
                         let phase = holder.owners[pi].phase;
@@ -510,10 +508,10 @@ impl Model for Ownership {
                 if self.owner_step(s, q, p).is_some() {
                     actions.push(Action::Owner(q, p));
                 }
-                if let Phase::Owning { pin, .. } = owner.phase {
-                    if part.pin != Some((q, pin)) {
-                        actions.push(Action::PinLost(q, p));
-                    }
+                if let Phase::Owning { pin, .. } = owner.phase
+                    && part.pin != Some((q, pin))
+                {
+                    actions.push(Action::PinLost(q, p));
                 }
                 if s.hand_offs > 0 && matches!(owner.phase, Phase::Owning { .. }) {
                     actions.push(Action::HandOff(q, p));
@@ -654,10 +652,10 @@ impl Model for Ownership {
         // one step of its own in the library, none here: nothing can tell them apart).
         for proc in &mut s.processes {
             for (owner, part) in proc.owners.iter_mut().zip(&s.partitions) {
-                if let Phase::Refused { pin } = owner.phase {
-                    if part.pin.is_none_or(|(_, id)| id != pin) {
-                        owner.phase = Phase::Standby;
-                    }
+                if let Phase::Refused { pin } = owner.phase
+                    && part.pin.is_none_or(|(_, id)| id != pin)
+                {
+                    owner.phase = Phase::Standby;
                 }
             }
         }
@@ -993,10 +991,10 @@ impl Ownership {
                 };
             }
             OwnerStep::Unpin => {
-                if let Phase::Releasing { pin, .. } = owner.phase {
-                    if part.pin == Some((q, pin)) {
-                        part.pin = None;
-                    }
+                if let Phase::Releasing { pin, .. } = owner.phase
+                    && part.pin == Some((q, pin))
+                {
+                    part.pin = None;
                 }
                 owner.phase = Phase::CoolingDown;
                 owner.writing = false;
@@ -1010,10 +1008,8 @@ impl Ownership {
         let watch = &s.processes[q as usize].watches[p as usize];
         match watch.found {
             Some((seq, false)) => Some(WatchStep::StoreRecord(seq)),
-            Some((seq, true)) => {
-                // It re-reads the latest record and the consumer's pin before it unpins.
-                Some(WatchStep::Unpin(seq))
-            }
+            // Like the library, it does not look again between its check and its unpin.
+            Some((seq, true)) => Some(WatchStep::Unpin(seq)),
             None => {
                 let seq = part.latest();
                 let record = part.fence.last()?;
@@ -1025,11 +1021,5 @@ impl Ownership {
                 .then_some(WatchStep::Found(seq))
             }
         }
-    }
-}
-
-impl fmt::Display for Bugs {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{self:?}")
     }
 }
