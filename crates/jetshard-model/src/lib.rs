@@ -39,6 +39,9 @@ pub struct Config {
     pub commands: u8,
     /// A command (partition, index) that fails every time it runs, to be given up.
     pub failing: Option<(u8, u8)>,
+    /// A command (partition, index) that kills the process that runs it (it is given up once
+    /// claims have counted it in hand at `max_deliver` deaths, in isolation: `fence::Trial`).
+    pub poison: Option<(u8, u8)>,
     /// Deliveries (takeovers included) after which a failing command is given up.
     pub max_deliver: u8,
     /// Process crashes (SIGKILL: the process is gone for good).
@@ -58,6 +61,7 @@ impl Default for Config {
             partitions: 1,
             commands: 2,
             failing: None,
+            poison: None,
             max_deliver: 2,
             crashes: 1,
             stalls: 1,
@@ -81,6 +85,9 @@ pub enum Phase {
         pin: u8,
         /// The latest fence record's sequence, once read.
         read: Option<u8>,
+        /// The command whose delivery pinned it, if that was its first delivery (`first_new`
+        /// in `acquire::claim`): from it on, nothing was in hand at an earlier owner.
+        first_new: Option<u8>,
     },
     /// Owns the partition under generation `generation`, whose fence record is at `seq`.
     Owning {
@@ -125,7 +132,11 @@ impl Phase {
     pub fn all() -> [Phase; 6] {
         [
             Phase::Standby,
-            Phase::Acquiring { pin: 0, read: None },
+            Phase::Acquiring {
+                pin: 0,
+                read: None,
+                first_new: None,
+            },
             Phase::Owning {
                 generation: 0,
                 seq: 0,
@@ -221,6 +232,10 @@ pub struct FenceRecord {
     pub pin: u8,
     /// Per command, how many claims in a row found it in hand after the previous owner died.
     pub held: Vec<u8>,
+    /// The trial (`fence::Trial`): the first command in hand, and how many owners in a row
+    /// died with it first in hand (set once a command was in hand at `min(max_deliver, 2)`
+    /// claims after deaths).
+    pub trial: Option<(u8, u8)>,
 }
 
 /// A journal record: a command's events, or its dead letter.
@@ -549,11 +564,15 @@ impl Model for Ownership {
                 part.pin = Some((q, id));
                 let c = part.deliverable((q, id)).next()?;
                 deliver(part, c, (q, id));
+                let first_new = (part.commands[c as usize].delivered == 1).then_some(c);
                 // The delivery under a new pin starts an acquisition, which reads the latest
                 // fence record first (one step: nothing else can tell them apart).
                 let read = Some(part.latest());
-                s.processes[q as usize].owners[p as usize].phase =
-                    Phase::Acquiring { pin: id, read };
+                s.processes[q as usize].owners[p as usize].phase = Phase::Acquiring {
+                    pin: id,
+                    read,
+                    first_new,
+                };
             }
             Action::Deliver(p, c) => {
                 let part = &mut s.partitions[p as usize];
@@ -712,6 +731,14 @@ impl Model for Ownership {
                     })
                 },
             ),
+            Property::always(NO_INNOCENT_COMMAND_GIVEN_UP, |m: &Ownership, s: &State| {
+                s.partitions.iter().enumerate().all(|(p, part)| {
+                    part.journal.iter().filter(|r| r.dead_letter).all(|r| {
+                        let which = Some((p as u8, r.command));
+                        m.config.failing == which || m.config.poison == which
+                    })
+                })
+            }),
             Property::always(ONE_WATCH_UNPIN_PER_CLAIM, |_, s: &State| {
                 s.partitions
                     .iter()
@@ -751,6 +778,8 @@ pub const NO_COMMAND_APPLIED_TWICE: &str = "no command applied twice";
 /// for one applied).
 pub const GIVEN_UP_ONLY_AFTER_MAX_DELIVER: &str =
     "a command is given up only after max_deliver deliveries";
+/// Property: only a command that fails or kills its owners is given up.
+pub const NO_INNOCENT_COMMAND_GIVEN_UP: &str = "no innocent command given up";
 /// Property: each claim is unpinned by a crash watch at most once.
 pub const ONE_WATCH_UNPIN_PER_CLAIM: &str = "at most one crash-watch unpin per claim";
 /// Property (liveness): every behaviour ends with every command acknowledged or given up, so
@@ -863,15 +892,17 @@ impl Ownership {
         let bugs = self.config.bugs;
         let max_deliver = self.config.max_deliver;
         let failing = self.config.failing;
+        let poison = self.config.poison;
         let alive: Vec<bool> = s.processes.iter().map(|p| p.alive).collect();
         let part = &mut s.partitions[p as usize];
         let owner = &mut s.processes[q as usize].owners[p as usize];
         match step {
             OwnerStep::ReadFence => {
-                if let Phase::Acquiring { pin, .. } = owner.phase {
+                if let Phase::Acquiring { pin, first_new, .. } = owner.phase {
                     owner.phase = Phase::Acquiring {
                         pin,
                         read: Some(part.latest()),
+                        first_new,
                     };
                 }
             }
@@ -879,13 +910,18 @@ impl Ownership {
                 let Phase::Acquiring {
                     pin,
                     read: Some(read),
+                    first_new,
                 } = owner.phase
                 else {
                     return;
                 };
                 if read != part.latest() && !bugs.claim_without_cas {
                     // Wrong last sequence: read again and retry.
-                    owner.phase = Phase::Acquiring { pin, read: None };
+                    owner.phase = Phase::Acquiring {
+                        pin,
+                        read: None,
+                        first_new,
+                    };
                     return;
                 }
                 let previous = read.checked_sub(1).map(|i| &part.fence[i as usize]);
@@ -893,22 +929,49 @@ impl Ownership {
                 // The claim counts the commands in hand once more if their owner died (the
                 // probe's "no responders"; a stalled process answers nothing: not dead).
                 let died = previous.is_some_and(|r| !alive[r.process as usize]);
-                let held = part
+                // Counted: the consumer's in-hand window, up to the delivery that pinned this
+                // owner if that was a first one (`acquire::claim`'s `counted`).
+                let commands = &part.commands;
+                let counted = |i: usize| {
+                    matches!(commands[i].delivery, Delivery::InHand { .. })
+                        && first_new.is_none_or(|f| i < f as usize)
+                };
+                let held: Vec<u8> = part
                     .commands
                     .iter()
                     .enumerate()
-                    .map(|(i, c)| match c.delivery {
-                        Delivery::InHand { .. } => {
+                    .map(|(i, _)| {
+                        if counted(i) {
                             previous.map_or(0, |r| r.held[i]) + u8::from(died)
+                        } else {
+                            0
                         }
-                        _ => 0,
                     })
                     .collect();
+                // `fence::trial`: the head of what earlier owners held, once a command was
+                // counted at `isolate_at` claims; its runs count the isolated owners that died
+                // with it first in hand.
+                let isolate_at = max_deliver.min(2).max(1);
+                let head = (0..part.commands.len()).find(|&i| counted(i));
+                let trial = head.and_then(|head| {
+                    let suspect = held.iter().any(|&h| h >= isolate_at);
+                    if !suspect || held[head] == 0 {
+                        return None;
+                    }
+                    let more = u8::from(died);
+                    let runs = match previous.and_then(|r| r.trial) {
+                        Some((c, runs)) if c as usize == head => runs + more,
+                        Some(_) => more,
+                        None => 0,
+                    };
+                    Some((head as u8, runs))
+                });
                 part.fence.push(FenceRecord {
                     generation,
                     process: q,
                     pin,
                     held,
+                    trial,
                 });
                 part.watch_unpins.push(0);
                 let seq = part.latest();
@@ -955,8 +1018,19 @@ impl Ownership {
                 let deliveries = self.deliveries(part, c, q, pin);
                 let mine =
                     part.commands[c as usize].delivery == Delivery::InHand { process: q, pin };
-                let is_failing = failing == Some((p, c));
-                if is_failing && deliveries < max_deliver {
+                // `settle::suspect`: the trial's command, after an isolated owner died running
+                // it, past max_deliver: given up before it runs.
+                let suspect = part.fence[seq as usize - 1]
+                    .trial
+                    .is_some_and(|(t, runs)| t == c && runs >= 1 && deliveries > max_deliver);
+                if !suspect && poison == Some((p, c)) {
+                    // It kills its process.
+                    let proc = &mut s.processes[q as usize];
+                    proc.alive = false;
+                    return;
+                }
+                let is_failing = failing == Some((p, c)) || suspect;
+                if is_failing && !suspect && deliveries < max_deliver {
                     // It failed: nak'ed, redelivered at once.
                     if mine {
                         deliver(part, c, (q, pin));
