@@ -951,7 +951,7 @@ impl Ownership {
                 // `fence::trial`: the head of what earlier owners held, once a command was
                 // counted at `isolate_at` claims; its runs count the isolated owners that died
                 // with it first in hand.
-                let isolate_at = max_deliver.min(2).max(1);
+                let isolate_at = max_deliver.clamp(1, 2);
                 let head = (0..part.commands.len()).find(|&i| counted(i));
                 let trial = head.and_then(|head| {
                     let suspect = held.iter().any(|&h| h >= isolate_at);
