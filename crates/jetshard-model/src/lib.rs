@@ -281,6 +281,9 @@ pub struct Partition {
     pub watch_unpins: Vec<u8>,
     /// Ghost: a write stored although a newer fence record existed.
     pub stale_write: bool,
+    /// Ghost: a crash watch's unpin took the pin from a process other than the dead owner it
+    /// found (the pin lapsed and moved between its check and its unpin).
+    pub unpinned_the_living: bool,
 }
 
 /// A process's owner of one partition.
@@ -464,6 +467,7 @@ impl Model for Ownership {
                     unpin_records: Vec::new(),
                     watch_unpins: vec![0],
                     stale_write: false,
+                    unpinned_the_living: false,
                 })
                 .collect(),
             crashes: c.crashes,
@@ -649,6 +653,8 @@ impl Model for Ownership {
                         }
                     }
                     WatchStep::Unpin(seq) => {
+                        let dead = part.fence[seq as usize - 1].process;
+                        part.unpinned_the_living |= part.pin.is_some_and(|(q, _)| q != dead);
                         part.pin = None;
                         part.watch_unpins[seq as usize] += 1;
                         watch.found = None;
@@ -757,6 +763,9 @@ impl Model for Ownership {
                     .iter()
                     .any(|part| part.watch_unpins.iter().any(|&n| n > 0))
             }),
+            Property::sometimes(WATCH_UNPINS_THE_LIVING, |_, s: &State| {
+                s.partitions.iter().any(|part| part.unpinned_the_living)
+            }),
             Property::sometimes("a write is fenced", |_, s: &State| {
                 s.processes
                     .iter()
@@ -780,6 +789,10 @@ pub const GIVEN_UP_ONLY_AFTER_MAX_DELIVER: &str =
     "a command is given up only after max_deliver deliveries";
 /// Property: only a command that fails or kills its owners is given up.
 pub const NO_INNOCENT_COMMAND_GIVEN_UP: &str = "no innocent command given up";
+/// Reachable (a known, harmless race): a crash watch checks that the consumer is pinned to the
+/// dead owner's pin, the pin lapses and goes to a standby, and the watch's unpin (which names no
+/// pin) takes it from that standby. It costs one more takeover; the fence keeps it safe.
+pub const WATCH_UNPINS_THE_LIVING: &str = "a crash watch unpins a process it did not find dead";
 /// Property: each claim is unpinned by a crash watch at most once.
 pub const ONE_WATCH_UNPIN_PER_CLAIM: &str = "at most one crash-watch unpin per claim";
 /// Property (liveness): every behaviour ends with every command acknowledged or given up, so

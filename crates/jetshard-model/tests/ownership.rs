@@ -124,6 +124,20 @@ fn three_processes_crash_and_stall() {
 }
 
 #[test]
+fn a_watch_can_unpin_a_standby_pinned_after_its_check_and_nothing_breaks() {
+    // The race the unpin record does not close (the server's unpin names no pin): every
+    // property still holds in the configurations above, which reach it; this one shows it.
+    let config = Config {
+        processes: 3,
+        commands: 1,
+        stalls: 0,
+        hand_offs: 0,
+        ..Config::default()
+    };
+    holds(config, &[CRASH_UNPIN, WATCH_UNPINS_THE_LIVING]);
+}
+
+#[test]
 fn two_partitions_crash() {
     let config = Config {
         partitions: 2,
