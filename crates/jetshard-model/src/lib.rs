@@ -850,7 +850,7 @@ impl Ownership {
             Phase::Releasing { pin, .. } => {
                 (!owner.writing || part.pin != Some((q, pin))).then_some(OwnerStep::Unpin)
             }
-            Phase::Owning { pin, .. } => {
+            Phase::Owning { pin, seq, .. } => {
                 // A refused write tells at once; a moved pin only at the next pull (`PinLost`):
                 // until then the owner runs what it has in hand.
                 if owner.fenced {
@@ -873,7 +873,7 @@ impl Ownership {
                     return mine.then_some(OwnerStep::Settle(head));
                 }
                 let failing = self.config.failing == Some((p, head));
-                let deliveries = self.deliveries(part, head, q, pin);
+                let deliveries = self.deliveries(part, head, (q, pin), seq);
                 // A failing command recovered from the stream (delivered to an earlier owner)
                 // waits for its redelivery here, to be counted and nak'ed, or given up.
                 if failing && !mine && deliveries < self.config.max_deliver {
@@ -887,13 +887,10 @@ impl Ownership {
     /// The delivery count the owner goes by: the server's count if the command was delivered to
     /// it, the claims that found it in hand (and this run) if it was recovered from the stream
     /// (`acquire::claim`: `claims_holding + 1`).
-    fn deliveries(&self, part: &Partition, c: u8, q: u8, pin: u8) -> u8 {
+    /// `seq`: the owner's own fence record, whose counts it took at its claim.
+    fn deliveries(&self, part: &Partition, c: u8, (q, pin): (u8, u8), seq: u8) -> u8 {
         let cmd = &part.commands[c as usize];
-        let claims = part
-            .fence
-            .last()
-            .map_or(0, |r| r.held[c as usize])
-            .saturating_add(1);
+        let claims = part.fence[seq as usize - 1].held[c as usize].saturating_add(1);
         if cmd.delivery == (Delivery::InHand { process: q, pin }) {
             cmd.delivered.max(claims)
         } else {
@@ -1028,7 +1025,7 @@ impl Ownership {
                 else {
                     return;
                 };
-                let deliveries = self.deliveries(part, c, q, pin);
+                let deliveries = self.deliveries(part, c, (q, pin), seq);
                 let mine =
                     part.commands[c as usize].delivery == Delivery::InHand { process: q, pin };
                 // `settle::suspect`: the trial's command, after an isolated owner died running
@@ -1108,5 +1105,69 @@ impl Ownership {
                 .then_some(WatchStep::Found(seq))
             }
         }
+    }
+}
+
+impl State {
+    /// The state with its processes renumbered in a canonical order (sorted by what they hold,
+    /// which names no process), every reference to a process renumbered alike: a state
+    /// symmetric to this one, for the checker's symmetry reduction (processes are
+    /// interchangeable; only their numbering tells them apart).
+    pub fn representative(&self) -> State {
+        let mut order: Vec<usize> = (0..self.processes.len()).collect();
+        order.sort_by(|&a, &b| {
+            self.processes[a]
+                .cmp_key()
+                .cmp(&self.processes[b].cmp_key())
+        });
+        // new[old] = the old process's new number.
+        let mut new = vec![0u8; order.len()];
+        for (n, &old) in order.iter().enumerate() {
+            new[old] = n as u8;
+        }
+        let map = |q: u8| new[q as usize];
+        let mut s = self.clone();
+        s.processes = order
+            .iter()
+            .map(|&old| self.processes[old].clone())
+            .collect();
+        for part in &mut s.partitions {
+            part.pin = part.pin.map(|(q, id)| (map(q), id));
+            for c in &mut part.commands {
+                if let Delivery::InHand { process, pin } = c.delivery {
+                    c.delivery = Delivery::InHand {
+                        process: map(process),
+                        pin,
+                    };
+                }
+            }
+            for r in &mut part.fence {
+                r.process = map(r.process);
+            }
+            for r in &mut part.journal {
+                r.process = map(r.process);
+            }
+            for w in &mut part.in_flight {
+                w.record.process = map(w.record.process);
+            }
+        }
+        s
+    }
+}
+
+impl Process {
+    fn cmp_key(&self) -> impl Ord + '_ {
+        (
+            self.alive,
+            self.stalled,
+            self.owners
+                .iter()
+                .map(|o| format!("{o:?}"))
+                .collect::<Vec<_>>(),
+            self.watches
+                .iter()
+                .map(|w| (w.found, w.done))
+                .collect::<Vec<_>>(),
+        )
     }
 }

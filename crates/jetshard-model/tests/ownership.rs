@@ -44,7 +44,20 @@ fn holds(config: Config, reached: &[&'static str]) {
 }
 
 fn holds_these(config: Config, properties: &[&'static str], reached: &[&'static str]) {
-    let checker = explore(config, None);
+    // Depth first with symmetry reduction (processes are interchangeable: `State::representative`).
+    let started = Instant::now();
+    let checker = Ownership::new(config)
+        .checker()
+        .threads(2)
+        .symmetry_fn(State::representative)
+        .spawn_dfs()
+        .join();
+    eprintln!(
+        "{config:?}: {} states, {} unique (up to symmetry), {:.1?}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        started.elapsed()
+    );
     assert!(checker.is_done());
     for &property in properties {
         if let Some(path) = checker.discovery(property) {
