@@ -1,7 +1,7 @@
 //! The model checked: the protocol as the library runs it holds every property in each bounded
-//! configuration below; each safeguard removed (`Bugs`) yields a counterexample. Every run
-//! explores the whole state space of its configuration (breadth first, so counterexamples are
-//! shortest) and prints its size.
+//! configuration below; each safeguard removed (`Bugs`) yields a counterexample. A model that
+//! must hold is explored in full (depth first, up to symmetry); a broken one breadth first until
+//! its first, shortest, counterexample. Each run prints its size and time.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
