@@ -155,7 +155,7 @@ impl ReplyBody {
         let unbase = |s: &str| {
             BASE64
                 .decode(s)
-                .map_err(|e| CodecError::Decode(format!("reply payload is not base64: {e}")))
+                .map_err(|e| CodecError::Decode(format!("the reply payload: not base64: {e}")))
         };
         Ok(
             match (self.outcome, self.event_payloads, self.rejection_payload) {
