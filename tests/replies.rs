@@ -199,3 +199,77 @@ async fn a_keyed_request_retried_gets_the_typed_outcome_and_only_a_resend_is_a_d
     );
     system.shutdown().await.unwrap();
 }
+
+/// What an owner that rejected a requested command and handed the entity over (a snapshot
+/// recording `rejected <reason>`) before acknowledging it leaves behind: the next owner gets the
+/// redelivery, finds it processed, and answers the client with the typed rejection, not a
+/// `Duplicate`. The journal is written here as that owner of generation 1 would have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_request_rejected_before_a_takeover_is_answered_with_its_rejection() {
+    use async_nats::HeaderMap;
+    use jetshard::FenceRecord;
+    use jetshard::wire::{
+        HDR_COMMAND_SEQ, HDR_EXPECTED_SUBJECT, HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION,
+        HDR_LAST_OUTCOME, HDR_ROLLUP, HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, Names,
+    };
+
+    init_tracing();
+    let s = Scenario::single(1).await;
+    s.provision().await;
+    let sender = s.sender.clone();
+    let request = tokio::spawn(async move {
+        sender
+            .request("x", &LedgerCmd::Append { n: 9 }, Duration::from_secs(20))
+            .await
+    });
+    let js = s.js.clone();
+    jetshard_testkit::wait_until(WITHIN, "the command is stored", || {
+        let js = js.clone();
+        async move {
+            let Ok(mut commands) = js.get_stream("LEDGER_CMD").await else {
+                return false;
+            };
+            commands.info().await.is_ok_and(|i| i.state.messages == 1)
+        }
+    })
+    .await
+    .unwrap();
+    let mut commands = s.js.get_stream("LEDGER_CMD").await.unwrap();
+    let command_seq = commands.info().await.unwrap().state.last_sequence;
+
+    let names = Names::new("ledger");
+    let mut headers = HeaderMap::new();
+    headers.insert(HDR_GENERATION, "1");
+    let fence = serde_json::to_vec(&FenceRecord::new(0, 1, "handed-over")).unwrap();
+    let fence_seq =
+        s.js.publish_with_headers(names.fence_subject(0), headers.clone(), fence.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+            .sequence;
+    headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+    headers.insert(HDR_SNAPSHOT_UPTO, "0");
+    headers.insert(HDR_STATE_VERSION, "1");
+    headers.insert(HDR_ROLLUP, "sub");
+    headers.insert(HDR_LAST_OUTCOME, "rejected expected 2, got 9");
+    headers.insert(HDR_EXPECTED_SUBJECT_SEQ, fence_seq.to_string());
+    headers.insert(HDR_EXPECTED_SUBJECT, names.fence_subject(0));
+    s.js.publish_with_headers(
+        names.snapshot_subject(0, &jetshard::EntityId::new("x").unwrap()),
+        headers,
+        "[0,1]".into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+
+    let system = s.system("n1").await;
+    let reply = request.await.unwrap().unwrap();
+    assert!(
+        matches!(&reply, Reply::Rejected { command_seq: seq, rejection } if *seq == command_seq && rejection == "expected 2, got 9"),
+        "{reply:?}"
+    );
+    system.shutdown().await.unwrap();
+}

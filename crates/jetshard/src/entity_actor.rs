@@ -648,6 +648,12 @@ async fn process<E: Entity>(
                 }
             }
         }
+        if wants_detail
+            && let (Some(LastOutcome::Rejected(reason)), Loaded::Yes(seed)) =
+                (&earlier, &state.seed)
+        {
+            *detail = rejection_again::<E>(seed, &payload, reason, state.context.codec, &state.id);
+        }
         return Verdict::Duplicate { earlier };
     }
     let give_up = match (&state.seed, give_up) {
@@ -981,6 +987,31 @@ async fn revive<E: Entity>(id: &EntityId, context: &EntityContext) -> Result<See
     match quarantine {
         Some(q) => Err(Revival::Quarantined(q)),
         None => Ok(seed),
+    }
+}
+
+/// The typed rejection of the entity's last command, known from a snapshot only by its text
+/// (`reason`): a rejection writes nothing, so the state after it is the state it was decided
+/// on, and deciding the command again (decide is a pure function of state and command) gives
+/// it again. `None` unless that decision is a rejection with the same text.
+fn rejection_again<E: Entity>(
+    seed: &Seed<E>,
+    payload: &[u8],
+    reason: &str,
+    codec: Codec,
+    id: &EntityId,
+) -> Option<Detail> {
+    let command = codec.decode::<E::Command>(payload).ok()?;
+    let mut effects = Effects::for_entity(codec, id.clone());
+    let decided = catch_unwind(AssertUnwindSafe(|| {
+        E::decide_with_effects(&seed.state, command, &mut effects)
+    }))
+    .ok()?;
+    match decided {
+        Err(rejection) if rejection.to_string() == reason => {
+            codec.encode(&rejection).ok().map(Detail::Rejection)
+        }
+        _ => None,
     }
 }
 
