@@ -61,8 +61,19 @@
 //!     }
 //! }
 //!
+//! // `main` prints an error with Display (its words), not Debug (the struct).
 //! #[tokio::main]
-//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! async fn main() -> std::process::ExitCode {
+//!     match run().await {
+//!         Ok(()) => std::process::ExitCode::SUCCESS,
+//!         Err(e) => {
+//!             eprintln!("error: {e}");
+//!             std::process::ExitCode::FAILURE
+//!         }
+//!     }
+//! }
+//!
+//! async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //!     // The re-exported client: the very version jetshard is built against.
 //!     let client = jetshard::async_nats::connect("nats://127.0.0.1:4222").await?;
 //!     let config = ShardConfig::builder("account").partitions(16).build()?;
