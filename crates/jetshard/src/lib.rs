@@ -156,3 +156,9 @@ pub use trace::{SpanId, TraceId, TraceParent};
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctest;
+
+/// The guide's snippets (docs/guide.md) that run jetshard, compiled as doctests so that they
+/// stay true (the others are marked as excerpts of examples/order-processor, built by CI).
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/guide.md")]
+struct GuideDoctest;
