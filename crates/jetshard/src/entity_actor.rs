@@ -520,6 +520,7 @@ async fn answer_query<E: Entity>(state: &mut EntityState<E>, query: Query) {
                 &context.client,
                 query,
                 "the entity is restarting: ask again".to_owned(),
+                true,
             )
             .await;
         }
@@ -528,14 +529,14 @@ async fn answer_query<E: Entity>(state: &mut EntityState<E>, query: Query) {
                 Ok(seed) => Loaded::Yes(seed),
                 Err(Revival::Quarantined(q)) => Loaded::Quarantined(q),
                 Err(Revival::Unreadable(reason)) => {
-                    return query::refuse(&context.client, query, reason).await;
+                    return query::refuse(&context.client, query, reason, true).await;
                 }
             };
         }
         let seed = match &state.seed {
             Loaded::Yes(seed) => seed,
             Loaded::Quarantined(q) => {
-                return query::refuse(&context.client, query, q.dead_letter_reason()).await;
+                return query::refuse(&context.client, query, q.dead_letter_reason(), false).await;
             }
             Loaded::No => return,
         };

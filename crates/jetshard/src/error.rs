@@ -152,6 +152,17 @@ pub enum Error {
         /// How long the reader waited.
         waited: std::time::Duration,
     },
+    /// The entity's partition was changing hands for as long as the reader waited: the process
+    /// that handed it over said so, and no new owner answered yet. Ask again.
+    #[error(
+        "the partition of {entity} is changing hands (no new owner answered within {waited:?}): ask again"
+    )]
+    Moving {
+        /// The entity.
+        entity: String,
+        /// How long the reader waited.
+        waited: std::time::Duration,
+    },
     /// The owner of the entity could not answer a state query.
     #[error("the query of {entity} was refused: {reason}")]
     QueryRefused {
