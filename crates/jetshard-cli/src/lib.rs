@@ -9,6 +9,7 @@
 //! jetshard unpin order 3
 //! jetshard dead-letters order
 //! jetshard dead-letters replay order 1234
+//! jetshard dead-letters replay order --all          # or --from SEQ / --to SEQ
 //! jetshard dead-letters purge order --partition 3 --upto 1234
 //! ```
 //!
