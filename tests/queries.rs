@@ -117,3 +117,61 @@ async fn queries_during_a_hand_off_never_see_a_stale_state() {
     );
     second.shutdown().await.unwrap();
 }
+
+/// Queries sent without pause while the owner hands the partition over (a graceful stop) are
+/// each answered (by the old owner while it still owns the partition, by the new one once it
+/// has the entity) or told the partition is moving: none ends unanswered (`NoAnswer`), though
+/// some reach the partition while nobody owns it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_during_a_hand_off_is_answered_or_told_the_partition_is_moving() {
+    init_tracing();
+    let s = Scenario::single(1).await;
+    let first = s.system("n1").await;
+    let sender = s.sender.clone();
+    sender
+        .request("h", &LedgerCmd::Append { n: 0 }, WITHIN)
+        .await
+        .unwrap();
+    let before = sender.get("h", WITHIN).await.unwrap().generation;
+    let second = s.system("n2").await;
+
+    let stop = tokio::sync::watch::channel(false);
+    let (stopped, mut stopping) = stop;
+    let querying = tokio::spawn(async move {
+        let (mut answered, mut moving, mut generations) = (0u32, 0u32, Vec::new());
+        // Bounded: the test ends it once the hand-off is over, or the deadline does.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !*stopping.borrow_and_update() && tokio::time::Instant::now() < deadline {
+            match sender.get("h", Duration::from_secs(10)).await {
+                Ok(snapshot) => {
+                    assert_eq!(snapshot.state, vec![0]);
+                    generations.push(snapshot.generation);
+                    answered += 1;
+                }
+                Err(Error::Moving { .. }) => moving += 1,
+                Err(e) => panic!("a query during the hand-off: {e}"),
+            }
+        }
+        (answered, moving, generations)
+    });
+    first.shutdown().await.unwrap();
+    // Until the new owner has answered a query of its own.
+    let probe = s.sender.clone();
+    jetshard_testkit::wait_until(WITHIN, "the new owner answers", || async {
+        probe
+            .get("h", Duration::from_secs(1))
+            .await
+            .is_ok_and(|snapshot| snapshot.generation > before)
+    })
+    .await
+    .unwrap();
+    stopped.send(true).unwrap();
+    let (answered, moving, generations) = querying.await.unwrap();
+    eprintln!(
+        "{answered} answered, {moving} told moving, generations from {:?} to {:?}",
+        generations.first(),
+        generations.last()
+    );
+    assert!(answered > 0);
+    second.shutdown().await.unwrap();
+}

@@ -208,6 +208,9 @@ fn node_permissions(entity_type: &str, provision: bool, inbox: &str, replies: &s
         format!("{inbox}.>"),
         // Outcomes of commands sent with `Jetshard-Reply-To` (`CommandSender::request`).
         format!("{replies}.>"),
+        // Answers to operators' status requests (`jetshard status`, `jetshard nodes`), in the
+        // operator's inbox (as `as_operator` connects).
+        format!("_INBOX_{t}_operator.>"),
     ];
     if provision {
         publish.extend([
@@ -254,6 +257,7 @@ fn operator_permissions(entity_type: &str, inbox: &str) -> String {
         format!("$JS.API.CONSUMER.MSG.NEXT.{journal}.*"),
         format!("{t}.cmd.*"),
         format!("$JS.API.STREAM.PURGE.{journal}"),
+        format!("{t}.status"),
     ]
     .map(|s| format!("\"{s}\""))
     .join(", ");

@@ -302,3 +302,91 @@ async fn a_journal_stream_of_an_earlier_version_gains_the_new_subjects_and_roll_
     }
     assert!(info.allow_rollup, "{info:?}");
 }
+
+/// The codec's name recorded with a stream (`jetshard.codec` in its metadata), if any.
+async fn recorded_codec(js: &async_nats::jetstream::Context, stream: &str) -> Option<String> {
+    let mut stream = js.get_stream(stream).await.unwrap();
+    let info = stream.info().await.unwrap();
+    info.config.metadata.get("jetshard.codec").cloned()
+}
+
+fn expect_codec_mismatch(error: &Error, stored: &str, configured: &str) {
+    match error {
+        Error::StoredSettingMismatch {
+            setting,
+            stored: s,
+            configured: c,
+            ..
+        } => {
+            assert_eq!(*setting, "codec");
+            assert_eq!(s, stored);
+            assert_eq!(c, configured);
+        }
+        other => panic!("unexpected error: {other}"),
+    }
+    let text = error.to_string();
+    assert!(
+        text.contains(&format!("codec {stored}, but {configured} is configured")),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codec_mismatch_with_existing_streams_is_refused_at_start() {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    // The ledger's test config is JSON-encoded; a node configured for bincode must not start.
+    provision(client.clone(), &ledger_config(2, "n1").build().unwrap()).await;
+    let js = async_nats::jetstream::new(client.clone());
+    for stream in ["LEDGER_CMD", "LEDGER_JOURNAL"] {
+        assert_eq!(recorded_codec(&js, stream).await.as_deref(), Some("json"));
+    }
+    let bincode = ledger_config(2, "n2")
+        .codec(jetshard::Codec::Bincode)
+        .build()
+        .unwrap();
+    let error = ShardSystem::start::<Ledger>(client.clone(), bincode)
+        .await
+        .err()
+        .expect("started with bincode over streams written as JSON");
+    expect_codec_mismatch(&error, "json", "bincode");
+    // The streams are untouched: the recorded codec still starts.
+    provision(client, &ledger_config(2, "n1").build().unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_from_before_the_codec_record_get_it_at_first_start_and_are_then_checked() {
+    init_tracing();
+    let server = NatsServer::start().await.unwrap();
+    let client = server.connect().await.unwrap();
+    provision(client.clone(), &ledger_config(2, "n1").build().unwrap()).await;
+    let js = async_nats::jetstream::new(client.clone());
+    // Streams as an earlier jetshard left them: no codec recorded.
+    for stream in ["LEDGER_CMD", "LEDGER_JOURNAL"] {
+        let mut handle = js.get_stream(stream).await.unwrap();
+        let mut config = handle.info().await.unwrap().config.clone();
+        config.metadata.remove("jetshard.codec");
+        js.update_stream(config).await.unwrap();
+        assert_eq!(recorded_codec(&js, stream).await, None);
+    }
+    // The first start of this version records its codec...
+    let system =
+        ShardSystem::start::<Ledger>(client.clone(), ledger_config(2, "n1").build().unwrap())
+            .await
+            .unwrap();
+    for stream in ["LEDGER_CMD", "LEDGER_JOURNAL"] {
+        assert_eq!(recorded_codec(&js, stream).await.as_deref(), Some("json"));
+    }
+    // ... and a node with another codec is refused from then on, while the first one runs.
+    let bincode = ledger_config(2, "n2")
+        .codec(jetshard::Codec::Bincode)
+        .build()
+        .unwrap();
+    let error = ShardSystem::start::<Ledger>(client.clone(), bincode)
+        .await
+        .err()
+        .expect("started with bincode over streams written as JSON");
+    expect_codec_mismatch(&error, "json", "bincode");
+    system.shutdown().await.unwrap();
+}

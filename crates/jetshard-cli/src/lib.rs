@@ -9,6 +9,7 @@
 //! jetshard unpin order 3
 //! jetshard dead-letters order
 //! jetshard dead-letters replay order 1234
+//! jetshard dead-letters replay order --all          # or --from SEQ / --to SEQ
 //! jetshard dead-letters purge order --partition 3 --upto 1234
 //! ```
 //!
@@ -121,13 +122,27 @@ enum DeadLetterAction {
         /// The entity type.
         entity_type: String,
     },
-    /// Send a dead letter's command again, as a new command to its entity (stored once even
-    /// if replayed twice within the command stream's duplicate window).
+    /// Send dead letters' commands again, each as a new command to its entity (stored once
+    /// even if replayed twice within the command stream's duplicate window): one (`SEQ`), all
+    /// (`--all`), or those in a range of journal sequences (`--from`, `--to`, inclusive).
+    #[command(
+        override_usage = "jetshard dead-letters replay <ENTITY_TYPE> (<SEQ> | --all | [--from <SEQ>] [--to <SEQ>])"
+    )]
     Replay {
         /// The entity type.
         entity_type: String,
         /// The dead letter's journal sequence (`seq` in the list).
-        seq: u64,
+        #[arg(required_unless_present_any = ["all", "from", "to"], conflicts_with_all = ["all", "from", "to"])]
+        seq: Option<u64>,
+        /// Every dead letter of the entity type, oldest first.
+        #[arg(long, conflicts_with_all = ["from", "to"])]
+        all: bool,
+        /// Those at this journal sequence or after.
+        #[arg(long)]
+        from: Option<u64>,
+        /// Those at this journal sequence or before.
+        #[arg(long)]
+        to: Option<u64>,
     },
     /// Remove dead letters from the journal, except those whose command is not acknowledged
     /// yet (see docs/OPERATIONS.md).
@@ -179,14 +194,22 @@ pub async fn execute(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
     let client = settings.connect().await?;
     let report = match cli.command {
         Command::Status { entity_type } => {
-            let overview = Admin::new(client, &entity_type).overview().await?;
-            Report::Status(overview)
+            describe(&client, &entity_type).await?;
+            let admin = Admin::new(client, &entity_type);
+            let overview = admin.overview().await?;
+            let running = admin.nodes(STATUS_WAIT).await?.len();
+            Report::Status {
+                entity_type,
+                overview,
+                running,
+            }
         }
         Command::Pause {
             entity_type,
             partition,
             for_secs,
         } => {
+            describe(&client, &entity_type).await?.check(partition)?;
             Admin::new(client, &entity_type)
                 .pause(partition, Duration::from_secs(for_secs))
                 .await?;
@@ -200,6 +223,7 @@ pub async fn execute(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
             entity_type,
             partition,
         } => {
+            describe(&client, &entity_type).await?.check(partition)?;
             Admin::new(client, &entity_type).resume(partition).await?;
             Report::Done {
                 text: format!("partition {partition} of {entity_type} resumed"),
@@ -211,6 +235,7 @@ pub async fn execute(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
             entity_type,
             partition,
         } => {
+            describe(&client, &entity_type).await?.check(partition)?;
             Admin::new(client, &entity_type).unpin(partition).await?;
             Report::Done {
                 text: format!("partition {partition} of {entity_type} unpinned"),
@@ -221,21 +246,25 @@ pub async fn execute(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
         Command::Nodes {
             entity_type,
             wait_ms,
-        } => Report::Nodes(
-            Admin::new(client, &entity_type)
-                .nodes(Duration::from_millis(wait_ms))
-                .await?,
-        ),
+        } => {
+            describe(&client, &entity_type).await?;
+            Report::Nodes(
+                Admin::new(client, &entity_type)
+                    .nodes(Duration::from_millis(wait_ms))
+                    .await?,
+            )
+        }
         Command::Get {
             entity_type,
             id,
             wait_ms,
         } => {
+            let described = describe(&client, &entity_type).await?;
             let answer = Admin::new(client, &entity_type)
                 .get(&id, Duration::from_millis(wait_ms))
                 .await
                 .with_context(|| format!("reading the state of {entity_type} {id}"))?;
-            state_report(&entity_type, answer)
+            state_report(&entity_type, described.codec.as_deref(), answer)
         }
         Command::DeadLetters(DeadLetters {
             action,
@@ -246,6 +275,19 @@ pub async fn execute(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
                 (None, Some(entity_type)) => DeadLetterAction::List { entity_type },
                 (None, None) => anyhow::bail!("dead-letters: name an entity type"),
             };
+            let entity_type = match &action {
+                DeadLetterAction::List { entity_type }
+                | DeadLetterAction::Replay { entity_type, .. }
+                | DeadLetterAction::Purge { entity_type, .. } => entity_type.clone(),
+            };
+            let described = describe(&client, &entity_type).await?;
+            if let DeadLetterAction::Purge {
+                partition: Some(partition),
+                ..
+            } = &action
+            {
+                described.check(*partition)?;
+            }
             dead_letters(client, action).await?
         }
     };
@@ -258,24 +300,106 @@ pub async fn execute(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The report of a state query: the state as JSON if it is JSON, else its bytes in base64.
-fn state_report(entity_type: &str, answer: jetshard::QueryAnswer) -> Report {
-    let state = serde_json::from_slice::<Value>(&answer.state).unwrap_or_else(
-        |_| json!({ "bytes": answer.state.iter().map(|b| format!("{b:02x}")).collect::<String>() }),
+/// How long `status` waits for running processes to answer.
+const STATUS_WAIT: Duration = Duration::from_millis(500);
+
+/// What the command stream of an entity type says of it.
+struct Described {
+    entity_type: String,
+    /// From the stream's partition transform.
+    partitions: Option<u32>,
+    /// The codec recorded with the stream (`jetshard.codec`), if any.
+    codec: Option<String>,
+}
+
+impl Described {
+    /// Refuses a partition the entity type does not have, in words.
+    fn check(&self, partition: u32) -> anyhow::Result<()> {
+        match self.partitions {
+            Some(n) if partition >= n => anyhow::bail!(
+                "partition {partition} is out of range: {} has {n} partitions (0 to {})",
+                self.entity_type,
+                n - 1
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Reads the entity type's command stream; an entity type with none is an error in words.
+async fn describe(
+    client: &jetshard::async_nats::Client,
+    entity_type: &str,
+) -> anyhow::Result<Described> {
+    use jetshard::async_nats::jetstream;
+    let names = jetshard::wire::Names::new(entity_type);
+    let name = names.command_stream();
+    let js = jetstream::new(client.clone());
+    let mut stream = match js.get_stream(name).await {
+        Ok(stream) => stream,
+        Err(e) => match e.kind() {
+            jetstream::context::GetStreamErrorKind::JetStream(err)
+                if err.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
+            {
+                anyhow::bail!(
+                    "unknown entity type {entity_type:?}: its command stream {name} does not exist on this server (no node of that type has started here; types are lowercase tokens such as `order`)"
+                )
+            }
+            _ => return Err(e).with_context(|| format!("looking up stream {name}")),
+        },
+    };
+    let info = stream
+        .info()
+        .await
+        .with_context(|| format!("reading stream {name}"))?;
+    let partitions = info
+        .config
+        .subject_transform
+        .as_ref()
+        .and_then(|t| t.destination.split_once("partition("))
+        .and_then(|(_, rest)| rest.split_once(','))
+        .and_then(|(n, _)| n.parse().ok());
+    Ok(Described {
+        entity_type: entity_type.to_owned(),
+        partitions,
+        codec: info.config.metadata.get("jetshard.codec").cloned(),
+    })
+}
+
+/// The report of a state query: the state as JSON when the entity type's codec is JSON; else
+/// its bytes, saying which codec they are in and that this tool cannot decode them.
+fn state_report(entity_type: &str, codec: Option<&str>, answer: jetshard::QueryAnswer) -> Report {
+    let hex: String = answer.state.iter().map(|b| format!("{b:02x}")).collect();
+    let decoded = match codec {
+        Some("json") | None => serde_json::from_slice::<Value>(&answer.state).ok(),
+        Some(_) => None,
+    };
+    let codec_name = codec.unwrap_or("unknown (not recorded)");
+    let shown = match &decoded {
+        Some(state) => serde_json::to_string_pretty(state).unwrap_or_default(),
+        None => format!(
+            "{} bytes encoded with codec {codec_name}, which this tool cannot decode without the entity's Rust types (use CommandSender::get); hex: {hex}",
+            answer.state.len()
+        ),
+    };
+    let mut text = format!(
+        "{entity_type} {} (partition {}, generation {}, last command {}):\n{shown}",
+        answer.entity, answer.partition, answer.generation, answer.last_command_seq,
     );
-    let text = format!(
-        "{entity_type} {} (partition {}, generation {}, last command {}):\n{}",
-        answer.entity,
-        answer.partition,
-        answer.generation,
-        answer.last_command_seq,
-        serde_json::to_string_pretty(&state).unwrap_or_default()
-    );
+    let new = answer.last_command_seq == 0;
+    if new {
+        text += &format!(
+            "\nno command has reached {} yet: this is the initial state of an entity that may never have existed",
+            answer.entity
+        );
+    }
     Report::Done {
         text,
         json: json!({"entity_type": entity_type, "entity": answer.entity,
                      "partition": answer.partition, "generation": answer.generation,
-                     "last_command_seq": answer.last_command_seq, "state": state}),
+                     "last_command_seq": answer.last_command_seq, "new": new,
+                     "codec": codec, "state": decoded,
+                     "state_hex": if decoded.is_none() { Some(hex) } else { None }}),
     }
 }
 
@@ -285,14 +409,44 @@ async fn dead_letters(
 ) -> anyhow::Result<Report> {
     Ok(match action {
         DeadLetterAction::List { entity_type } => {
-            Report::DeadLetters(Admin::new(client, &entity_type).dead_letters().await?)
+            let letters = Admin::new(client, &entity_type).dead_letters().await?;
+            Report::DeadLetters {
+                entity_type,
+                letters,
+            }
         }
-        DeadLetterAction::Replay { entity_type, seq } => {
+        DeadLetterAction::Replay {
+            entity_type,
+            seq: Some(seq),
+            ..
+        } => {
             let replayed = Admin::new(client, &entity_type)
                 .replay(seq)
                 .await
                 .with_context(|| format!("replaying dead letter {seq} of {entity_type}"))?;
             Report::Replayed(replayed)
+        }
+        DeadLetterAction::Replay {
+            entity_type,
+            seq: None,
+            from,
+            to,
+            ..
+        } => {
+            let admin = Admin::new(client, &entity_type);
+            let letters = admin.dead_letters().await?;
+            let mut replayed = Vec::new();
+            for letter in letters.iter().filter(|l| {
+                from.is_none_or(|from| l.seq >= from) && to.is_none_or(|to| l.seq <= to)
+            }) {
+                replayed.push(admin.replay(letter.seq).await.with_context(|| {
+                    format!("replaying dead letter {} of {entity_type}", letter.seq)
+                })?);
+            }
+            Report::ReplayedMany {
+                entity_type,
+                replayed,
+            }
         }
         DeadLetterAction::Purge {
             entity_type,
@@ -328,17 +482,41 @@ async fn dead_letters(
 
 /// What a command has to say, in text or JSON.
 enum Report {
-    Status(Vec<PartitionOverview>),
+    Status {
+        entity_type: String,
+        overview: Vec<PartitionOverview>,
+        /// How many processes of the type answered.
+        running: usize,
+    },
     Nodes(Vec<NodeStatus>),
-    DeadLetters(Vec<DeadLetter>),
+    DeadLetters {
+        entity_type: String,
+        letters: Vec<DeadLetter>,
+    },
     Replayed(Replayed),
-    Done { text: String, json: Value },
+    ReplayedMany {
+        entity_type: String,
+        replayed: Vec<Replayed>,
+    },
+    Done {
+        text: String,
+        json: Value,
+    },
+}
+
+fn replayed_json(r: &Replayed) -> Value {
+    json!({
+        "dead_letter_seq": r.dead_letter_seq,
+        "entity": r.entity,
+        "command_seq": r.command_seq,
+        "duplicate": r.duplicate,
+    })
 }
 
 impl Report {
     fn json(&self) -> Value {
         match self {
-            Report::Status(overview) => overview
+            Report::Status { overview, .. } => overview
                 .iter()
                 .map(|p| {
                     json!({
@@ -355,7 +533,7 @@ impl Report {
                     })
                 })
                 .collect(),
-            Report::DeadLetters(letters) => letters
+            Report::DeadLetters { letters, .. } => letters
                 .iter()
                 .map(|l| {
                     json!({
@@ -372,19 +550,19 @@ impl Report {
                 })
                 .collect(),
             Report::Nodes(nodes) => serde_json::to_value(nodes).unwrap_or_default(),
-            Report::Replayed(r) => json!({
-                "dead_letter_seq": r.dead_letter_seq,
-                "entity": r.entity,
-                "command_seq": r.command_seq,
-                "duplicate": r.duplicate,
-            }),
+            Report::Replayed(r) => replayed_json(r),
+            Report::ReplayedMany { replayed, .. } => replayed.iter().map(replayed_json).collect(),
             Report::Done { json, .. } => json.clone(),
         }
     }
 
     fn write_text(&self, out: &mut impl Write) -> std::io::Result<()> {
         match self {
-            Report::Status(overview) => {
+            Report::Status {
+                entity_type,
+                overview,
+                running,
+            } => {
                 writeln!(
                     out,
                     "{:>9}  {:<24} {:>10}  {:<6} {:>8} {:>11} {:>11} {:>7} {:>7}",
@@ -412,6 +590,14 @@ impl Report {
                         p.waiting,
                         p.paused
                             .map_or_else(|| "no".to_owned(), |d| format!("{}s", d.as_secs())),
+                    )?;
+                }
+                if *running == 0 {
+                    writeln!(
+                        out,
+                        "no process of {entity_type} is running (none answered within {} ms): \
+                         the owners shown are the last ones, and commands wait until one starts",
+                        STATUS_WAIT.as_millis()
                     )?;
                 }
             }
@@ -446,7 +632,13 @@ impl Report {
                     writeln!(out, "no process answered")?;
                 }
             }
-            Report::DeadLetters(letters) => {
+            Report::DeadLetters {
+                entity_type,
+                letters,
+            } => {
+                if letters.is_empty() {
+                    writeln!(out, "no dead letters of {entity_type}")?;
+                }
                 for l in letters {
                     writeln!(
                         out,
@@ -473,6 +665,25 @@ impl Report {
                 "dead letter {} replayed as command {} of entity {}",
                 r.dead_letter_seq, r.command_seq, r.entity
             )?,
+            Report::ReplayedMany {
+                entity_type,
+                replayed,
+            } => {
+                for r in replayed {
+                    Report::Replayed(r.clone()).write_text(out)?;
+                }
+                let again = replayed.iter().filter(|r| r.duplicate).count();
+                writeln!(
+                    out,
+                    "{} dead letters of {entity_type} replayed{}",
+                    replayed.len() - again,
+                    if again > 0 {
+                        format!(", {again} not sent again (replayed before)")
+                    } else {
+                        String::new()
+                    }
+                )?;
+            }
             Report::Done { text, .. } => writeln!(out, "{text}")?,
         }
         Ok(())
@@ -552,7 +763,7 @@ mod tests {
         assert!(matches!(
             replay.command,
             Command::DeadLetters(DeadLetters {
-                action: Some(DeadLetterAction::Replay { seq: 17, .. }),
+                action: Some(DeadLetterAction::Replay { seq: Some(17), .. }),
                 ..
             })
         ));

@@ -20,6 +20,24 @@ pub enum Codec {
 }
 
 impl Codec {
+    /// The codec's name as recorded with the streams (stream metadata `jetshard.codec`) and
+    /// named in errors: `bincode` or `json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Bincode => "bincode",
+            Codec::Json => "json",
+        }
+    }
+
+    /// The codec named `name` (as [`name`](Self::name) writes it); `None` for another name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "bincode" => Some(Codec::Bincode),
+            "json" => Some(Codec::Json),
+            _ => None,
+        }
+    }
+
     /// Encodes a value.
     ///
     /// # Errors
@@ -42,15 +60,14 @@ impl Codec {
                 let (value, read) = bincode_decode_bounded(bytes)?;
                 if read != bytes.len() {
                     return Err(CodecError::Decode(format!(
-                        "{} trailing bytes after the value",
+                        "as bincode: {} trailing bytes after the value",
                         bytes.len() - read
                     )));
                 }
                 Ok(value)
             }
-            Codec::Json => {
-                serde_json::from_slice(bytes).map_err(|e| CodecError::Decode(e.to_string()))
-            }
+            Codec::Json => serde_json::from_slice(bytes)
+                .map_err(|e| CodecError::Decode(format!("as json: {e}"))),
         }
     }
 }
@@ -69,11 +86,11 @@ fn bincode_decode_bounded<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize
                 if limit <= 1 << $shift {
                     let config = bincode::config::standard().with_limit::<{ 1 << $shift }>();
                     return bincode::serde::decode_from_slice(bytes, config)
-                        .map_err(|e| CodecError::Decode(e.to_string()));
+                        .map_err(|e| CodecError::Decode(format!("as bincode: {e}")));
                 }
             )*
             Err(CodecError::Decode(format!(
-                "{} bytes: larger than any message this codec decodes",
+                "as bincode: {} bytes: larger than any message this codec decodes",
                 bytes.len()
             )))
         }};

@@ -143,17 +143,62 @@ impl<E: Entity> CommandSender<E> {
         key: &str,
         command: &E::Command,
     ) -> Result<u64, Error> {
-        if key.is_empty()
-            || key.len() > MAX_KEY_LEN
-            || key.chars().any(|c| c.is_whitespace() || c.is_control())
-        {
-            return Err(Error::InvalidKey {
-                key: key.chars().take(MAX_KEY_LEN).collect(),
-            });
-        }
         let mut headers = HeaderMap::new();
-        headers.insert(HDR_MSG_ID, format!("{id}:{key}"));
+        headers.insert(HDR_MSG_ID, keyed_msg_id(id, key)?);
         self.publish(id, command, headers).await
+    }
+
+    /// As [`request`](Self::request), under an idempotency `key` (as
+    /// [`send_with_key`](Self::send_with_key)): a caller whose request failed (a JetStream
+    /// error: the command may or may not be stored; or [`Error::NoOutcome`]) retries with the
+    /// same `id` and `key` and gets the command's own typed outcome if it is still to come, since
+    /// every send under one key waits on one reply subject (derived from the entity type, `id`
+    /// and `key`). [`Reply::Duplicate`] comes only to such a retry, when the command was stored
+    /// by an earlier send and no answer came within `timeout`: it was answered before this
+    /// retry listened.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use jetshard::{CommandSender, Entity, Reply};
+    /// # async fn run<E: Entity>(sender: CommandSender<E>, command: E::Command) -> Result<(), jetshard::Error> {
+    /// let reply = match sender.request_with_key("acc-17", "transfer-991", &command, Duration::from_secs(5)).await {
+    ///     Ok(reply) => reply,
+    ///     // Stored or not, a retry under the same key cannot apply it twice.
+    ///     Err(_) => sender.request_with_key("acc-17", "transfer-991", &command, Duration::from_secs(5)).await?,
+    /// };
+    /// # let _ = reply;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`request`](Self::request) and [`send_with_key`](Self::send_with_key).
+    pub async fn request_with_key(
+        &self,
+        id: &str,
+        key: &str,
+        command: &E::Command,
+        timeout: Duration,
+    ) -> Result<Reply<E>, Error> {
+        let msg_id = keyed_msg_id(id, key)?;
+        let client = self.js.client();
+        // One reply subject per (entity type, id, key), under the client's inbox prefix: a retry
+        // listens where the stored command's owner answers.
+        let prefix = client
+            .new_inbox()
+            .rsplit_once('.')
+            .map_or_else(|| "_INBOX".to_owned(), |(prefix, _)| prefix.to_owned());
+        let inbox = format!(
+            "{prefix}.jetshard-key-{:016x}",
+            fnv1a(&[
+                self.names.entity_type.as_bytes(),
+                id.as_bytes(),
+                key.as_bytes()
+            ])
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert(HDR_MSG_ID, msg_id);
+        let body = self.ask_on(inbox, id, command, timeout, headers).await?;
+        Ok(body.into_reply::<E>(self.codec)?)
     }
 
     /// Publishes `command` and waits for its outcome in the entity's own types: the events it
@@ -206,23 +251,47 @@ impl<E: Entity> CommandSender<E> {
         command: &E::Command,
         timeout: Duration,
     ) -> Result<ReplyBody, Error> {
+        let inbox = self.js.client().new_inbox();
+        self.ask_on(inbox, id, command, timeout, HeaderMap::new())
+            .await
+    }
+
+    /// Publishes `command` naming `inbox` as its reply subject and waits there for its outcome.
+    /// A publish the stream answers as a duplicate (an idempotency key sent before) that gets no
+    /// answer within `timeout` is a [`CommandOutcome::Duplicate`].
+    async fn ask_on(
+        &self,
+        inbox: String,
+        id: &str,
+        command: &E::Command,
+        timeout: Duration,
+        mut headers: HeaderMap,
+    ) -> Result<ReplyBody, Error> {
         let client = self.js.client();
-        let inbox = client.new_inbox();
         let mut answers = client
             .subscribe(inbox.clone())
             .await
             .map_err(|e| Error::jetstream("subscribe for the outcome", e))?;
-        let mut headers = HeaderMap::new();
         headers.insert(HDR_REPLY_TO, inbox.as_str());
-        let command_seq = self.publish(id, command, headers).await?;
+        let ack = self.publish_acked(id, command, headers).await?;
         let answer = tokio::time::timeout(timeout, answers.next())
             .await
             .ok()
-            .flatten()
-            .ok_or(Error::NoOutcome {
-                command_seq,
+            .flatten();
+        let Some(answer) = answer else {
+            if ack.duplicate {
+                return Ok(ReplyBody::new(
+                    CommandOutcome::Duplicate {
+                        command_seq: ack.sequence,
+                    },
+                    None,
+                ));
+            }
+            return Err(Error::NoOutcome {
+                command_seq: ack.sequence,
                 waited: timeout,
-            })?;
+            });
+        };
         serde_json::from_slice(&answer.payload).map_err(|e| Error::jetstream("read the outcome", e))
     }
 
@@ -230,8 +299,17 @@ impl<E: Entity> CommandSender<E> {
         &self,
         id: &str,
         command: &E::Command,
-        mut headers: HeaderMap,
+        headers: HeaderMap,
     ) -> Result<u64, Error> {
+        Ok(self.publish_acked(id, command, headers).await?.sequence)
+    }
+
+    async fn publish_acked(
+        &self,
+        id: &str,
+        command: &E::Command,
+        mut headers: HeaderMap,
+    ) -> Result<jetstream::publish::PublishAck, Error> {
         let id = EntityId::new(id)?;
         if let Some(trace) = &self.trace {
             headers.insert(HDR_TRACEPARENT, trace.to_string());
@@ -252,6 +330,31 @@ impl<E: Entity> CommandSender<E> {
             .map_err(|e| Error::jetstream(format!("publish to {subject}"), e))?
             .await
             .map_err(|e| Error::jetstream(format!("publish to {subject}"), e))?;
-        Ok(ack.sequence)
+        Ok(ack)
     }
+}
+
+/// The `Nats-Msg-Id` of a command sent under an idempotency key.
+fn keyed_msg_id(id: &str, key: &str) -> Result<String, Error> {
+    if key.is_empty()
+        || key.len() > MAX_KEY_LEN
+        || key.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(Error::InvalidKey {
+            key: key.chars().take(MAX_KEY_LEN).collect(),
+        });
+    }
+    Ok(format!("{id}:{key}"))
+}
+
+/// FNV-1a over the parts, each followed by a 0 byte: stable across processes and versions.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for byte in part.iter().chain(&[0u8]) {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    hash
 }

@@ -520,6 +520,7 @@ async fn answer_query<E: Entity>(state: &mut EntityState<E>, query: Query) {
                 &context.client,
                 query,
                 "the entity is restarting: ask again".to_owned(),
+                true,
             )
             .await;
         }
@@ -528,14 +529,14 @@ async fn answer_query<E: Entity>(state: &mut EntityState<E>, query: Query) {
                 Ok(seed) => Loaded::Yes(seed),
                 Err(Revival::Quarantined(q)) => Loaded::Quarantined(q),
                 Err(Revival::Unreadable(reason)) => {
-                    return query::refuse(&context.client, query, reason).await;
+                    return query::refuse(&context.client, query, reason, true).await;
                 }
             };
         }
         let seed = match &state.seed {
             Loaded::Yes(seed) => seed,
             Loaded::Quarantined(q) => {
-                return query::refuse(&context.client, query, q.dead_letter_reason()).await;
+                return query::refuse(&context.client, query, q.dead_letter_reason(), false).await;
             }
             Loaded::No => return,
         };
@@ -630,6 +631,30 @@ async fn process<E: Entity>(
             Loaded::Yes(seed) if seq == seed.last_command_seq => seed.last_outcome.clone(),
             _ => None,
         };
+        // A client waits: this is the first answer it can get (an earlier owner applied the
+        // command and stopped before answering, or its answer was lost), so it gets the
+        // command's own events, read back from the journal, not an untyped duplicate.
+        if wants_detail && let Some(LastOutcome::Applied { events }) = &earlier {
+            match events_of_command::<E>(&state.id, &state.context, seq).await {
+                Ok(encoded) if encoded.len() == *events as usize => {
+                    *detail = Some(Detail::Events(encoded));
+                }
+                Ok(encoded) => tracing::warn!(
+                    found = encoded.len(),
+                    expected = events,
+                    "the events of an applied command were not all found again; answered as a duplicate"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the events of an applied command could not be read again; answered as a duplicate")
+                }
+            }
+        }
+        if wants_detail
+            && let (Some(LastOutcome::Rejected(reason)), Loaded::Yes(seed)) =
+                (&earlier, &state.seed)
+        {
+            *detail = rejection_again::<E>(seed, &payload, reason, state.context.codec, &state.id);
+        }
         return Verdict::Duplicate { earlier };
     }
     let give_up = match (&state.seed, give_up) {
@@ -963,6 +988,68 @@ async fn revive<E: Entity>(id: &EntityId, context: &EntityContext) -> Result<See
     match quarantine {
         Some(q) => Err(Revival::Quarantined(q)),
         None => Ok(seed),
+    }
+}
+
+/// The typed rejection of the entity's last command, known from a snapshot only by its text
+/// (`reason`): a rejection writes nothing, so the state after it is the state it was decided
+/// on, and deciding the command again (decide is a pure function of state and command) gives
+/// it again. `None` unless that decision is a rejection with the same text.
+fn rejection_again<E: Entity>(
+    seed: &Seed<E>,
+    payload: &[u8],
+    reason: &str,
+    codec: Codec,
+    id: &EntityId,
+) -> Option<Detail> {
+    let command = codec.decode::<E::Command>(payload).ok()?;
+    let mut effects = Effects::for_entity(codec, id.clone());
+    let decided = catch_unwind(AssertUnwindSafe(|| {
+        E::decide_with_effects(&seed.state, command, &mut effects)
+    }))
+    .ok()?;
+    match decided {
+        Err(rejection) if rejection.to_string() == reason => {
+            codec.encode(&rejection).ok().map(Detail::Rejection)
+        }
+        _ => None,
+    }
+}
+
+/// The events the entity's command `command_seq` wrote, read back from the journal and encoded
+/// as this code's event version (as a first answer carries them). Reads the entity's events
+/// from its first: used only to answer a client whose command an earlier owner applied but
+/// did not answer (a takeover or a lost answer), which is rare.
+async fn events_of_command<E: Entity>(
+    id: &EntityId,
+    context: &EntityContext,
+    command_seq: u64,
+) -> Result<Vec<Vec<u8>>, Error> {
+    let codec = context.codec;
+    let events = context.names.event_subject(context.partition, id);
+    let end = journal::last_sequence(&context.journal_stream, &events).await?;
+    let mut found = Vec::new();
+    let mut failed = None;
+    journal::replay(&context.journal_stream, events, 1, end, |stored| {
+        if stored.command_seq != command_seq || stored.entity != id.as_str() {
+            return Ok(());
+        }
+        if let Record::Event { version, payload } = stored.record {
+            if version == E::EVENT_VERSION {
+                found.push(payload.to_vec());
+            } else {
+                match decode_event::<E>(version, payload, codec).and_then(|e| codec.encode(&e)) {
+                    Ok(bytes) => found.push(bytes),
+                    Err(e) => failed = Some(e),
+                }
+            }
+        }
+        Ok(())
+    })
+    .await?;
+    match failed {
+        Some(e) => Err(Error::Codec(e)),
+        None => Ok(found),
     }
 }
 

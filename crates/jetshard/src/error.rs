@@ -37,8 +37,9 @@ pub enum CodecError {
     /// Serialization failed.
     #[error("cannot encode: {0}")]
     Encode(String),
-    /// The bytes are not a valid encoding.
-    #[error("cannot decode: {0}")]
+    /// The bytes are not a valid encoding; the text starts with the codec expected
+    /// (`as bincode: ...`, `as json: ...`).
+    #[error("cannot decode {0}")]
     Decode(String),
 }
 
@@ -84,6 +85,21 @@ pub enum Error {
         existing: String,
         /// What the configuration says.
         configured: u32,
+    },
+    /// A stream was created with another setting that decides how its stored bytes are read
+    /// (the codec) than configured: reading them with this configuration would misread them.
+    #[error(
+        "stream {stream} was created with {setting} {stored}, but {configured} is configured; stored records are read only with the {setting} they were written with, so it cannot change in place"
+    )]
+    StoredSettingMismatch {
+        /// The stream.
+        stream: String,
+        /// The setting (`codec`).
+        setting: &'static str,
+        /// The value recorded with the stream.
+        stored: String,
+        /// The value configured.
+        configured: String,
     },
     /// An encoded command is larger than the server accepts; nothing was published.
     #[error("the encoded command is {size} bytes, the server accepts at most {max}")]
@@ -131,6 +147,17 @@ pub enum Error {
     /// changing hands (only the owner of the current generation answers).
     #[error("no owner answered the query of {entity} within {waited:?}")]
     NoAnswer {
+        /// The entity.
+        entity: String,
+        /// How long the reader waited.
+        waited: std::time::Duration,
+    },
+    /// The entity's partition was changing hands for as long as the reader waited: the process
+    /// that handed it over said so, and no new owner answered yet. Ask again.
+    #[error(
+        "the partition of {entity} is changing hands (no new owner answered within {waited:?}): ask again"
+    )]
+    Moving {
         /// The entity.
         entity: String,
         /// How long the reader waited.

@@ -61,8 +61,19 @@
 //!     }
 //! }
 //!
+//! // `main` prints an error with Display (its words), not Debug (the struct).
 //! #[tokio::main]
-//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! async fn main() -> std::process::ExitCode {
+//!     match run().await {
+//!         Ok(()) => std::process::ExitCode::SUCCESS,
+//!         Err(e) => {
+//!             eprintln!("error: {e}");
+//!             std::process::ExitCode::FAILURE
+//!         }
+//!     }
+//! }
+//!
+//! async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //!     // The re-exported client: the very version jetshard is built against.
 //!     let client = jetshard::async_nats::connect("nats://127.0.0.1:4222").await?;
 //!     let config = ShardConfig::builder("account").partitions(16).build()?;
@@ -147,3 +158,9 @@ pub use trace::{SpanId, TraceId, TraceParent};
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctest;
+
+/// The guide's snippets (docs/guide.md) that run jetshard, compiled as doctests so that they
+/// stay true (the others are marked as excerpts of examples/order-processor, built by CI).
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/guide.md")]
+struct GuideDoctest;

@@ -9,8 +9,10 @@
 //! - **under the current generation**: right before answering, the owner reads the partition's
 //!   last fence record and stays silent unless it names its own generation. During a hand-off
 //!   the old owner therefore stops answering as soon as the new one has claimed, and the new one
-//!   answers once it has rebuilt the entity; in between (or when nobody owns the partition) the
-//!   query gets no answer, and the reader's timeout says so ([`Error::NoAnswer`]).
+//!   answers once it has rebuilt the entity. In between, a process that handed the partition off
+//!   answers "moving" (`{"error":...,"moving":true}`) while no newer claim exists, and the
+//!   reader asks again until its timeout: it gets the new owner's answer, or [`Error::Moving`],
+//!   or, when nobody owns the partition, [`Error::NoAnswer`].
 //!
 //! So an answer reflects every command acknowledged before the query was sent, except that a
 //! claim racing the answer may leave a stale answer a few milliseconds old (the fence read and
@@ -76,8 +78,23 @@ pub struct StateSnapshot<S> {
 #[serde(untagged)]
 enum AnswerBody {
     Answer(QueryAnswer),
-    Refused { error: String },
+    Refused {
+        error: String,
+        /// The partition is changing hands: ask again (a process that handed it over says so).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        moving: bool,
+        /// The refusal is passing (the entity's state is being rebuilt): ask again.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        again: bool,
+    },
 }
+
+/// How long one attempt of [`ask`] waits for an answer before it asks again: a query that
+/// reached no owner (the partition was between owners) is not answered later.
+const ATTEMPT: Duration = Duration::from_millis(500);
+
+/// The pause before asking again after a refusal to answer or no responders.
+const RETRY_PAUSE: Duration = Duration::from_millis(25);
 
 /// A query in hand: the entity, and where to answer.
 #[derive(Debug)]
@@ -158,14 +175,53 @@ pub(crate) async fn answer(
         }),
         Err(e) => AnswerBody::Refused {
             error: e.to_string(),
+            moving: false,
+            again: false,
         },
     };
     refuse_or_send(client, query.reply, &body).await;
 }
 
-/// Answers `query` with an error at once (a quarantined entity, a state being rebuilt).
-pub(crate) async fn refuse(client: &Client, query: Query, error: String) {
-    refuse_or_send(client, query.reply, &AnswerBody::Refused { error }).await;
+/// Answers `query` with an error at once (a quarantined entity; `again`: a passing refusal,
+/// such as a state being rebuilt, that the reader asks again after).
+pub(crate) async fn refuse(client: &Client, query: Query, error: String, again: bool) {
+    refuse_or_send(
+        client,
+        query.reply,
+        &AnswerBody::Refused {
+            error,
+            moving: false,
+            again,
+        },
+    )
+    .await;
+}
+
+/// Answers `query` "moving, ask again" if the partition's last fence record still names
+/// `generation`, the one this process handed over (no new owner has claimed yet); otherwise
+/// stays silent (the new owner answers).
+pub(crate) async fn moving(
+    client: &Client,
+    journal: &Stream<()>,
+    names: &Names,
+    partition: u32,
+    generation: u64,
+    query: Query,
+) {
+    let current = tokio::time::timeout(
+        FENCE_CHECK_TIMEOUT,
+        fence::latest(journal, names, partition),
+    )
+    .await;
+    if !matches!(current, Ok(Ok(Some((_, ref record)))) if record.generation == generation) {
+        return;
+    }
+    let body = AnswerBody::Refused {
+        error: "the partition is changing hands: ask again".to_owned(),
+        moving: true,
+        again: true,
+    };
+    refuse_or_send(client, query.reply, &body).await;
 }
 
 async fn refuse_or_send(client: &Client, to: Subject, body: &AnswerBody) {
@@ -187,36 +243,51 @@ pub(crate) async fn ask(
 ) -> Result<QueryAnswer, Error> {
     let id = EntityId::new(id)?;
     let subject = names.query_subject(partition_of(&id, partitions), &id);
-    let request = client.request(subject, Default::default());
-    let message = match tokio::time::timeout(timeout, request).await {
-        Ok(Ok(message)) => message,
-        Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
-            return Err(Error::NoAnswer {
-                entity: id.to_string(),
-                waited: timeout,
+    let deadline = tokio::time::Instant::now() + timeout;
+    // Asked again until the deadline: during a hand-off a query reaches the old owner after it
+    // let go (it says "moving") or nobody (between the two), and the new owner answers a later
+    // one.
+    let (mut moving, mut refused) = (false, None);
+    loop {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if remaining.is_zero() {
+            let (entity, waited) = (id.to_string(), timeout);
+            return Err(match (moving, refused) {
+                (true, _) => Error::Moving { entity, waited },
+                (false, Some(reason)) => Error::QueryRefused { entity, reason },
+                (false, None) => Error::NoAnswer { entity, waited },
             });
         }
-        Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::TimedOut => {
-            return Err(Error::NoAnswer {
-                entity: id.to_string(),
-                waited: timeout,
-            });
+        let request = client.request(subject.clone(), Default::default());
+        let message = match tokio::time::timeout(remaining.min(ATTEMPT), request).await {
+            Ok(Ok(message)) => message,
+            Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
+                tokio::time::sleep(RETRY_PAUSE.min(remaining)).await;
+                continue;
+            }
+            Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::TimedOut => continue,
+            Ok(Err(e)) => return Err(Error::jetstream("query", e)),
+            Err(_) => continue,
+        };
+        match serde_json::from_slice(&message.payload) {
+            Ok(AnswerBody::Answer(answer)) => return Ok(answer),
+            Ok(AnswerBody::Refused {
+                error,
+                moving: m,
+                again: true,
+            }) => {
+                moving |= m;
+                refused = Some(error);
+                tokio::time::sleep(RETRY_PAUSE.min(remaining)).await;
+            }
+            Ok(AnswerBody::Refused { error, .. }) => {
+                return Err(Error::QueryRefused {
+                    entity: id.to_string(),
+                    reason: error,
+                });
+            }
+            Err(e) => return Err(Error::jetstream("read the query answer", e)),
         }
-        Ok(Err(e)) => return Err(Error::jetstream("query", e)),
-        Err(_) => {
-            return Err(Error::NoAnswer {
-                entity: id.to_string(),
-                waited: timeout,
-            });
-        }
-    };
-    match serde_json::from_slice(&message.payload) {
-        Ok(AnswerBody::Answer(answer)) => Ok(answer),
-        Ok(AnswerBody::Refused { error }) => Err(Error::QueryRefused {
-            entity: id.to_string(),
-            reason: error,
-        }),
-        Err(e) => Err(Error::jetstream("read the query answer", e)),
     }
 }
 
@@ -235,9 +306,13 @@ impl<E: Entity> CommandSender<E> {
     /// # Ok(()) }
     /// ```
     ///
+    /// The query is asked again until `timeout` while no owner answers: a query during a
+    /// hand-off is answered by the new owner once it has the entity.
+    ///
     /// # Errors
-    /// [`Error::InvalidId`]; [`Error::NoAnswer`] if no owner answered within `timeout` (nobody
-    /// owns the partition, or it is changing hands); [`Error::QueryRefused`] if the owner cannot
+    /// [`Error::InvalidId`]; [`Error::Moving`] if the partition was changing hands all along
+    /// (the process that handed it over said so; ask again); [`Error::NoAnswer`] if no owner
+    /// answered within `timeout` (nobody owns the partition); [`Error::QueryRefused`] if the owner cannot
     /// answer (the entity type does not answer queries, the entity is quarantined);
     /// [`Error::Codec`] if the state does not decode.
     pub async fn get(&self, id: &str, timeout: Duration) -> Result<StateSnapshot<E::State>, Error>
@@ -289,6 +364,18 @@ mod tests {
             AnswerBody::Answer(QueryAnswer { generation: 7, .. })
         ));
         let refused: AnswerBody = serde_json::from_str(r#"{"error":"quarantined"}"#).unwrap();
-        assert!(matches!(refused, AnswerBody::Refused { error } if error == "quarantined"));
+        assert!(
+            matches!(refused, AnswerBody::Refused { error, moving: false, again: false } if error == "quarantined")
+        );
+        let moving = AnswerBody::Refused {
+            error: "changing hands".into(),
+            moving: true,
+            again: true,
+        };
+        let json = serde_json::to_string(&moving).unwrap();
+        assert_eq!(
+            json,
+            r#"{"error":"changing hands","moving":true,"again":true}"#
+        );
     }
 }

@@ -34,9 +34,13 @@ pub enum Reply<E: Entity> {
         /// The entity's rejection, as `decide` returned it.
         rejection: E::Rejection,
     },
-    /// It had been processed before (a redelivery, or a retry under the same idempotency key);
-    /// what it came to then, as far as the owner knows, in the untyped form (the owner keeps no
-    /// payloads of earlier commands).
+    /// The caller sent the same idempotency key twice
+    /// ([`request_with_key`](crate::CommandSender::request_with_key)) and the command's answer
+    /// went out before this send listened; or, rarely, a redelivered command whose first outcome
+    /// the owner cannot give again in typed form (a rejection known only from a snapshot, an
+    /// older command redelivered after later ones). A command applied by an owner that stopped
+    /// before answering is answered [`Reply::Applied`] with its events, read back from the
+    /// journal. `earlier` is its first outcome, untyped, when known.
     Duplicate {
         /// The command's stream sequence.
         command_seq: u64,
@@ -155,7 +159,7 @@ impl ReplyBody {
         let unbase = |s: &str| {
             BASE64
                 .decode(s)
-                .map_err(|e| CodecError::Decode(format!("reply payload is not base64: {e}")))
+                .map_err(|e| CodecError::Decode(format!("the reply payload: not base64: {e}")))
         };
         Ok(
             match (self.outcome, self.event_payloads, self.rejection_payload) {

@@ -5,6 +5,14 @@
 //! start, never a silent change. The one change made in place is additive: a journal stream
 //! created by an earlier jetshard gains the subjects it lacks (per-entity dead letters,
 //! snapshots) and roll-ups (`allow_rollup_hdrs`), which no existing record depends on.
+//!
+//! The settings that decide how stored bytes are read are recorded with both streams, in their
+//! metadata, when they are created: the codec (`jetshard.codec`; commands, events, snapshots,
+//! rejections and dead-lettered payloads are all its bytes). The partition count is recorded
+//! by the command stream's subject transform. Both are checked at every start, so nothing
+//! decodes a record with a codec other than the one it was written with. A stream created
+//! before the record existed gets it on the first start of this version, from that process's
+//! configuration.
 
 use async_nats::jetstream::consumer::{AckPolicy, PriorityPolicy, pull};
 use async_nats::jetstream::stream::{self, RetentionPolicy, StorageType, SubjectTransform};
@@ -13,6 +21,9 @@ use async_nats::jetstream::{self, Context};
 use crate::config::{CommandRetention, ShardConfig};
 use crate::error::Error;
 use crate::wire::{Names, PRIORITY_GROUP};
+
+/// The stream metadata key recording the codec the stream's records are written with.
+pub(crate) const METADATA_CODEC: &str = "jetshard.codec";
 
 /// How often [`provision`] tries before its error is final.
 const PROVISION_ATTEMPTS: u32 = 4;
@@ -46,11 +57,13 @@ async fn provision_once(js: &Context, names: &Names, config: &ShardConfig) -> Re
         check_command_stream(names, config, existing)
     })
     .await?;
+    record_stored_settings(js, &names.command_stream, config).await?;
     upgrade_journal_stream(js, names).await?;
     ensure_stream(js, journal_stream_config(names, config), |existing| {
         check_journal_stream(names, config, existing)
     })
     .await?;
+    record_stored_settings(js, &names.journal_stream, config).await?;
     let commands = js
         .get_stream_no_info(&names.command_stream)
         .await
@@ -79,8 +92,62 @@ fn command_stream_config(names: &Names, config: &ShardConfig) -> stream::Config 
         // nats-server 2.15 limits a stream to 1,000 consumers unless it says otherwise (and
         // takes no value <= 0 for "unlimited"): one per partition, and room for the readers.
         max_consumers: config.partitions as i32 + 1000,
+        metadata: stored_settings(config),
         ..Default::default()
     }
+}
+
+/// The settings recorded with a stream at its creation (see the module docs).
+fn stored_settings(config: &ShardConfig) -> std::collections::HashMap<String, String> {
+    std::collections::HashMap::from([(METADATA_CODEC.to_owned(), config.codec.name().to_owned())])
+}
+
+/// Refuses a stream whose recorded codec is not the configured one; `None` if it has no record.
+fn check_stored_settings(
+    stream: &str,
+    config: &ShardConfig,
+    existing: &stream::Config,
+) -> Result<Option<()>, Error> {
+    let Some(stored) = existing.metadata.get(METADATA_CODEC) else {
+        return Ok(None);
+    };
+    if stored != config.codec.name() {
+        return Err(Error::StoredSettingMismatch {
+            stream: stream.to_owned(),
+            setting: "codec",
+            stored: stored.clone(),
+            configured: config.codec.name().to_owned(),
+        });
+    }
+    Ok(Some(()))
+}
+
+/// Records the settings with a stream created before they were recorded (an upgrade: the
+/// first process of this version to start writes its own configuration); a stream that has
+/// them was checked by [`ensure_stream`].
+async fn record_stored_settings(
+    js: &Context,
+    name: &str,
+    config: &ShardConfig,
+) -> Result<(), Error> {
+    let mut stream = js
+        .get_stream(name)
+        .await
+        .map_err(|e| Error::jetstream(format!("open stream {name}"), e))?;
+    let info = stream
+        .info()
+        .await
+        .map_err(|e| Error::jetstream(format!("read stream {name}"), e))?;
+    if check_stored_settings(name, config, &info.config)?.is_some() {
+        return Ok(());
+    }
+    tracing::info!(stream = %name, codec = config.codec.name(), "recording the codec with a stream created before it was recorded");
+    let mut updated = info.config.clone();
+    updated.metadata.extend(stored_settings(config));
+    js.update_stream(updated)
+        .await
+        .map_err(|e| Error::jetstream(format!("update stream {name}"), e))?;
+    Ok(())
 }
 
 fn journal_stream_config(names: &Names, config: &ShardConfig) -> stream::Config {
@@ -95,6 +162,7 @@ fn journal_stream_config(names: &Names, config: &ShardConfig) -> stream::Config 
         allow_atomic_publish: true,
         // A snapshot rolls up the entity's previous one (`Nats-Rollup: sub`).
         allow_rollup: true,
+        metadata: stored_settings(config),
         ..Default::default()
     }
 }
@@ -222,6 +290,7 @@ fn check_command_stream(
             ),
         });
     }
+    check_stored_settings(&names.command_stream, config, existing)?;
     check_replicas(&names.command_stream, config, existing)
 }
 
@@ -277,6 +346,7 @@ fn check_journal_stream(
             detail: "allow_rollup_hdrs must be true".to_owned(),
         });
     }
+    check_stored_settings(&names.journal_stream, config, existing)?;
     check_replicas(&names.journal_stream, config, existing)
 }
 

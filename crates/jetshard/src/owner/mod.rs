@@ -155,6 +155,9 @@ pub(crate) struct OwnerState<E: Entity> {
     metrics: PartitionMetrics,
     /// The pin of the last delivery (for `jetshard_pin_changes_total`).
     last_pin: Option<Arc<str>>,
+    /// The generation this owner handed off, while it cools down: queries get "moving" until
+    /// a newer claim exists.
+    handed_off: Option<u64>,
     /// The balancing's last word: standbys of this process hold back.
     hold_back: bool,
     /// Whether this owner's pulls are paused as a standby holding back.
@@ -239,6 +242,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
             timer_scan: None,
             timers: Timers::default(),
             phase: Phase::Standby,
+            handed_off: None,
             policy,
             counters: Counters::default(),
             commits: Arc::default(),
@@ -303,9 +307,25 @@ impl<E: Entity> Actor for OwnerActor<E> {
             OwnerMsg::Query(query) => {
                 let shared = Arc::clone(&state.shared);
                 let supervisor = state.myself.get_cell();
-                // Not owning: stay silent; the owner answers.
+                // Not owning: stay silent (the owner answers), unless this owner handed the
+                // partition off and nobody has claimed it since: then "moving, ask again".
                 if let Some(o) = state.phase.owning() {
                     query::route(o, &shared.client, &supervisor, &shared.resident, query);
+                } else if let (Phase::CoolingDown(_), Some(generation)) =
+                    (&state.phase, state.handed_off)
+                {
+                    let partition = state.partition;
+                    tokio::spawn(async move {
+                        crate::query::moving(
+                            &shared.client,
+                            &shared.journal_stream,
+                            &shared.names,
+                            partition,
+                            generation,
+                            query,
+                        )
+                        .await;
+                    });
                 }
                 state.keep_resident_cap();
             }
@@ -1240,6 +1260,7 @@ impl<E: Entity> OwnerState<E> {
             took_ms = took.as_millis() as u64,
             "released"
         );
+        self.handed_off = owning.as_ref().map(|o| o.generation);
         if let Some(o) = owning {
             self.left(
                 &o,

@@ -34,7 +34,7 @@ pub(super) fn route<E: Entity>(
     let client = client.clone();
     if let Some(q) = o.quarantined.get(&query.entity) {
         let reason = q.dead_letter_reason();
-        tokio::spawn(async move { query::refuse(&client, query, reason).await });
+        tokio::spawn(async move { query::refuse(&client, query, reason, false).await });
         return;
     }
     let slot = o.entities.get(&query.entity);
@@ -42,13 +42,13 @@ pub(super) fn route<E: Entity>(
         slot.is_some_and(|s| s.actor.is_none() && (s.returning.is_some() || !s.queue.is_empty()));
     if waiting {
         let reason = "the entity's state is being rebuilt: ask again".to_owned();
-        tokio::spawn(async move { query::refuse(&client, query, reason).await });
+        tokio::spawn(async move { query::refuse(&client, query, reason, true).await });
         return;
     }
     let entity = query.entity.clone();
     if slot.is_none_or(|s| s.actor.is_none()) && !route::spawn(o, &entity, supervisor, resident) {
         let reason = "the entity's actor cannot start: ask again".to_owned();
-        tokio::spawn(async move { query::refuse(&client, query, reason).await });
+        tokio::spawn(async move { query::refuse(&client, query, reason, true).await });
         return;
     }
     let Some(slot) = o.entities.get_mut(&entity) else {
