@@ -12,7 +12,7 @@ use async_nats::jetstream::{self, Context};
 use futures::StreamExt;
 
 use crate::error::Error;
-use crate::fence;
+use crate::journal::fence;
 use crate::query::{self, QueryAnswer};
 use crate::status::NodeStatus;
 use crate::wire::{
@@ -365,10 +365,10 @@ impl Admin {
                 seq,
                 partition: Names::partition_of_dead_letter(&message.subject).unwrap_or(0),
                 entity: text(HDR_ENTITY),
-                command_seq: fence::header_u64(&headers, HDR_COMMAND_SEQ).unwrap_or(0),
-                deliveries: fence::header_u64(&headers, HDR_DELIVERIES).unwrap_or(0),
+                command_seq: crate::wire::header_u64(&headers, HDR_COMMAND_SEQ).unwrap_or(0),
+                deliveries: crate::wire::header_u64(&headers, HDR_DELIVERIES).unwrap_or(0),
                 reason: text(HDR_REASON),
-                generation: fence::header_u64(&headers, HDR_GENERATION).unwrap_or(0),
+                generation: crate::wire::header_u64(&headers, HDR_GENERATION).unwrap_or(0),
                 payload: message.payload.clone(),
             });
             if pending == 0 {
@@ -486,8 +486,8 @@ impl Admin {
                 .map_err(|e| Error::jetstream(format!("read {filter}"), e.to_string()))?
                 .pending;
             let headers = message.headers.clone().unwrap_or_default();
-            let upto = fence::header_u64(&headers, HDR_SNAPSHOT_UPTO);
-            let written = fence::header_u64(&headers, HDR_GENERATION).is_some();
+            let upto = crate::wire::header_u64(&headers, HDR_SNAPSHOT_UPTO);
+            let written = crate::wire::header_u64(&headers, HDR_GENERATION).is_some();
             // `<t>.snap.<p>.<id>` -> `<t>.evt.<p>.<id>` and `<t>.tmr.<p>.<id>`.
             let rest = message
                 .subject

@@ -19,8 +19,8 @@ use tokio::time::Instant;
 use super::phase::Owning;
 use super::route;
 use crate::entity::Entity;
-use crate::entity_actor::EntityMsg;
 use crate::query::{self, Query};
+use crate::runtime::entity_actor::EntityMsg;
 
 /// Routes `query` to its entity's actor (started if need be); a refusal given here runs in a
 /// task of its own.

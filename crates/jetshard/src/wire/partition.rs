@@ -5,7 +5,7 @@
 //! placement (FNV-1a 32-bit over the id's UTF-8 bytes, modulo the partition count) so that code
 //! outside the server, tools and tests, can tell where an id lives.
 
-use crate::entity::EntityId;
+use crate::wire::id::EntityId;
 
 const FNV_OFFSET_BASIS: u32 = 0x811c_9dc5;
 const FNV_PRIME: u32 = 0x0100_0193;

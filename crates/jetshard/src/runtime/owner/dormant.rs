@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::entity::{Entity, EntityId};
-use crate::entity_actor::Seed;
+use crate::runtime::entity_actor::Seed;
 
 /// One partition's dormant states, counted in the process's total.
 pub(super) struct Dormant<E: Entity> {

@@ -31,17 +31,18 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::Instrument;
 
 use crate::codec::Codec;
-use crate::command::CommandOutcome;
+use crate::data::CommandOutcome;
+use crate::data::Effects;
+use crate::data::timers::{Armed, Firing, TimerChange, TimerReport};
 use crate::entity::{Entity, EntityId, Snapshots, decode_event};
 use crate::error::Error;
 use crate::journal::{
     self, Attached, JournalWriter, Record, SnapshotRecord, TimerRecord, WriteError,
 };
-use crate::outbox::{self, Effects};
 use crate::query::{self, Known, Query};
 use crate::reply::Detail;
+use crate::runtime::outbox;
 use crate::telemetry::{self, CommandMetrics};
-use crate::timer::{self, Armed, Firing, TimerChange, TimerReport};
 use crate::trace::CommandTrace;
 use crate::wire::Names;
 
@@ -763,7 +764,7 @@ async fn process<E: Entity>(
     if wants_detail {
         *detail = Some(Detail::Events(encoded.clone()));
     }
-    timer::resolve(&mut timer_changes, std::time::SystemTime::now());
+    crate::data::timers::resolve(&mut timer_changes, std::time::SystemTime::now());
     let metrics = &state.context.metrics;
     metrics.batch_events.record(encoded.len() as f64);
     let writing = std::time::Instant::now();

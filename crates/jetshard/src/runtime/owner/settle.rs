@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::command::CommandOutcome;
-use crate::entity_actor::{Failure, Quarantine, Verdict};
+use crate::data::CommandOutcome;
 use crate::retry::backoff;
+use crate::runtime::entity_actor::{Failure, Quarantine, Verdict};
 
 /// The settings the policy reads.
 #[derive(Debug, Clone, Copy)]
@@ -212,7 +212,7 @@ pub(crate) fn settle(head: &Head, verdict: Verdict, policy: &Policy, now: Instan
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entity_actor::LastOutcome;
+    use crate::runtime::entity_actor::LastOutcome;
 
     const POLICY: Policy = Policy {
         max_deliver: 3,

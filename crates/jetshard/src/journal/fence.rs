@@ -8,15 +8,13 @@
 //! Architecture Invariant: only this module writes fence records.
 
 use async_nats::HeaderMap;
-use async_nats::header::IntoHeaderName;
 use async_nats::jetstream::context::{Context, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 use serde::{Deserialize, Serialize};
 
-use crate::crash::Deaths;
 use crate::error::{BoxError, Error};
-use crate::wire::{HDR_GENERATION, Names};
+use crate::wire::{HDR_GENERATION, Names, header_u64};
 
 /// The fence an owner holds: its generation and the journal sequence of its fence record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -242,13 +240,6 @@ impl FenceRecord {
     }
 }
 
-/// Reads a header as a decimal `u64`.
-pub(crate) fn header_u64(headers: &HeaderMap, name: impl IntoHeaderName) -> Option<u64> {
-    headers
-        .get(name)
-        .and_then(|v| v.as_str().trim().parse().ok())
-}
-
 /// Why a claim failed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ClaimError {
@@ -297,9 +288,16 @@ pub(crate) struct Claimant<'a> {
     pub(crate) node: &'a str,
     pub(crate) incarnation: &'a str,
     pub(crate) pin: &'a str,
-    /// What this process knows of others' deaths: a previous owner known dead is not probed
-    /// for long again (see [`crate::crash::is_gone`]).
-    pub(crate) deaths: &'a Deaths,
+    /// Whether a previous owner's process is gone (the runtime's crash watch answers: a
+    /// previous owner known dead is not probed for long again).
+    pub(crate) liveness: &'a dyn Liveness,
+}
+
+/// Whether the process of an incarnation is gone, as a claim needs to know. The runtime's crash
+/// watch implements it; the journal sees only this narrow handle, never the runtime.
+pub(crate) trait Liveness: Sync {
+    /// Dead (true), or alive or unknown (false).
+    fn is_gone<'a>(&'a self, incarnation: &'a str) -> futures::future::BoxFuture<'a, bool>;
 }
 
 /// Claims the next generation of `partition` for `claimant`, counting the commands `in_hand`
@@ -316,7 +314,7 @@ pub(crate) async fn claim(
         node,
         incarnation,
         pin,
-        deaths,
+        liveness,
     } = claimant;
     const ATTEMPTS: u32 = 6;
     let subject = names.fence_subject(partition);
@@ -330,7 +328,7 @@ pub(crate) async fn claim(
         // probe (up to 20 ms when its process is gone and not known dead yet) is skipped.
         let died = match previous.as_ref().and_then(|r| r.incarnation.as_deref()) {
             Some(theirs) if theirs != incarnation && in_hand.counted.is_some() => {
-                crate::crash::is_gone(&js.client(), names, deaths, theirs).await
+                liveness.is_gone(theirs).await
             }
             _ => false,
         };

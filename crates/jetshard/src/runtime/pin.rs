@@ -54,7 +54,7 @@ pub(crate) struct Delivery {
     /// The command's trace context, if it came with a valid `traceparent`.
     pub(crate) trace: Option<Box<CommandTrace>>,
     /// Which timer fired, if it is a timer's command (`Jetshard-Timer`).
-    pub(crate) timer: Option<crate::timer::Firing>,
+    pub(crate) timer: Option<crate::data::timers::Firing>,
     /// A wake-up (`Jetshard-Wake`, see [`wake`]): acknowledged, routed to no entity.
     pub(crate) wake: bool,
 }
@@ -460,7 +460,7 @@ async fn run(
                     Some(last_consumer_seq.map_or(consumer_seq, |l| l.max(consumer_seq)));
                 let respond_to = respond_to(message.headers.as_ref());
                 let trace = trace_of(message.headers.as_ref());
-                let timer = crate::timer::firing_of(message.headers.as_ref());
+                let timer = crate::data::timers::firing_of(message.headers.as_ref());
                 let delivery = Delivery {
                     timer,
                     wake: is_wake(message.headers.as_ref()),

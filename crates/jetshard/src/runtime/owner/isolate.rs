@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tokio::time::Instant;
 
-use crate::pin::Delivery;
+use crate::runtime::pin::Delivery;
 
 /// The commands of an isolated acquisition, and which one runs.
 pub(super) struct Isolation {

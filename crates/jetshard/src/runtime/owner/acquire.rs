@@ -5,12 +5,12 @@
 
 use async_nats::jetstream::stream::Stream;
 
-use super::Shared;
-use super::route::Pending;
+use super::shared::Shared;
+use super::slot::Pending;
 use crate::entity::EntityId;
 use crate::error::Error;
-use crate::fence::{self, Claimed, InHand};
-use crate::pin;
+use crate::journal::fence::{self, Claimed, InHand};
+use crate::runtime::pin;
 use crate::wire::Names;
 
 /// What an acquisition gained.
@@ -68,7 +68,11 @@ pub(super) async fn claim(
             node: &shared.config.node_id,
             incarnation: &shared.incarnation,
             pin,
-            deaths: &shared.deaths,
+            liveness: &Probe {
+                client: shared.js.client(),
+                names: &shared.names,
+                deaths: &shared.deaths,
+            },
         },
         InHand {
             counted,
@@ -200,9 +204,27 @@ async fn read_slice(
                 message.payload,
                 pin::respond_to(Some(&message.headers)),
                 pin::trace_of(Some(&message.headers)),
-                crate::timer::firing_of(Some(&message.headers)),
+                crate::data::timers::firing_of(Some(&message.headers)),
             ),
         ));
     }
     Ok(recovered)
+}
+
+/// The crash watch's answer to a claim: whether a previous owner's process is gone.
+struct Probe<'a> {
+    client: async_nats::Client,
+    names: &'a Names,
+    deaths: &'a crate::runtime::crash::Deaths,
+}
+
+impl fence::Liveness for Probe<'_> {
+    fn is_gone<'a>(&'a self, incarnation: &'a str) -> futures::future::BoxFuture<'a, bool> {
+        Box::pin(crate::runtime::crash::is_gone(
+            &self.client,
+            self.names,
+            self.deaths,
+            incarnation,
+        ))
+    }
 }

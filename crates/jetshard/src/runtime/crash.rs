@@ -38,7 +38,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::fence::{self, FenceRecord};
+use crate::journal::fence::{self, FenceRecord};
 use crate::wire::{Names, PRIORITY_GROUP};
 
 /// Two "no responders" this far apart (with no answer between them) declare a process dead.
@@ -482,7 +482,7 @@ async fn unpin_if_still_owned(
     if waiting == 0 {
         // No command waits to pin a standby: wake it, so that it takes the partition and fires
         // the timers due there.
-        crate::pin::wake(&args.js, &args.names, partition, args.partitions).await;
+        crate::runtime::pin::wake(&args.js, &args.names, partition, args.partitions).await;
     }
     found
 }

@@ -35,13 +35,11 @@ use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
-use crate::journal::{WriteError, server_error_code, unique_token};
+use crate::journal::server::{MAX_BATCH_MESSAGES, WriteError, server_error_code};
 use crate::retry::backoff;
 use crate::telemetry::CommitMetrics;
+use crate::wire::unique_token;
 use crate::wire::{HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE};
-
-/// The server's limit on messages in one atomic batch (`jetstream.limits.batch.max_msgs`).
-pub(crate) const MAX_BATCH_MESSAGES: usize = 1000;
 
 /// At most this many bytes go into one batch (a unit larger than this goes alone): a batch is
 /// one entry of the stream's replication log, and a smaller one keeps a commit's latency low.

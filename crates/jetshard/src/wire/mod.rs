@@ -3,7 +3,14 @@
 //!
 //! Architecture Invariant: every name jetshard puts on the wire is spelled here and nowhere else.
 
-use crate::entity::EntityId;
+use async_nats::HeaderMap;
+use async_nats::header::IntoHeaderName;
+
+use id::EntityId;
+use partition::fnv1a_32;
+
+pub(crate) mod id;
+pub(crate) mod partition;
 
 /// The priority group every partition consumer uses.
 pub const PRIORITY_GROUP: &str = "owners";
@@ -275,7 +282,7 @@ impl Names {
     pub fn wake_subject(&self, partition: u32, partitions: u32) -> String {
         let id = (0u64..)
             .map(|k| format!("jetshard-wake-{k}"))
-            .find(|id| crate::partition::fnv1a_32(id.as_bytes()) % partitions.max(1) == partition)
+            .find(|id| fnv1a_32(id.as_bytes()) % partitions.max(1) == partition)
             .unwrap_or_default();
         format!("{}.cmd.{id}", self.entity_type)
     }
@@ -312,6 +319,29 @@ pub(crate) fn is_valid_entity_type(s: &str) -> bool {
     matches!(chars.next(), Some(c) if c.is_ascii_lowercase())
         && s.len() <= 32
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+}
+
+/// Reads a header as a decimal `u64`.
+pub(crate) fn header_u64(headers: &HeaderMap, name: impl IntoHeaderName) -> Option<u64> {
+    headers
+        .get(name)
+        .and_then(|v| v.as_str().trim().parse().ok())
+}
+
+/// A unique token (batch ids, incarnations): the process id, a clock reading and a counter, in
+/// hex (a valid subject token).
+pub(crate) fn unique_token() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{:x}{:x}{:x}",
+        std::process::id(),
+        nanos,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 #[cfg(test)]

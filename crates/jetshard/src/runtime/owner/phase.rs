@@ -21,11 +21,11 @@ use tokio::time::Instant;
 
 use super::dormant::Dormant;
 use super::isolate::Isolation;
-use super::route::Slot;
+use super::slot::Slot;
 use crate::entity::{Entity, EntityId};
-use crate::entity_actor::{EntityContext, Quarantine};
-use crate::fence::HeldRange;
+use crate::journal::fence::HeldRange;
 use crate::retry::RestartWindow;
+use crate::runtime::entity_actor::{EntityContext, Quarantine};
 
 /// Where an owner stands.
 pub(super) enum Phase<E: Entity> {
