@@ -212,7 +212,10 @@ pub(crate) async fn fire(
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
+    use crate::data::timers::{Firing, firing_of, valid_name};
 
     fn armed(set_seq: u64, due_ms: u64) -> Armed {
         Armed {

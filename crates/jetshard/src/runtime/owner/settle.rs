@@ -212,7 +212,7 @@ pub(crate) fn settle(head: &Head, verdict: Verdict, policy: &Policy, now: Instan
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::entity_actor::LastOutcome;
+    use crate::runtime::entity_actor::outcome_header::LastOutcome;
 
     const POLICY: Policy = Policy {
         max_deliver: 3,
