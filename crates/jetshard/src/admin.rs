@@ -399,8 +399,7 @@ impl Admin {
             .get_raw_message(dead_letter_seq)
             .await
             .map_err(|e| Error::jetstream(context(), e))?;
-        let dead_letters = format!("{}.dlq.", self.names.entity_type);
-        if !record.subject.starts_with(&dead_letters) {
+        if !self.names.is_dead_letter(&record.subject) {
             return Err(Error::jetstream(
                 context(),
                 NotADeadLetter {
@@ -418,7 +417,7 @@ impl Admin {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(
             HDR_MSG_ID,
-            format!("{}:replay:{dead_letter_seq}", self.names.entity_type).as_str(),
+            self.names.replay_msg_id(dead_letter_seq).as_str(),
         );
         headers.insert(HDR_REPLAY_OF, dead_letter_seq.to_string().as_str());
         let subject = self.names.command_subject(&id);
@@ -458,7 +457,7 @@ impl Admin {
         let (_, journal) = self.streams().await?;
         let filter = match partition {
             Some(p) => self.names.partition_snapshots(p),
-            None => format!("{}.snap.>", self.names.entity_type),
+            None => self.names.all_snapshots(),
         };
         let consumer = journal
             .create_consumer(jetstream::consumer::pull::OrderedConfig {
@@ -489,16 +488,13 @@ impl Admin {
             let upto = crate::wire::header_u64(&headers, HDR_SNAPSHOT_UPTO);
             let written = crate::wire::header_u64(&headers, HDR_GENERATION).is_some();
             // `<t>.snap.<p>.<id>` -> `<t>.evt.<p>.<id>` and `<t>.tmr.<p>.<id>`.
-            let rest = message
-                .subject
-                .strip_prefix(&format!("{}.snap.", self.names.entity_type));
-            if let (Some(upto), true, Some(rest)) = (upto, written, rest) {
+            let subjects = self.names.covered_by_snapshot(&message.subject);
+            if let (Some(upto), true, Some([events, timers])) = (upto, written, subjects) {
                 done.snapshots += 1;
-                let t = &self.names.entity_type;
-                covered.push((format!("{t}.evt.{rest}"), upto));
+                covered.push((events, upto));
                 // No snapshot is written while its entity has a timer armed: the timer records
                 // it covers are of timers that fired or were cancelled.
-                covered.push((format!("{t}.tmr.{rest}"), upto));
+                covered.push((timers, upto));
             }
             if pending == 0 {
                 break;
@@ -584,7 +580,7 @@ impl Admin {
             // Both subjects a partition's dead letters are on: each entity's, and the one of
             // dead letters that name no valid entity.
             for filter in [
-                format!("{}.*", self.names.partition_dead_letters(partition)),
+                self.names.partition_entities_dead_letters(partition),
                 self.names.partition_dead_letters(partition),
             ] {
                 let purged = journal

@@ -116,7 +116,7 @@ impl<E: Entity> CommandSender<E> {
             });
         }
         let mut headers = HeaderMap::new();
-        headers.insert(HDR_MSG_ID, format!("{id}:{key}"));
+        headers.insert(HDR_MSG_ID, Names::keyed_command_msg_id(id, key));
         self.publish(id, command, headers).await
     }
 

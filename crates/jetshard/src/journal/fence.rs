@@ -196,7 +196,7 @@ pub enum FenceRecordError {
     #[error("fence record body is not valid: {0}")]
     Body(String),
     /// The `Jetshard-Generation` header is missing or not a number.
-    #[error("fence record has no valid Jetshard-Generation header")]
+    #[error("fence record has no valid {} header", HDR_GENERATION)]
     Header,
     /// Header and body disagree.
     #[error("fence record header says generation {header}, body says {body}")]

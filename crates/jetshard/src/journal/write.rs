@@ -120,10 +120,7 @@ impl JournalWriter {
             headers.insert(HDR_OUTBOX_INDEX, index.to_string());
             headers.insert(
                 HDR_MSG_ID,
-                format!(
-                    "{}:out-record:{command_seq}:{index}",
-                    self.names.entity_type
-                ),
+                self.names.outbox_record_msg_id(command_seq, index),
             );
             Outgoing {
                 subject: outbox_subject.clone(),
@@ -179,10 +176,7 @@ impl JournalWriter {
         headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
         headers.insert(HDR_ENTITY, entity);
         headers.insert(HDR_OUTBOX_DONE, "1");
-        headers.insert(
-            HDR_MSG_ID,
-            format!("{}:out-done:{command_seq}", self.names.entity_type),
-        );
+        headers.insert(HDR_MSG_ID, self.names.outbox_done_msg_id(command_seq));
         let record = Outgoing {
             subject: self.names.outbox_subject(self.partition),
             headers,
@@ -206,10 +200,7 @@ impl JournalWriter {
         headers.insert(HDR_ENTITY, entity);
         headers.insert(HDR_DELIVERIES, deliveries.to_string());
         headers.insert(HDR_REASON, sanitize_header(reason));
-        headers.insert(
-            HDR_MSG_ID,
-            format!("{}:dlq:{command_seq}", self.names.entity_type),
-        );
+        headers.insert(HDR_MSG_ID, self.names.dead_letter_msg_id(command_seq));
         let record = Outgoing {
             subject: self.names.dead_letter_subject(self.partition, entity),
             headers,
@@ -266,7 +257,7 @@ fn timer_records<'a>(
         headers.insert(HDR_TIMER, name);
         headers.insert(
             HDR_MSG_ID,
-            format!("{entity_type}:{command_seq}:timer:{index}"),
+            crate::wire::timer_record_msg_id(entity_type, command_seq, index),
         );
         headers
     };

@@ -39,7 +39,7 @@ const PUBLISH_ATTEMPTS: u32 = 3;
 
 /// `Nats-Msg-Id` of the `index`th outbox message of the command at `command_seq`.
 pub(crate) fn msg_id(names: &Names, command_seq: u64, index: usize) -> String {
-    format!("{}:{command_seq}:out:{index}", names.entity_type)
+    names.outbox_msg_id(command_seq, index)
 }
 
 /// Publishes a command's outbox messages (each with its msg id), then records them as done.

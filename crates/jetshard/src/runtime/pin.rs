@@ -110,7 +110,10 @@ pub(crate) fn trace_of(headers: Option<&async_nats::HeaderMap>) -> Option<Box<Co
 /// layout (ADR-15): `<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>`,
 /// or with `<domain>.<account hash>.` in front and optional tokens after.
 pub(crate) fn ack_info(reply: &str) -> Option<AckInfo> {
-    let tokens: Vec<&str> = reply.strip_prefix("$JS.ACK.")?.split('.').collect();
+    let tokens: Vec<&str> = reply
+        .strip_prefix(crate::wire::ACK_PREFIX)?
+        .split('.')
+        .collect();
     let first = match tokens.len() {
         7 => 2,
         n if n >= 9 => 4,
@@ -200,7 +203,7 @@ pub(crate) fn start(
     settings: PullSettings,
     sink: impl Fn(PinSignal) -> bool + Send + Sync + 'static,
 ) -> PullLoop {
-    let request_subject = format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}");
+    let request_subject = crate::wire::pull_request_subject(stream, consumer);
     let consumer = consumer.to_owned();
     let (paused, paused_rx) = watch::channel(false);
     let (forget, forget_rx) = watch::channel(None);

@@ -185,7 +185,7 @@ pub(crate) async fn armed_in_partition(
 
 /// `Nats-Msg-Id` of a timer's command.
 pub(crate) fn fired_msg_id(names: &Names, entity: &EntityId, name: &str, set_seq: u64) -> String {
-    format!("{}:timer:{entity}:{name}:{set_seq}", names.entity_type)
+    names.timer_fired_msg_id(entity, name, set_seq)
 }
 
 /// Publishes a due timer's command (not awaiting the stream's ack: a lost one is published

@@ -306,10 +306,86 @@ impl Names {
         format!("{}:{command_seq}:{index}", self.entity_type)
     }
 
+    /// `Nats-Msg-Id` of the `index`th outbox record of the command at `command_seq`.
+    pub(crate) fn outbox_record_msg_id(&self, command_seq: u64, index: usize) -> String {
+        format!("{}:out-record:{command_seq}:{index}", self.entity_type)
+    }
+
+    /// `Nats-Msg-Id` of the outbox *done* record of the command at `command_seq`.
+    pub(crate) fn outbox_done_msg_id(&self, command_seq: u64) -> String {
+        format!("{}:out-done:{command_seq}", self.entity_type)
+    }
+
+    /// `Nats-Msg-Id` of the `index`th outbox message (as published) of the command at
+    /// `command_seq`.
+    pub(crate) fn outbox_msg_id(&self, command_seq: u64, index: usize) -> String {
+        format!("{}:{command_seq}:out:{index}", self.entity_type)
+    }
+
+    /// `Nats-Msg-Id` of the dead letter of the command at `command_seq`.
+    pub(crate) fn dead_letter_msg_id(&self, command_seq: u64) -> String {
+        format!("{}:dlq:{command_seq}", self.entity_type)
+    }
+
+    /// `Nats-Msg-Id` of a dead letter's command published again (`jetshard dlq replay`).
+    pub(crate) fn replay_msg_id(&self, dead_letter_seq: u64) -> String {
+        format!("{}:replay:{dead_letter_seq}", self.entity_type)
+    }
+
+    /// `Nats-Msg-Id` of a timer's command, as published when it fires.
+    pub(crate) fn timer_fired_msg_id(&self, entity: &EntityId, name: &str, set_seq: u64) -> String {
+        format!("{}:timer:{entity}:{name}:{set_seq}", self.entity_type)
+    }
+
+    /// `Nats-Msg-Id` of a command sent with an idempotency key.
+    pub(crate) fn keyed_command_msg_id(id: &str, key: &str) -> String {
+        format!("{id}:{key}")
+    }
+
+    /// Whether `subject` is one of this type's dead-letter subjects (`<t>.dlq.…`).
+    pub(crate) fn is_dead_letter(&self, subject: &str) -> bool {
+        subject
+            .strip_prefix(self.entity_type.as_str())
+            .is_some_and(|rest| rest.starts_with(".dlq."))
+    }
+
+    /// Every snapshot subject of all partitions: `<t>.snap.>`.
+    pub(crate) fn all_snapshots(&self) -> String {
+        format!("{}.snap.>", self.entity_type)
+    }
+
+    /// The subjects a snapshot on `snapshot_subject` (`<t>.snap.<p>.<id>`) covers: the entity's
+    /// events (`<t>.evt.<p>.<id>`) and timer records (`<t>.tmr.<p>.<id>`); `None` if it is not
+    /// a snapshot subject of this type.
+    pub(crate) fn covered_by_snapshot(&self, snapshot_subject: &str) -> Option<[String; 2]> {
+        let t = &self.entity_type;
+        let rest = snapshot_subject.strip_prefix(&format!("{t}.snap."))?;
+        Some([format!("{t}.evt.{rest}"), format!("{t}.tmr.{rest}")])
+    }
+
+    /// The dead letters of a partition's entities (each on `<t>.dlq.<p>.<id>`).
+    pub(crate) fn partition_entities_dead_letters(&self, partition: u32) -> String {
+        format!("{}.dlq.{partition}.*", self.entity_type)
+    }
+
     /// The entity id at the end of a stored command or event subject.
     pub fn entity_of_subject(subject: &str) -> Option<&str> {
         subject.rsplit('.').next()
     }
+}
+
+/// `Nats-Msg-Id` of the `index`th timer record (a set, a cancel, or the `fired` record) of the
+/// command at `command_seq`.
+pub(crate) fn timer_record_msg_id(entity_type: &str, command_seq: u64, index: usize) -> String {
+    format!("{entity_type}:{command_seq}:timer:{index}")
+}
+
+/// The prefix of a JetStream ack reply subject (`$JS.ACK.…`, ADR-15).
+pub(crate) const ACK_PREFIX: &str = "$JS.ACK.";
+
+/// The subject a pull request for `consumer` of `stream` is sent to.
+pub(crate) fn pull_request_subject(stream: &str, consumer: &str) -> String {
+    format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}")
 }
 
 /// Whether `s` is a valid entity type token: lowercase ASCII letters, digits, `-` and `_`,
