@@ -14,6 +14,10 @@
 //! panics) is *quarantined*: its state is not to be trusted, so none of its commands are decided;
 //! each is dead-lettered naming the journal record at fault. Other entities go on.
 //!
+//! Files: [`protocol`] (what the actor and its owner say), [`process`] (one command as named
+//! steps), [`load`] and [`replay`] (an entity's state rebuilt), [`snapshot`],
+//! [`outcome_header`] (the `Jetshard-Last-Outcome` codec), [`queries`], [`state`].
+//!
 //! Passivation: an idle entity's actor hands its state back to the owner and stops. The state
 //! waits in the owner's dormant map, a few dozen bytes beyond the state itself, against some
 //! kilobytes for a live actor, until the entity's next command spawns a new actor with it.

@@ -4,15 +4,18 @@
 //! one owns the partition: it claims a new generation, rebuilds the partition's state, recovers
 //! what earlier owners held, and hands commands to one actor per entity.
 //!
+//! One file per responsibility (the model is raft-rs's `raft.rs` + `tracker/`):
+//! - this file: the actor and its dispatch (`handle`, `on_delivery`, `route_delivery`), so that
+//!   a delivery reads top to bottom until it reaches its entity's actor;
+//! - [`state`]: the owner's messages and fields; [`shared`]: what all owners of a type share;
 //! - [`phase`]: the owner's phases (a diagram) and what it holds in each;
-//! - [`acquire`]: claim, rebuild (quarantining entities whose records cannot be read back),
-//!   recovery of the in-flight window;
-//! - [`route`]: each entity's commands in hand, handed to its actor in order;
+//! - [`acquire`] (claim, recovery of the in-flight window) and [`takeover`] (the actor's side:
+//!   fenced writer, timer scan, outbox recovery);
+//! - [`slot`] and [`route`]: each entity's commands in hand, handed to its actor in order;
 //! - [`settle`]: the failure policy, a pure function from an entity's verdict to effects (ack,
-//!   nak, give up, retry, step down), unit-tested without a server.
-//!
-//! This file is the actor: it receives the pull loop's signals and the entity actors' reports,
-//! and carries out the effects [`settle`] decides.
+//!   nak, give up, retry, step down), unit-tested without a server; [`outcome`] carries them out;
+//! - [`passivate`], [`upkeep`] (the tick, timers), [`release`] (release, hand-off, step-down),
+//!   [`status`], [`ack`] (acks, unpin, replies), [`dormant`], [`isolate`], [`query`].
 //!
 //! Architecture Invariant: a partition's state lives in exactly one owner actor (and its entity
 //! actors); the owner is the only place that acknowledges, naks or terminates its commands, and
