@@ -3,7 +3,8 @@
 //! ([`CommandOutcome`](crate::CommandOutcome)).
 //!
 //! Architecture Invariant: this module does no IO and imports nothing from `runtime/`,
-//! `journal/` or the API modules; it sits on `wire/` (ids and header names) only.
+//! `journal/` or the API modules; it sits on `wire/` (ids and header names) and the leaf modules
+//! `codec` and `error` only (`grep -rn "crate::" crates/jetshard/src/data`).
 
 mod effects;
 mod outcome;
