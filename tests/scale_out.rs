@@ -48,7 +48,7 @@ async fn wait_even(nodes: &[&Node], partitions: u32) {
     });
 }
 
-fn owner_of<'a>(nodes: &'a [Node], partition: u32) -> &'a Node {
+fn owner_of(nodes: &[Node], partition: u32) -> &Node {
     nodes
         .iter()
         .find(|n| n.owned().contains(&partition))

@@ -8,8 +8,8 @@ use std::collections::BTreeSet;
 
 use jetshard_model::{Phase, STEP_DOWNS_LEFT_OUT, STEP_DOWNS_MODELLED};
 
-const PHASE_RS: &str = include_str!("../../jetshard/src/owner/phase.rs");
-const SETTLE_RS: &str = include_str!("../../jetshard/src/owner/settle.rs");
+const PHASE_RS: &str = include_str!("../../jetshard/src/runtime/owner/phase.rs");
+const SETTLE_RS: &str = include_str!("../../jetshard/src/runtime/owner/settle.rs");
 
 /// The variant names of the enum declared by the line starting with `header`.
 fn variants(source: &str, header: &str) -> BTreeSet<String> {

@@ -12,7 +12,7 @@ use async_nats::jetstream::{self, Context};
 use futures::StreamExt;
 
 use crate::error::Error;
-use crate::fence;
+use crate::journal::fence;
 use crate::query::{self, QueryAnswer};
 use crate::status::NodeStatus;
 use crate::wire::{
@@ -365,10 +365,10 @@ impl Admin {
                 seq,
                 partition: Names::partition_of_dead_letter(&message.subject).unwrap_or(0),
                 entity: text(HDR_ENTITY),
-                command_seq: fence::header_u64(&headers, HDR_COMMAND_SEQ).unwrap_or(0),
-                deliveries: fence::header_u64(&headers, HDR_DELIVERIES).unwrap_or(0),
+                command_seq: crate::wire::header_u64(&headers, HDR_COMMAND_SEQ).unwrap_or(0),
+                deliveries: crate::wire::header_u64(&headers, HDR_DELIVERIES).unwrap_or(0),
                 reason: text(HDR_REASON),
-                generation: fence::header_u64(&headers, HDR_GENERATION).unwrap_or(0),
+                generation: crate::wire::header_u64(&headers, HDR_GENERATION).unwrap_or(0),
                 payload: message.payload.clone(),
             });
             if pending == 0 {
@@ -399,8 +399,7 @@ impl Admin {
             .get_raw_message(dead_letter_seq)
             .await
             .map_err(|e| Error::jetstream(context(), e))?;
-        let dead_letters = format!("{}.dlq.", self.names.entity_type);
-        if !record.subject.starts_with(&dead_letters) {
+        if !self.names.is_dead_letter(&record.subject) {
             return Err(Error::jetstream(
                 context(),
                 NotADeadLetter {
@@ -418,7 +417,7 @@ impl Admin {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(
             HDR_MSG_ID,
-            format!("{}:replay:{dead_letter_seq}", self.names.entity_type).as_str(),
+            self.names.replay_msg_id(dead_letter_seq).as_str(),
         );
         headers.insert(HDR_REPLAY_OF, dead_letter_seq.to_string().as_str());
         let subject = self.names.command_subject(&id);
@@ -458,7 +457,7 @@ impl Admin {
         let (_, journal) = self.streams().await?;
         let filter = match partition {
             Some(p) => self.names.partition_snapshots(p),
-            None => format!("{}.snap.>", self.names.entity_type),
+            None => self.names.all_snapshots(),
         };
         let consumer = journal
             .create_consumer(jetstream::consumer::pull::OrderedConfig {
@@ -486,19 +485,16 @@ impl Admin {
                 .map_err(|e| Error::jetstream(format!("read {filter}"), e.to_string()))?
                 .pending;
             let headers = message.headers.clone().unwrap_or_default();
-            let upto = fence::header_u64(&headers, HDR_SNAPSHOT_UPTO);
-            let written = fence::header_u64(&headers, HDR_GENERATION).is_some();
+            let upto = crate::wire::header_u64(&headers, HDR_SNAPSHOT_UPTO);
+            let written = crate::wire::header_u64(&headers, HDR_GENERATION).is_some();
             // `<t>.snap.<p>.<id>` -> `<t>.evt.<p>.<id>` and `<t>.tmr.<p>.<id>`.
-            let rest = message
-                .subject
-                .strip_prefix(&format!("{}.snap.", self.names.entity_type));
-            if let (Some(upto), true, Some(rest)) = (upto, written, rest) {
+            let subjects = self.names.covered_by_snapshot(&message.subject);
+            if let (Some(upto), true, Some([events, timers])) = (upto, written, subjects) {
                 done.snapshots += 1;
-                let t = &self.names.entity_type;
-                covered.push((format!("{t}.evt.{rest}"), upto));
+                covered.push((events, upto));
                 // No snapshot is written while its entity has a timer armed: the timer records
                 // it covers are of timers that fired or were cancelled.
-                covered.push((format!("{t}.tmr.{rest}"), upto));
+                covered.push((timers, upto));
             }
             if pending == 0 {
                 break;
@@ -584,7 +580,7 @@ impl Admin {
             // Both subjects a partition's dead letters are on: each entity's, and the one of
             // dead letters that name no valid entity.
             for filter in [
-                format!("{}.*", self.names.partition_dead_letters(partition)),
+                self.names.partition_entities_dead_letters(partition),
                 self.names.partition_dead_letters(partition),
             ] {
                 let purged = journal

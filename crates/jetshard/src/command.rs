@@ -9,51 +9,15 @@ use std::time::Duration;
 use async_nats::jetstream::{self, Context};
 use async_nats::{Client, HeaderMap};
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
 
 use crate::codec::Codec;
 use crate::config::ShardConfig;
+use crate::data::CommandOutcome;
 use crate::entity::{Entity, EntityId};
 use crate::error::Error;
 use crate::reply::{Reply, ReplyBody};
 use crate::trace::TraceParent;
 use crate::wire::{HDR_MSG_ID, HDR_REPLY_TO, HDR_TRACEPARENT, Names};
-
-/// What became of a command, as told to a client that asked (`Jetshard-Reply-To`; JSON with an
-/// `outcome` tag, see docs/WIRE.md).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum CommandOutcome {
-    /// Its events are durable.
-    Applied {
-        /// The command's stream sequence.
-        command_seq: u64,
-        /// How many events it wrote.
-        events: usize,
-    },
-    /// The entity refused it; nothing was written.
-    Rejected {
-        /// The command's stream sequence.
-        command_seq: u64,
-        /// The entity's reason.
-        reason: String,
-    },
-    /// It had been processed before (this was a redelivery), and what it came to then is not
-    /// known here any more. A redelivery whose first outcome is known is answered with that
-    /// outcome instead (applied, rejected or dead-lettered).
-    Duplicate {
-        /// The command's stream sequence.
-        command_seq: u64,
-    },
-    /// It was given up: undecodable, or failing at every delivery.
-    DeadLettered {
-        /// The command's stream sequence.
-        command_seq: u64,
-        /// Why.
-        reason: String,
-    },
-}
 
 /// The longest idempotency key [`CommandSender::send_with_key`] takes, in bytes.
 pub const MAX_KEY_LEN: usize = 128;
@@ -344,7 +308,7 @@ fn keyed_msg_id(id: &str, key: &str) -> Result<String, Error> {
             key: key.chars().take(MAX_KEY_LEN).collect(),
         });
     }
-    Ok(format!("{id}:{key}"))
+    Ok(Names::keyed_command_msg_id(id, key))
 }
 
 /// FNV-1a over the parts, each followed by a 0 byte: stable across processes and versions.

@@ -107,52 +107,43 @@ pub use async_nats;
 pub use ractor;
 
 pub mod admin;
-mod balance;
 mod codec;
 mod command;
 mod config;
-mod crash;
+mod data;
 mod entity;
-mod entity_actor;
 mod error;
-mod fence;
-mod group_commit;
 mod health;
 mod journal;
-mod outbox;
-mod owner;
-mod partition;
-mod pin;
 mod query;
 mod reply;
 mod retry;
+mod runtime;
 mod status;
 mod system;
 mod telemetry;
 #[cfg(test)]
 mod test_entity;
-mod timer;
-mod topology;
 mod trace;
 pub mod wire;
 
-pub use balance::partition_standbys;
 pub use codec::Codec;
-pub use command::{CommandOutcome, CommandSender, MAX_KEY_LEN};
+pub use command::{CommandSender, MAX_KEY_LEN};
 pub use config::{CommandRetention, ShardConfig, ShardConfigBuilder};
-pub use crash::crash_watchers;
+pub use data::timers::MAX_TIMER_NAME_LEN;
+pub use data::{CommandOutcome, EffectError, Effects};
 pub use entity::{Entity, EntityId, MAX_ID_LEN, Snapshots};
 pub use error::{CodecError, ConfigError, Error, InvalidId};
-pub use fence::{FenceRecord, FenceRecordError, HeldRange, Trial};
 pub use health::{Health, PartitionHealth};
-pub use outbox::{EffectError, Effects};
-pub use partition::{fnv1a_32, partition_of};
+pub use journal::fence::{FenceRecord, FenceRecordError, HeldRange, Trial};
 pub use query::{QueryAnswer, StateSnapshot};
 pub use reply::Reply;
+pub use runtime::balance::partition_standbys;
+pub use runtime::crash::crash_watchers;
 pub use status::{NodeStatus, OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
 pub use system::ShardSystem;
-pub use timer::MAX_TIMER_NAME_LEN;
 pub use trace::{SpanId, TraceId, TraceParent};
+pub use wire::partition::{fnv1a_32, partition_of};
 
 /// The README's code, compiled as a doctest so that it stays true.
 #[cfg(doctest)]

@@ -34,9 +34,9 @@ use tokio::task::JoinHandle;
 use crate::command::CommandSender;
 use crate::entity::{Entity, EntityId};
 use crate::error::{CodecError, Error};
-use crate::fence;
-use crate::partition::partition_of;
+use crate::journal::fence;
 use crate::wire::Names;
+use crate::wire::partition::partition_of;
 
 /// The longest a fence check before an answer may take; past it, no answer.
 const FENCE_CHECK_TIMEOUT: Duration = Duration::from_secs(2);

@@ -13,7 +13,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 
 use crate::codec::Codec;
-use crate::command::CommandOutcome;
+use crate::data::CommandOutcome;
 use crate::entity::{Entity, decode_event};
 use crate::error::CodecError;
 

@@ -14,15 +14,15 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::balance::{Heartbeat, Membership};
 use crate::config::ShardConfig;
 use crate::entity::Entity;
 use crate::error::Error;
 use crate::health::{Health, HealthBoard, PartitionHealth};
-use crate::owner::{OwnerActor, OwnerArgs, OwnerMsg, Shared};
 use crate::retry::RestartWindow;
+use crate::runtime::balance::{Heartbeat, Membership};
+use crate::runtime::owner::{OwnerActor, OwnerArgs, OwnerMsg, Shared};
+use crate::runtime::topology;
 use crate::status::{NodeStatus, OwnershipEvent, PartitionStatus};
-use crate::topology;
 use crate::wire::Names;
 
 const RESPAWN_DELAY: Duration = Duration::from_secs(1);
@@ -112,8 +112,10 @@ impl ShardSystem {
             events: events.clone(),
             resident: Arc::default(),
             dormant: Arc::default(),
-            loads: Arc::new(tokio::sync::Semaphore::new(crate::entity_actor::MAX_LOADS)),
-            incarnation: crate::journal::unique_token(),
+            loads: Arc::new(tokio::sync::Semaphore::new(
+                crate::runtime::entity_actor::MAX_LOADS,
+            )),
+            incarnation: crate::wire::unique_token(),
             health: health.clone(),
             deaths: Arc::default(),
         });
@@ -292,7 +294,7 @@ impl<E: Entity> Actor for SystemActor<E> {
         }
         if let Some(interval) = state.shared.config.crash_probe_interval {
             let shared = &state.shared;
-            let watch = crate::crash::watch(crate::crash::WatchArgs {
+            let watch = crate::runtime::crash::watch(crate::runtime::crash::WatchArgs {
                 client: shared.client.clone(),
                 js: shared.js.clone(),
                 names: shared.names.clone(),
@@ -534,8 +536,12 @@ fn tell_members(state: &mut SystemState, now: Instant) {
     });
     if changed {
         let config = &state.shared.config;
-        state.standing_by =
-            crate::balance::standing_by(&config.node_id, &live, config.partitions, config.standbys);
+        state.standing_by = crate::runtime::balance::standing_by(
+            &config.node_id,
+            &live,
+            config.partitions,
+            config.standbys,
+        );
     }
 }
 

@@ -1,0 +1,132 @@
+//! The group commit against a real server: batches, pipelining, the server's refusals.
+
+use async_nats::jetstream::stream;
+use jetshard_testkit::NatsServer;
+use metrics::{Counter, Histogram};
+
+use super::*;
+use crate::wire::{HDR_EXPECTED_SUBJECT, HDR_EXPECTED_SUBJECT_SEQ, HDR_MSG_ID};
+
+const FENCE: &str = "t.fence.0";
+
+/// A journal stream as jetshard's (atomic batches allowed) and a fence record; its sequence.
+async fn journal(js: &Context) -> u64 {
+    js.create_stream(stream::Config {
+        name: "T".to_owned(),
+        subjects: vec!["t.>".to_owned()],
+        allow_atomic_publish: true,
+        ..Default::default()
+    })
+    .await
+    .expect("create the stream");
+    fence(js).await
+}
+
+async fn fence(js: &Context) -> u64 {
+    js.publish(FENCE, "fence".into())
+        .await
+        .expect("publish a fence record")
+        .await
+        .expect("store it")
+        .sequence
+}
+
+fn record(entity: &str, msg_id: &str, fence: u64) -> Outgoing {
+    let mut headers = HeaderMap::new();
+    headers.insert(HDR_MSG_ID, msg_id);
+    headers.insert(HDR_EXPECTED_SUBJECT_SEQ, fence.to_string());
+    headers.insert(HDR_EXPECTED_SUBJECT, FENCE);
+    Outgoing {
+        subject: format!("t.evt.0.{entity}"),
+        headers,
+        payload: Bytes::from_static(b"event"),
+    }
+}
+
+fn start(js: &Context, stats: &Arc<CommitStats>) -> GroupCommit {
+    let metrics = CommitMetrics {
+        records: Histogram::noop(),
+        conflicts: Counter::noop(),
+    };
+    GroupCommit::start(js.clone(), 0, 1, Mode::Batched, stats.clone(), metrics)
+}
+
+async fn stored(js: &Context) -> u64 {
+    js.get_stream("T")
+        .await
+        .expect("the stream")
+        .info()
+        .await
+        .expect("its info")
+        .state
+        .messages
+}
+
+// A current-thread runtime: the writes joined below all reach the committer's queue before
+// it runs, so they are gathered into one batch.
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_holding_a_command_stored_before_stores_the_others_and_answers_each() {
+    let server = NatsServer::start().await.expect("start nats-server");
+    let js = async_nats::jetstream::new(server.connect().await.expect("connect"));
+    let fence = journal(&js).await;
+    let stats = Arc::default();
+    let commit = start(&js, &stats);
+    // "a", then "a" again (its answer lost, say) with "b" and "c" in one batch: the server
+    // refuses that batch whole (10201), and each command goes on its own.
+    let a = commit.write(vec![record("a", "t:10:0", fence)]).await;
+    assert_eq!(a.expect("a stored"), fence + 1);
+    let a2 = vec![record("a", "t:10:0", fence)];
+    let b = vec![record("b", "t:11:0", fence)];
+    let c = vec![record("c", "t:12:0", fence), record("c", "t:12:1", fence)];
+    let (a2, b, c) = tokio::join!(commit.write(a2), commit.write(b), commit.write(c));
+    assert!(a2.is_ok(), "{a2:?}");
+    assert!(b.is_ok(), "{b:?}");
+    assert!(c.is_ok(), "{c:?}");
+    // The fence record, "a" once, "b", and both events of "c".
+    assert_eq!(stored(&js).await, 5);
+    // "a"; then the refused batch, and "a", "b" and "c" each committed on its own.
+    assert_eq!(stats.batches.load(Ordering::Relaxed), 4);
+    assert_eq!(stats.conflicts.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn ready_writes_are_one_batch_and_a_moved_fence_refuses_every_one() {
+    let server = NatsServer::start().await.expect("start nats-server");
+    let js = async_nats::jetstream::new(server.connect().await.expect("connect"));
+    let fence_seq = journal(&js).await;
+    let stats: Arc<CommitStats> = Arc::default();
+    let commit = start(&js, &stats);
+    let writes = (0..10).map(|i| {
+        commit.write(vec![record(
+            &format!("e{i}"),
+            &format!("t:{i}:0"),
+            fence_seq,
+        )])
+    });
+    let answers = futures::future::join_all(writes).await;
+    let seqs: Vec<u64> = answers.into_iter().map(|a| a.expect("stored")).collect();
+    // One batch, stored in one piece and in order: each command is told its own record.
+    assert_eq!(seqs, (fence_seq + 1..=fence_seq + 10).collect::<Vec<_>>());
+    assert_eq!(stats.batches.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.records.load(Ordering::Relaxed), 10);
+
+    // Another owner claims the partition: every write of this generation is refused, in a
+    // batch or alone, and nothing is stored.
+    fence(&js).await;
+    let late = (10..13).map(|i| {
+        commit.write(vec![record(
+            &format!("e{i}"),
+            &format!("t:{i}:0"),
+            fence_seq,
+        )])
+    });
+    for answer in futures::future::join_all(late).await {
+        assert!(
+            matches!(answer, Err(WriteError::Fenced { generation: 1 })),
+            "{answer:?}"
+        );
+    }
+    let alone = commit.write(vec![record("e13", "t:13:0", fence_seq)]).await;
+    assert!(matches!(alone, Err(WriteError::Fenced { .. })), "{alone:?}");
+    assert_eq!(stored(&js).await, 12);
+}

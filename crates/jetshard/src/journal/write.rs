@@ -1,0 +1,295 @@
+//! Fenced writes of a partition's records: events, snapshots, dead letters, outbox and timer
+//! records.
+//!
+//! Architecture Invariant: every write of a partition other than its fence record goes through
+//! [`JournalWriter`], which fences it with the writer's generation. A writer whose generation is
+//! no longer the partition's latest gets [`WriteError::Fenced`] from the server, never a stored
+//! message.
+
+use std::sync::Arc;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::context::Context;
+use bytes::Bytes;
+
+use crate::data::OutboxMessage;
+use crate::data::timers::{Firing, TimerChange};
+use crate::entity::EntityId;
+use crate::journal::fence::Fence;
+use crate::journal::group_commit::{CommitStats, GroupCommit, Mode, Outgoing};
+use crate::journal::read::SnapshotRecord;
+use crate::journal::server::{MAX_EVENTS_PER_COMMAND, WriteError};
+use crate::telemetry::CommitMetrics;
+use crate::trace::TraceParent;
+use crate::wire::{
+    HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_EVENT_VERSION, HDR_EXPECTED_SUBJECT,
+    HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_MSG_ID, HDR_OUTBOX_DONE,
+    HDR_OUTBOX_INDEX, HDR_OUTBOX_TARGET, HDR_REASON, HDR_ROLLUP, HDR_SNAPSHOT_UPTO,
+    HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE, HDR_TIMER_OP, HDR_TIMER_SET, HDR_TRACEPARENT,
+    Names,
+};
+
+/// The records a command writes beside its events, in the same unit.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Attached<'a> {
+    /// Its outbox messages (`outbox.rs`).
+    pub(crate) outbox: &'a [OutboxMessage],
+    /// The timers it sets and cancels (`timer.rs`).
+    pub(crate) timers: &'a [TimerChange],
+    /// The timer it is the command of.
+    pub(crate) fired: Option<&'a Firing>,
+}
+
+/// Writes one partition's records under one generation, through the partition's
+/// [`GroupCommit`].
+#[derive(Clone)]
+pub(crate) struct JournalWriter {
+    names: Arc<Names>,
+    partition: u32,
+    fence: Fence,
+    fence_subject: Arc<str>,
+    commit: GroupCommit,
+}
+
+impl JournalWriter {
+    /// The writer of `partition` under `fence`; starts the partition's group commit, which
+    /// ends when the last clone of the writer is dropped.
+    pub(crate) fn new(
+        js: Context,
+        names: Arc<Names>,
+        partition: u32,
+        fence: Fence,
+        mode: Mode,
+        stats: Arc<CommitStats>,
+        metrics: CommitMetrics,
+    ) -> Self {
+        let fence_subject = names.fence_subject(partition).into();
+        let commit = GroupCommit::start(js, partition, fence.generation, mode, stats, metrics);
+        Self {
+            names,
+            partition,
+            fence,
+            fence_subject,
+            commit,
+        }
+    }
+
+    pub(crate) fn generation(&self) -> u64 {
+        self.fence.generation
+    }
+
+    /// Makes a command's events durable, fenced, de-duplicated by `<t>:<command seq>:<index>`,
+    /// each marked with the event encoding's `version`. Returns the journal sequence of the last
+    /// event (`None` for no events; 0 if the server answered that it had them already).
+    ///
+    /// A command's events are stored all or none (a fence moved mid-way must not leave half a
+    /// command in the journal), together with the other commands the group commit gathers. The
+    /// server checks each message against the fence: once another owner has claimed the
+    /// partition, every later write is rejected.
+    ///
+    /// The command's outbox records (`<t>.out.<p>`, one per message, see `outbox.rs`) go in the
+    /// same all-or-none unit as its events.
+    pub(crate) async fn append(
+        &self,
+        entity: &EntityId,
+        command_seq: u64,
+        events: Vec<Vec<u8>>,
+        version: u32,
+        trace: Option<&TraceParent>,
+        attached: Attached<'_>,
+    ) -> Result<Option<u64>, WriteError> {
+        let Attached {
+            outbox,
+            timers,
+            fired,
+        } = attached;
+        let records = events.len() + outbox.len() + timers.len() + usize::from(fired.is_some());
+        if records > MAX_EVENTS_PER_COMMAND {
+            return Err(WriteError::TooManyEvents { events: records });
+        }
+        if records == 0 {
+            return Ok(None);
+        }
+        let subject = self.names.event_subject(self.partition, entity);
+        let outbox_subject = self.names.outbox_subject(self.partition);
+        let outbox_records = outbox.iter().enumerate().map(|(index, message)| {
+            let mut headers = self.fenced_headers();
+            headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+            headers.insert(HDR_ENTITY, entity.as_str());
+            headers.insert(HDR_OUTBOX_TARGET, message.subject.as_str());
+            headers.insert(HDR_OUTBOX_INDEX, index.to_string());
+            headers.insert(
+                HDR_MSG_ID,
+                self.names.outbox_record_msg_id(command_seq, index),
+            );
+            Outgoing {
+                subject: outbox_subject.clone(),
+                headers,
+                payload: message.payload.clone(),
+            }
+        });
+        let timer_subject = self.names.timer_subject(self.partition, entity);
+        let timer_records = timer_records(&self.names.entity_type, command_seq, timers, fired)
+            .map(|(mut headers, payload)| {
+                for (name, values) in self.fenced_headers().iter() {
+                    for value in values {
+                        headers.insert(name.clone(), value.clone());
+                    }
+                }
+                Outgoing {
+                    subject: timer_subject.clone(),
+                    headers,
+                    payload,
+                }
+            })
+            .collect::<Vec<_>>();
+        let records = events
+            .into_iter()
+            .enumerate()
+            .map(|(index, event)| {
+                let mut headers = self.fenced_headers();
+                headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+                headers.insert(HDR_EVENT_VERSION, version.to_string());
+                headers.insert(HDR_MSG_ID, self.names.event_msg_id(command_seq, index));
+                if let Some(trace) = trace {
+                    headers.insert(HDR_TRACEPARENT, trace.to_string());
+                }
+                Outgoing {
+                    subject: subject.clone(),
+                    headers,
+                    payload: event.into(),
+                }
+            })
+            .chain(outbox_records)
+            .chain(timer_records)
+            .collect();
+        self.commit.write(records).await.map(Some)
+    }
+
+    /// Records that every outbox message of the command at `command_seq` was published.
+    pub(crate) async fn outbox_done(
+        &self,
+        entity: &str,
+        command_seq: u64,
+    ) -> Result<(), WriteError> {
+        let mut headers = self.fenced_headers();
+        headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+        headers.insert(HDR_ENTITY, entity);
+        headers.insert(HDR_OUTBOX_DONE, "1");
+        headers.insert(HDR_MSG_ID, self.names.outbox_done_msg_id(command_seq));
+        let record = Outgoing {
+            subject: self.names.outbox_subject(self.partition),
+            headers,
+            payload: Bytes::new(),
+        };
+        self.commit.write(vec![record]).await.map(drop)
+    }
+
+    /// Records a command that was given up (undecodable, or failing at every delivery), so an
+    /// operator can see it and replay it: `<t>.dlq.<p>`, the command's payload as body.
+    pub(crate) async fn dead_letter(
+        &self,
+        entity: &str,
+        command_seq: u64,
+        deliveries: u64,
+        reason: &str,
+        payload: Bytes,
+    ) -> Result<(), WriteError> {
+        let mut headers = self.fenced_headers();
+        headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+        headers.insert(HDR_ENTITY, entity);
+        headers.insert(HDR_DELIVERIES, deliveries.to_string());
+        headers.insert(HDR_REASON, sanitize_header(reason));
+        headers.insert(HDR_MSG_ID, self.names.dead_letter_msg_id(command_seq));
+        let record = Outgoing {
+            subject: self.names.dead_letter_subject(self.partition, entity),
+            headers,
+            payload,
+        };
+        self.commit.write(vec![record]).await.map(drop)
+    }
+
+    /// Writes a snapshot of an entity's state on `<t>.snap.<p>.<id>`, fenced like an event (a
+    /// stale owner's snapshot is rejected by the server), rolling up the entity's previous
+    /// snapshot. Returns the snapshot's journal sequence.
+    pub(crate) async fn snapshot(
+        &self,
+        entity: &EntityId,
+        snapshot: SnapshotRecord,
+    ) -> Result<u64, WriteError> {
+        let mut headers = self.fenced_headers();
+        headers.insert(HDR_COMMAND_SEQ, snapshot.command_seq.to_string());
+        headers.insert(HDR_SNAPSHOT_UPTO, snapshot.upto.to_string());
+        headers.insert(HDR_STATE_VERSION, snapshot.version.to_string());
+        headers.insert(HDR_ROLLUP, "sub");
+        if let Some(outcome) = &snapshot.last_outcome {
+            headers.insert(HDR_LAST_OUTCOME, sanitize_header(outcome));
+        }
+        let record = Outgoing {
+            subject: self.names.snapshot_subject(self.partition, entity),
+            headers,
+            payload: snapshot.state,
+        };
+        self.commit.write(vec![record]).await
+    }
+
+    fn fenced_headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(HDR_GENERATION, self.fence.generation.to_string());
+        headers.insert(HDR_EXPECTED_SUBJECT_SEQ, self.fence.seq.to_string());
+        headers.insert(HDR_EXPECTED_SUBJECT, &*self.fence_subject);
+        headers
+    }
+}
+
+/// The timer records of a command (headers without the fence, and body): its sets and cancels,
+/// and the `fired` record of the timer it is the command of.
+fn timer_records<'a>(
+    entity_type: &'a str,
+    command_seq: u64,
+    timers: &'a [TimerChange],
+    fired: Option<&'a Firing>,
+) -> impl Iterator<Item = (HeaderMap, Bytes)> + 'a {
+    let record = move |index: usize, op: &str, name: &str| {
+        let mut headers = HeaderMap::new();
+        headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+        headers.insert(HDR_TIMER_OP, op);
+        headers.insert(HDR_TIMER, name);
+        headers.insert(
+            HDR_MSG_ID,
+            crate::wire::timer_record_msg_id(entity_type, command_seq, index),
+        );
+        headers
+    };
+    let changes = timers
+        .iter()
+        .enumerate()
+        .map(move |(index, change)| match change {
+            TimerChange::Set {
+                name,
+                due_ms,
+                payload,
+                ..
+            } => {
+                let mut headers = record(index, "set", name);
+                headers.insert(HDR_TIMER_DUE, due_ms.to_string());
+                (headers, payload.clone())
+            }
+            TimerChange::Cancel { name } => (record(index, "cancel", name), Bytes::new()),
+        });
+    let fired = fired.map(move |f| {
+        let mut headers = record(timers.len(), "fired", &f.name);
+        headers.insert(HDR_TIMER_SET, f.set_seq.to_string());
+        (headers, Bytes::new())
+    });
+    changes.chain(fired)
+}
+
+/// Header values cannot hold line breaks.
+fn sanitize_header(value: &str) -> String {
+    value
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(512)
+        .collect()
+}

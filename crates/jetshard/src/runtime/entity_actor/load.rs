@@ -1,0 +1,207 @@
+//! Loading an entity on its first command: its latest snapshot restored, the journal replayed
+//! after it; an entity whose records cannot be read back is quarantined.
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use super::outcome_header::LastOutcome;
+use super::protocol::{EntityContext, Quarantine, panic_message};
+use super::replay::Seed;
+use crate::codec::Codec;
+use crate::entity::{Entity, EntityId, Snapshots};
+use crate::error::Error;
+use crate::journal::{self, SnapshotRecord};
+
+/// Why an entity could not be revived.
+pub(super) enum Revival {
+    /// A record of it cannot be read back: quarantine it.
+    Quarantined(Quarantine),
+    /// The journal could not be read (server unavailable): try again later.
+    Unreadable(String),
+}
+
+/// Loads one entity from the journal: its latest snapshot, if the entity type writes them and
+/// it reads back, then its own records after it: events (`<t>.evt.<p>.<id>`), dead letters
+/// (`<t>.dlq.<p>.<id>`, which count as processed) and timer records (`<t>.tmr.<p>.<id>`: its
+/// armed timers). Reads only this entity's subjects, so it costs the same however long the
+/// partition's history is: four single-message reads side by side (the snapshot, the last
+/// event, dead letter and timer record), plus the records after the snapshot if there are any.
+///
+/// A snapshot is never written while the entity has a timer armed (`write_snapshot`), so every
+/// armed timer's `set` record is after the latest snapshot, and read here.
+///
+/// A snapshot that does not read back (another state version, a damaged record) is ignored:
+/// the entity is loaded from all its events, which are the record; never a wedge.
+#[tracing::instrument(level = "debug", skip_all, fields(partition = context.partition, entity = %id, generation = context.journal.generation()))]
+pub(super) async fn revive<E: Entity>(
+    id: &EntityId,
+    context: &EntityContext,
+) -> Result<Seed<E>, Revival> {
+    let unreadable =
+        |e: Error| Revival::Unreadable(format!("cannot revive {id} from the journal: {e}"));
+    let codec = context.codec;
+    let partition = context.partition;
+    let events = context.names.event_subject(partition, id);
+    let dead_letters = context.names.entity_dead_letters(partition, id);
+    let timers = context.names.timer_subject(partition, id);
+    let mut seed = Seed::<E>::default();
+    // Records of commands up to `covered` are in the snapshot; those after `from` are read.
+    let (mut from, mut covered) = (1, None);
+    // The four reads side by side: an entity's first command waits for one round trip, not
+    // four, when its snapshot is recent (or it has no history).
+    let snapshots = E::snapshots();
+    let snapshot = async {
+        match snapshots {
+            Some(_) => {
+                let subject = context.names.snapshot_subject(partition, id);
+                journal::latest_snapshot(&context.journal_stream, &subject).await
+            }
+            None => Ok(None),
+        }
+    };
+    let (latest, events_end, dead_letters_end, timers_end) = futures::try_join!(
+        snapshot,
+        journal::last_sequence(&context.journal_stream, &events),
+        journal::last_sequence(&context.journal_stream, &dead_letters),
+        journal::last_sequence(&context.journal_stream, &timers),
+    )
+    .map_err(unreadable)?;
+    if let (Some(snapshots), Some((snapshot_seq, snapshot))) = (snapshots, latest) {
+        match restore::<E>(&snapshot, snapshots, codec) {
+            Ok(restored) => {
+                tracing::debug!(
+                    snapshot_seq,
+                    cmd_seq = snapshot.command_seq,
+                    "loaded from a snapshot"
+                );
+                from = snapshot.upto + 1;
+                covered = Some(snapshot.command_seq);
+                seed = restored;
+            }
+            Err(reason) => tracing::warn!(
+                snapshot_seq,
+                %reason,
+                "snapshot ignored; the entity is loaded from its events"
+            ),
+        }
+    }
+    let mut quarantine = None;
+    let reads = [
+        (events, events_end),
+        (dead_letters, dead_letters_end),
+        (timers, timers_end),
+    ];
+    for (filter, end) in reads {
+        let read = journal::replay(&context.journal_stream, filter, from, end, |stored| {
+            if covered.is_some_and(|c| stored.command_seq <= c) || stored.entity != id.as_str() {
+                return Ok(());
+            }
+            match &mut quarantine {
+                None => quarantine = seed.replay(id.as_str(), &stored, codec).err(),
+                Some(q) => q.last_command_seq = q.last_command_seq.max(stored.command_seq),
+            }
+            Ok(())
+        })
+        .await;
+        read.map_err(unreadable)?;
+    }
+    match quarantine {
+        Some(q) => Err(Revival::Quarantined(q)),
+        None => Ok(seed),
+    }
+}
+
+/// The state a snapshot holds, or why it cannot be used.
+pub(super) fn restore<E: Entity>(
+    snapshot: &SnapshotRecord,
+    snapshots: Snapshots<E::State>,
+    codec: Codec,
+) -> Result<Seed<E>, String> {
+    if snapshot.version != snapshots.version() {
+        return Err(format!(
+            "state version {} written, this code reads {}",
+            snapshot.version,
+            snapshots.version()
+        ));
+    }
+    let decoded = catch_unwind(AssertUnwindSafe(|| {
+        snapshots.decode(&snapshot.state, codec)
+    }));
+    let state = match decoded {
+        Ok(Ok(state)) => state,
+        Ok(Err(e)) => return Err(format!("state does not decode: {e}")),
+        Err(panic) => return Err(format!("decoding panicked: {}", panic_message(&*panic))),
+    };
+    Ok(Seed {
+        state,
+        last_command_seq: snapshot.command_seq,
+        last_outcome: snapshot
+            .last_outcome
+            .as_deref()
+            .and_then(LastOutcome::from_header),
+        journal_seq: snapshot.upto,
+        unsnapshotted: 0,
+        // None was armed when the snapshot was written (`write_snapshot`).
+        timers: BTreeMap::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::test_entity::Counter;
+
+    fn record(version: u32, state: &[u8]) -> SnapshotRecord {
+        SnapshotRecord {
+            state: Bytes::copy_from_slice(state),
+            version,
+            command_seq: 17,
+            upto: 40,
+            last_outcome: Some("rejected too late".to_owned()),
+        }
+    }
+
+    #[test]
+    fn the_last_outcome_reads_back_from_its_header() {
+        for outcome in [
+            LastOutcome::Applied { events: 3 },
+            LastOutcome::Rejected("too late".into()),
+            LastOutcome::DeadLettered("malformed: x y".into()),
+            LastOutcome::Rejected("".into()),
+        ] {
+            assert_eq!(
+                LastOutcome::from_header(&outcome.to_header()),
+                Some(outcome)
+            );
+        }
+        assert_eq!(LastOutcome::from_header("applied many"), None);
+        assert_eq!(LastOutcome::from_header("other"), None);
+    }
+
+    #[test]
+    fn a_snapshot_restores_state_mark_and_outcome() {
+        let snapshots = Counter::snapshots().unwrap();
+        let seed = restore::<Counter>(&record(2, b"42"), snapshots, Codec::Json).unwrap();
+        assert_eq!(seed.state, 42);
+        assert_eq!(seed.last_command_seq, 17);
+        assert_eq!(seed.journal_seq, 40);
+        assert_eq!(seed.unsnapshotted, 0);
+        assert_eq!(
+            seed.last_outcome,
+            Some(LastOutcome::Rejected("too late".into()))
+        );
+    }
+
+    #[test]
+    fn a_snapshot_of_another_version_or_that_does_not_decode_is_refused() {
+        let snapshots = Counter::snapshots().unwrap();
+        let other = restore::<Counter>(&record(1, b"42"), snapshots, Codec::Json);
+        assert!(other.is_err_and(|e| e.contains("version 1")));
+        let garbage = restore::<Counter>(&record(2, b"\xff{"), snapshots, Codec::Json);
+        assert!(garbage.is_err_and(|e| e.contains("does not decode")));
+        let bincode = restore::<Counter>(&record(2, &[0xfd; 3]), snapshots, Codec::Bincode);
+        assert!(bincode.is_err());
+    }
+}

@@ -1,0 +1,189 @@
+//! What the entity actor and its owner say to each other: the actor's messages, its reports
+//! (an outcome with its verdict, a passivation), and the context an owner starts it with.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use async_nats::jetstream::stream::Stream;
+use bytes::Bytes;
+
+use super::outcome_header::LastOutcome;
+use crate::codec::Codec;
+use crate::data::timers::{Firing, TimerReport};
+use crate::entity::EntityId;
+use crate::journal::JournalWriter;
+use crate::query::Query;
+use crate::reply::Detail;
+use crate::telemetry::CommandMetrics;
+use crate::trace::CommandTrace;
+use crate::wire::Names;
+
+impl Verdict {
+    /// A word for logs.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Verdict::Applied { .. } => "applied",
+            Verdict::Duplicate { .. } => "duplicate",
+            Verdict::Rejected(_) => "rejected",
+            Verdict::DeadLettered(_) => "dead_lettered",
+            Verdict::Fenced => "fenced",
+            Verdict::Failed(_) => "failed",
+        }
+    }
+}
+
+/// Why an entity's journal cannot be read back: its commands are dead-lettered instead of
+/// decided until a process whose code reads the record owns the partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Quarantine {
+    /// The journal record at fault.
+    pub(crate) journal_seq: u64,
+    pub(crate) reason: String,
+    /// The last command of the entity in the journal: a redelivery of one up to it is known.
+    pub(crate) last_command_seq: u64,
+}
+
+impl Quarantine {
+    /// The reason given to each command of the entity that is dead-lettered.
+    pub(crate) fn dead_letter_reason(&self) -> String {
+        format!("entity quarantined: {}", self.reason)
+    }
+}
+
+/// What an entity actor is asked to do.
+pub(crate) enum EntityMsg {
+    /// Apply a command.
+    Work(Work),
+    /// Idle: give the state back ([`Passivated`]) and stop.
+    Passivate,
+    /// Answer a state query, after the commands before it.
+    Query(Query),
+}
+
+/// What an entity actor tells its supervisor.
+pub(crate) enum EntityReport {
+    /// What became of a command.
+    Outcome(Outcome),
+    /// The actor stopped on passivation, handing its state back.
+    Passivated(Passivated),
+}
+
+/// An entity actor's state, handed back on passivation.
+pub(crate) struct Passivated {
+    pub(crate) entity: EntityId,
+    pub(crate) generation: u64,
+    /// A `Seed<E>` of the entity type; `None` if the actor holds no state it trusts (the next
+    /// actor revives the entity from the journal).
+    pub(crate) seed: Option<Box<dyn Any + Send>>,
+}
+
+/// A command for the entity.
+pub(crate) struct Work {
+    pub(crate) seq: u64,
+    pub(crate) payload: Bytes,
+    /// How often it has been delivered (for a dead-letter record).
+    pub(crate) deliveries: u64,
+    /// Give it up with this reason instead of deciding it: a dead-letter record, written in the
+    /// entity's order, without decoding the command.
+    pub(crate) give_up: Option<Arc<str>>,
+    /// The command's trace context: its events carry its span as their parent.
+    pub(crate) trace: Option<Box<CommandTrace>>,
+    /// A client waits for the outcome: report its typed [`Detail`] (the encoded events or
+    /// rejection) with it.
+    pub(crate) detail: bool,
+    /// Set when it is a timer's command: decided only if the entity has that timer armed.
+    pub(crate) timer: Option<Firing>,
+}
+
+/// What became of one command.
+#[derive(Debug)]
+pub(crate) enum Verdict {
+    /// Its events are durable (possibly none).
+    Applied { events: usize },
+    /// It had been processed before (a redelivery); how, if this actor knows.
+    Duplicate { earlier: Option<LastOutcome> },
+    /// The entity refused it; nothing was written.
+    Rejected(String),
+    /// A dead-letter record of it is durable (written in the entity's order): it is to be
+    /// terminated.
+    DeadLettered(String),
+    /// The write was rejected by the fence: the partition has a newer owner.
+    Fenced,
+    /// Not done; the entity actor has stopped.
+    Failed(Failure),
+}
+
+/// Why a command was not done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The journal did not confirm a write (leader change, lost connection): the write may be
+    /// stored; retrying with the same message ids is safe and spends no delivery.
+    Unconfirmed(String),
+    /// The entity's code or data failed on it (a panic in `decide` or the codec): a delivery is
+    /// spent.
+    Crashed(String),
+    /// The write can never succeed as it is (an event over the server's payload limit).
+    Refused(String),
+    /// The entity's journal cannot be read back.
+    Quarantined(Quarantine),
+}
+
+/// The report of one command.
+pub(crate) struct Outcome {
+    pub(crate) entity: EntityId,
+    pub(crate) seq: u64,
+    pub(crate) generation: u64,
+    pub(crate) verdict: Verdict,
+    /// Set when the command is done but the entity is not to be trusted any more: `apply`
+    /// panicked on its durable events.
+    pub(crate) quarantine: Option<Quarantine>,
+    /// The typed part of the outcome, when [`Work::detail`] asked for it.
+    pub(crate) detail: Option<Detail>,
+    /// What the command did to the entity's timers (durable), for the owner's table.
+    pub(crate) timers: Vec<TimerReport>,
+}
+
+/// Where an entity actor's reports go.
+pub(crate) type Reporter = Arc<dyn Fn(EntityReport) + Send + Sync>;
+
+/// What the entity actors of one partition under one generation share (one allocation for
+/// all of them: a live actor's size is what passivation is weighed against).
+pub(crate) struct EntityContext {
+    pub(crate) partition: u32,
+    pub(crate) journal: JournalWriter,
+    pub(crate) journal_stream: Stream<()>,
+    /// For answers to state queries.
+    pub(crate) client: async_nats::Client,
+    pub(crate) names: Arc<Names>,
+    pub(crate) codec: Codec,
+    pub(crate) report: Reporter,
+    /// The partition's decide and write timings.
+    pub(crate) metrics: CommandMetrics,
+    /// When entities write snapshots (if their type writes them at all).
+    pub(crate) snapshots: SnapshotPolicy,
+    /// Entity loads in flight in this process, at most [`MAX_LOADS`]: after a takeover every
+    /// active entity loads at once, and unbounded, their reads swamp the server.
+    pub(crate) loads: Arc<tokio::sync::Semaphore>,
+}
+
+/// Entity loads one process runs side by side (each up to four reads at once, then its tail).
+pub(crate) const MAX_LOADS: usize = 32;
+
+/// When an entity writes a snapshot of its state ([`Entity::snapshots`] says whether it can).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SnapshotPolicy {
+    /// After this many events since its last snapshot.
+    pub(crate) every: Option<u32>,
+    /// On passivation, if it wrote events since its last snapshot.
+    pub(crate) on_passivation: bool,
+}
+
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic".to_owned()
+    }
+}

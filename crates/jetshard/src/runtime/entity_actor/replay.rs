@@ -1,0 +1,126 @@
+//! An entity's state rebuilt from the journal: its seed (state, last command, last outcome)
+//! and the replay of records onto it.
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use super::outcome_header::LastOutcome;
+use super::protocol::{Quarantine, panic_message};
+use crate::codec::Codec;
+use crate::data::timers::Armed;
+use crate::entity::{Entity, decode_event};
+use crate::journal::{self, Record, TimerRecord};
+
+/// An entity's state and what its last command came to.
+pub(crate) struct Seed<E: Entity> {
+    pub(crate) state: E::State,
+    pub(crate) last_command_seq: u64,
+    /// The outcome of the command at `last_command_seq`, told again to a redelivery of it.
+    pub(crate) last_outcome: Option<LastOutcome>,
+    /// The journal sequence of the entity's last record known to be in `state` (0: unknown):
+    /// a snapshot of `state` covers the records up to it.
+    pub(crate) journal_seq: u64,
+    /// Events in `state` since its last snapshot (or since it was loaded without one).
+    pub(crate) unsnapshotted: u32,
+    /// Its armed timers, by name (`timer.rs`).
+    pub(crate) timers: BTreeMap<Box<str>, Armed>,
+}
+
+impl<E: Entity> Default for Seed<E> {
+    fn default() -> Self {
+        Self {
+            state: E::State::default(),
+            last_command_seq: 0,
+            last_outcome: None,
+            journal_seq: 0,
+            unsnapshotted: 0,
+            timers: BTreeMap::new(),
+        }
+    }
+}
+
+impl<E: Entity> Seed<E> {
+    /// Takes one record read back from the journal into the state. A record of a command
+    /// before the last one seen changes nothing but the outcome memory.
+    ///
+    /// # Errors
+    /// The quarantine of the entity if the record is an event that cannot be read or applied.
+    pub(crate) fn replay(
+        &mut self,
+        entity: &str,
+        stored: &journal::StoredEvent<'_>,
+        codec: Codec,
+    ) -> Result<(), Quarantine> {
+        match &stored.record {
+            Record::Timer(timer) => match timer {
+                TimerRecord::Set {
+                    name,
+                    due_ms,
+                    payload,
+                } => {
+                    let armed = Armed {
+                        set_seq: stored.command_seq,
+                        due_ms: *due_ms,
+                        payload: (*payload).clone(),
+                    };
+                    self.timers.insert((*name).into(), armed);
+                }
+                TimerRecord::Cancel { name } => {
+                    self.timers.remove(*name);
+                }
+                TimerRecord::Fired { name, set_seq } => {
+                    if self
+                        .timers
+                        .get(*name)
+                        .is_some_and(|a| a.set_seq == *set_seq)
+                    {
+                        self.timers.remove(*name);
+                    }
+                }
+            },
+            Record::DeadLetter { reason } => {
+                if stored.command_seq >= self.last_command_seq {
+                    self.last_outcome = Some(LastOutcome::DeadLettered((*reason).into()));
+                }
+            }
+            Record::Event { version, payload } => {
+                let quarantine = |reason: String| Quarantine {
+                    journal_seq: stored.seq,
+                    reason,
+                    last_command_seq: self.last_command_seq.max(stored.command_seq),
+                };
+                let event: E::Event = match decode_event::<E>(*version, payload, codec) {
+                    Ok(event) => event,
+                    Err(e) => {
+                        return Err(quarantine(format!(
+                            "event of {entity} at journal seq {} (version {version}) does not decode: {e}",
+                            stored.seq
+                        )));
+                    }
+                };
+                if let Err(panic) =
+                    catch_unwind(AssertUnwindSafe(|| E::apply(&mut self.state, &event)))
+                {
+                    return Err(quarantine(format!(
+                        "apply panicked on the event of {entity} at journal seq {}: {}",
+                        stored.seq,
+                        panic_message(&*panic)
+                    )));
+                }
+                let events = match &self.last_outcome {
+                    Some(LastOutcome::Applied { events })
+                        if stored.command_seq == self.last_command_seq =>
+                    {
+                        events + 1
+                    }
+                    _ => 1,
+                };
+                self.last_outcome = Some(LastOutcome::Applied { events });
+                self.unsnapshotted = self.unsnapshotted.saturating_add(1);
+            }
+        }
+        self.last_command_seq = self.last_command_seq.max(stored.command_seq);
+        self.journal_seq = self.journal_seq.max(stored.seq);
+        Ok(())
+    }
+}

@@ -1,0 +1,23 @@
+//! The entity actor's state: its id, context and loaded seed (or quarantine).
+
+use std::sync::Arc;
+
+use super::protocol::{EntityContext, Quarantine};
+use super::replay::Seed;
+use crate::entity::{Entity, EntityId};
+
+/// What the actor knows of its entity's state.
+pub(crate) enum Loaded<E: Entity> {
+    /// Not read yet: revived from the journal on the first command.
+    No,
+    Yes(Seed<E>),
+    Quarantined(Quarantine),
+}
+
+pub(crate) struct EntityState<E: Entity> {
+    pub(super) id: EntityId,
+    pub(super) context: Arc<EntityContext>,
+    pub(super) seed: Loaded<E>,
+    /// Set after a failure: later messages are ignored until the actor stops.
+    pub(super) broken: bool,
+}

@@ -1,0 +1,222 @@
+//! The outbox: messages a command sends to other entities and subjects, published only after
+//! its events are durable, at least once, and stored once by a JetStream target.
+//!
+//! `decide` collects them in an [`Effects`] (it stays a pure function: nothing is sent while it
+//! runs). The entity actor then writes, in **one journal unit** (all or none, fenced like
+//! events), the command's events and one outbox record per message on `<t>.out.<p>`. Once that
+//! is durable it applies the events, publishes each message with
+//! `Nats-Msg-Id: <t>:<command seq>:out:<index>`, and writes a *done* record for the command.
+//!
+//! A crash between the write and the done record leaves outbox records without a done record.
+//! Every new owner of the partition reads `<t>.out.<p>` on acquisition and publishes those
+//! again, then writes their done records: at least once, and a JetStream target that receives
+//! the message again within its duplicate window (2 minutes by default) drops it by its msg id,
+//! so it stores each message once. A target without a stream (a core subscriber) may see a
+//! message twice.
+//!
+//! Architecture Invariant: an outbox message is published only after the journal holds the
+//! outbox record of it (and so the events of its command); only this module publishes them.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use async_nats::jetstream::context::{Context, PublishErrorKind};
+use async_nats::jetstream::stream::Stream;
+use futures::StreamExt;
+
+use crate::data::OutboxMessage;
+use crate::error::Error;
+use crate::journal::{self, JournalWriter, WriteError};
+use crate::wire::Names;
+use crate::wire::header_u64;
+use crate::wire::{HDR_COMMAND_SEQ, HDR_ENTITY, HDR_MSG_ID, HDR_OUTBOX_DONE, HDR_OUTBOX_TARGET};
+
+/// How often a message is offered to the server before the command's outbox is left to the
+/// next owner's recovery.
+const PUBLISH_ATTEMPTS: u32 = 3;
+
+/// `Nats-Msg-Id` of the `index`th outbox message of the command at `command_seq`.
+pub(crate) fn msg_id(names: &Names, command_seq: u64, index: usize) -> String {
+    names.outbox_msg_id(command_seq, index)
+}
+
+/// Publishes a command's outbox messages (each with its msg id), then records them as done.
+/// On failure the command's records stay for the next owner's recovery.
+pub(crate) async fn deliver(
+    js: &Context,
+    names: &Names,
+    journal: &JournalWriter,
+    entity: &str,
+    command_seq: u64,
+    messages: &[OutboxMessage],
+) {
+    for (index, message) in messages.iter().enumerate() {
+        if let Err(e) = publish(js, names, command_seq, index, message).await {
+            tracing::warn!(entity, cmd_seq = command_seq, index, error = %e, "outbox message not published; the next owner publishes it again");
+            return;
+        }
+    }
+    match journal.outbox_done(entity, command_seq).await {
+        Ok(()) => {}
+        Err(WriteError::Fenced { .. }) => {}
+        Err(e) => {
+            tracing::warn!(entity, cmd_seq = command_seq, error = %e, "outbox done record not written; the next owner publishes again (stored once by msg id)");
+        }
+    }
+}
+
+/// Publishes one outbox message, awaiting the stream's ack; a subject no stream listens on
+/// counts as published (core NATS: at most once for those subscribers).
+async fn publish(
+    js: &Context,
+    names: &Names,
+    command_seq: u64,
+    index: usize,
+    message: &OutboxMessage,
+) -> Result<(), Error> {
+    let mut last = None;
+    for attempt in 0..PUBLISH_ATTEMPTS {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert(HDR_MSG_ID, msg_id(names, command_seq, index));
+        let sent = js
+            .publish_with_headers(message.subject.clone(), headers, message.payload.clone())
+            .await;
+        let ack = match sent {
+            Ok(ack) => ack.await,
+            Err(e) => {
+                last = Some(Error::jetstream(
+                    format!("publish to {}", message.subject),
+                    e,
+                ));
+                continue;
+            }
+        };
+        match ack {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == PublishErrorKind::StreamNotFound => return Ok(()),
+            Err(e) => {
+                last = Some(Error::jetstream(
+                    format!("publish to {}", message.subject),
+                    e,
+                ))
+            }
+        }
+    }
+    Err(last.unwrap_or(Error::Stopped))
+}
+
+/// One command's outbox, read back.
+#[derive(Default)]
+struct Pending {
+    entity: String,
+    messages: BTreeMap<usize, OutboxMessage>,
+    done: bool,
+}
+
+/// On acquisition: publishes again every outbox message of the partition whose command has no
+/// done record, and records them done. Runs beside the owner's commands (the messages are
+/// independent of them); ends when done or when the writer is fenced.
+pub(crate) async fn recover(
+    js: Context,
+    journal_stream: Stream<()>,
+    names: std::sync::Arc<Names>,
+    partition: u32,
+    writer: JournalWriter,
+) {
+    let subject = names.outbox_subject(partition);
+    let pending = match read(&journal_stream, &subject).await {
+        Ok(pending) => pending,
+        Err(e) => {
+            tracing::warn!(partition, error = %e, "outbox not recovered");
+            return;
+        }
+    };
+    let open: Vec<_> = pending.into_iter().filter(|(_, p)| !p.done).collect();
+    if !open.is_empty() {
+        tracing::info!(
+            partition,
+            generation = writer.generation(),
+            commands = open.len(),
+            "publishing the outbox of commands whose messages were not confirmed"
+        );
+    }
+    for (command_seq, p) in open {
+        let messages: Vec<_> = p.messages.into_values().collect();
+        deliver(&js, &names, &writer, &p.entity, command_seq, &messages).await;
+    }
+}
+
+/// Reads a partition's outbox records and done records, by command.
+async fn read(journal: &Stream<()>, subject: &str) -> Result<BTreeMap<u64, Pending>, Error> {
+    let mut pending: BTreeMap<u64, Pending> = BTreeMap::new();
+    let end = journal::last_sequence(journal, subject).await?;
+    if end == 0 {
+        return Ok(pending);
+    }
+    let consumer = journal
+        .create_consumer(pull::OrderedConfig {
+            filter_subject: subject.to_owned(),
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| Error::jetstream(format!("open a replay of {subject}"), e))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| Error::jetstream(format!("replay {subject}"), e))?;
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(30), messages.next())
+            .await
+            .map_err(|e| Error::jetstream(format!("replay {subject}: no message for 30 s"), e))?;
+        let message = match next {
+            Some(Ok(message)) => message,
+            Some(Err(e)) => return Err(Error::jetstream(format!("replay {subject}"), e)),
+            None => return Err(Error::jetstream(format!("replay {subject}"), "ended early")),
+        };
+        let seq = message
+            .info()
+            .map_err(|e| Error::jetstream(format!("replay {subject}"), e.to_string()))?
+            .stream_sequence;
+        if let Some(headers) = message.headers.as_ref()
+            && let Some(command_seq) = header_u64(headers, HDR_COMMAND_SEQ)
+        {
+            let p = pending.entry(command_seq).or_default();
+            if let Some(entity) = headers.get(HDR_ENTITY) {
+                p.entity = entity.as_str().to_owned();
+            }
+            if headers.get(HDR_OUTBOX_DONE).is_some() {
+                p.done = true;
+            } else if let (Some(target), Some(index)) = (
+                headers.get(HDR_OUTBOX_TARGET),
+                header_u64(headers, crate::wire::HDR_OUTBOX_INDEX),
+            ) {
+                p.messages.insert(
+                    usize::try_from(index).unwrap_or(usize::MAX),
+                    OutboxMessage {
+                        subject: target.as_str().to_owned(),
+                        payload: message.payload.clone(),
+                    },
+                );
+            }
+        }
+        if seq >= end {
+            return Ok(pending);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outbox_msg_ids_name_the_source_command_and_index() {
+        assert_eq!(msg_id(&Names::new("order"), 42, 1), "order:42:out:1");
+    }
+}

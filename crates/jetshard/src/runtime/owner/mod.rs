@@ -1,0 +1,416 @@
+//! The shard-owner actor of one partition in one process.
+//!
+//! Every process runs one owner per partition. All of them pull; the server pins one, and that
+//! one owns the partition: it claims a new generation, rebuilds the partition's state, recovers
+//! what earlier owners held, and hands commands to one actor per entity.
+//!
+//! One file per responsibility (the model is raft-rs's `raft.rs` + `tracker/`):
+//! - this file: the actor and its dispatch (`handle`, `on_delivery`, `route_delivery`), so that
+//!   a delivery reads top to bottom until it reaches its entity's actor;
+//! - [`state`]: the owner's messages and fields; [`shared`]: what all owners of a type share;
+//! - [`phase`]: the owner's phases (a diagram) and what it holds in each;
+//! - [`acquire`] (claim, recovery of the in-flight window) and [`takeover`] (the actor's side:
+//!   fenced writer, timer scan, outbox recovery);
+//! - [`slot`] and [`route`]: each entity's commands in hand, handed to its actor in order;
+//! - [`settle`]: the failure policy, a pure function from an entity's verdict to effects (ack,
+//!   nak, give up, retry, step down), unit-tested without a server; [`outcome`] carries them out;
+//! - [`passivate`], [`upkeep`] (the tick, timers), [`release`] (release, hand-off, step-down),
+//!   [`status`], [`ack`] (acks, unpin, replies), [`dormant`], [`isolate`], [`query`].
+//!
+//! Architecture Invariant: a partition's state lives in exactly one owner actor (and its entity
+//! actors); the owner is the only place that acknowledges, naks or terminates its commands, and
+//! it does so only while it holds the partition under the generation the outcome was produced
+//! with.
+
+mod ack;
+mod acquire;
+mod dormant;
+mod isolate;
+mod outcome;
+mod passivate;
+mod phase;
+mod query;
+mod release;
+mod route;
+mod settle;
+mod shared;
+mod slot;
+mod state;
+mod status;
+mod takeover;
+mod upkeep;
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::message::AckKind;
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::time::Instant;
+
+use crate::entity::{Entity, EntityId};
+use crate::health::PartitionHealth;
+use crate::journal::fence;
+use crate::runtime::entity_actor::EntityReport;
+use crate::runtime::pin::{self, Delivery, PinSignal, PullSettings};
+use crate::runtime::timer::Timers;
+use crate::telemetry::PartitionMetrics;
+use crate::wire::Names;
+use ack::acknowledge;
+use isolate::{Isolation, Next};
+use phase::{Counters, Phase};
+use settle::{Policy, StepDown};
+pub(crate) use shared::Shared;
+use slot::Pending;
+use state::OwnerState;
+pub(crate) use state::{OwnerArgs, OwnerMsg};
+
+pub(crate) struct OwnerActor<E>(PhantomData<fn() -> E>);
+
+impl<E> OwnerActor<E> {
+    pub(crate) fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<E: Entity> Actor for OwnerActor<E> {
+    type Msg = OwnerMsg;
+    type State = OwnerState<E>;
+    type Arguments = OwnerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<OwnerMsg>,
+        args: OwnerArgs,
+    ) -> Result<OwnerState<E>, ActorProcessingErr> {
+        let config = &args.shared.config;
+        let settings = PullSettings {
+            batch: config.pull_batch,
+            expires: config.pull_expires(),
+        };
+        // Subscribed first: a failure here leaves nothing running.
+        let queries = {
+            let myself = myself.clone();
+            let subject = args.shared.names.partition_queries(args.partition);
+            crate::query::listen(&args.shared.client, subject, move |query| {
+                myself.cast(OwnerMsg::Query(query)).is_ok()
+            })
+            .await?
+        };
+        let sink = {
+            let myself = myself.clone();
+            move |signal| myself.cast(OwnerMsg::Pin(signal)).is_ok()
+        };
+        let pull = pin::start(
+            args.shared.js.clone(),
+            &args.shared.names.command_stream,
+            &args.shared.names.consumer(args.partition),
+            settings,
+            sink,
+        );
+        let tick = (config.ack_wait / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        let ticker = myself.send_interval(tick, || OwnerMsg::Tick);
+        let policy = Policy {
+            max_deliver: u64::from(config.max_deliver),
+            retry_delay: config.retry_delay,
+            ack_wait: config.ack_wait,
+        };
+        args.shared
+            .health
+            .set(args.partition, PartitionHealth::Standby);
+        let metrics = PartitionMetrics::new(&config.entity_type, args.partition);
+        metrics.set_load(None);
+        Ok(OwnerState {
+            metrics,
+            last_pin: None,
+            hold_back: false,
+            holding: false,
+            declined: None,
+            partition: args.partition,
+            shared: args.shared,
+            myself,
+            pull,
+            ticker,
+            queries,
+            outbox_recovery: None,
+            timer_scan: None,
+            timers: Timers::default(),
+            phase: Phase::Standby,
+            handed_off: None,
+            policy,
+            counters: Counters::default(),
+            commits: Arc::default(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<OwnerMsg>,
+        message: OwnerMsg,
+        state: &mut OwnerState<E>,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            OwnerMsg::Pin(PinSignal::Delivered(delivery)) => state.on_delivery(delivery).await,
+            OwnerMsg::Pin(PinSignal::Lost { pin }) => {
+                state.step_down_under(&pin, StepDown::PinLost).await
+            }
+            // The lost delivery comes back only after the ack wait, behind later ones. Take the
+            // partition afresh: a new generation and the recovery of every unacknowledged
+            // command, in order, before anything newer.
+            OwnerMsg::Pin(PinSignal::Gap { pin }) => {
+                state.step_down_under(&pin, StepDown::DeliveriesLost).await
+            }
+            OwnerMsg::Pin(PinSignal::Idle) => {
+                if let Phase::Releasing(release, _) = &mut state.phase {
+                    release.pulls_idle = true;
+                }
+                state.finish_release_if_drained().await;
+            }
+            OwnerMsg::Pin(PinSignal::Ended { reason }) => {
+                let ended = state.on_pull_loop_ended(reason).await;
+                state.post_health();
+                return ended;
+            }
+            OwnerMsg::Entity(EntityReport::Outcome(outcome)) => {
+                let settled = state.on_outcome(outcome).await;
+                // The entity may be idle now: under a burst every resident entity can be busy
+                // at each dispatch, and done at once (one group commit).
+                state.keep_resident_cap();
+                state.post_health();
+                return settled;
+            }
+            OwnerMsg::Entity(EntityReport::Passivated(passivated)) => {
+                state.on_passivated(passivated);
+                // Releasing: the entity's snapshot is written; the release may be done.
+                state.finish_release_if_drained().await;
+            }
+            OwnerMsg::Tick => state.on_tick().await,
+            OwnerMsg::Release(reply) => state.start_release(Some(reply)).await,
+            OwnerMsg::HandOff => {
+                if matches!(state.phase, Phase::Owning(_)) {
+                    state.start_release(None).await;
+                }
+            }
+            OwnerMsg::HoldBack(hold_back) => {
+                state.hold_back = hold_back;
+                state.hold_standby();
+            }
+            OwnerMsg::Status(reply) => {
+                let _ = reply.send(state.status());
+            }
+            OwnerMsg::Query(query) => {
+                let shared = Arc::clone(&state.shared);
+                let supervisor = state.myself.get_cell();
+                // Not owning: stay silent (the owner answers), unless this owner handed the
+                // partition off and nobody has claimed it since: then "moving, ask again".
+                if let Some(o) = state.phase.owning() {
+                    query::route(o, &shared.client, &supervisor, &shared.resident, query);
+                } else if let (Phase::CoolingDown(_), Some(generation)) =
+                    (&state.phase, state.handed_off)
+                {
+                    let partition = state.partition;
+                    tokio::spawn(async move {
+                        crate::query::moving(
+                            &shared.client,
+                            &shared.journal_stream,
+                            &shared.names,
+                            partition,
+                            generation,
+                            query,
+                        )
+                        .await;
+                    });
+                }
+                state.keep_resident_cap();
+            }
+            OwnerMsg::TimersFound { generation, found } => {
+                let current = state.phase.owning_ref().map(|o| o.generation);
+                if current == Some(generation) {
+                    tracing::debug!(
+                        partition = state.partition,
+                        armed = found.len(),
+                        "armed timers read"
+                    );
+                    state.timers.found(found);
+                }
+            }
+        }
+        state.post_health();
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _: ActorRef<OwnerMsg>,
+        event: SupervisionEvent,
+        state: &mut OwnerState<E>,
+    ) -> Result<(), ActorProcessingErr> {
+        // Entity actors report every command's failure themselves, in order (their handling
+        // runs under `catch_unwind`). An actor that dies otherwise takes its state with it and
+        // blames no command: its commands in hand go to a new actor revived from the journal.
+        let SupervisionEvent::ActorFailed(cell, error) = event else {
+            return Ok(());
+        };
+        let partition = state.partition;
+        let Some(o) = state.phase.owning() else {
+            return Ok(());
+        };
+        let id = cell.get_id();
+        let Some((entity, slot)) = o.entities.iter_mut().find(|(_, slot)| {
+            slot.returning == Some(id)
+                || slot.actor.as_ref().is_some_and(|r| r.actor.get_id() == id)
+        }) else {
+            return Ok(());
+        };
+        tracing::error!(partition, %entity, %error, "entity actor died; its state is revived from the journal");
+        let entity = entity.clone();
+        slot.returning = None;
+        slot.actor = None;
+        state.dispatch(&entity);
+        Ok(())
+    }
+}
+
+impl<E: Entity> OwnerState<E> {
+    async fn on_delivery(&mut self, delivery: Delivery) {
+        if self.last_pin.as_ref() != Some(&delivery.pin) {
+            if self.last_pin.is_some() {
+                self.metrics.pin_changes.increment(1);
+            }
+            self.last_pin = Some(delivery.pin.clone());
+        }
+        let pending = delivery.pending as f64;
+        if matches!(self.phase, Phase::Releasing(..) | Phase::CoolingDown(_)) {
+            // Handing over: let the next owner have it soon.
+            acknowledge(
+                &self.shared.client,
+                self.partition,
+                delivery.reply,
+                AckKind::Nak(Some(Duration::from_millis(100))),
+            )
+            .await;
+            return;
+        }
+        let moved = matches!(&self.phase, Phase::Owning(o) if o.pin != delivery.pin);
+        if moved {
+            self.step_down(StepDown::PinMoved).await;
+        }
+        match &mut self.phase {
+            Phase::Owning(_) => self.deliver(delivery).await,
+            Phase::Refused(refused) if refused.pin == delivery.pin => {
+                // Not ours to process; back to the server soon for whoever owns it.
+                refused.last_delivery = Some(Instant::now());
+                let nak = AckKind::Nak(Some(self.policy.retry_delay));
+                acknowledge(&self.shared.client, self.partition, delivery.reply, nak).await;
+            }
+            Phase::Standby if self.holding => self.decline(delivery).await,
+            _ => self.acquire(delivery).await,
+        }
+        if matches!(self.phase, Phase::Owning(_)) {
+            self.metrics.pending.set(pending);
+        }
+    }
+
+    /// Takes a delivery while owning: routed at once, or, in isolation, when its turn comes.
+    async fn deliver(&mut self, delivery: Delivery) {
+        let Some(o) = self.phase.owning() else { return };
+        let Some(isolation) = &mut o.isolation else {
+            return self.route_delivery(delivery, None).await;
+        };
+        if let Some(now) = isolation.offer(delivery) {
+            self.route_delivery(now, None).await;
+        }
+        self.step_isolation().await;
+    }
+
+    /// Runs the next command of an isolated acquisition once the one before is settled, and
+    /// ends the isolation when all are.
+    async fn step_isolation(&mut self) {
+        loop {
+            let Some(o) = self.phase.owning() else { return };
+            if let Some(running) = o.isolation.as_ref().and_then(Isolation::running) {
+                if o.entities
+                    .values()
+                    .any(|s| s.queue.iter().any(|p| p.seq == running))
+                {
+                    return;
+                }
+                if let Some(isolation) = &mut o.isolation {
+                    isolation.settled(running);
+                }
+            }
+            let Some(isolation) = &mut o.isolation else {
+                return;
+            };
+            match isolation.next(Instant::now()) {
+                Next::Wait => return,
+                Next::Run(delivery) => {
+                    let give_up = o
+                        .suspect
+                        .take_if(|(seq, _)| *seq == delivery.seq)
+                        .map(|(_, reason)| reason);
+                    self.route_delivery(delivery, give_up).await;
+                }
+                Next::Done(rest) => {
+                    tracing::info!(partition = self.partition, "isolation over");
+                    o.isolation = None;
+                    for delivery in rest {
+                        self.route_delivery(delivery, None).await;
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Routes a delivered command to its entity (to be given up, with `give_up`); one whose
+    /// subject holds no valid entity id is given up at once, with a dead-letter record naming
+    /// what the subject held.
+    async fn route_delivery(&mut self, delivery: Delivery, give_up: Option<String>) {
+        let partition = self.partition;
+        if delivery.wake {
+            // It has done its work: this owner holds the partition and fires its due timers.
+            acknowledge(&self.shared.client, partition, delivery.reply, AckKind::Ack).await;
+            return;
+        }
+        let subject = delivery.subject.clone();
+        let mut pending = Pending::delivered(delivery);
+        pending.give_up = give_up.map(Into::into);
+        let Some(o) = self.phase.owning() else { return };
+        pending.deliveries = pending
+            .deliveries
+            .max(u64::from(fence::claims_holding(&o.held, pending.seq)) + 1);
+        let named = Names::entity_of_subject(&subject).unwrap_or_default();
+        match EntityId::new(named) {
+            Ok(entity) => self.route(&entity, pending),
+            Err(invalid) => {
+                tracing::warn!(partition, %subject, %invalid, "command subject holds no valid entity id; dead-lettered");
+                let reason = format!("the subject holds no valid entity id: {invalid}");
+                self.give_up_without_entity(named, pending, reason).await;
+            }
+        }
+    }
+
+    /// Queues a command for its entity and hands it on unless the entity waits.
+    fn route(&mut self, entity: &EntityId, mut pending: Pending) {
+        let Some(o) = self.phase.owning() else { return };
+        if let Some(q) = o.quarantined.get(entity) {
+            pending
+                .give_up
+                .get_or_insert_with(|| q.dead_letter_reason().into());
+        }
+        if route::enqueue(o, entity, pending) {
+            self.dispatch(entity);
+        }
+    }
+
+    /// Hands an entity its commands in hand (starting its actor if needed), then keeps the
+    /// resident cap.
+    fn dispatch(&mut self, entity: &EntityId) {
+        let supervisor = self.myself.get_cell();
+        let resident = &self.shared.resident;
+        let Some(o) = self.phase.owning() else { return };
+        route::dispatch(o, entity, &supervisor, resident);
+        self.keep_resident_cap();
+    }
+}

@@ -1,0 +1,266 @@
+//! An entity's outcome accounted for: the effects [`settle`] decides, carried out (ack, nak,
+//! terminate, dead-letter, retry, step down), and replies.
+
+use async_nats::jetstream::message::AckKind;
+use ractor::ActorProcessingErr;
+use tokio::time::Instant;
+
+use super::ack::{acknowledge, acknowledge_confirmed, respond};
+use super::settle;
+use super::settle::{Effect, Head, StepDown};
+use super::slot::{Blocked, Pending};
+use super::state::OwnerState;
+use crate::data::CommandOutcome;
+use crate::entity::{Entity, EntityId};
+use crate::reply::Detail;
+use crate::runtime::entity_actor::Outcome;
+
+impl<E: Entity> OwnerState<E> {
+    pub(super) async fn on_outcome(
+        &mut self,
+        mut outcome: Outcome,
+    ) -> Result<(), ActorProcessingErr> {
+        let partition = self.partition;
+        let policy = self.policy;
+        let Some(o) = self.phase.owning() else {
+            return Ok(());
+        };
+        if outcome.generation != o.generation {
+            return Ok(());
+        }
+        self.timers
+            .report(&outcome.entity, std::mem::take(&mut outcome.timers));
+        let Some(o) = self.phase.owning() else {
+            return Ok(());
+        };
+        let entity = outcome.entity;
+        let Some(slot) = o.entities.get_mut(&entity) else {
+            return Ok(());
+        };
+        let Some(head) = slot.queue.iter().find(|p| p.seq == outcome.seq) else {
+            return Ok(());
+        };
+        slot.last_active = Instant::now();
+        let head = Head {
+            seq: head.seq,
+            deliveries: head.deliveries,
+            attempts: head.attempts,
+            delivered: head.reply.is_some(),
+        };
+        let stopped = matches!(
+            outcome.verdict,
+            crate::runtime::entity_actor::Verdict::Fenced
+                | crate::runtime::entity_actor::Verdict::Failed(_)
+        ) || outcome.quarantine.is_some();
+        if stopped {
+            // The actor has stopped, and its state with it: its next actor loads the entity.
+            slot.actor = None;
+        }
+        match &outcome.verdict {
+            crate::runtime::entity_actor::Verdict::Applied { events } => {
+                self.counters.applied += 1;
+                self.counters.events_written += *events as u64;
+                self.metrics.applied.increment(1);
+                self.metrics.events_written.increment(*events as u64);
+            }
+            crate::runtime::entity_actor::Verdict::Duplicate { .. } => {
+                self.counters.duplicates += 1;
+                self.metrics.duplicate.increment(1);
+            }
+            crate::runtime::entity_actor::Verdict::Rejected(reason) => {
+                self.counters.rejected += 1;
+                self.metrics.rejected.increment(1);
+                tracing::debug!(partition, %entity, cmd_seq = outcome.seq, %reason, "command rejected");
+            }
+            crate::runtime::entity_actor::Verdict::DeadLettered(reason) => {
+                self.counters.dead_lettered += 1;
+                self.metrics.dead_lettered.increment(1);
+                tracing::warn!(partition, %entity, cmd_seq = outcome.seq, %reason, "command dead-lettered and terminated");
+            }
+            crate::runtime::entity_actor::Verdict::Failed(failure) => {
+                if matches!(
+                    failure,
+                    crate::runtime::entity_actor::Failure::Unconfirmed(_)
+                ) {
+                    self.counters.unconfirmed_writes += 1;
+                    self.metrics.unconfirmed_writes.increment(1);
+                }
+                tracing::warn!(partition, %entity, cmd_seq = outcome.seq, deliveries = head.deliveries, ?failure, "command failed");
+            }
+            crate::runtime::entity_actor::Verdict::Fenced => {}
+        }
+        let mut effects = settle::settle(&head, outcome.verdict, &policy, Instant::now());
+        if let Some(q) = outcome.quarantine {
+            effects.insert(0, Effect::Quarantine(q));
+        }
+        self.carry_out(&entity, outcome.seq, effects, outcome.detail)
+            .await?;
+        // The actor stopped: commands queued behind the settled one (cast to it while it was
+        // stopping) go to a new actor, unless the entity waits.
+        let idle_actor = self
+            .phase
+            .owning()
+            .and_then(|o| o.entities.get(&entity))
+            .is_some_and(|slot| slot.actor.is_none());
+        if stopped && idle_actor {
+            self.dispatch(&entity);
+        }
+        Ok(())
+    }
+
+    /// Carries out what [`settle::settle`] decided for command `seq` of `entity`.
+    pub(super) async fn carry_out(
+        &mut self,
+        entity: &EntityId,
+        seq: u64,
+        effects: Vec<Effect>,
+        detail: Option<Detail>,
+    ) -> Result<(), ActorProcessingErr> {
+        let partition = self.partition;
+        for effect in effects {
+            let Some(o) = self.phase.owning() else {
+                break;
+            };
+            let Some(slot) = o.entities.get_mut(entity) else {
+                break;
+            };
+            let position = slot.queue.iter().position(|p| p.seq == seq);
+            match effect {
+                Effect::Finish { terminate, answer } => {
+                    let Some(done) = position.and_then(|at| slot.queue.remove(at)) else {
+                        continue;
+                    };
+                    if let Some(reply) = done.reply {
+                        let kind = if terminate {
+                            AckKind::Term
+                        } else {
+                            AckKind::Ack
+                        };
+                        if o.isolation.is_some() {
+                            // The next command runs only once this one is surely off the
+                            // consumer's books: the next claim must find the one running first.
+                            let timeout = self.shared.config.write_timeout;
+                            acknowledge_confirmed(
+                                &self.shared.client,
+                                partition,
+                                reply,
+                                kind,
+                                timeout,
+                            )
+                            .await;
+                        } else {
+                            acknowledge(&self.shared.client, partition, reply, kind).await;
+                        }
+                    }
+                    if let Some(to) = done.respond_to {
+                        let trace = done.trace.map(|t| t.span);
+                        respond(&self.shared.client, to, answer, detail.as_ref(), trace).await;
+                    }
+                }
+                Effect::GiveUp { reason } => {
+                    if let Some(pending) = position.and_then(|at| slot.queue.get_mut(at)) {
+                        pending.give_up = Some(reason.into());
+                    }
+                    slot.blocked = None;
+                    self.dispatch(entity);
+                }
+                Effect::RetryAt(at) => {
+                    if let Some(pending) = position.and_then(|at| slot.queue.get_mut(at)) {
+                        pending.attempts += 1;
+                    }
+                    slot.blocked = Some(Blocked::Retry { at });
+                }
+                Effect::Nak(delay) => {
+                    let reply = position
+                        .and_then(|at| slot.queue.get_mut(at))
+                        .and_then(|p| p.reply.take());
+                    slot.blocked = Some(Blocked::Redelivery {
+                        seq,
+                        since: Instant::now(),
+                    });
+                    if let Some(reply) = reply {
+                        acknowledge(
+                            &self.shared.client,
+                            self.partition,
+                            reply,
+                            AckKind::Nak(Some(delay)),
+                        )
+                        .await;
+                    }
+                }
+                Effect::AwaitRedelivery => {
+                    slot.blocked = Some(Blocked::Redelivery {
+                        seq,
+                        since: Instant::now(),
+                    });
+                }
+                Effect::CountCrash => {
+                    if o.crashes.exceeded(Instant::now()) {
+                        let (generation, crashes) = (o.generation, o.crashes.count());
+                        // Give the partition up at once: another process may fare better.
+                        self.step_down(StepDown::CrashLoop).await;
+                        return Err(format!("partition {partition} generation {generation}: {crashes} entity crashes within the restart window").into());
+                    }
+                }
+                Effect::Quarantine(quarantine) => {
+                    tracing::error!(partition, %entity, journal_seq = quarantine.journal_seq, reason = %quarantine.reason, "entity quarantined");
+                    o.dormant.forget(entity);
+                    o.quarantined.insert(entity.clone(), quarantine);
+                }
+                Effect::StepDown(reason) => self.step_down(reason).await,
+            }
+        }
+        self.step_isolation().await;
+        self.finish_release_if_drained().await;
+        Ok(())
+    }
+
+    /// Gives up a command that belongs to no entity (its subject holds no valid id): a
+    /// dead-letter record, then terminated. If the record cannot be written now, the command
+    /// goes back to the server to be delivered again.
+    pub(super) async fn give_up_without_entity(
+        &mut self,
+        named: &str,
+        pending: Pending,
+        reason: String,
+    ) {
+        let Some(o) = self.phase.owning() else { return };
+        let journal = o.context.journal.clone();
+        let written = journal
+            .dead_letter(
+                named,
+                pending.seq,
+                pending.deliveries,
+                &reason,
+                pending.payload.clone(),
+            )
+            .await;
+        match written {
+            Ok(()) => {
+                self.counters.dead_lettered += 1;
+                self.metrics.dead_lettered.increment(1);
+                if let Some(reply) = pending.reply {
+                    acknowledge(&self.shared.client, self.partition, reply, AckKind::Term).await;
+                }
+                if let Some(to) = pending.respond_to {
+                    let answer = CommandOutcome::DeadLettered {
+                        command_seq: pending.seq,
+                        reason,
+                    };
+                    let trace = pending.trace.as_ref().map(|t| t.span);
+                    respond(&self.shared.client, to, answer, None, trace).await;
+                }
+            }
+            Err(crate::journal::WriteError::Fenced { .. }) => {
+                self.step_down(StepDown::Fenced).await;
+            }
+            Err(e) => {
+                tracing::warn!(partition = self.partition, cmd_seq = pending.seq, error = %e, "dead-letter record not written; the command goes back to the server");
+                if let Some(reply) = pending.reply {
+                    let nak = AckKind::Nak(Some(self.policy.retry_delay));
+                    acknowledge(&self.shared.client, self.partition, reply, nak).await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Routing: each entity's commands in hand, in order, handed to the entity's actor.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use ractor::ActorCell;
+use tokio::time::Instant;
+
+use super::phase::Owning;
+use super::slot::{Blocked, Pending, Resident, Slot};
+use crate::entity::{Entity, EntityId};
+use crate::runtime::entity_actor::{EntityActor, EntityMsg, Loaded};
+
+/// Queues a command for its entity. Returns whether the entity should be dispatched.
+pub(super) fn enqueue<E: Entity>(o: &mut Owning<E>, entity: &EntityId, pending: Pending) -> bool {
+    let slot = o.entities.entry(entity.clone()).or_insert_with(Slot::new);
+    slot.last_active = Instant::now();
+    if let Some(held) = slot.queue.iter_mut().find(|p| p.seq == pending.seq) {
+        // A redelivery of a command still in hand: keep the newest delivery to acknowledge.
+        if pending.reply.is_some() {
+            held.reply = pending.reply;
+            held.deliveries = held.deliveries.max(pending.deliveries);
+        }
+        held.progress_at = Instant::now();
+        if matches!(slot.blocked, Some(Blocked::Redelivery { seq, .. }) if seq == pending.seq) {
+            slot.blocked = None;
+            return true;
+        }
+        return false;
+    }
+    let (work, live) = (pending.work(), slot.blocked.is_none());
+    slot.queue.push_back(pending);
+    match &slot.actor {
+        Some(resident) if live => {
+            let _ = resident.actor.cast(EntityMsg::Work(work));
+            false
+        }
+        _ => live,
+    }
+}
+
+/// (Re)starts an entity's actor if needed and hands it every command in hand, in order.
+/// Returns how many live actors there were beyond the resident cap, if any.
+pub(super) fn dispatch<E: Entity>(
+    o: &mut Owning<E>,
+    entity: &EntityId,
+    supervisor: &ActorCell,
+    resident: &Arc<AtomicUsize>,
+) {
+    let Some(slot) = o.entities.get_mut(entity) else {
+        return;
+    };
+    if slot.queue.is_empty() || slot.blocked.is_some() || slot.returning.is_some() {
+        return;
+    }
+    if slot.actor.is_none() && !spawn(o, entity, supervisor, resident) {
+        return;
+    }
+    let Some(slot) = o.entities.get_mut(entity) else {
+        return;
+    };
+    if let Some(resident) = &slot.actor {
+        for pending in &slot.queue {
+            let _ = resident.actor.cast(EntityMsg::Work(pending.work()));
+        }
+    }
+}
+
+/// Starts the actor of `entity`, whose slot has none: with its dormant state if the owner
+/// keeps one, else to load it from the journal on its first message. Returns whether it runs.
+pub(super) fn spawn<E: Entity>(
+    o: &mut Owning<E>,
+    entity: &EntityId,
+    supervisor: &ActorCell,
+    resident: &Arc<AtomicUsize>,
+) -> bool {
+    let loaded = if let Some(q) = o.quarantined.get(entity) {
+        Loaded::Quarantined(q.clone())
+    } else if let Some(seed) = o.dormant.take(entity) {
+        Loaded::Yes(seed)
+    } else {
+        // Never loaded under this generation, evicted, or lost with a failed actor: the
+        // actor loads it from the journal on its first message.
+        Loaded::No
+    };
+    let context = Arc::clone(&o.context);
+    let slot = o.entities.entry(entity.clone()).or_insert_with(Slot::new);
+    // Without waiting for the actor's start (its `pre_start` only stores its arguments, and
+    // cannot fail): the owner goes on routing while the actor starts, and the messages sent
+    // meanwhile wait in its mailbox.
+    match ractor::ActorRuntime::spawn_linked_instant(
+        None,
+        EntityActor::<E>::new(),
+        (entity.clone(), context, loaded),
+        supervisor.clone(),
+    ) {
+        Ok((actor, _)) => {
+            slot.actor = Some(Resident::new(actor, resident));
+            true
+        }
+        Err(e) => {
+            tracing::error!(partition = o.context.partition, %entity, error = %e, "cannot spawn entity actor");
+            false
+        }
+    }
+}
+
+/// Asks an idle entity's actor to hand its state back and stop (the owner takes the state);
+/// forgets an entity that has no actor.
+pub(super) fn passivate<E: Entity>(o: &mut Owning<E>, entity: &EntityId) {
+    let Some(slot) = o.entities.get_mut(entity) else {
+        return;
+    };
+    match slot.actor.take() {
+        Some(resident) => {
+            slot.returning = Some(resident.actor.get_id());
+            let _ = resident.actor.cast(EntityMsg::Passivate);
+        }
+        None if slot.returning.is_none() => {
+            o.entities.remove(entity);
+        }
+        None => {}
+    }
+}
+
+/// Hands the partition's entities over, for a release: whether every command in hand is done
+/// and, with `snapshots`, every entity's state is back from its actor (each idle actor is
+/// passivated, so it writes a snapshot of its events since its last one before it stops).
+///
+/// Without those snapshots, the next owner would load each entity from its latest snapshot and
+/// every record after it, on its first command, while its commands wait: after a move, every
+/// active entity of the partition at once.
+pub(super) fn hand_over<E: Entity>(o: &mut Owning<E>, snapshots: bool) -> bool {
+    if snapshots {
+        let idle: Vec<EntityId> = o
+            .entities
+            .iter()
+            .filter(|(_, s)| s.actor.is_some() && s.queue.is_empty() && s.blocked.is_none())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for entity in idle {
+            passivate(o, &entity);
+        }
+    }
+    o.entities
+        .values()
+        .all(|s| s.queue.is_empty() && (!snapshots || s.returning.is_none()))
+}
+
+/// Passivates up to `count` of this partition's idle resident entities, least recently active
+/// first: the resident cap is over.
+pub(super) fn evict_idle<E: Entity>(o: &mut Owning<E>, count: usize) {
+    let mut idle: Vec<(Instant, EntityId)> = o
+        .entities
+        .iter()
+        .filter(|(_, s)| s.actor.is_some() && s.queue.is_empty() && s.blocked.is_none())
+        .map(|(id, s)| (s.last_active, id.clone()))
+        .collect();
+    let count = count.min(idle.len());
+    if count == 0 {
+        return;
+    }
+    if count < idle.len() {
+        idle.select_nth_unstable_by_key(count - 1, |(at, _)| *at);
+    }
+    for (_, entity) in idle.into_iter().take(count) {
+        passivate(o, &entity);
+    }
+}

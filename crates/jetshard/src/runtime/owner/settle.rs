@@ -1,0 +1,379 @@
+//! The owner's failure policy, as a pure function: what becomes of a command given what its
+//! entity actor reported. No I/O, no actor: unit-tested without a server.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::data::CommandOutcome;
+use crate::retry::backoff;
+use crate::runtime::entity_actor::{Failure, Quarantine, Verdict};
+
+/// The settings the policy reads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Policy {
+    /// Deliveries (takeovers included) after which a failing command is given up.
+    pub(crate) max_deliver: u64,
+    /// Base delay of retries and naks.
+    pub(crate) retry_delay: Duration,
+    /// The longest nak delay.
+    pub(crate) ack_wait: Duration,
+}
+
+/// What the policy needs to know of the command at hand.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Head {
+    pub(crate) seq: u64,
+    /// Deliveries so far, this one included (takeovers included).
+    pub(crate) deliveries: u64,
+    /// Local retries after unconfirmed writes so far.
+    pub(crate) attempts: u32,
+    /// Whether this process holds a delivery of it to acknowledge (not one recovered from the
+    /// stream on acquisition, whose delivery belongs to the previous owner).
+    pub(crate) delivered: bool,
+}
+
+/// Why an owner stops owning its partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StepDown {
+    /// A pull carrying the pin was refused: another process is pinned.
+    PinLost,
+    /// A delivery came under another pin of this process.
+    PinMoved,
+    /// A delivery under the pin was lost in transit: take the partition afresh, so that the
+    /// lost command is recovered before anything newer.
+    DeliveriesLost,
+    /// A write was rejected by the fence: a newer generation owns the partition.
+    Fenced,
+    /// Entity actors crash more often than the restart window allows.
+    CrashLoop,
+    /// The pull loop ended: nothing more can be delivered here.
+    PullLoopEnded,
+    /// A graceful stop.
+    Released,
+    /// A hand-off to balance the processes.
+    HandedOff,
+}
+
+impl StepDown {
+    /// Whether this owner must not acquire again under the pin it held: the pin is to go to
+    /// another process (or, once it lapses, to this one under a new pin).
+    pub(crate) fn refuses_pin(self) -> bool {
+        matches!(
+            self,
+            StepDown::PinLost | StepDown::PinMoved | StepDown::Fenced | StepDown::CrashLoop
+        )
+    }
+}
+
+impl StepDown {
+    /// The `reason` label of `jetshard_step_downs_total`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            StepDown::PinLost => "pin_lost",
+            StepDown::PinMoved => "pin_moved",
+            StepDown::DeliveriesLost => "deliveries_lost",
+            StepDown::Fenced => "fenced",
+            StepDown::CrashLoop => "crash_loop",
+            StepDown::PullLoopEnded => "pull_loop_ended",
+            StepDown::Released => "released",
+            StepDown::HandedOff => "handed_off",
+        }
+    }
+}
+
+impl fmt::Display for StepDown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StepDown::PinLost => "pin lost",
+            StepDown::PinMoved => "pin moved",
+            StepDown::DeliveriesLost => "deliveries lost in transit",
+            StepDown::Fenced => "fenced: a newer generation owns the partition",
+            StepDown::CrashLoop => "entity actors crash too often",
+            StepDown::PullLoopEnded => "pull loop ended",
+            StepDown::Released => "released",
+            StepDown::HandedOff => "handed off",
+        })
+    }
+}
+
+/// One thing the owner does about a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// Done: out of the queue; acknowledged (`terminate`: for good, no redelivery) if this
+    /// process holds its delivery; the outcome told to the client who asked.
+    Finish {
+        terminate: bool,
+        answer: CommandOutcome,
+    },
+    /// Give it up: a dead-letter record (written by the entity, in its order), then finished as
+    /// terminated. It stays first in its entity's queue until then.
+    GiveUp { reason: String },
+    /// Keep it first; retry it here at this time, spending no delivery.
+    RetryAt(Instant),
+    /// Keep it first; hand it back to the server to be delivered again after this delay.
+    Nak(Duration),
+    /// Keep it first; it was never this process's to nak: wait for the server to redeliver it.
+    AwaitRedelivery,
+    /// Count an entity actor's crash against the partition's restart window.
+    CountCrash,
+    /// Mark the entity quarantined.
+    Quarantine(Quarantine),
+    /// Stop owning the partition.
+    StepDown(StepDown),
+}
+
+/// Local retries of unconfirmed writes back off up to this.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
+
+/// Whether the first command in hand at an isolated acquisition is given up before it is decoded
+/// or decided, and why: it was first in hand when an isolated owner died (`runs` times in a
+/// row), and it has been in hand for more deliveries than allowed (takeovers included).
+pub(crate) fn suspect(runs: u32, deliveries: u64, policy: &Policy) -> Option<String> {
+    (runs >= 1 && deliveries > policy.max_deliver).then(|| {
+        format!(
+            "delivered {deliveries} times (takeovers included), more than max_deliver {}, and running when {runs} owner(s) in a row died: given up before decoding",
+            policy.max_deliver
+        )
+    })
+}
+
+/// Decides what becomes of the command `head` given its entity's `verdict`.
+pub(crate) fn settle(head: &Head, verdict: Verdict, policy: &Policy, now: Instant) -> Vec<Effect> {
+    let seq = head.seq;
+    let finish = |terminate, answer| vec![Effect::Finish { terminate, answer }];
+    match verdict {
+        Verdict::Applied { events } => finish(
+            false,
+            CommandOutcome::Applied {
+                command_seq: seq,
+                events,
+            },
+        ),
+        Verdict::Duplicate { earlier } => finish(
+            false,
+            earlier.map_or(CommandOutcome::Duplicate { command_seq: seq }, |e| {
+                e.to_outcome(seq)
+            }),
+        ),
+        Verdict::Rejected(reason) => finish(
+            false,
+            CommandOutcome::Rejected {
+                command_seq: seq,
+                reason,
+            },
+        ),
+        Verdict::DeadLettered(reason) => finish(
+            true,
+            CommandOutcome::DeadLettered {
+                command_seq: seq,
+                reason,
+            },
+        ),
+        Verdict::Fenced => vec![Effect::StepDown(StepDown::Fenced)],
+        Verdict::Failed(Failure::Unconfirmed(_)) => {
+            let delay = backoff(
+                policy.retry_delay,
+                u64::from(head.attempts) + 1,
+                MAX_RETRY_DELAY,
+            );
+            vec![Effect::RetryAt(now + delay)]
+        }
+        Verdict::Failed(Failure::Refused(reason)) => vec![Effect::GiveUp {
+            reason: format!("can never be written: {reason}"),
+        }],
+        Verdict::Failed(Failure::Quarantined(quarantine)) => {
+            let reason = quarantine.dead_letter_reason();
+            vec![Effect::Quarantine(quarantine), Effect::GiveUp { reason }]
+        }
+        Verdict::Failed(Failure::Crashed(reason)) => {
+            let next = if head.deliveries >= policy.max_deliver {
+                Effect::GiveUp {
+                    reason: format!(
+                        "failed at each of {} deliveries; last: {reason}",
+                        head.deliveries
+                    ),
+                }
+            } else if head.delivered {
+                Effect::Nak(backoff(
+                    policy.retry_delay,
+                    head.deliveries,
+                    policy.ack_wait,
+                ))
+            } else {
+                Effect::AwaitRedelivery
+            };
+            vec![Effect::CountCrash, next]
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::entity_actor::outcome_header::LastOutcome;
+
+    const POLICY: Policy = Policy {
+        max_deliver: 3,
+        retry_delay: Duration::from_millis(100),
+        ack_wait: Duration::from_secs(2),
+    };
+
+    fn head(deliveries: u64, delivered: bool) -> Head {
+        Head {
+            seq: 7,
+            deliveries,
+            attempts: 0,
+            delivered,
+        }
+    }
+
+    #[test]
+    fn done_commands_are_acknowledged_and_answered() {
+        let now = Instant::now();
+        assert_eq!(
+            settle(&head(1, true), Verdict::Applied { events: 2 }, &POLICY, now),
+            vec![Effect::Finish {
+                terminate: false,
+                answer: CommandOutcome::Applied {
+                    command_seq: 7,
+                    events: 2
+                }
+            }]
+        );
+        assert_eq!(
+            settle(
+                &head(1, true),
+                Verdict::DeadLettered("x".into()),
+                &POLICY,
+                now
+            ),
+            vec![Effect::Finish {
+                terminate: true,
+                answer: CommandOutcome::DeadLettered {
+                    command_seq: 7,
+                    reason: "x".into()
+                }
+            }]
+        );
+    }
+
+    #[test]
+    fn a_redelivery_is_told_what_happened_the_first_time() {
+        let now = Instant::now();
+        let earlier = Some(LastOutcome::Rejected("no funds".into()));
+        assert_eq!(
+            settle(&head(2, true), Verdict::Duplicate { earlier }, &POLICY, now),
+            vec![Effect::Finish {
+                terminate: false,
+                answer: CommandOutcome::Rejected {
+                    command_seq: 7,
+                    reason: "no funds".into()
+                }
+            }]
+        );
+        assert_eq!(
+            settle(
+                &head(2, true),
+                Verdict::Duplicate { earlier: None },
+                &POLICY,
+                now
+            ),
+            vec![Effect::Finish {
+                terminate: false,
+                answer: CommandOutcome::Duplicate { command_seq: 7 }
+            }]
+        );
+    }
+
+    #[test]
+    fn unconfirmed_writes_retry_here_backing_off_without_spending_deliveries() {
+        let now = Instant::now();
+        let failed = || Verdict::Failed(Failure::Unconfirmed("timeout".into()));
+        let mut h = head(1, true);
+        assert_eq!(
+            settle(&h, failed(), &POLICY, now),
+            vec![Effect::RetryAt(now + Duration::from_millis(100))]
+        );
+        h.attempts = 3;
+        assert_eq!(
+            settle(&h, failed(), &POLICY, now),
+            vec![Effect::RetryAt(now + Duration::from_millis(800))]
+        );
+        h.attempts = 30;
+        assert_eq!(
+            settle(&h, failed(), &POLICY, now),
+            vec![Effect::RetryAt(now + MAX_RETRY_DELAY)]
+        );
+    }
+
+    #[test]
+    fn crashes_spend_deliveries_then_give_up() {
+        let now = Instant::now();
+        let crashed = || Verdict::Failed(Failure::Crashed("boom".into()));
+        assert_eq!(
+            settle(&head(1, true), crashed(), &POLICY, now),
+            vec![Effect::CountCrash, Effect::Nak(Duration::from_millis(100))]
+        );
+        assert_eq!(
+            settle(&head(2, false), crashed(), &POLICY, now),
+            vec![Effect::CountCrash, Effect::AwaitRedelivery]
+        );
+        let last = settle(&head(3, true), crashed(), &POLICY, now);
+        assert!(
+            matches!(&last[..], [Effect::CountCrash, Effect::GiveUp { reason }] if reason.contains("3 deliveries") && reason.contains("boom")),
+            "{last:?}"
+        );
+    }
+
+    #[test]
+    fn writes_that_can_never_succeed_and_quarantined_entities_give_up_at_once() {
+        let now = Instant::now();
+        let refused = settle(
+            &head(1, true),
+            Verdict::Failed(Failure::Refused("too big".into())),
+            &POLICY,
+            now,
+        );
+        assert!(
+            matches!(&refused[..], [Effect::GiveUp { .. }]),
+            "{refused:?}"
+        );
+        let q = Quarantine {
+            journal_seq: 42,
+            reason: "event at journal seq 42 does not decode".into(),
+            last_command_seq: 5,
+        };
+        let effects = settle(
+            &head(1, true),
+            Verdict::Failed(Failure::Quarantined(q.clone())),
+            &POLICY,
+            now,
+        );
+        assert_eq!(effects[0], Effect::Quarantine(q));
+        assert!(
+            matches!(&effects[1], Effect::GiveUp { reason } if reason.contains("quarantined") && reason.contains("42"))
+        );
+    }
+
+    #[test]
+    fn a_fenced_write_steps_down() {
+        assert_eq!(
+            settle(&head(1, true), Verdict::Fenced, &POLICY, Instant::now()),
+            vec![Effect::StepDown(StepDown::Fenced)]
+        );
+    }
+
+    #[test]
+    fn a_suspect_past_the_delivery_limit_is_given_up_before_decoding() {
+        assert_eq!(
+            suspect(0, 9, &POLICY),
+            None,
+            "no owner died running it alone"
+        );
+        assert_eq!(suspect(1, 3, &POLICY), None, "within the limit");
+        let reason = suspect(1, 4, &POLICY).unwrap();
+        assert!(reason.contains("delivered 4 times"), "{reason}");
+    }
+}

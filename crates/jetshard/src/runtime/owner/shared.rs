@@ -1,0 +1,39 @@
+//! What one entity type's owners share: the server handles, names, config and the
+//! system-wide counters.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use async_nats::Client;
+use async_nats::jetstream::Context;
+use async_nats::jetstream::stream::Stream;
+use tokio::sync::broadcast;
+
+use crate::config::ShardConfig;
+use crate::health::HealthBoard;
+use crate::status::OwnershipEvent;
+use crate::wire::Names;
+
+/// What one entity type's owners share.
+pub(crate) struct Shared {
+    pub(crate) js: Context,
+    pub(crate) client: Client,
+    pub(crate) names: Arc<Names>,
+    pub(crate) config: ShardConfig,
+    pub(crate) command_stream: Stream<()>,
+    pub(crate) journal_stream: Stream<()>,
+    pub(crate) events: broadcast::Sender<OwnershipEvent>,
+    /// Live entity actors over all partitions of this system (for the resident cap).
+    pub(crate) resident: Arc<AtomicUsize>,
+    /// Dormant entity states over all partitions of this system (for their budget).
+    pub(crate) dormant: Arc<AtomicUsize>,
+    /// Entity loads in flight over all partitions of this system.
+    pub(crate) loads: Arc<tokio::sync::Semaphore>,
+    /// This process's run of the shard system: it answers on `<t>.alive.<incarnation>`, and its
+    /// fence records name it.
+    pub(crate) incarnation: String,
+    /// Each owner's phase, for [`ShardSystem::health`](crate::ShardSystem::health).
+    pub(crate) health: Arc<HealthBoard>,
+    /// Other processes this one found dead (see [`crate::runtime::crash`]).
+    pub(crate) deaths: Arc<crate::runtime::crash::Deaths>,
+}

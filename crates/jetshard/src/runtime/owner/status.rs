@@ -1,0 +1,76 @@
+//! What an owner tells about itself: its phase on the health board, its load, its status.
+
+use std::sync::atomic::Ordering;
+
+use super::phase::Phase;
+use super::state::OwnerState;
+use crate::entity::Entity;
+use crate::health::PartitionHealth;
+use crate::status::{PartitionStatus, QuarantinedEntity};
+use crate::telemetry::Load;
+
+impl<E: Entity> OwnerState<E> {
+    /// Posts this owner's phase on the system's health board.
+    pub(super) fn post_health(&self) {
+        let health = match &self.phase {
+            Phase::Standby => PartitionHealth::Standby,
+            Phase::Refused(_) => PartitionHealth::Refused,
+            Phase::Owning(o) if o.isolation.is_some() => PartitionHealth::Isolating,
+            Phase::Owning(_) => PartitionHealth::Serving,
+            Phase::Releasing(..) => PartitionHealth::Releasing,
+            Phase::CoolingDown(_) => PartitionHealth::CoolingDown,
+        };
+        self.shared.health.set(self.partition, health);
+    }
+
+    /// Sets the partition's gauges: entities and commands in hand.
+    pub(super) fn post_load(&self) {
+        let load = self.phase.owning_ref().map(|o| Load {
+            owned: true,
+            resident: o.entities.values().filter(|s| s.actor.is_some()).count(),
+            dormant: o.dormant.len(),
+            quarantined: o.quarantined.len(),
+            ack_pending: o.entities.values().map(|s| s.queue.len()).sum(),
+        });
+        self.metrics.set_load(load);
+    }
+
+    pub(super) fn status(&self) -> PartitionStatus {
+        let owning = self.phase.owning_ref();
+        let mut quarantined: Vec<QuarantinedEntity> = owning
+            .map(|o| {
+                o.quarantined
+                    .iter()
+                    .map(|(entity, q)| QuarantinedEntity {
+                        entity: entity.to_string(),
+                        journal_seq: q.journal_seq,
+                        reason: q.reason.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        quarantined.sort_by(|a, b| a.entity.cmp(&b.entity));
+        PartitionStatus {
+            partition: self.partition,
+            generation: owning.map(|o| o.generation),
+            dormant_entities: owning.map_or(0, |o| o.dormant.len()),
+            resident_entities: owning.map_or(0, |o| {
+                o.entities.values().filter(|s| s.actor.is_some()).count()
+            }),
+            commands_in_hand: owning
+                .map_or(0, |o| o.entities.values().map(|s| s.queue.len()).sum()),
+            applied: self.counters.applied,
+            events_written: self.counters.events_written,
+            rejected: self.counters.rejected,
+            duplicates: self.counters.duplicates,
+            dead_lettered: self.counters.dead_lettered,
+            acquisitions: self.counters.acquisitions,
+            failed_acquisitions: self.counters.failed_acquisitions,
+            unconfirmed_writes: self.counters.unconfirmed_writes,
+            journal_commits: self.commits.batches.load(Ordering::Relaxed),
+            journal_records: self.commits.records.load(Ordering::Relaxed),
+            write_conflicts: self.commits.conflicts.load(Ordering::Relaxed),
+            quarantined,
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! The actor's side of taking a partition: the claim and recovery ([`acquire`]), then a
+//! fenced writer, the timer scan and outbox recovery started, the recovered commands routed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::dormant::Dormant;
+use super::isolate::Isolation;
+use super::phase::{Owning, Phase};
+use super::state::{OwnerMsg, OwnerState};
+use super::{acquire, settle};
+use crate::entity::Entity;
+use crate::health::PartitionHealth;
+use crate::journal::JournalWriter;
+use crate::journal::group_commit::Mode;
+use crate::retry::RestartWindow;
+use crate::runtime::entity_actor::{EntityContext, Reporter, SnapshotPolicy};
+use crate::runtime::pin::Delivery;
+use crate::runtime::timer::Timers;
+use crate::status::{OwnershipChange, OwnershipEvent};
+use crate::telemetry::{self};
+
+impl<E: Entity> OwnerState<E> {
+    /// Takes the partition: a new generation, the state rebuilt, the previous owners'
+    /// unacknowledged commands recovered in order. `first` is the delivery that showed the pin.
+    pub(super) async fn acquire(&mut self, first: Delivery) {
+        let started = Instant::now();
+        let partition = self.partition;
+        let node = self.config().node_id.clone();
+        let pin = first.pin.clone();
+        let first_new = (first.deliveries == 1).then_some(first.seq);
+        self.shared
+            .health
+            .set(partition, PartitionHealth::Acquiring);
+        let acquired = acquire::claim(&self.shared, partition, &pin, first_new).await;
+        let acquired = match acquired {
+            Ok(acquired) => acquired,
+            Err(e) => {
+                self.counters.failed_acquisitions += 1;
+                self.metrics.acquisition_failed.increment(1);
+                tracing::error!(partition, node = %node, error = %e, "cannot take the partition; releasing the pin");
+                self.refuse(pin, true).await;
+                return;
+            }
+        };
+        let fence = acquired.claimed.fence;
+        let journal = JournalWriter::new(
+            self.shared.js.clone(),
+            self.shared.names.clone(),
+            partition,
+            fence,
+            Mode::for_replicas(self.shared.config.replicas),
+            self.commits.clone(),
+            self.metrics.commit.clone(),
+        );
+        let report: Reporter = {
+            let owner = self.myself.clone();
+            Arc::new(move |report| {
+                // The owner is gone only when the partition is being dropped: nobody to tell.
+                let _ = owner.cast(OwnerMsg::Entity(report));
+            })
+        };
+        let context = Arc::new(EntityContext {
+            partition,
+            journal,
+            journal_stream: self.shared.journal_stream.clone(),
+            client: self.shared.client.clone(),
+            names: self.shared.names.clone(),
+            codec: self.shared.config.codec,
+            report,
+            snapshots: SnapshotPolicy {
+                every: self.shared.config.snapshot_every,
+                on_passivation: self.shared.config.snapshot_on_passivation,
+            },
+            loads: Arc::clone(&self.shared.loads),
+            metrics: self.metrics.command.clone(),
+        });
+        let recovery = tokio::spawn(crate::runtime::outbox::recover(
+            self.shared.js.clone(),
+            self.shared.journal_stream.clone(),
+            self.shared.names.clone(),
+            partition,
+            context.journal.clone(),
+        ));
+        if let Some(previous) = self.outbox_recovery.replace(recovery) {
+            previous.abort();
+        }
+        let trial = acquired.claimed.trial;
+        let isolation = trial.map(|_| {
+            let held = acquired.recovered.iter().map(|(_, p)| p.seq);
+            Isolation::new(held, Instant::now() + self.shared.config.ack_wait * 2)
+        });
+        let suspect = trial.and_then(|t| {
+            let deliveries = acquired
+                .recovered
+                .iter()
+                .find(|(_, p)| p.seq == t.seq)
+                .map_or(0, |(_, p)| p.deliveries);
+            settle::suspect(t.runs, deliveries, &self.policy).map(|reason| (t.seq, reason))
+        });
+        if let Some(t) = trial {
+            tracing::warn!(
+                partition,
+                generation = fence.generation,
+                first_in_hand = t.seq,
+                runs = t.runs,
+                suspect = suspect.is_some(),
+                "commands were in hand at two takeovers in a row: running them one at a time"
+            );
+        }
+        self.phase = Phase::Owning(Box::new(Owning {
+            generation: fence.generation,
+            pin,
+            context,
+            dormant: Dormant::new(Arc::clone(&self.shared.dormant)),
+            quarantined: HashMap::new(),
+            entities: HashMap::new(),
+            crashes: RestartWindow::new(
+                self.shared.config.max_entity_restarts,
+                self.shared.config.restart_window,
+            ),
+            held: acquired.claimed.held,
+            isolation,
+            suspect,
+        }));
+        self.timers = Timers::default();
+        self.find_timers(partition, fence.generation);
+        self.counters.acquisitions += 1;
+        self.metrics.acquired.increment(1);
+        telemetry::record(&self.metrics.acquire_seconds, started.elapsed());
+        self.post_load();
+        tracing::info!(
+            partition,
+            generation = fence.generation,
+            node = %node,
+            // Nothing is replayed at acquisition any more (entities load on their first
+            // command); the fields stay for the readers of this line (jetshard-bench).
+            rebuilt_events = 0u64,
+            recovered = acquired.recovered.len(),
+            replay_ms = 0u64,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "acquired partition"
+        );
+        let _ = self.shared.events.send(OwnershipEvent {
+            partition,
+            generation: fence.generation,
+            node,
+            change: OwnershipChange::Acquired,
+        });
+
+        if trial.is_some() {
+            // In isolation, the commands earlier owners held run as the server delivers them
+            // again, one at a time.
+            return self.deliver(first).await;
+        }
+        // The previous owners' unacknowledged commands, and the first delivery, in stream order.
+        let first_seq = first.seq;
+        let mut first = Some(first);
+        for (entity, pending) in acquired.recovered {
+            if let Some(f) = first.take_if(|f| f.seq <= pending.seq) {
+                self.route_delivery(f, None).await;
+            }
+            if pending.seq != first_seq {
+                self.route(&entity, pending);
+            }
+        }
+        if let Some(f) = first {
+            self.route_delivery(f, None).await;
+        }
+    }
+}
