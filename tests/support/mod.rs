@@ -73,14 +73,21 @@ use jetshard::{ShardConfig, ShardSystem};
 /// every [`snapshot_every`] events (so every suite of the ledger, chaos and cluster included,
 /// runs with snapshots and loads entities from them).
 pub fn ledger_config(partitions: u32, node: &str) -> jetshard::ShardConfigBuilder {
-    ShardConfig::builder("ledger")
-        .partitions(partitions)
-        .node_id(node)
+    config("ledger", partitions, node)
         .codec(jetshard::Codec::Json)
-        .pin_ttl(Duration::from_secs(1))
-        .ack_wait(Duration::from_secs(3))
         .retry_delay(Duration::from_millis(50))
         .snapshot_every(snapshot_every())
+}
+
+/// The settings every test's entity type starts from: `partitions`, node id `node`, pin TTL
+/// 1 s, ack wait 3 s (short, so that failovers and redeliveries happen within a test). The
+/// ledger ([`ledger_config`]) and the tests' own entity types add theirs.
+pub fn config(entity_type: &str, partitions: u32, node: &str) -> jetshard::ShardConfigBuilder {
+    ShardConfig::builder(entity_type)
+        .partitions(partitions)
+        .node_id(node)
+        .pin_ttl(Duration::from_secs(1))
+        .ack_wait(Duration::from_secs(3))
 }
 
 /// The ledger's snapshot interval in events: `JETSHARD_SNAPSHOT_EVERY` (0: no periodic

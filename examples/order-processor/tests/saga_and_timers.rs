@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use jetshard_testkit::{NatsServer, wait_until};
+use jetshard_testkit::{NatsServer, owned_by, wait_until};
 use order_processor::demo::feature_args;
 use order_processor::nodes::{NodeProcess, NodeSettings};
 use order_processor::rules::Features;
@@ -31,10 +31,6 @@ impl Drop for Nodes {
             }
         }
     }
-}
-
-fn owned_by(nodes: &[&NodeProcess]) -> BTreeSet<u32> {
-    nodes.iter().flat_map(|n| n.owned()).collect()
 }
 
 /// The number after `prefix` on the report line that starts with `line`.
@@ -100,7 +96,7 @@ async fn the_saga_and_the_timers_hold_through_a_sigkill() {
 
     let all: BTreeSet<u32> = (0..settings.partitions).collect();
     wait_until(Duration::from_secs(20), "every partition owned", || async {
-        owned_by(&nodes.0.iter().collect::<Vec<_>>()) == all
+        owned_by(nodes.0.iter().map(NodeProcess::process)) == all
     })
     .await
     .expect("ownership");
@@ -114,7 +110,7 @@ async fn the_saga_and_the_timers_hold_through_a_sigkill() {
     wait_until(
         Duration::from_secs(20),
         "the survivors own every partition",
-        || async { owned_by(&survivors.iter().map(|i| &nodes.0[*i]).collect::<Vec<_>>()) == all },
+        || async { owned_by(survivors.iter().map(|i| nodes.0[*i].process())) == all },
     )
     .await
     .expect("takeover after the kill");

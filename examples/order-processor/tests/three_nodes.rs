@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use jetshard_testkit::{NatsServer, wait_until};
+use jetshard_testkit::{NatsServer, owned_by, wait_until};
 use order_processor::nodes::{NodeProcess, NodeSettings, unix_ms};
 
 const BIN: &str = env!("CARGO_BIN_EXE_order-processor");
@@ -27,10 +27,6 @@ impl Drop for Nodes {
             }
         }
     }
-}
-
-fn owned_by(nodes: &[&NodeProcess]) -> BTreeSet<u32> {
-    nodes.iter().flat_map(|n| n.owned()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,7 +70,7 @@ async fn verify_finds_no_violation_after_one_node_is_killed_and_another_frozen_p
 
     let all: BTreeSet<u32> = (0..settings.partitions).collect();
     wait_until(Duration::from_secs(20), "every partition owned", || async {
-        owned_by(&nodes.0.iter().collect::<Vec<_>>()) == all
+        owned_by(nodes.0.iter().map(NodeProcess::process)) == all
     })
     .await
     .expect("ownership");
@@ -89,7 +85,7 @@ async fn verify_finds_no_violation_after_one_node_is_killed_and_another_frozen_p
     wait_until(
         Duration::from_secs(20),
         "the survivors own every partition",
-        || async { owned_by(&survivors.iter().map(|i| &nodes.0[*i]).collect::<Vec<_>>()) == all },
+        || async { owned_by(survivors.iter().map(|i| nodes.0[*i].process())) == all },
     )
     .await
     .expect("takeover after the kill");

@@ -17,12 +17,8 @@ use jetshard_tests::{applied, counts, init_tracing};
 
 /// The ledger's config for these tests; `entity_type` lets one test run two types.
 fn config(entity_type: &str) -> ShardConfig {
-    ShardConfig::builder(entity_type)
-        .partitions(2)
-        .node_id(format!("{entity_type}-node"))
+    jetshard_tests::config(entity_type, 2, &format!("{entity_type}-node"))
         .codec(jetshard::Codec::Json)
-        .pin_ttl(Duration::from_secs(1))
-        .ack_wait(Duration::from_secs(3))
         // A request the server refuses for want of permission is never answered: fail fast.
         .write_timeout(Duration::from_secs(2))
         .build()

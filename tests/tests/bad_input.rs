@@ -3,10 +3,10 @@
 //! panic, and fuzzed framework records. Each shows the clear error (or the dead letter), that
 //! nothing else was lost or held up, and, after a restart of the node, that every partition is
 //! acquired again and serves: the worst failures appear only at the next takeover. Bad records
-//! and handlers that kill processes: `tests/poison.rs`.
+//! and handlers that kill processes: `tests/tests/poison.rs`.
 //!
 //! Covered elsewhere, not repeated here: a partition-count mismatch with existing streams and a
-//! server that is down at start (`tests/topology.rs`).
+//! server that is down at start (`tests/tests/topology.rs`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

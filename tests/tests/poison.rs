@@ -5,7 +5,7 @@
 //! that appear only at the next takeover.
 //!
 //! Entities here use the default codec (bincode) unless a test says otherwise. Hostile input
-//! (payloads, ids) is in `tests/bad_input.rs`.
+//! (payloads, ids) is in `tests/tests/bad_input.rs`.
 
 use std::time::Duration;
 
@@ -22,11 +22,7 @@ use serde::{Deserialize, Serialize};
 const ASK: Duration = Duration::from_secs(10);
 
 fn config(entity_type: &str, partitions: u32) -> ShardConfig {
-    ShardConfig::builder(entity_type)
-        .partitions(partitions)
-        .node_id("n1")
-        .pin_ttl(Duration::from_secs(1))
-        .ack_wait(Duration::from_secs(3))
+    jetshard_tests::config(entity_type, partitions, "n1")
         .retry_delay(Duration::from_millis(50))
         .max_deliver(3)
         .build()

@@ -91,12 +91,8 @@ impl Entity for Tally {
 }
 
 fn config(entity_type: &str, partitions: u32) -> jetshard::ShardConfigBuilder {
-    ShardConfig::builder(entity_type)
-        .partitions(partitions)
-        .node_id("n1")
+    jetshard_tests::config(entity_type, partitions, "n1")
         .codec(jetshard::Codec::Json)
-        .pin_ttl(Duration::from_secs(1))
-        .ack_wait(Duration::from_secs(3))
         .retry_delay(Duration::from_millis(50))
 }
 
