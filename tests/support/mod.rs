@@ -186,3 +186,36 @@ pub fn assert_applied(outcome: &jetshard::CommandOutcome) {
         "not applied: {outcome:?}"
     );
 }
+
+/// Waits (15 s at most) until no command of `entity_type` is pending or unacknowledged: every
+/// partition's ack floor is at its last delivery.
+pub async fn drained(client: &async_nats::Client, entity_type: &str) {
+    let admin = jetshard::admin::Admin::new(client.clone(), entity_type);
+    jetshard_testkit::wait_until(
+        Duration::from_secs(15),
+        "every command acknowledged",
+        || async {
+            let overview = admin.overview().await.unwrap();
+            overview
+                .iter()
+                .all(|p| p.pending == 0 && p.ack_pending == 0)
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// A fresh server, a client of it and its JetStream context: where a test that runs its own
+/// entity types starts ([`Scenario`] is the ledger's start).
+pub async fn served() -> (
+    jetshard_testkit::NatsServer,
+    async_nats::Client,
+    async_nats::jetstream::Context,
+) {
+    let server = jetshard_testkit::NatsServer::start()
+        .await
+        .expect("start nats-server");
+    let client = server.connect().await.expect("connect to nats-server");
+    let js = async_nats::jetstream::new(client.clone());
+    (server, client, js)
+}

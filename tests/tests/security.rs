@@ -434,19 +434,7 @@ async fn an_operator_with_only_the_documented_permissions_runs_every_admin_comma
     .await
     .unwrap();
     // Once the replay's termination has reached the server, both go.
-    let admin = jetshard::admin::Admin::new(user("admin").connect(&url).await.unwrap(), "ledger");
-    wait_until(
-        Duration::from_secs(15),
-        "every command acknowledged",
-        || async {
-            let overview = admin.overview().await.unwrap();
-            overview
-                .iter()
-                .all(|p| p.pending == 0 && p.ack_pending == 0)
-        },
-    )
-    .await
-    .unwrap();
+    jetshard_tests::drained(&user("admin").connect(&url).await.unwrap(), "ledger").await;
     let purged = as_operator(&url, &["dead-letters", "purge", "ledger"]).await;
     assert_eq!(
         (&purged["purged"], &purged["kept"]),

@@ -28,7 +28,9 @@ pub struct ChildNode {
 impl ChildNode {
     /// Starts `command` as node `id`, its stdout piped and read line by line (stdin closed;
     /// stderr as `command` says). Does not wait for it to be ready: see
-    /// [`wait_printed`](Self::wait_printed).
+    /// [`wait_printed`](Self::wait_printed). On Linux the kernel kills it when the thread that
+    /// started it ends (`PR_SET_PDEATHSIG`): start it from one that lives as long as the process
+    /// or the test (the main thread, a test's thread, a runtime's worker).
     ///
     /// # Errors
     /// If the process cannot be started.
@@ -37,7 +39,7 @@ impl ChildNode {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .kill_on_drop(true);
-        die_with_parent(&mut command);
+        crate::process::die_with_parent(command.as_std_mut());
         let mut child = command.spawn()?;
         let pid = child
             .id()
@@ -215,25 +217,3 @@ impl ChildNode {
 pub fn owned_by<'a>(nodes: impl IntoIterator<Item = &'a ChildNode>) -> BTreeSet<u32> {
     nodes.into_iter().flat_map(ChildNode::owned).collect()
 }
-
-#[cfg(target_os = "linux")]
-fn die_with_parent(command: &mut Command) {
-    let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
-    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe system
-    // calls (prctl, getppid); it allocates nothing.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // The parent may have died before prctl took effect: then nobody would kill us.
-            if libc::getppid() != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn die_with_parent(_command: &mut Command) {}
