@@ -73,12 +73,8 @@ use jetshard::{ShardConfig, ShardSystem};
 /// every [`snapshot_every`] events (so every suite of the ledger, chaos and cluster included,
 /// runs with snapshots and loads entities from them).
 pub fn ledger_config(partitions: u32, node: &str) -> jetshard::ShardConfigBuilder {
-    ShardConfig::builder("ledger")
-        .partitions(partitions)
-        .node_id(node)
+    config("ledger", partitions, node)
         .codec(jetshard::Codec::Json)
-        .pin_ttl(Duration::from_secs(1))
-        .ack_wait(Duration::from_secs(3))
         .retry_delay(Duration::from_millis(50))
         .snapshot_every(snapshot_every())
         .crash_watchers(env_or("JETSHARD_CRASH_WATCHERS", 3))
@@ -92,6 +88,17 @@ fn env_or(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// The settings every test's entity type starts from: `partitions`, node id `node`, pin TTL
+/// 1 s, ack wait 3 s (short, so that failovers and redeliveries happen within a test). The
+/// ledger ([`ledger_config`]) and the tests' own entity types add theirs.
+pub fn config(entity_type: &str, partitions: u32, node: &str) -> jetshard::ShardConfigBuilder {
+    ShardConfig::builder(entity_type)
+        .partitions(partitions)
+        .node_id(node)
+        .pin_ttl(Duration::from_secs(1))
+        .ack_wait(Duration::from_secs(3))
 }
 
 /// The ledger's snapshot interval in events: `JETSHARD_SNAPSHOT_EVERY` (0: no periodic
@@ -189,4 +196,37 @@ pub fn assert_applied(outcome: &jetshard::CommandOutcome) {
         matches!(outcome, jetshard::CommandOutcome::Applied { .. }),
         "not applied: {outcome:?}"
     );
+}
+
+/// Waits (15 s at most) until no command of `entity_type` is pending or unacknowledged: every
+/// partition's ack floor is at its last delivery.
+pub async fn drained(client: &async_nats::Client, entity_type: &str) {
+    let admin = jetshard::admin::Admin::new(client.clone(), entity_type);
+    jetshard_testkit::wait_until(
+        Duration::from_secs(15),
+        "every command acknowledged",
+        || async {
+            let overview = admin.overview().await.unwrap();
+            overview
+                .iter()
+                .all(|p| p.pending == 0 && p.ack_pending == 0)
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// A fresh server, a client of it and its JetStream context: where a test that runs its own
+/// entity types starts ([`Scenario`] is the ledger's start).
+pub async fn served() -> (
+    jetshard_testkit::NatsServer,
+    async_nats::Client,
+    async_nats::jetstream::Context,
+) {
+    let server = jetshard_testkit::NatsServer::start()
+        .await
+        .expect("start nats-server");
+    let client = server.connect().await.expect("connect to nats-server");
+    let js = async_nats::jetstream::new(client.clone());
+    (server, client, js)
 }

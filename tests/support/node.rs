@@ -1,11 +1,10 @@
 //! Node processes: the `ledger-node` binary as a child, with real faults (SIGKILL, SIGSTOP).
 
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use jetshard_testkit::ChildNode;
+use tokio::process::Command;
 
 /// One ownership line a node printed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,8 +25,7 @@ pub struct Line {
 pub struct Node {
     /// Its node id.
     pub id: String,
-    child: Child,
-    lines: Arc<Mutex<Vec<Line>>>,
+    process: ChildNode,
 }
 
 /// More settings of a node, for [`Node::start_with`]; the defaults give what [`Node::start`]
@@ -90,59 +88,44 @@ impl Node {
             .arg(spec.ack_wait.as_millis().to_string())
             .args(&options.args)
             .envs(spec.env.iter().cloned())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .kill_on_drop(true);
-        let mut child = command.spawn().expect("spawn ledger-node");
-        let stdout = child.stdout.take().expect("stdout");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                let parts: Vec<&str> = line.split_whitespace().collect();
-                let parsed = Line {
-                    what: parts.first().copied().unwrap_or_default().to_owned(),
-                    partition: parts.get(1).and_then(|p| p.parse().ok()).unwrap_or(0),
-                    generation: parts.get(2).and_then(|p| p.parse().ok()).unwrap_or(0),
-                    at_ms: parts.get(3).and_then(|p| p.parse().ok()).unwrap_or(0),
-                    text: line.clone(),
-                };
-                sink.lock().unwrap().push(parsed);
-            }
-        });
+            .stderr(stderr);
         Node {
             id: id.to_owned(),
-            child,
-            lines,
+            process: ChildNode::spawn(id, command).expect("spawn ledger-node"),
         }
     }
 
     /// Whether the node printed a line starting with `what` (`READY`, `STOPPED`...).
     pub fn printed(&self, what: &str) -> bool {
-        self.lines.lock().unwrap().iter().any(|l| l.what == what)
+        self.process.printed(what)
     }
 
     /// Every line so far.
     pub fn lines(&self) -> Vec<Line> {
-        self.lines.lock().unwrap().clone()
+        self.process
+            .lines()
+            .into_iter()
+            .map(|line| {
+                let parts: Vec<&str> = line.split_whitespace().collect();
+                Line {
+                    what: parts.first().copied().unwrap_or_default().to_owned(),
+                    partition: parts.get(1).and_then(|p| p.parse().ok()).unwrap_or(0),
+                    generation: parts.get(2).and_then(|p| p.parse().ok()).unwrap_or(0),
+                    at_ms: parts.get(3).and_then(|p| p.parse().ok()).unwrap_or(0),
+                    text: line.clone(),
+                }
+            })
+            .collect()
     }
 
     /// The partitions this node owns now, by its own account.
     pub fn owned(&self) -> Vec<u32> {
-        let mut owned = std::collections::BTreeSet::new();
-        for line in self.lines() {
-            match line.what.as_str() {
-                "ACQUIRED" => {
-                    owned.insert(line.partition);
-                }
-                "RELEASED" => {
-                    owned.remove(&line.partition);
-                }
-                _ => {}
-            }
-        }
-        owned.into_iter().collect()
+        self.process.owned().into_iter().collect()
+    }
+
+    /// The node's child process (its lines, signals).
+    pub fn process(&self) -> &ChildNode {
+        &self.process
     }
 
     /// The first acquisition of `partition` at or after `since_ms`.
@@ -163,7 +146,7 @@ impl Node {
 
     /// Whether the process still runs (it is reaped if it has exited).
     pub fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        self.process.exited().is_none()
     }
 
     /// Whether the node has acquired `partition` under `generation`.
@@ -173,33 +156,24 @@ impl Node {
             .any(|l| l.what == "ACQUIRED" && l.partition == partition && l.generation == generation)
     }
 
-    fn signal(&self, signal: i32) {
-        let pid = self.child.id().expect("node running") as i32;
-        // SAFETY: sending a signal to our own child process.
-        let rc = unsafe { libc::kill(pid, signal) };
-        assert_eq!(rc, 0, "kill({pid}, {signal})");
-    }
-
     /// SIGKILL, and reap.
     pub async fn kill(&mut self) {
-        self.signal(libc::SIGKILL);
-        let _ = self.child.wait().await;
+        self.process.kill().await.expect("SIGKILL a node");
     }
 
     /// SIGSTOP: the process freezes with whatever it had received.
     pub fn pause(&self) {
-        self.signal(libc::SIGSTOP);
+        self.process.freeze().expect("SIGSTOP a node");
     }
 
     /// SIGCONT.
     pub fn resume(&self) {
-        self.signal(libc::SIGCONT);
+        self.process.thaw().expect("SIGCONT a node");
     }
 
-    /// SIGTERM, and wait (bounded) for a graceful exit.
+    /// SIGTERM, and wait (bounded) for a graceful exit; SIGKILL after 20 s.
     pub async fn terminate(&mut self) {
-        self.signal(libc::SIGTERM);
-        let _ = tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await;
+        self.process.terminate(Duration::from_secs(20)).await;
     }
 }
 

@@ -9,14 +9,13 @@
 
 use std::collections::BTreeSet;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use clap::Args;
 use jetshard::{OwnershipChange, ShardConfig, ShardSystem};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use jetshard_testkit::ChildNode;
+use tokio::process::Command;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::entity::{BenchEntity, SnapshottedBenchEntity};
@@ -134,149 +133,96 @@ pub struct Acquired {
     pub elapsed_ms: u64,
 }
 
-#[derive(Default)]
-struct Seen {
-    ready: bool,
-    acquired: Vec<Acquired>,
-    /// Acquisitions (`true`) and releases in the order they were printed.
-    ownership: Vec<(u32, bool)>,
-    /// Each release's partition and reason.
-    released: Vec<(u32, String)>,
-}
-
 /// A running node child process; killed when dropped.
 pub struct NodeProcess {
-    id: String,
-    child: Child,
-    seen: Arc<Mutex<Seen>>,
+    process: ChildNode,
 }
 
 impl NodeProcess {
     /// Starts this binary as a node and waits until its shard system runs.
     pub async fn start(args: &NodeArgs) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("find this executable")?;
-        let mut child = Command::new(exe)
-            .args(args.to_args())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .context("spawn a node process")?;
-        let stdout = child.stdout.take().context("the node's stdout")?;
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let sink = seen.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                record(&sink, &line);
-            }
-        });
-        let node = Self {
-            id: args.node_id.clone(),
-            child,
-            seen,
-        };
-        let what = format!("node {} ready", node.id);
-        jetshard_testkit::wait_until(READY_TIMEOUT, &what, || async { node.lock().ready })
+        let mut command = Command::new(exe);
+        command.args(args.to_args()).stderr(Stdio::inherit());
+        let mut process =
+            ChildNode::spawn(&args.node_id, command).context("spawn a node process")?;
+        process
+            .wait_printed("READY", READY_TIMEOUT)
             .await
-            .with_context(|| format!("node {} did not start", node.id))?;
-        Ok(node)
+            .with_context(|| format!("node {} did not start", args.node_id))?;
+        Ok(Self { process })
     }
 
     /// Its node id.
     pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
-        self.seen.lock().unwrap_or_else(PoisonError::into_inner)
+        self.process.id()
     }
 
     /// Every acquisition it printed.
     pub fn acquisitions(&self) -> Vec<Acquired> {
-        self.lock().acquired.clone()
+        lines_of(&self.process, "ACQUIRED")
+            .iter()
+            .map(|words| Acquired {
+                partition: u32::try_from(number(words, 1)).unwrap_or(u32::MAX),
+                generation: number(words, 2),
+                at_unix_ms: number(words, 3),
+                rebuilt_events: number(words, 4),
+                elapsed_ms: number(words, 5),
+            })
+            .collect()
     }
 
     /// Every release it printed: partition and reason.
     pub fn releases(&self) -> Vec<(u32, String)> {
-        self.lock().released.clone()
+        lines_of(&self.process, "RELEASED")
+            .iter()
+            .map(|words| {
+                (
+                    u32::try_from(number(words, 1)).unwrap_or(u32::MAX),
+                    words.get(4..).unwrap_or_default().join(" "),
+                )
+            })
+            .collect()
     }
 
     /// The partitions it owns now, by its own account.
     pub fn owned(&self) -> BTreeSet<u32> {
-        let mut owned = BTreeSet::new();
-        for (partition, acquired) in &self.lock().ownership {
-            if *acquired {
-                owned.insert(*partition);
-            } else {
-                owned.remove(partition);
-            }
-        }
-        owned
+        self.process.owned()
     }
 
     /// Sends `signal` (a `libc::SIG*`) to the process.
     pub fn signal(&self, signal: i32) -> anyhow::Result<()> {
-        let Some(pid) = self.child.id() else {
-            bail!("node {} is not running", self.id);
-        };
-        let pid = i32::try_from(pid).context("pid out of range")?;
-        // SAFETY: kill(2) on our own child's pid, which is not reaped yet (we hold the Child).
-        let rc = unsafe { libc::kill(pid, signal) };
-        if rc != 0 {
-            bail!("kill({pid}, {signal}): {}", std::io::Error::last_os_error());
-        }
-        Ok(())
+        self.process
+            .signal(signal)
+            .with_context(|| format!("signal {signal} to node {}", self.id()))
     }
 
     /// SIGKILL, and reap.
     pub async fn kill(mut self) -> anyhow::Result<()> {
-        self.signal(libc::SIGKILL)?;
-        self.child.wait().await.context("reap a killed node")?;
-        Ok(())
+        self.process.kill().await.context("SIGKILL a node")
     }
 
     /// SIGTERM, and wait (bounded) for a graceful exit; SIGKILL after that.
     pub async fn terminate(mut self) -> anyhow::Result<()> {
-        self.signal(libc::SIGTERM)?;
-        if tokio::time::timeout(Duration::from_secs(20), self.child.wait())
-            .await
-            .is_err()
-        {
-            self.kill().await?;
-        }
+        self.process.terminate(Duration::from_secs(20)).await;
         Ok(())
     }
 }
 
-fn record(seen: &Mutex<Seen>, line: &str) {
-    let parts: Vec<&str> = line.split_whitespace().collect();
-    let number = |i: usize| {
-        parts
-            .get(i)
-            .and_then(|p| p.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
-    match parts.first().copied() {
-        Some("READY") => seen.ready = true,
-        Some("ACQUIRED") => {
-            let partition = u32::try_from(number(1)).unwrap_or(u32::MAX);
-            seen.ownership.push((partition, true));
-            seen.acquired.push(Acquired {
-                partition,
-                generation: number(2),
-                at_unix_ms: number(3),
-                rebuilt_events: number(4),
-                elapsed_ms: number(5),
-            });
-        }
-        Some("RELEASED") => {
-            let partition = u32::try_from(number(1)).unwrap_or(u32::MAX);
-            seen.ownership.push((partition, false));
-            seen.released
-                .push((partition, parts.get(4..).unwrap_or_default().join(" ")));
-        }
-        _ => {}
-    }
+/// The lines of `node` whose first word is `what`, as their words.
+fn lines_of(node: &ChildNode, what: &str) -> Vec<Vec<String>> {
+    node.lines()
+        .iter()
+        .map(|line| {
+            line.split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .filter(|words| words.first().is_some_and(|w| w == what))
+        .collect()
+}
+
+/// Word `i` of a line as a number, 0 if there is none.
+fn number(words: &[String], i: usize) -> u64 {
+    words.get(i).and_then(|w| w.parse().ok()).unwrap_or(0)
 }

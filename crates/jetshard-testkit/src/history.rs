@@ -81,25 +81,11 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
-use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, consumer::pull};
-use futures::StreamExt;
-
-/// Header of every journal record: the writer's generation.
-const HDR_GENERATION: &str = "Jetshard-Generation";
-/// Header of events and dead letters: the command's sequence in the command stream.
-const HDR_COMMAND_SEQ: &str = "Jetshard-Command-Seq";
-/// Header of a dead letter: the entity id.
-const HDR_ENTITY: &str = "Jetshard-Entity";
-/// Header of a dead letter: why the command was given up.
-const HDR_REASON: &str = "Jetshard-Reason";
-/// `jetshard::wire::HDR_TIMER_OP`: marks a timer record (`<t>.tmr.<p>.<id>`).
-const HDR_TIMER_OP: &str = "Jetshard-Timer-Op";
-
-/// How long reading the journal waits for its next record before it gives up.
-const READ_STALL_TIMEOUT: Duration = Duration::from_secs(10);
+use async_nats::jetstream;
+use jetshard::journal_reader::{JournalReader, JournalRecord, RecordKind};
+use jetshard::wire::{HDR_COMMAND_SEQ, HDR_ENTITY, HDR_GENERATION};
 
 /// What became of one publish, as the client saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -348,7 +334,8 @@ impl Record<Vec<u8>> {
     /// (`docs/WIRE.md`) lays it out. Never panics, whatever the input.
     ///
     /// # Errors
-    /// [`MalformedRecord`] naming what is missing or unreadable.
+    /// [`MalformedRecord`] naming what is missing or unreadable, or that it is not an event, a
+    /// fence record or a dead letter.
     pub fn parse(
         entity_type: &str,
         seq: u64,
@@ -356,57 +343,77 @@ impl Record<Vec<u8>> {
         headers: Option<&HeaderMap>,
         payload: Vec<u8>,
     ) -> Result<Self, MalformedRecord> {
-        let malformed = |reason: &str| MalformedRecord {
+        let ours = subject
+            .strip_prefix(entity_type)
+            .is_some_and(|rest| rest.starts_with('.'));
+        if !ours {
+            return Err(MalformedRecord {
+                seq,
+                subject: subject.to_owned(),
+                reason: "not a subject of this entity type".to_owned(),
+            });
+        }
+        let record = JournalRecord::decode(entity_type, seq, subject, headers, payload.into());
+        Self::from_journal(record)?.ok_or_else(|| MalformedRecord {
             seq,
             subject: subject.to_owned(),
+            reason: "not an event, fence or dead-letter subject".to_owned(),
+        })
+    }
+
+    /// The history's view of a record read with jetshard's [`JournalReader`]: `None` for the
+    /// records that are not part of an entity's history (snapshots are a cache of the events,
+    /// outbox records the messages commands sent, timer and unpin records neither).
+    ///
+    /// # Errors
+    /// [`MalformedRecord`] for an event, fence record or dead letter without the headers the
+    /// wire contract gives it, or a subject outside the contract.
+    pub fn from_journal(record: JournalRecord) -> Result<Option<Self>, MalformedRecord> {
+        let malformed = |reason: &str| MalformedRecord {
+            seq: record.seq,
+            subject: record.subject.clone(),
             reason: reason.to_owned(),
         };
-        let header_text = |name: &str| {
-            headers
-                .and_then(|h| h.get(name))
-                .map(|v| v.as_str().to_owned())
+        let required = |value: Option<u64>, name: &str| {
+            value.ok_or_else(|| malformed(&format!("no numeric {name} header")))
         };
-        let header_u64 = |name: &str| {
-            header_text(name)
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .ok_or_else(|| malformed(&format!("no numeric {name} header")))
+        let partition = || {
+            record
+                .partition
+                .ok_or_else(|| malformed("the partition token is not a number"))
         };
-        let rest = subject
-            .strip_prefix(entity_type)
-            .and_then(|rest| rest.strip_prefix('.'))
-            .ok_or_else(|| malformed("not a subject of this entity type"))?;
-        let tokens: Vec<&str> = rest.split('.').collect();
-        let partition = |token: &str| {
-            token
-                .parse::<u32>()
-                .map_err(|_| malformed("the partition token is not a number"))
-        };
-        match tokens[..] {
-            ["evt", p, entity] => Ok(Record::Event {
+        let seq = record.seq;
+        Ok(Some(match &record.kind {
+            RecordKind::Event {
+                entity, payload, ..
+            } => Record::Event {
                 seq,
-                partition: partition(p)?,
-                entity: entity.to_owned(),
-                generation: header_u64(HDR_GENERATION)?,
-                command_seq: header_u64(HDR_COMMAND_SEQ)?,
-                event: payload,
-            }),
-            ["fence", p] => Ok(Record::Fence {
+                partition: partition()?,
+                entity: entity.clone(),
+                generation: required(record.generation, HDR_GENERATION)?,
+                command_seq: required(record.command_seq, HDR_COMMAND_SEQ)?,
+                event: payload.to_vec(),
+            },
+            RecordKind::Fence(_) => Record::Fence {
                 seq,
-                partition: partition(p)?,
-                generation: header_u64(HDR_GENERATION)?,
-            }),
-            // `<t>.dlq.<p>.<id>`, or `<t>.dlq.<p>` for a command whose subject held no valid id.
-            ["dlq", p] | ["dlq", p, _] => Ok(Record::DeadLetter {
+                partition: partition()?,
+                generation: required(record.generation, HDR_GENERATION)?,
+            },
+            RecordKind::DeadLetter { entity, reason, .. } => Record::DeadLetter {
                 seq,
-                partition: partition(p)?,
-                entity: header_text(HDR_ENTITY)
+                partition: partition()?,
+                entity: entity
+                    .clone()
                     .ok_or_else(|| malformed(&format!("no {HDR_ENTITY} header")))?,
-                generation: header_u64(HDR_GENERATION)?,
-                command_seq: header_u64(HDR_COMMAND_SEQ)?,
-                reason: header_text(HDR_REASON).unwrap_or_default(),
-            }),
-            _ => Err(malformed("not an event, fence or dead-letter subject")),
-        }
+                generation: required(record.generation, HDR_GENERATION)?,
+                command_seq: required(record.command_seq, HDR_COMMAND_SEQ)?,
+                reason: reason.clone().unwrap_or_default(),
+            },
+            RecordKind::Other => {
+                return Err(malformed("not an event, fence or dead-letter subject"));
+            }
+            _ => return Ok(None),
+        }))
     }
 }
 
@@ -453,7 +460,8 @@ impl ReadError {
 }
 
 /// Reads the whole journal of `entity_type` (the stream `<T>_JOURNAL`), in order, as it is when
-/// the read starts. Event bodies stay raw; decode them with [`Record::try_map_event`].
+/// the read starts, with jetshard's [`JournalReader`], and keeps the history's records (see
+/// [`Record::from_journal`]). Event bodies stay raw; decode them with [`Record::try_map_event`].
 ///
 /// # Errors
 /// [`ReadError::JetStream`] if the stream cannot be read (or stalls for 10 s),
@@ -462,75 +470,15 @@ pub async fn read_journal(
     js: &jetstream::Context,
     entity_type: &str,
 ) -> Result<Vec<Record<Vec<u8>>>, ReadError> {
-    let stream_name = format!(
-        "{}_JOURNAL",
-        entity_type.to_ascii_uppercase().replace('-', "_")
-    );
-    let stream = js
-        .get_stream_no_info(&stream_name)
+    let read = async { JournalReader::open(js, entity_type).await?.all().await };
+    let records = read
         .await
-        .map_err(|e| ReadError::jetstream(format!("open {stream_name}"), e))?;
-    let consumer = stream
-        .create_consumer(pull::OrderedConfig {
-            filter_subject: format!("{entity_type}.>"),
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| ReadError::jetstream(format!("replay {stream_name}"), e))?;
-    let mut records = Vec::new();
-    if consumer.cached_info().num_pending == 0 {
-        return Ok(records);
+        .map_err(|e| ReadError::jetstream(format!("read the journal of {entity_type}"), e))?;
+    let mut history = Vec::with_capacity(records.len());
+    for record in records {
+        history.extend(Record::from_journal(record)?);
     }
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|e| ReadError::jetstream(format!("replay {stream_name}"), e))?;
-    loop {
-        let next = tokio::time::timeout(READ_STALL_TIMEOUT, messages.next())
-            .await
-            .map_err(|e| ReadError::jetstream(format!("replay {stream_name}: stalled"), e))?;
-        let message = match next {
-            Some(Ok(message)) => message,
-            Some(Err(e)) => return Err(ReadError::jetstream(format!("replay {stream_name}"), e)),
-            None => {
-                return Err(ReadError::jetstream(
-                    format!("replay {stream_name}"),
-                    "the replay ended early",
-                ));
-            }
-        };
-        let info = message
-            .info()
-            .map_err(|e| ReadError::jetstream(format!("replay {stream_name}"), e.to_string()))?;
-        let (seq, pending) = (info.stream_sequence, info.pending);
-        // Snapshots (`<t>.snap.<p>.<id>`) are a cache of the events, not part of the history.
-        // Outbox records (`<t>.out.<p>`) are the messages commands sent, not entity history.
-        // Timer records (`<t>.tmr.<p>.<id>`, `Jetshard-Timer-Op`) are not events either, nor
-        // are a crash watch's unpin records (`<t>.unpin.<p>`).
-        let skipped = matches!(
-            message.subject.split('.').nth(1),
-            Some("snap" | "out" | "tmr" | "unpin")
-        ) || message
-            .headers
-            .as_ref()
-            .is_some_and(|h| h.get(HDR_TIMER_OP).is_some());
-        if skipped {
-            if pending == 0 {
-                return Ok(records);
-            }
-            continue;
-        }
-        records.push(Record::parse(
-            entity_type,
-            seq,
-            &message.subject,
-            message.headers.as_ref(),
-            message.payload.to_vec(),
-        )?);
-        if pending == 0 {
-            return Ok(records);
-        }
-    }
+    Ok(history)
 }
 
 /// The sequential specification of one entity, folded over its outcomes in journal order.
@@ -1544,6 +1492,7 @@ mod tests {
 
     #[test]
     fn journal_messages_are_parsed_by_subject_and_headers() {
+        use jetshard::wire::HDR_REASON;
         let mut headers = HeaderMap::new();
         headers.insert(HDR_GENERATION, "4");
         headers.insert(HDR_COMMAND_SEQ, "17");

@@ -45,6 +45,7 @@
 #![warn(unreachable_pub)]
 
 mod binary;
+mod child;
 mod cluster;
 mod error;
 pub mod history;
@@ -54,6 +55,7 @@ mod server;
 mod wait;
 
 pub use binary::nats_server_binary;
+pub use child::{ChildNode, owned_by};
 pub use cluster::NatsCluster;
 pub use error::Error;
 pub use proxy::TcpProxy;

@@ -94,8 +94,10 @@ fn spawner() -> Option<&'static mpsc::Sender<SpawnRequest>> {
         .as_ref()
 }
 
+/// Makes the kernel SIGKILL `command`'s process when the thread that forks it ends (Linux;
+/// nothing elsewhere).
 #[cfg(target_os = "linux")]
-fn die_with_parent(command: &mut Command) {
+pub(crate) fn die_with_parent(command: &mut Command) {
     use std::os::unix::process::CommandExt;
     let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
@@ -115,4 +117,4 @@ fn die_with_parent(command: &mut Command) {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn die_with_parent(_command: &mut Command) {}
+pub(crate) fn die_with_parent(_command: &mut Command) {}

@@ -13,11 +13,10 @@ use futures::StreamExt;
 
 use crate::error::Error;
 use crate::journal::fence;
+use crate::journal_reader::{JournalReader, RecordKind};
 use crate::query::{self, QueryAnswer};
 use crate::status::NodeStatus;
-use crate::wire::{
-    HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_GENERATION, HDR_REASON, Names, PRIORITY_GROUP,
-};
+use crate::wire::{HDR_ENTITY, HDR_GENERATION, Names, PRIORITY_GROUP};
 use crate::wire::{HDR_MSG_ID, HDR_REPLAY_OF, HDR_SNAPSHOT_UPTO};
 
 /// One partition as the server sees it.
@@ -330,52 +329,30 @@ impl Admin {
         let (_, journal) = self.streams().await?;
         // `<t>.dlq.<p>.<id>`, and `<t>.dlq.<p>` (no valid id, or written before per-entity
         // subjects).
-        let filter = self.names.all_dead_letters();
-        let consumer = journal
-            .create_consumer(jetstream::consumer::pull::OrderedConfig {
-                filter_subject: filter.clone(),
-                ..Default::default()
+        let records = JournalReader::new(journal, &self.names.entity_type)
+            .dead_letters()
+            .await?;
+        Ok(records
+            .into_iter()
+            .filter_map(|record| match record.kind {
+                RecordKind::DeadLetter {
+                    entity,
+                    deliveries,
+                    reason,
+                    payload,
+                } => Some(DeadLetter {
+                    seq: record.seq,
+                    partition: Names::partition_of_dead_letter(&record.subject).unwrap_or(0),
+                    entity: entity.unwrap_or_default(),
+                    command_seq: record.command_seq.unwrap_or(0),
+                    deliveries: deliveries.unwrap_or(0),
+                    reason: reason.unwrap_or_default(),
+                    generation: record.generation.unwrap_or(0),
+                    payload,
+                }),
+                _ => None,
             })
-            .await
-            .map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
-        let mut letters = Vec::new();
-        if consumer.cached_info().num_pending == 0 {
-            return Ok(letters);
-        }
-        let mut messages = consumer
-            .messages()
-            .await
-            .map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
-        while let Ok(Some(next)) =
-            tokio::time::timeout(Duration::from_secs(10), messages.next()).await
-        {
-            let message = next.map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
-            let info = message
-                .info()
-                .map_err(|e| Error::jetstream(format!("read {filter}"), e.to_string()))?;
-            let (seq, pending) = (info.stream_sequence, info.pending);
-            let headers = message.headers.clone().unwrap_or_default();
-            let text = |name: &str| {
-                headers
-                    .get(name)
-                    .map(|v| v.as_str().to_owned())
-                    .unwrap_or_default()
-            };
-            letters.push(DeadLetter {
-                seq,
-                partition: Names::partition_of_dead_letter(&message.subject).unwrap_or(0),
-                entity: text(HDR_ENTITY),
-                command_seq: crate::wire::header_u64(&headers, HDR_COMMAND_SEQ).unwrap_or(0),
-                deliveries: crate::wire::header_u64(&headers, HDR_DELIVERIES).unwrap_or(0),
-                reason: text(HDR_REASON),
-                generation: crate::wire::header_u64(&headers, HDR_GENERATION).unwrap_or(0),
-                payload: message.payload.clone(),
-            });
-            if pending == 0 {
-                break;
-            }
-        }
-        Ok(letters)
+            .collect())
     }
 
     /// Sends the command of the dead letter at journal sequence `dead_letter_seq` again, as a

@@ -4,13 +4,11 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use jetshard_testkit::ChildNode;
+use tokio::process::Command;
 
 /// One line a node prints on stdout, for programs that watch it.
 ///
@@ -119,29 +117,6 @@ impl NodeLine {
     }
 }
 
-/// Makes the kernel SIGKILL the child when its parent dies, so that a demo or test killed
-/// itself (Ctrl-C twice, `kill -9`, a CI timeout) leaves no node behind. `kill_on_drop` covers
-/// every other ending. The kernel ties this to the forking *thread*: spawn from a thread that
-/// lives as long as the process (the main thread, or a test's thread).
-fn die_with_parent(command: &mut Command) {
-    // SAFETY: `getpid` is async-signal-safe.
-    let parent = unsafe { libc::getpid() };
-    // SAFETY: the closure runs between fork and exec and makes only async-signal-safe system
-    // calls (prctl, getppid); it allocates nothing.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The parent may have died before prctl took effect: nobody would kill us then.
-            if libc::getppid() != parent {
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
-}
-
 /// Unix time in milliseconds.
 pub fn unix_ms() -> u128 {
     std::time::SystemTime::now()
@@ -160,21 +135,20 @@ pub struct NodeSettings {
     pub ack_wait: Duration,
 }
 
-/// A running `order-processor node` child process. Killed when dropped.
+/// A running `order-processor node` child process (a testkit [`ChildNode`]). Killed when
+/// dropped, and when the process that started it dies.
 pub struct NodeProcess {
     /// Its node id.
     pub id: String,
-    child: Child,
-    pid: i32,
-    /// Set once the process has been reaped: its pid may then belong to another process.
-    reaped: bool,
-    lines: Arc<Mutex<Vec<NodeLine>>>,
+    process: ChildNode,
     log: PathBuf,
 }
 
 impl NodeProcess {
     /// Starts `exe node ...` with its log (stderr) going to `log`, and reads its stdout lines.
-    /// Does not wait for it to be ready: see [`wait_ready`](Self::wait_ready).
+    /// Does not wait for it to be ready: see [`wait_ready`](Self::wait_ready). Start it from a
+    /// thread that lives as long as the process (the main thread, or a test's thread): the
+    /// kernel ties the kill at the parent's death to the thread that forked.
     ///
     /// # Errors
     /// If the process cannot be started or the log file created.
@@ -210,38 +184,12 @@ impl NodeProcess {
             .args(["--pin-ttl-ms", &settings.pin_ttl.as_millis().to_string()])
             .args(["--ack-wait-ms", &settings.ack_wait.as_millis().to_string()])
             .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log_file)
-            .kill_on_drop(true);
-        die_with_parent(&mut command);
-        let mut child = command
-            .spawn()
+            .stderr(log_file);
+        let process = ChildNode::spawn(id, command)
             .with_context(|| format!("start {} node", exe.display()))?;
-        let pid = child
-            .id()
-            .and_then(|pid| i32::try_from(pid).ok())
-            .context("node process id")?;
-        let stdout = child.stdout.take().context("node stdout")?;
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&lines);
-        // Ends when the child's stdout closes, i.e. when it exits.
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                if let Some(parsed) = NodeLine::parse(&line) {
-                    sink.lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .push(parsed);
-                }
-            }
-        });
         Ok(NodeProcess {
             id: id.to_owned(),
-            child,
-            pid,
-            reaped: false,
-            lines,
+            process,
             log: log.to_owned(),
         })
     }
@@ -251,57 +199,29 @@ impl NodeProcess {
     /// # Errors
     /// If it did not within `within`, or exited; the error holds its log's tail.
     pub async fn wait_ready(&mut self, within: Duration) -> anyhow::Result<()> {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            if self
-                .lines()
-                .iter()
-                .any(|l| matches!(l, NodeLine::Ready { .. }))
-            {
-                return Ok(());
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                self.reaped = true;
-                anyhow::bail!(
-                    "node {} exited ({status}) before it was ready:\n{}",
-                    self.id,
-                    self.log_tail(20)
-                );
-            }
-            if tokio::time::Instant::now() >= deadline {
-                anyhow::bail!(
-                    "node {} not ready after {within:?}:\n{}",
-                    self.id,
-                    self.log_tail(20)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if let Err(e) = self.process.wait_printed("READY", within).await {
+            anyhow::bail!("{e}:\n{}", self.log_tail(20));
         }
+        Ok(())
+    }
+
+    /// The child process (its raw lines, signals; [`jetshard_testkit::owned_by`]).
+    pub fn process(&self) -> &ChildNode {
+        &self.process
     }
 
     /// Every line it printed so far.
     pub fn lines(&self) -> Vec<NodeLine> {
-        self.lines
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.process
+            .lines()
+            .iter()
+            .filter_map(|line| NodeLine::parse(line))
+            .collect()
     }
 
     /// The partitions it owns now, by its own account.
     pub fn owned(&self) -> Vec<u32> {
-        let mut owned = std::collections::BTreeSet::new();
-        for line in self.lines() {
-            match line {
-                NodeLine::Acquired { partition, .. } => {
-                    owned.insert(partition);
-                }
-                NodeLine::Released { partition, .. } => {
-                    owned.remove(&partition);
-                }
-                _ => {}
-            }
-        }
-        owned.into_iter().collect()
+        self.process.owned().into_iter().collect()
     }
 
     /// Its acquisitions at or after `since_ms`: (partition, generation, at_ms).
@@ -349,21 +269,9 @@ impl NodeProcess {
     }
 
     fn signal(&self, signal: i32, name: &str) -> anyhow::Result<()> {
-        if self.reaped {
-            anyhow::bail!("{name} to node {}: it has exited", self.id);
-        }
-        // SAFETY: kill(2) on the pid of our own child, which is not reaped yet (checked
-        // above), so the pid cannot have been reused.
-        let rc = unsafe { libc::kill(self.pid, signal) };
-        if rc != 0 {
-            anyhow::bail!(
-                "{name} to node {} (pid {}): {}",
-                self.id,
-                self.pid,
-                std::io::Error::last_os_error()
-            );
-        }
-        Ok(())
+        self.process
+            .signal(signal)
+            .with_context(|| format!("{name} to node {}", self.id))
     }
 
     /// SIGKILL: a crash. Waits until the process is reaped.
@@ -371,10 +279,10 @@ impl NodeProcess {
     /// # Errors
     /// If the signal cannot be sent.
     pub async fn kill(&mut self) -> anyhow::Result<()> {
-        self.signal(libc::SIGKILL, "SIGKILL")?;
-        let _ = self.child.wait().await;
-        self.reaped = true;
-        Ok(())
+        self.process
+            .kill()
+            .await
+            .with_context(|| format!("SIGKILL to node {}", self.id))
     }
 
     /// SIGSTOP: the process freezes with whatever it holds; its connection stays open.
@@ -404,20 +312,10 @@ impl NodeProcess {
     /// SIGTERM (graceful shutdown), waiting at most `within` for the exit, then SIGKILL.
     /// Returns whether it exited by itself with success.
     pub async fn terminate(&mut self, within: Duration) -> bool {
-        if self.signal(libc::SIGTERM, "SIGTERM").is_err() {
-            return false;
-        }
-        let _ = self.signal(libc::SIGCONT, "SIGCONT");
-        match tokio::time::timeout(within, self.child.wait()).await {
-            Ok(Ok(status)) => {
-                self.reaped = true;
-                status.success()
-            }
-            _ => {
-                let _ = self.kill().await;
-                false
-            }
-        }
+        self.process
+            .terminate(within)
+            .await
+            .is_some_and(|status| status.success())
     }
 }
 

@@ -57,7 +57,7 @@ use async_nats::jetstream::consumer::pull;
 use bytes::Bytes;
 use futures::StreamExt;
 use jetshard::admin::Admin;
-use jetshard::{Codec, EntityId, FenceRecord, partition_of, wire};
+use jetshard::{Codec, EntityId, FenceRecord, JournalReader, partition_of, wire};
 
 use crate::inventory::{self, Inventory, InventoryEvent, InventoryState, STOCK};
 use crate::order::{self, Order, OrderState, Phase, Stock};
@@ -132,22 +132,8 @@ pub enum RecordKind {
     Outbox,
 }
 
-/// What a timer record says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TimerOp {
-    /// Armed, due at `due_ms` (`Jetshard-Timer-Due`).
-    Set {
-        /// Unix milliseconds.
-        due_ms: u64,
-    },
-    /// Disarmed.
-    Cancel,
-    /// Fired: the setting with this set sequence (`Jetshard-Timer-Set`).
-    Fired {
-        /// The set sequence.
-        set_seq: u64,
-    },
-}
+/// What a timer record says (decoded by jetshard's journal reader).
+pub use jetshard::journal_reader::TimerOp;
 
 /// One entity type's streams, as read.
 #[derive(Debug, Clone, Default)]
@@ -966,8 +952,10 @@ pub async fn run(client: Client, options: &VerifyOptions) -> anyhow::Result<Repo
                 journal: Vec::new(),
             });
         }
-        for ((t, _, journal), recorded) in types.iter().zip(&mut recorded) {
-            recorded.journal = read_stream(&js, journal, &format!("{t}.>"))
+        for ((t, _, _), recorded) in types.iter().zip(&mut recorded) {
+            recorded.journal = JournalReader::open(&js, t)
+                .await?
+                .all()
                 .await?
                 .into_iter()
                 .filter_map(journal_record)
@@ -1076,7 +1064,8 @@ pub(crate) struct ReadMessage {
     payload: Bytes,
 }
 
-/// Reads every message of `stream` on `filter`, in order, with an ordered consumer.
+/// Reads every message of a command stream `stream` on `filter`, in order, with an ordered
+/// consumer (journals are read with jetshard's [`JournalReader`]).
 async fn read_stream(
     js: &async_nats::jetstream::Context,
     stream: &str,
@@ -1123,62 +1112,41 @@ async fn read_stream(
     }
 }
 
-fn journal_record(m: ReadMessage) -> Option<JournalRecord> {
-    let header = |name: &str| {
-        m.headers
-            .get(name)
-            .and_then(|v| v.as_str().trim().parse::<u64>().ok())
-    };
-    let tokens: Vec<&str> = m.subject.split('.').collect();
-    let partition = tokens.get(2)?.parse().ok()?;
-    let kind = match tokens[1] {
-        "evt" => RecordKind::Event {
-            entity: (*tokens.get(3)?).to_owned(),
-            command_seq: header(wire::HDR_COMMAND_SEQ),
-            payload: m.payload.clone(),
+/// The checks' view of a record read with jetshard's [`JournalReader`]; `None` for what they
+/// do not look at (snapshots, unpin records, subjects outside the contract, timer records
+/// without their name or operation, a partition token that is not a number).
+fn journal_record(record: jetshard::JournalRecord) -> Option<JournalRecord> {
+    use jetshard::RecordKind as Read;
+    let command_seq = record.command_seq;
+    let kind = match record.kind {
+        Read::Event {
+            entity, payload, ..
+        } => RecordKind::Event {
+            entity,
+            command_seq,
+            payload,
         },
-        "fence" => RecordKind::Fence(
-            FenceRecord::decode(&m.headers, &m.payload).map_err(|e| e.to_string()),
-        ),
-        "dlq" => RecordKind::DeadLetter {
-            entity: m
-                .headers
-                .get(wire::HDR_ENTITY)
-                .map(|v| v.as_str().to_owned())
-                .unwrap_or_default(),
-            command_seq: header(wire::HDR_COMMAND_SEQ),
-            reason: m
-                .headers
-                .get(wire::HDR_REASON)
-                .map(|v| v.as_str().to_owned())
-                .unwrap_or_default(),
+        Read::Fence(fence) => RecordKind::Fence(fence.map_err(|e| e.to_string())),
+        Read::DeadLetter { entity, reason, .. } => RecordKind::DeadLetter {
+            entity: entity.unwrap_or_default(),
+            command_seq,
+            reason: reason.unwrap_or_default(),
         },
-        "tmr" => {
-            let text = |name: &str| m.headers.get(name).map(|v| v.as_str().to_owned());
-            let op = match text(wire::HDR_TIMER_OP)?.as_str() {
-                "set" => TimerOp::Set {
-                    due_ms: header(wire::HDR_TIMER_DUE)?,
-                },
-                "cancel" => TimerOp::Cancel,
-                "fired" => TimerOp::Fired {
-                    set_seq: header(wire::HDR_TIMER_SET)?,
-                },
-                _ => return None,
-            };
-            RecordKind::Timer {
-                entity: (*tokens.get(3)?).to_owned(),
-                name: text(wire::HDR_TIMER)?,
-                command_seq: header(wire::HDR_COMMAND_SEQ),
-                op,
-            }
-        }
-        "out" => RecordKind::Outbox,
+        Read::Timer {
+            entity, name, op, ..
+        } => RecordKind::Timer {
+            entity,
+            name: name?,
+            command_seq,
+            op: op?,
+        },
+        Read::Outbox(_) => RecordKind::Outbox,
         _ => return None,
     };
     Some(JournalRecord {
-        seq: m.seq,
-        partition,
-        generation: header(wire::HDR_GENERATION),
+        seq: record.seq,
+        partition: record.partition?,
+        generation: record.generation,
         kind,
     })
 }

@@ -4,38 +4,15 @@
 //! every command answered once, every outbox message stored once, no item reserved twice or
 //! lost, and every timer fired once and never after a payment; `get` reads an order's state.
 
-use std::collections::BTreeSet;
+mod common;
+
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use jetshard_testkit::{NatsServer, wait_until};
+use common::BIN;
+use jetshard_testkit::NatsServer;
 use order_processor::demo::feature_args;
-use order_processor::nodes::{NodeProcess, NodeSettings};
 use order_processor::rules::Features;
-
-const BIN: &str = env!("CARGO_BIN_EXE_order-processor");
-
-/// Prints the nodes' log tails if the test fails, so a failure explains itself.
-struct Nodes(Vec<NodeProcess>);
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            for node in &self.0 {
-                eprintln!(
-                    "---- {} ({})\n{}",
-                    node.id,
-                    node.log().display(),
-                    node.log_tail(40)
-                );
-            }
-        }
-    }
-}
-
-fn owned_by(nodes: &[&NodeProcess]) -> BTreeSet<u32> {
-    nodes.iter().flat_map(|n| n.owned()).collect()
-}
 
 /// The number after `prefix` on the report line that starts with `line`.
 fn number(report: &str, line: &str, prefix: &str) -> usize {
@@ -57,28 +34,12 @@ async fn the_saga_and_the_timers_hold_through_a_sigkill() {
     let server = NatsServer::start().await.expect("nats-server");
     let url = server.url();
     let logs = tempfile::tempdir().expect("temp dir");
-    let settings = NodeSettings {
-        partitions: 8,
-        pin_ttl: Duration::from_millis(1000),
-        ack_wait: Duration::from_millis(3000),
-    };
     let features = Features {
         inventory: true,
         payment_timeout: Some(Duration::from_secs(3)),
     };
     let flags = feature_args(&features);
-    let mut nodes = Nodes(Vec::new());
-    for id in ["a", "b", "c"] {
-        let log = logs.path().join(format!("{id}.log"));
-        let node = NodeProcess::spawn_with(BIN.as_ref(), &url, id, &settings, &log, &flags)
-            .expect("spawn node");
-        nodes.0.push(node);
-    }
-    for node in &mut nodes.0 {
-        node.wait_ready(Duration::from_secs(30))
-            .await
-            .expect("node ready");
-    }
+    let mut nodes = common::start_three(&url, logs.path(), &flags).await;
 
     // About 2,000 commands over 8 s, besides the reservations, their answers and the timers.
     let mut load = tokio::process::Command::new(BIN)
@@ -98,26 +59,7 @@ async fn the_saga_and_the_timers_hold_through_a_sigkill() {
         .spawn()
         .expect("spawn load");
 
-    let all: BTreeSet<u32> = (0..settings.partitions).collect();
-    wait_until(Duration::from_secs(20), "every partition owned", || async {
-        owned_by(&nodes.0.iter().collect::<Vec<_>>()) == all
-    })
-    .await
-    .expect("ownership");
-
-    let victim = (0..3)
-        .max_by_key(|i| nodes.0[*i].owned().len())
-        .unwrap_or(0);
-    let killed_parts = nodes.0[victim].owned();
-    nodes.0[victim].kill().await.expect("SIGKILL");
-    let survivors: Vec<usize> = (0..3).filter(|i| *i != victim).collect();
-    wait_until(
-        Duration::from_secs(20),
-        "the survivors own every partition",
-        || async { owned_by(&survivors.iter().map(|i| &nodes.0[*i]).collect::<Vec<_>>()) == all },
-    )
-    .await
-    .expect("takeover after the kill");
+    let (victim, killed_parts, survivors) = common::kill_the_busiest(&mut nodes).await;
 
     let loaded = tokio::time::timeout(Duration::from_secs(60), load.wait())
         .await

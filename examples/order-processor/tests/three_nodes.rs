@@ -2,36 +2,15 @@
 //! is SIGKILLed and another frozen (SIGSTOP) past its pin TTL and thawed; `verify` then finds
 //! every command answered exactly once, as the rules say, and no write from a stale owner.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::BIN;
 use jetshard_testkit::{NatsServer, wait_until};
-use order_processor::nodes::{NodeProcess, NodeSettings, unix_ms};
-
-const BIN: &str = env!("CARGO_BIN_EXE_order-processor");
-
-/// Prints the nodes' log tails if the test fails, so a failure explains itself.
-struct Nodes(Vec<NodeProcess>);
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            for node in &self.0 {
-                eprintln!(
-                    "---- {} ({})\n{}",
-                    node.id,
-                    node.log().display(),
-                    node.log_tail(40)
-                );
-            }
-        }
-    }
-}
-
-fn owned_by(nodes: &[&NodeProcess]) -> BTreeSet<u32> {
-    nodes.iter().flat_map(|n| n.owned()).collect()
-}
+use order_processor::nodes::unix_ms;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_finds_no_violation_after_one_node_is_killed_and_another_frozen_past_its_pin_ttl() {
@@ -39,22 +18,7 @@ async fn verify_finds_no_violation_after_one_node_is_killed_and_another_frozen_p
     let server = NatsServer::start().await.expect("nats-server");
     let url = server.url();
     let logs = tempfile::tempdir().expect("temp dir");
-    let settings = NodeSettings {
-        partitions: 8,
-        pin_ttl: Duration::from_millis(1000),
-        ack_wait: Duration::from_millis(3000),
-    };
-    let mut nodes = Nodes(Vec::new());
-    for id in ["a", "b", "c"] {
-        let log = logs.path().join(format!("{id}.log"));
-        let node = NodeProcess::spawn(BIN.as_ref(), &url, id, &settings, &log).expect("spawn node");
-        nodes.0.push(node);
-    }
-    for node in &mut nodes.0 {
-        node.wait_ready(Duration::from_secs(30))
-            .await
-            .expect("node ready");
-    }
+    let mut nodes = common::start_three(&url, logs.path(), &[]).await;
 
     // About 2,500 commands over 10 s: the load outlasts both faults.
     let mut load = tokio::process::Command::new(BIN)
@@ -72,27 +36,7 @@ async fn verify_finds_no_violation_after_one_node_is_killed_and_another_frozen_p
         .spawn()
         .expect("spawn load");
 
-    let all: BTreeSet<u32> = (0..settings.partitions).collect();
-    wait_until(Duration::from_secs(20), "every partition owned", || async {
-        owned_by(&nodes.0.iter().collect::<Vec<_>>()) == all
-    })
-    .await
-    .expect("ownership");
-
-    // Crash: the node owning the most partitions.
-    let victim = (0..3)
-        .max_by_key(|i| nodes.0[*i].owned().len())
-        .unwrap_or(0);
-    let killed_parts = nodes.0[victim].owned();
-    nodes.0[victim].kill().await.expect("SIGKILL");
-    let survivors: Vec<usize> = (0..3).filter(|i| *i != victim).collect();
-    wait_until(
-        Duration::from_secs(20),
-        "the survivors own every partition",
-        || async { owned_by(&survivors.iter().map(|i| &nodes.0[*i]).collect::<Vec<_>>()) == all },
-    )
-    .await
-    .expect("takeover after the kill");
+    let (victim, killed_parts, survivors) = common::kill_the_busiest(&mut nodes).await;
 
     // Stall: the survivor owning the most partitions freezes with what it holds.
     let frozen = *survivors
@@ -127,7 +71,7 @@ async fn verify_finds_no_violation_after_one_node_is_killed_and_another_frozen_p
     // third of the TTL (the pull expiry) before it froze.
     let stalled_for = frozen_at.elapsed();
     assert!(
-        stalled_for >= settings.pin_ttl / 2,
+        stalled_for >= common::settings().pin_ttl / 2,
         "taken over {stalled_for:?} after the freeze: too soon for the pin TTL to have run out"
     );
 

@@ -205,7 +205,7 @@ pub(crate) fn consumer_config(names: &Names, config: &ShardConfig, partition: u3
         // Unlimited at the server: a command is given up only by jetshard, with a dead-letter
         // record. Ownership changes (takeovers, hand-offs, stalls) use deliveries up too, and a
         // server limit would drop such a command silently: its ack floor moves past it and it
-        // is never delivered again, though it was never applied (seen in tests/cluster.rs).
+        // is never delivered again, though it was never applied (seen in tests/tests/cluster.rs).
         // jetshard's own `max_deliver` counts the server's delivery count on a failure.
         max_deliver: -1,
         max_ack_pending: i64::from(config.max_ack_pending),

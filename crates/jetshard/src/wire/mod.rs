@@ -164,6 +164,18 @@ impl Names {
         format!("{}-p{partition}", self.entity_type)
     }
 
+    /// Every subject of the entity type (`<t>.>`): the whole journal, to a reader.
+    pub fn all_subjects(&self) -> String {
+        format!("{}.>", self.entity_type)
+    }
+
+    /// The subjects of one partition's journal records, of every kind (`<t>.*.<p>` and
+    /// `<t>.*.<p>.*`).
+    pub fn partition_subjects(&self, partition: u32) -> Vec<String> {
+        let t = &self.entity_type;
+        vec![format!("{t}.*.{partition}"), format!("{t}.*.{partition}.*")]
+    }
+
     /// The journal stream's subjects.
     pub fn journal_subjects(&self) -> Vec<String> {
         let t = &self.entity_type;

@@ -119,7 +119,7 @@ const RECOVERY_SLICE_MIN: u64 = 32;
 /// The window is the whole of `(ack floor, delivered]`, including what was delivered to this
 /// owner itself since its pin: bounding it by the first delivery under the pin (new commands
 /// are delivered in stream order) loses commands when a consumer leader change resets the
-/// delivery count (seen in `tests/cluster.rs`, seed 1000): a command missing from the window
+/// delivery count (seen in `tests/tests/cluster.rs`, seed 1000): a command missing from the window
 /// comes back after later ones of its entity and is taken for a duplicate.
 ///
 /// Each command's delivery count (set by the caller) is the number of claims that found it in

@@ -164,7 +164,7 @@ async fn a_timer_decided_by_a_stale_owner_never_fires_and_each_timer_fires_once(
     }
     // `a` freezes with them in hand; its decisions after the thaw are fenced.
     a.pause();
-    // Part of the fault, as in tests/fencing.rs: `a`'s open pull requests expire first.
+    // Part of the fault, as in tests/tests/fencing.rs: `a`'s open pull requests expire first.
     tokio::time::sleep(s.node_spec(&[]).pin_ttl / 2).await;
     s.sender
         .send("warm", &LedgerCmd::Push { n: 1 })

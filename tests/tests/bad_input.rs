@@ -3,10 +3,10 @@
 //! panic, and fuzzed framework records. Each shows the clear error (or the dead letter), that
 //! nothing else was lost or held up, and, after a restart of the node, that every partition is
 //! acquired again and serves: the worst failures appear only at the next takeover. Bad records
-//! and handlers that kill processes: `tests/poison.rs`.
+//! and handlers that kill processes: `tests/tests/poison.rs`.
 //!
 //! Covered elsewhere, not repeated here: a partition-count mismatch with existing streams and a
-//! server that is down at start (`tests/topology.rs`).
+//! server that is down at start (`tests/tests/topology.rs`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -602,9 +602,7 @@ fn hostile_payloads() -> Vec<Vec<u8>> {
 async fn hostile_payloads_to_the_default_codec_are_dead_lettered_and_the_partitions_serve_after_a_restart()
  {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let js = jetstream::new(client.clone());
+    let (_server, client, js) = jetshard_tests::served().await;
     let config = profile_config(2);
     assert_eq!(config.codec(), Codec::Bincode, "the default codec");
     let sender = CommandSender::<Profile>::new(client.clone(), &config);
@@ -696,9 +694,7 @@ async fn hostile_payloads_to_the_default_codec_are_dead_lettered_and_the_partiti
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_of_an_over_long_id_never_wedges_its_partition_at_the_next_takeover() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let js = jetstream::new(client.clone());
+    let (_server, client, js) = jetshard_tests::served().await;
     let partitions = 8;
     let config = profile_config(partitions);
     let sender = CommandSender::<Profile>::new(client.clone(), &config);

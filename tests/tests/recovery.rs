@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, Context};
+use async_nats::jetstream::Context;
 use jetshard::admin::Admin;
 use jetshard::wire::{
     HDR_COMMAND_SEQ, HDR_EXPECTED_SUBJECT, HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_ROLLUP,
@@ -17,7 +17,7 @@ use jetshard::{
     CommandOutcome, CommandSender, Entity, EntityId, ShardConfig, ShardSystem, Snapshots,
 };
 use jetshard_testkit::history::{Record, read_journal};
-use jetshard_testkit::{NatsServer, wait_until};
+use jetshard_testkit::wait_until;
 use jetshard_tests::{init_tracing, start_owning};
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
@@ -91,12 +91,8 @@ impl Entity for Tally {
 }
 
 fn config(entity_type: &str, partitions: u32) -> jetshard::ShardConfigBuilder {
-    ShardConfig::builder(entity_type)
-        .partitions(partitions)
-        .node_id("n1")
+    jetshard_tests::config(entity_type, partitions, "n1")
         .codec(jetshard::Codec::Json)
-        .pin_ttl(Duration::from_secs(1))
-        .ack_wait(Duration::from_secs(3))
         .retry_delay(Duration::from_millis(50))
 }
 
@@ -183,9 +179,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_from_a_snapshot_and_its_tail_equals_the_full_replay() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let js = jetstream::new(client.clone());
+    let (_server, client, js) = jetshard_tests::served().await;
     let seed = std::env::var("JETSHARD_SEED")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
@@ -300,9 +294,7 @@ async fn publish_snapshot(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_owners_snapshot_is_rejected_and_a_current_one_rolls_up_the_last() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let js = jetstream::new(client.clone());
+    let (_server, client, js) = jetshard_tests::served().await;
     let config = config("tally", 1).build().unwrap();
     jetshard_tests::provision(client.clone(), &config).await;
     let names = config.names();
@@ -371,9 +363,7 @@ async fn a_stale_owners_snapshot_is_rejected_and_a_current_one_rolls_up_the_last
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_snapshot_falls_back_to_the_events() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let js = jetstream::new(client.clone());
+    let (_server, client, js) = jetshard_tests::served().await;
     let config = config("tally", 1).snapshot_every(2).build().unwrap();
     let sender = CommandSender::<Tally>::new(client.clone(), &config);
     let system = start(&client, &config).await;
@@ -451,9 +441,7 @@ async fn a_corrupt_snapshot_falls_back_to_the_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_evicted_state_reloads_the_same() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let js = jetstream::new(client.clone());
+    let (_server, client, js) = jetshard_tests::served().await;
     let config = config("tally", 1)
         .snapshot_every(0)
         .passivate_after(Duration::from_millis(200))
@@ -498,9 +486,7 @@ async fn an_evicted_state_reloads_the_same() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_then_a_takeover_gives_the_same_state() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let js = jetstream::new(client.clone());
+    let (_server, client, js) = jetshard_tests::served().await;
     let config = config("tally", 2).snapshot_every(4).build().unwrap();
     let sender = CommandSender::<Tally>::new(client.clone(), &config);
     let system = start(&client, &config).await;

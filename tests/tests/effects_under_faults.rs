@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use jetshard_testkit::wait_until;
+use jetshard_testkit::{owned_by, wait_until};
 use jetshard_tests::ledger::LedgerCmd;
 use jetshard_tests::node::Node;
 use jetshard_tests::{Scenario, init_tracing};
@@ -27,10 +27,6 @@ async fn states(s: &Scenario, ids: &[String]) -> Vec<Option<Vec<u64>>> {
         .collect()
 }
 
-fn owned_by(nodes: &[&Node]) -> BTreeSet<u32> {
-    nodes.iter().flat_map(|n| n.owned()).collect()
-}
-
 /// Kills the node owning the most partitions and waits until the others own them all.
 async fn kill_busiest(nodes: &mut Vec<Node>) -> String {
     let victim = (0..nodes.len())
@@ -41,7 +37,7 @@ async fn kill_busiest(nodes: &mut Vec<Node>) -> String {
     node.kill().await;
     let all: BTreeSet<u32> = (0..PARTITIONS).collect();
     wait_until(WITHIN, "the others own every partition", || async {
-        owned_by(&nodes.iter().collect::<Vec<_>>()) == all
+        owned_by(nodes.iter().map(Node::process)) == all
     })
     .await
     .unwrap();
@@ -82,7 +78,7 @@ async fn timers_and_outbox_messages_survive_their_owners_being_killed() {
     }
     let all: BTreeSet<u32> = (0..PARTITIONS).collect();
     wait_until(WITHIN, "every partition owned", || async {
-        owned_by(&nodes.iter().collect::<Vec<_>>()) == all
+        owned_by(nodes.iter().map(Node::process)) == all
     })
     .await
     .unwrap();

@@ -5,7 +5,7 @@
 //! that appear only at the next takeover.
 //!
 //! Entities here use the default codec (bincode) unless a test says otherwise. Hostile input
-//! (payloads, ids) is in `tests/bad_input.rs`.
+//! (payloads, ids) is in `tests/tests/bad_input.rs`.
 
 use std::time::Duration;
 
@@ -22,11 +22,7 @@ use serde::{Deserialize, Serialize};
 const ASK: Duration = Duration::from_secs(10);
 
 fn config(entity_type: &str, partitions: u32) -> ShardConfig {
-    ShardConfig::builder(entity_type)
-        .partitions(partitions)
-        .node_id("n1")
-        .pin_ttl(Duration::from_secs(1))
-        .ack_wait(Duration::from_secs(3))
+    jetshard_tests::config(entity_type, partitions, "n1")
         .retry_delay(Duration::from_millis(50))
         .max_deliver(3)
         .build()
@@ -124,8 +120,7 @@ impl<const UPCAST: bool> Entity for NoteV2<UPCAST> {
 async fn an_event_type_changed_without_an_upcast_quarantines_its_entities_only_and_an_upcast_heals_them()
  {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
+    let (_server, client, _) = jetshard_tests::served().await;
     let config = config("note", 1);
     let write = |text: &str| NoteCmd::Write { text: text.into() };
 
@@ -269,8 +264,7 @@ impl Entity for Fragile {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_apply_that_panics_on_durable_events_quarantines_its_entity_not_the_partition() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
+    let (_server, client, _) = jetshard_tests::served().await;
     let config = config("fragile", 1);
     let sender = CommandSender::<Fragile>::new(client.clone(), &config);
     let system = ShardSystem::start::<Fragile>(client.clone(), config.clone())
@@ -349,9 +343,7 @@ async fn an_apply_that_panics_on_durable_events_quarantines_its_entity_not_the_p
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_outside_decide_and_apply_is_blamed_on_its_own_command() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let js = jetstream::new(client.clone());
+    let (_server, client, js) = jetshard_tests::served().await;
     let config = config("fragile", 1);
     let sender = CommandSender::<Fragile>::new(client.clone(), &config);
     // The commands wait for an owner, so they reach the entity's actor back to back, and the
@@ -432,9 +424,7 @@ mod nodes {
     async fn a_command_that_kills_every_process_that_runs_it_is_dead_lettered_after_max_deliver_runs()
      {
         init_tracing();
-        let server = NatsServer::start().await.unwrap();
-        let client = server.connect().await.unwrap();
-        let js = jetstream::new(client.clone());
+        let (server, client, js) = jetshard_tests::served().await;
         let config = ledger_config(1, "test").max_deliver(2).build().unwrap();
         let sender = CommandSender::<Ledger>::new(client.clone(), &config);
         let options = NodeOptions {
@@ -517,8 +507,7 @@ mod nodes {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_client_whose_command_outlived_a_crash_after_its_write_is_told_it_was_applied() {
         init_tracing();
-        let server = NatsServer::start().await.unwrap();
-        let client = server.connect().await.unwrap();
+        let (server, client, _) = jetshard_tests::served().await;
         let config = ledger_config(1, "test").build().unwrap();
         let sender = CommandSender::<Ledger>::new(client.clone(), &config);
         let url = server.url();
@@ -552,8 +541,7 @@ mod nodes {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_sent_twice_with_one_idempotency_key_is_one_command() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
+    let (_server, client, _) = jetshard_tests::served().await;
     let config = config("fragile", 1);
     let sender = CommandSender::<Fragile>::new(client.clone(), &config);
     let system = ShardSystem::start::<Fragile>(client.clone(), config.clone())
@@ -594,8 +582,7 @@ async fn a_command_sent_twice_with_one_idempotency_key_is_one_command() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pull_loop_that_ends_releases_its_partition_and_escalates() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
+    let (server, client, _) = jetshard_tests::served().await;
     let node = server.connect().await.unwrap();
     let config = ShardConfig::builder("fragile")
         .partitions(2)
@@ -727,9 +714,7 @@ async fn a_refused_pin_moves_even_when_it_cannot_be_unpinned() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_given_up_while_its_dead_letter_cannot_be_written_waits_until_it_can() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let js = jetstream::new(client.clone());
+    let (_server, client, js) = jetshard_tests::served().await;
     let config = ShardConfig::builder("fragile")
         .partitions(1)
         .node_id("n1")

@@ -29,8 +29,7 @@ async fn jetshard(url: &str, args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_command_shows_owners_pauses_resumes_and_lists_dead_letters() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
+    let (server, client, _) = jetshard_tests::served().await;
     let config = ledger_config(2, "node-a").max_deliver(1).build().unwrap();
     let system = ShardSystem::start::<Ledger>(client.clone(), config.clone())
         .await
@@ -125,24 +124,6 @@ async fn jetshard_json(args: &[&str]) -> Value {
         .unwrap_or_else(|e| panic!("{args:?}: {e:#}"));
     serde_json::from_slice(&out)
         .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&out)))
-}
-
-/// Waits until no command of the ledger is pending or unacknowledged: every partition's ack
-/// floor is at its last delivery.
-async fn drained(client: &async_nats::Client) {
-    let admin = jetshard::admin::Admin::new(client.clone(), "ledger");
-    wait_until(
-        Duration::from_secs(15),
-        "every command acknowledged",
-        || async {
-            let overview = admin.overview().await.unwrap();
-            overview
-                .iter()
-                .all(|p| p.pending == 0 && p.ack_pending == 0)
-        },
-    )
-    .await
-    .unwrap();
 }
 
 /// The dead letters of the ledger, as `dead-letters --json` lists them.
@@ -288,7 +269,7 @@ async fn a_dead_letter_is_replayed_once_as_a_new_command_and_dead_letters_are_pu
 
     // Purge: one partition up to a sequence, then everything. (Every command is acknowledged
     // by now; a dead letter whose command is not stays: the next test.)
-    drained(&client).await;
+    jetshard_tests::drained(&client, "ledger").await;
     let second = letter("late-1");
     let (partition, second_seq) = (second["partition"].to_string(), second["seq"].to_string());
     let purge = [
@@ -518,7 +499,7 @@ async fn a_purge_keeps_a_dead_letter_whose_command_could_still_come_back() {
     )
     .await
     .unwrap();
-    drained(&client).await;
+    jetshard_tests::drained(&client, "ledger").await;
     let purged = jetshard_json(&purge).await;
     assert_eq!(
         (&purged["purged"], &purged["kept"]),

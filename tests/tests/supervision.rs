@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use jetshard::{CommandSender, ShardSystem};
-use jetshard_testkit::{NatsServer, wait_until};
+use jetshard_testkit::wait_until;
 use jetshard_tests::ledger::{Ledger, LedgerCmd};
 use jetshard_tests::{init_tracing, ledger_config};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
@@ -49,8 +49,7 @@ impl Actor for Root {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_linked_system_runs_under_the_application_supervisor_and_stops_cleanly() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
+    let (_server, client, _) = jetshard_tests::served().await;
     let (report, mut reports) = mpsc::unbounded_channel();
     let (root, root_handle) = Actor::spawn(None, Root, report).await.unwrap();
     let config = ledger_config(2, "n1").build().unwrap();
@@ -86,8 +85,7 @@ async fn a_linked_system_runs_under_the_application_supervisor_and_stops_cleanly
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owners_that_keep_failing_escalate_to_the_application_supervisor() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
+    let (_server, client, _) = jetshard_tests::served().await;
     let (report, mut reports) = mpsc::unbounded_channel();
     let (root, root_handle) = Actor::spawn(None, Root, report).await.unwrap();
     // Any entity crash makes the owner give its partition up; a second owner failure fails

@@ -14,8 +14,7 @@ use jetshard_tests::{init_tracing, ledger_config, provision};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_placement_matches_the_server_for_2000_ids() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
+    let (_server, client, _) = jetshard_tests::served().await;
     let partitions = 13;
     // Streams exactly as the shard system creates them.
     let config = ledger_config(partitions, "n1")
@@ -72,8 +71,7 @@ async fn partition_placement_matches_the_server_for_2000_ids() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_count_mismatch_with_existing_streams_is_a_clear_error() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
+    let (_server, client, _) = jetshard_tests::served().await;
     provision(client.clone(), &ledger_config(8, "n1").build().unwrap()).await;
     let error = match ShardSystem::start::<Ledger>(
         client.clone(),
@@ -103,8 +101,7 @@ async fn a_partition_count_mismatch_with_existing_streams_is_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_with_other_settings_is_a_clear_error() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
+    let (_server, client, _) = jetshard_tests::served().await;
     provision(client.clone(), &ledger_config(2, "n1").build().unwrap()).await;
     let other = ledger_config(2, "n1")
         .ack_wait(Duration::from_secs(9))
@@ -121,8 +118,7 @@ async fn a_consumer_with_other_settings_is_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_count_mismatch_with_existing_streams_is_a_clear_error() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
+    let (_server, client, _) = jetshard_tests::served().await;
     provision(client.clone(), &ledger_config(2, "n1").build().unwrap()).await;
     let replicated = ledger_config(2, "n1").replicas(3).build().unwrap();
     let error = ShardSystem::start::<Ledger>(client.clone(), replicated)
@@ -171,12 +167,10 @@ async fn a_server_that_is_down_at_start_is_a_jetstream_error() {
 /// see it: lost without a trace. jetshard gives commands up itself, with a dead letter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_stops_delivering_past_max_deliver_so_jetshard_sets_none() {
-    use async_nats::jetstream::{self, consumer, stream};
+    use async_nats::jetstream::{consumer, stream};
 
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let js = jetstream::new(client.clone());
+    let (_server, client, js) = jetshard_tests::served().await;
     let work = js
         .create_stream(stream::Config {
             name: "WORK".to_owned(),
@@ -267,12 +261,10 @@ async fn the_server_stops_delivering_past_max_deliver_so_jetshard_sets_none() {
 /// snapshot subjects, no roll-ups) is upgraded in place, additively, and serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_journal_stream_of_an_earlier_version_gains_the_new_subjects_and_roll_ups() {
-    use async_nats::jetstream::{self, stream};
+    use async_nats::jetstream::stream;
 
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let js = jetstream::new(client.clone());
+    let (_server, client, js) = jetshard_tests::served().await;
     js.create_stream(stream::Config {
         name: "LEDGER_JOURNAL".to_owned(),
         subjects: vec![

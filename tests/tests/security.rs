@@ -17,12 +17,8 @@ use jetshard_tests::{applied, counts, init_tracing};
 
 /// The ledger's config for these tests; `entity_type` lets one test run two types.
 fn config(entity_type: &str) -> ShardConfig {
-    ShardConfig::builder(entity_type)
-        .partitions(2)
-        .node_id(format!("{entity_type}-node"))
+    jetshard_tests::config(entity_type, 2, &format!("{entity_type}-node"))
         .codec(jetshard::Codec::Json)
-        .pin_ttl(Duration::from_secs(1))
-        .ack_wait(Duration::from_secs(3))
         // A request the server refuses for want of permission is never answered: fail fast.
         .write_timeout(Duration::from_secs(2))
         .build()
@@ -442,19 +438,7 @@ async fn an_operator_with_only_the_documented_permissions_runs_every_admin_comma
     .await
     .unwrap();
     // Once the replay's termination has reached the server, both go.
-    let admin = jetshard::admin::Admin::new(user("admin").connect(&url).await.unwrap(), "ledger");
-    wait_until(
-        Duration::from_secs(15),
-        "every command acknowledged",
-        || async {
-            let overview = admin.overview().await.unwrap();
-            overview
-                .iter()
-                .all(|p| p.pending == 0 && p.ack_pending == 0)
-        },
-    )
-    .await
-    .unwrap();
+    jetshard_tests::drained(&user("admin").connect(&url).await.unwrap(), "ledger").await;
     let purged = as_operator(&url, &["dead-letters", "purge", "ledger"]).await;
     assert_eq!(
         (&purged["purged"], &purged["kept"]),
