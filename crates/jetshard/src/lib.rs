@@ -152,8 +152,8 @@ pub use wire::partition::{fnv1a_32, partition_of};
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctest;
 
-/// The guide's snippets (docs/guide.md) that run jetshard, compiled as doctests so that they
-/// stay true (the others are marked as excerpts of examples/order-processor, built by CI).
+/// The guide's snippets (docs/guide.md), every Rust block compiled as a doctest so that they
+/// stay true (excerpts of examples/order-processor with their context as hidden lines).
 #[cfg(doctest)]
 #[doc = include_str!("../../../docs/guide.md")]
 struct GuideDoctest;
