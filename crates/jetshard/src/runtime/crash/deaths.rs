@@ -26,7 +26,7 @@ const REMEMBERED_DEATHS: usize = 1024;
 
 /// What one ask on `<t>.alive.<incarnation>` got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Answer {
+pub(super) enum Answer {
     /// The process answered.
     Alive,
     /// The server knows no subscriber: the connection is gone (for now, or for good).
@@ -36,7 +36,7 @@ pub(crate) enum Answer {
 }
 
 /// Asks the process of `incarnation` once whether it is there, waiting `timeout` at most.
-pub(crate) async fn ask(
+pub(super) async fn ask(
     client: &async_nats::Client,
     names: &Names,
     incarnation: &str,
@@ -71,7 +71,7 @@ struct Known {
 
 /// A verdict on an incarnation after an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
+pub(super) enum Verdict {
     Alive,
     /// One "no responders" (or several, less than [`CONFIRM_GAP`] apart) so far.
     Suspect,
@@ -88,12 +88,12 @@ impl Deaths {
     }
 
     /// Whether `incarnation` was declared dead.
-    pub(crate) fn is_dead(&self, incarnation: &str) -> bool {
+    pub(super) fn is_dead(&self, incarnation: &str) -> bool {
         self.known().dead.contains(incarnation)
     }
 
     /// Takes an answer of `incarnation` at `now` into account.
-    pub(crate) fn heard(&self, incarnation: &str, answer: Answer, now: Instant) -> Verdict {
+    pub(super) fn heard(&self, incarnation: &str, answer: Answer, now: Instant) -> Verdict {
         let mut known = self.known();
         match answer {
             Answer::Alive => {
@@ -128,7 +128,7 @@ impl Deaths {
     }
 
     /// `incarnation` wrote a new fence record: it is alive, whatever was concluded before.
-    pub(crate) fn revived(&self, incarnation: &str) {
+    pub(super) fn revived(&self, incarnation: &str) {
         let mut known = self.known();
         known.suspected.remove(incarnation);
         if known.dead.remove(incarnation) {
