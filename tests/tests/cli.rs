@@ -105,7 +105,7 @@ async fn the_admin_command_shows_owners_pauses_resumes_and_lists_dead_letters() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_of_an_entity_type_that_was_never_started_is_an_error() {
-    let server = NatsServer::start().await.unwrap();
+    let (server, _, _) = jetshard_tests::served().await;
     let mut out = Vec::new();
     let argv = ["jetshard", "--nats-url", &server.url(), "status", "nothing"];
     let error = jetshard_cli::run(argv, &mut out).await.unwrap_err();
@@ -135,10 +135,8 @@ async fn dead_letters(url: &str) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_is_replayed_once_as_a_new_command_and_dead_letters_are_purged() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
+    let (server, client, js) = jetshard_tests::served().await;
     let url = server.url();
-    let client = server.connect().await.unwrap();
-    let js = jetstream::new(client.clone());
     // A node deployed with the wrong codec: the clients send JSON, it expects bincode, and
     // dead-letters every command as malformed. (Limits retention keeps the commands, so the
     // replayed one can be read back.)
@@ -444,9 +442,8 @@ async fn the_admin_command_reaches_a_server_that_requires_creds_and_tls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_keeps_a_dead_letter_whose_command_could_still_come_back() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
+    let (server, client, _) = jetshard_tests::served().await;
     let url = server.url();
-    let client = server.connect().await.unwrap();
     // One partition. A command that panics at every delivery is retried for a long while (50
     // deliveries here), and holds the partition's ack floor below it meanwhile.
     let patient = ledger_config(1, "node-a").max_deliver(50).build().unwrap();
@@ -587,9 +584,8 @@ async fn jetshard_error(url: &str, args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_command_answers_mistakes_and_empty_lists_in_words() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
+    let (server, client, _) = jetshard_tests::served().await;
     let url = server.url();
-    let client = server.connect().await.unwrap();
 
     for args in [
         &["status", "nosuchtype"][..],

@@ -171,9 +171,7 @@ async fn a_crash_between_the_event_write_and_the_publish_is_made_good_by_the_nex
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_journal_stream_from_before_the_outbox_is_given_its_subject() {
     init_tracing();
-    let server = jetshard_testkit::NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
-    let js = async_nats::jetstream::new(client.clone());
+    let (_server, client, js) = jetshard_tests::served().await;
     js.create_stream(stream::Config {
         name: "LEDGER_JOURNAL".into(),
         subjects: vec![

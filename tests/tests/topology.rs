@@ -7,7 +7,6 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::pull;
 use futures::StreamExt;
 use jetshard::{EntityId, Error, ShardConfig, ShardSystem, partition_of};
-use jetshard_testkit::NatsServer;
 use jetshard_tests::ledger::Ledger;
 use jetshard_tests::{init_tracing, ledger_config, provision};
 
@@ -136,7 +135,8 @@ async fn a_replica_count_mismatch_with_existing_streams_is_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_is_down_at_start_is_a_jetstream_error() {
-    let server = NatsServer::start().await.unwrap();
+    // This test's own client (retrying its first connection) meets the server's kill.
+    let (server, _, _) = jetshard_tests::served().await;
     let client = async_nats::ConnectOptions::new()
         .retry_on_initial_connect()
         .connect(server.url())
@@ -326,8 +326,7 @@ fn expect_codec_mismatch(error: &Error, stored: &str, configured: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_codec_mismatch_with_existing_streams_is_refused_at_start() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
+    let (_server, client, _) = jetshard_tests::served().await;
     // The ledger's test config is JSON-encoded; a node configured for bincode must not start.
     provision(client.clone(), &ledger_config(2, "n1").build().unwrap()).await;
     let js = async_nats::jetstream::new(client.clone());
@@ -350,8 +349,7 @@ async fn a_codec_mismatch_with_existing_streams_is_refused_at_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_from_before_the_codec_record_get_it_at_first_start_and_are_then_checked() {
     init_tracing();
-    let server = NatsServer::start().await.unwrap();
-    let client = server.connect().await.unwrap();
+    let (_server, client, _) = jetshard_tests::served().await;
     provision(client.clone(), &ledger_config(2, "n1").build().unwrap()).await;
     let js = async_nats::jetstream::new(client.clone());
     // Streams as an earlier jetshard left them: no codec recorded.

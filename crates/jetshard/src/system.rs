@@ -277,7 +277,7 @@ impl<E: Entity> Actor for SystemActor<E> {
             last_hand_off: None,
             tasks: Vec::new(),
         };
-        // Answers liveness probes (crash.rs) for as long as this system runs: subscribed before any
+        // Answers liveness probes (runtime/crash/) for as long as this system runs: subscribed before any
         // owner can claim, so that no fence record names this process before it answers.
         let alive = state.shared.names.alive_subject(&state.shared.incarnation);
         let mut probes = state.shared.client.subscribe(alive).await?;

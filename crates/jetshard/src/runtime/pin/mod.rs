@@ -17,130 +17,25 @@
 //! says how many it had not been given (`Nats-Pending-Messages`). Which request a message
 //! answered cannot be told, so a count per request drifts; the sum does not.
 
+mod delivery;
+mod requested;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::jetstream::Context;
-use async_nats::{Client, StatusCode, Subject};
-use bytes::Bytes;
+use async_nats::{Client, StatusCode};
 use futures::StreamExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::trace::CommandTrace;
-use crate::wire::{
-    HDR_PENDING_MESSAGES, HDR_PIN_ID, HDR_REPLY_TO, HDR_TRACEPARENT, PRIORITY_GROUP,
-};
+use crate::wire::{HDR_PIN_ID, PRIORITY_GROUP};
 
-/// A command delivered to this process, with the pin it came under.
-#[derive(Debug)]
-pub(crate) struct Delivery {
-    pub(crate) pin: Arc<str>,
-    /// The stored subject, `<t>.cmd.<p>.<id>`.
-    pub(crate) subject: Subject,
-    /// Where acknowledgements go (`$JS.ACK...`).
-    pub(crate) reply: Subject,
-    pub(crate) payload: Bytes,
-    /// The command's sequence in the command stream.
-    pub(crate) seq: u64,
-    /// How often it has been delivered, this time included.
-    pub(crate) deliveries: u64,
-    /// Where the client wants the outcome (`Jetshard-Reply-To`).
-    pub(crate) respond_to: Option<Subject>,
-    /// The consumer's commands not delivered yet, as the server counted at this delivery.
-    pub(crate) pending: u64,
-    /// The command's trace context, if it came with a valid `traceparent`.
-    pub(crate) trace: Option<Box<CommandTrace>>,
-    /// Which timer fired, if it is a timer's command (`Jetshard-Timer`).
-    pub(crate) timer: Option<crate::data::timers::Firing>,
-    /// A wake-up (`Jetshard-Wake`, see [`wake`]): acknowledged, routed to no entity.
-    pub(crate) wake: bool,
-}
-
-/// Whether a stored command is a wake-up (see [`wake`]).
-pub(crate) fn is_wake(headers: Option<&async_nats::HeaderMap>) -> bool {
-    headers.is_some_and(|h| h.get(crate::wire::HDR_WAKE).is_some())
-}
-
-/// Sends a wake-up to `partition`: a command for no entity, so that the server pins a standby
-/// at once although no command of an entity is waiting (a partition is owned only while it
-/// has a command to deliver). The new owner reads the partition's armed timers on acquisition
-/// and fires those due; the wake-up itself is acknowledged and routed nowhere. Sent after a
-/// dead owner's partition is unpinned (`crash.rs`) and by an owner that lets its partition go
-/// with timers armed: otherwise those timers would wait for the partition's next command.
-pub(crate) async fn wake(
-    js: &async_nats::jetstream::Context,
-    names: &crate::wire::Names,
-    partition: u32,
-    partitions: u32,
-) {
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(crate::wire::HDR_WAKE, "1");
-    let subject = names.wake_subject(partition, partitions);
-    let stored = match js
-        .publish_with_headers(subject, headers, Bytes::new())
-        .await
-    {
-        Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
-    match stored {
-        Ok(()) => tracing::debug!(partition, "woke the partition"),
-        Err(e) => {
-            tracing::warn!(partition, error = %e, "wake-up not sent; the partition's timers wait for its next command");
-        }
-    }
-}
-
-/// The `Jetshard-Reply-To` subject of a command, if it has a valid one.
-pub(crate) fn respond_to(headers: Option<&async_nats::HeaderMap>) -> Option<Subject> {
-    let subject = headers?.get(HDR_REPLY_TO)?.as_str();
-    let valid = !subject.is_empty() && !subject.contains(['*', '>', ' ', '\t', '\r', '\n']);
-    valid.then(|| Subject::from(subject))
-}
-
-/// The trace context of a command with a valid `traceparent` header.
-pub(crate) fn trace_of(headers: Option<&async_nats::HeaderMap>) -> Option<Box<CommandTrace>> {
-    CommandTrace::of(headers?.get(HDR_TRACEPARENT)?.as_str())
-}
-
-/// Reads the stream sequence and delivery count from a `$JS.ACK` reply subject, in either
-/// layout (ADR-15): `<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>`,
-/// or with `<domain>.<account hash>.` in front and optional tokens after.
-pub(crate) fn ack_info(reply: &str) -> Option<AckInfo> {
-    let tokens: Vec<&str> = reply
-        .strip_prefix(crate::wire::ACK_PREFIX)?
-        .split('.')
-        .collect();
-    let first = match tokens.len() {
-        7 => 2,
-        n if n >= 9 => 4,
-        _ => return None,
-    };
-    Some(AckInfo {
-        deliveries: tokens[first].parse().ok()?,
-        stream_seq: tokens[first + 1].parse().ok()?,
-        consumer_seq: tokens[first + 2].parse().ok()?,
-        pending: tokens
-            .get(first + 4)
-            .and_then(|t| t.parse().ok())
-            .unwrap_or(0),
-    })
-}
-
-/// What a `$JS.ACK` reply subject tells of a delivery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct AckInfo {
-    pub(crate) stream_seq: u64,
-    pub(crate) deliveries: u64,
-    /// The consumer's delivery counter: it rises by one with every delivery, so a jump means a
-    /// delivery to this process was lost on the way (a dropped connection).
-    pub(crate) consumer_seq: u64,
-    /// The consumer's pending count after this delivery: commands stored and not delivered yet.
-    pub(crate) pending: u64,
-}
+use delivery::{AckInfo, ack_info};
+pub(crate) use delivery::{Delivery, is_wake, respond_to, trace_of, wake};
+use requested::{Requested, pending_of};
 
 /// What the pull loop tells its owner.
 pub(crate) enum PinSignal {
@@ -238,84 +133,6 @@ enum Ended {
     /// The owner is gone: nobody to tell.
     OwnerGone,
     SubscriptionClosed,
-}
-
-/// The messages this loop's open pull requests still ask for, summed over all of them.
-///
-/// Exact while the connection holds: a request adds its batch, every delivery takes one, and a
-/// status that ends a request takes what the server says that request had not been given. A
-/// request the server fills ends without a status, and the deliveries have already taken its
-/// whole batch. Requests lost with a connection end without either; no request outlives its
-/// `expires` at the server, so once the newest is older than that (plus a margin) nothing can
-/// still be open, and the count starts again from zero.
-#[derive(Debug, Default)]
-struct Requested {
-    messages: u64,
-    /// When the newest request was sent.
-    last_sent: Option<Instant>,
-}
-
-impl Requested {
-    fn sent(&mut self, batch: u32, now: Instant) {
-        self.messages += u64::from(batch);
-        self.last_sent = Some(now);
-    }
-
-    fn delivered(&mut self) {
-        self.messages = self.messages.saturating_sub(1);
-    }
-
-    /// A status ended one request: `pending` is what it had not been given (from the status's
-    /// `Nats-Pending-Messages`); a status without one refused the request before delivering
-    /// anything (`batch`).
-    fn ended(&mut self, pending: Option<u64>, batch: u32) {
-        let undelivered = pending.unwrap_or(u64::from(batch));
-        self.messages = self.messages.saturating_sub(undelivered);
-    }
-
-    /// Forgets requests that cannot be open any more: once the newest was sent `forget_after`
-    /// ago, every one has expired at the server, answered or lost.
-    fn expire(&mut self, now: Instant, forget_after: Duration) {
-        if self
-            .last_sent
-            .is_some_and(|sent| now >= sent + forget_after)
-        {
-            self.messages = 0;
-        }
-    }
-
-    /// No request of this loop can still deliver.
-    fn is_empty(&self) -> bool {
-        self.messages == 0
-    }
-
-    /// Whether to send another request now: when at most half a batch is still asked for, or
-    /// when the newest request is `expires` old (the pin lives only on fresh requests).
-    fn wants_pull(&self, batch: u32, expires: Duration, now: Instant) -> bool {
-        self.messages <= u64::from(batch / 2)
-            || self.last_sent.is_none_or(|sent| now >= sent + expires)
-    }
-
-    /// When the loop must wake to refresh its pull (running), or to notice that its requests
-    /// have all ended (paused).
-    fn wake_at(&self, paused: bool, expires: Duration, forget_after: Duration) -> Option<Instant> {
-        let sent = self.last_sent?;
-        match paused {
-            false => Some(sent + expires),
-            true if self.messages > 0 => Some(sent + forget_after),
-            true => None,
-        }
-    }
-}
-
-/// `Nats-Pending-Messages` of a status, if it has one.
-fn pending_of(headers: Option<&async_nats::HeaderMap>) -> Option<u64> {
-    headers?
-        .get(HDR_PENDING_MESSAGES)?
-        .as_str()
-        .trim()
-        .parse()
-        .ok()
 }
 
 async fn run(
@@ -514,152 +331,7 @@ fn pull_request(batch: u32, expires: Duration, pin: Option<&str>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
-
     use super::*;
-
-    #[test]
-    fn ack_subjects_of_both_layouts_are_read() {
-        let info = |stream_seq, deliveries, consumer_seq, pending| {
-            Some(AckInfo {
-                stream_seq,
-                deliveries,
-                consumer_seq,
-                pending,
-            })
-        };
-        assert_eq!(
-            ack_info("$JS.ACK.C.p0.1.15.5.1795319414023821828.9"),
-            info(15, 1, 5, 9)
-        );
-        assert_eq!(
-            ack_info("$JS.ACK.C.p0.3.15.5.1795319414023821828.0"),
-            info(15, 3, 5, 0)
-        );
-        assert_eq!(
-            ack_info("$JS.ACK._.ACCHASH.C.p0.2.16.5.1795319414023821828.0.tok"),
-            info(16, 2, 5, 0)
-        );
-        assert_eq!(
-            ack_info("$JS.ACK._.ACCHASH.C.p0.2.16.5.1795319414023821828.0"),
-            info(16, 2, 5, 0)
-        );
-        for bad in [
-            "",
-            "$JS.ACK.",
-            "$JS.ACK.C.p0.x.15.5.1.0",
-            "other.C.p0.1.15.5.1.0",
-            "$JS.ACK.a.b.c",
-        ] {
-            assert_eq!(ack_info(bad), None, "{bad}");
-        }
-    }
-
-    const EXPIRES: Duration = Duration::from_millis(500);
-
-    /// The warm-pass stall of issue 11: two open requests served in turn, the older expiring
-    /// partly served. Counting per request (deliveries taken from the oldest, a status ending
-    /// the oldest) left 5 messages counted that nobody would deliver; a few such rounds and
-    /// the loop believed half a batch was on its way, and pulled only once per `expires`.
-    #[test]
-    fn requests_served_in_turn_are_counted_exactly() {
-        let now = Instant::now();
-        let mut requested = Requested::default();
-        requested.sent(10, now); // A
-        (0..5).for_each(|_| requested.delivered());
-        assert!(requested.wants_pull(10, EXPIRES, now), "half a batch left");
-        requested.sent(10, now); // B
-        // In turn: A gets 2 more (3 left), B gets 2 (8 left).
-        (0..4).for_each(|_| requested.delivered());
-        assert!(!requested.wants_pull(10, EXPIRES, now));
-        requested.ended(Some(3), 10); // A expires
-        assert_eq!(requested.messages, 8, "what B still asks for");
-        // A backlog fills B, which ends without a status.
-        (0..8).for_each(|_| requested.delivered());
-        assert!(requested.is_empty());
-        assert!(requested.wants_pull(10, EXPIRES, now));
-    }
-
-    /// The count equals the sum of what the server's open requests still ask for, whatever
-    /// order they are served and ended in (a pseudo-random schedule of the server's rules).
-    #[test]
-    fn the_count_follows_the_servers_requests_through_any_schedule() {
-        const BATCH: u32 = 16;
-        let now = Instant::now();
-        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut random = move |n: u64| {
-            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-            (seed >> 33) % n
-        };
-        let mut requested = Requested::default();
-        // The server's waiting queue: what each open request still asks for.
-        let mut server: VecDeque<u64> = VecDeque::new();
-        for _ in 0..100_000 {
-            match random(4) {
-                0 if requested.wants_pull(BATCH, EXPIRES, now) => {
-                    requested.sent(BATCH, now);
-                    server.push_back(u64::from(BATCH));
-                }
-                1 | 2 => {
-                    // A message to the first request, which then goes to the back.
-                    if let Some(mut first) = server.pop_front() {
-                        first -= 1;
-                        requested.delivered();
-                        if first > 0 {
-                            server.push_back(first);
-                        }
-                    }
-                }
-                _ => {
-                    // The oldest request expires, or a request is refused outright.
-                    if random(2) == 0 {
-                        if let Some(oldest) = server.pop_front() {
-                            requested.ended(Some(oldest), BATCH);
-                        }
-                    } else if requested.wants_pull(BATCH, EXPIRES, now) {
-                        requested.sent(BATCH, now);
-                        requested.ended(None, BATCH);
-                    }
-                }
-            }
-            assert_eq!(requested.messages, server.iter().sum::<u64>());
-        }
-    }
-
-    #[test]
-    fn requests_lost_unanswered_are_forgotten_once_they_must_have_expired() {
-        let now = Instant::now();
-        let forget_after = EXPIRES + Duration::from_secs(1);
-        let mut requested = Requested::default();
-        assert_eq!(requested.wake_at(true, EXPIRES, forget_after), None);
-        requested.sent(10, now);
-        assert_eq!(
-            requested.wake_at(false, EXPIRES, forget_after),
-            Some(now + EXPIRES)
-        );
-        assert_eq!(
-            requested.wake_at(true, EXPIRES, forget_after),
-            Some(now + forget_after)
-        );
-        requested.expire(now + EXPIRES, forget_after);
-        assert!(!requested.is_empty());
-        assert!(
-            requested.wants_pull(10, EXPIRES, now + EXPIRES),
-            "stale: refresh the pin"
-        );
-        requested.expire(now + forget_after, forget_after);
-        assert!(requested.is_empty());
-        assert_eq!(requested.wake_at(true, EXPIRES, forget_after), None);
-    }
-
-    #[test]
-    fn a_status_names_what_its_request_had_not_been_given() {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(HDR_PENDING_MESSAGES, "7");
-        assert_eq!(pending_of(Some(&headers)), Some(7));
-        assert_eq!(pending_of(Some(&async_nats::HeaderMap::new())), None);
-        assert_eq!(pending_of(None), None);
-    }
 
     #[test]
     fn pull_requests_carry_the_group_and_the_pin_once_pinned() {

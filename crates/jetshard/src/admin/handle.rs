@@ -1,0 +1,244 @@
+//! The [`Admin`] handle and what it reads of partitions and nodes: overview, pause and resume,
+//! moving a pin, queries.
+
+use std::time::Duration;
+
+use async_nats::Client;
+use async_nats::jetstream::context::ConsumerInfoErrorKind;
+use async_nats::jetstream::stream::Stream;
+use async_nats::jetstream::{self, Context};
+use futures::StreamExt;
+
+use crate::error::Error;
+use crate::journal::fence;
+use crate::query::{self, QueryAnswer};
+use crate::status::NodeStatus;
+use crate::wire::{Names, PRIORITY_GROUP};
+
+/// One partition as the server sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PartitionOverview {
+    /// The partition.
+    pub partition: u32,
+    /// The latest generation claimed (0 if never owned).
+    pub generation: u64,
+    /// The node that claimed it.
+    pub owner: Option<String>,
+    /// Whether the server has a pinned client for the partition now.
+    pub pinned: bool,
+    /// Commands not yet delivered.
+    pub pending: u64,
+    /// Commands delivered and not yet acknowledged.
+    pub ack_pending: usize,
+    /// Commands delivered more than once.
+    pub redelivered: usize,
+    /// Pull requests waiting (owner and standbys).
+    pub waiting: usize,
+    /// Whether the partition's consumer is paused, and for how much longer.
+    pub paused: Option<Duration>,
+}
+
+/// Administration of one entity type.
+#[derive(Clone)]
+pub struct Admin {
+    pub(super) js: Context,
+    pub(super) names: Names,
+}
+
+impl Admin {
+    /// Administration of `entity_type` over `client`.
+    pub fn new(client: Client, entity_type: &str) -> Self {
+        Self {
+            js: jetstream::new(client),
+            names: Names::new(entity_type),
+        }
+    }
+
+    pub(super) async fn streams(&self) -> Result<(Stream<()>, Stream<()>), Error> {
+        let open = |name: String| async move {
+            // `get_stream` (with info) fails for a stream that does not exist, so an entity
+            // type that was never started is an error rather than an empty overview.
+            self.js
+                .get_stream(&name)
+                .await
+                .map_err(|e| Error::jetstream(format!("open stream {name}"), e))?;
+            self.js
+                .get_stream_no_info(&name)
+                .await
+                .map_err(|e| Error::jetstream(format!("open stream {name}"), e))
+        };
+        Ok((
+            open(self.names.command_stream.clone()).await?,
+            open(self.names.journal_stream.clone()).await?,
+        ))
+    }
+
+    /// Every partition, as the server sees it now.
+    ///
+    /// # Errors
+    /// [`Error::JetStream`] if a stream or consumer cannot be read.
+    pub async fn overview(&self) -> Result<Vec<PartitionOverview>, Error> {
+        let (commands, journal) = self.streams().await?;
+        let mut overview = Vec::new();
+        for partition in 0.. {
+            let consumer = self.names.consumer(partition);
+            let info = match commands.consumer_info(&consumer).await {
+                Ok(info) => info,
+                // Past the last partition.
+                Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => break,
+                Err(e) => return Err(Error::jetstream(format!("read consumer {consumer}"), e)),
+            };
+            let latest = fence::latest(&journal, &self.names, partition)
+                .await
+                .map_err(|e| {
+                    Error::jetstream(
+                        format!("read fence of partition {partition}"),
+                        e.to_string(),
+                    )
+                })?;
+            overview.push(PartitionOverview {
+                partition,
+                generation: latest.as_ref().map_or(0, |(_, r)| r.generation),
+                owner: latest.map(|(_, r)| r.node),
+                pinned: info
+                    .priority_groups
+                    .iter()
+                    .any(|g| g.pinned_client_id.is_some()),
+                pending: info.num_pending,
+                ack_pending: info.num_ack_pending,
+                redelivered: info.num_redelivered,
+                waiting: info.num_waiting,
+                paused: info
+                    .paused
+                    .then(|| info.pause_remaining.unwrap_or_default()),
+            });
+        }
+        Ok(overview)
+    }
+
+    /// Reads entity `id`'s current state from its owner (see [`CommandSender::get`]; here
+    /// untyped, for tools: the state as the entity type encoded it). The partition count is
+    /// read from the command stream's subject transform.
+    ///
+    /// [`CommandSender::get`]: crate::CommandSender::get
+    ///
+    /// # Errors
+    /// [`Error::JetStream`] if the command stream cannot be read; otherwise as
+    /// [`CommandSender::get`].
+    pub async fn get(&self, id: &str, timeout: Duration) -> Result<QueryAnswer, Error> {
+        let name = &self.names.command_stream;
+        let mut stream = self
+            .js
+            .get_stream(name)
+            .await
+            .map_err(|e| Error::jetstream(format!("open stream {name}"), e))?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| Error::jetstream(format!("read stream {name}"), e))?;
+        let partitions = info
+            .config
+            .subject_transform
+            .as_ref()
+            .and_then(|t| partitions_of_transform(&t.destination))
+            .ok_or_else(|| {
+                Error::jetstream(
+                    format!("read the partition count of {name}"),
+                    "the stream has no partition() subject transform",
+                )
+            })?;
+        query::ask(&self.js.client(), &self.names, partitions, id, timeout).await
+    }
+
+    /// Pauses delivery of a partition's commands for `duration` (they queue up); the pause
+    /// survives server restarts.
+    ///
+    /// # Errors
+    /// [`Error::JetStream`] if the server refuses.
+    pub async fn pause(&self, partition: u32, duration: Duration) -> Result<(), Error> {
+        let (commands, _) = self.streams().await?;
+        let until = time::OffsetDateTime::now_utc() + duration;
+        commands
+            .pause_consumer(&self.names.consumer(partition), until)
+            .await
+            .map_err(|e| Error::jetstream(format!("pause partition {partition}"), e))?;
+        Ok(())
+    }
+
+    /// Resumes a paused partition.
+    ///
+    /// # Errors
+    /// [`Error::JetStream`] if the server refuses.
+    pub async fn resume(&self, partition: u32) -> Result<(), Error> {
+        let (commands, _) = self.streams().await?;
+        commands
+            .resume_consumer(&self.names.consumer(partition))
+            .await
+            .map_err(|e| Error::jetstream(format!("resume partition {partition}"), e))?;
+        Ok(())
+    }
+
+    /// Moves a partition's pin to a standby now. The previous owner is fenced as soon as the
+    /// new one claims its generation.
+    ///
+    /// # Errors
+    /// [`Error::JetStream`] if the server refuses.
+    pub async fn unpin(&self, partition: u32) -> Result<(), Error> {
+        let (commands, _) = self.streams().await?;
+        commands
+            .unpin_consumer(&self.names.consumer(partition), PRIORITY_GROUP)
+            .await
+            .map_err(|e| Error::jetstream(format!("unpin partition {partition}"), e))
+    }
+
+    /// What every running process of the entity type says of its partitions (asked on
+    /// `<t>.status`; the answers that come within `wait`), node ids in order. Quarantined
+    /// entities are in [`PartitionStatus::quarantined`](crate::PartitionStatus::quarantined).
+    ///
+    /// # Errors
+    /// [`Error::JetStream`] if the request cannot be sent.
+    pub async fn nodes(&self, wait: Duration) -> Result<Vec<NodeStatus>, Error> {
+        let client = self.js.client();
+        let inbox = client.new_inbox();
+        let mut answers = client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| Error::jetstream("subscribe for status answers", e))?;
+        client
+            .publish_with_reply(self.names.status_subject(), inbox, Default::default())
+            .await
+            .map_err(|e| Error::jetstream("ask for status", e))?;
+        let mut nodes = Vec::new();
+        let until = tokio::time::Instant::now() + wait;
+        while let Ok(Some(answer)) = tokio::time::timeout_at(until, answers.next()).await {
+            if let Ok(node) = serde_json::from_slice::<NodeStatus>(&answer.payload) {
+                nodes.push(node);
+            }
+        }
+        nodes.sort_by(|a, b| a.node.cmp(&b.node));
+        Ok(nodes)
+    }
+}
+
+/// The `N` of a `...{{partition(N,1)}}...` subject transform destination.
+fn partitions_of_transform(destination: &str) -> Option<u32> {
+    let (_, rest) = destination.split_once("partition(")?;
+    let (n, _) = rest.split_once(',')?;
+    n.trim().parse().ok().filter(|n| *n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_partition_count_is_read_from_the_transform() {
+        let names = Names::new("order");
+        assert_eq!(
+            partitions_of_transform(&names.command_transform_dest(12)),
+            Some(12)
+        );
+        assert_eq!(partitions_of_transform("order.cmd.{{wildcard(1)}}"), None);
+    }
+}

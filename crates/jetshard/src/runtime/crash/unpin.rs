@@ -1,0 +1,88 @@
+//! The unpin record: of the watches that find one claim dead, only the first to store it
+//! unpins (see the [crash watch](super)).
+
+use crate::wire::Names;
+
+/// Stores the unpin record of the fence record at `fence_seq` (`what`: who found whom dead,
+/// for people reading the journal): true if this watch stored it first (it unpins), false if
+/// the server already had it (another watch unpins).
+pub(super) async fn first_to_unpin(
+    js: &async_nats::jetstream::Context,
+    names: &Names,
+    partition: u32,
+    fence_seq: u64,
+    what: String,
+) -> Result<bool, String> {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(
+        crate::wire::HDR_MSG_ID,
+        names.unpin_msg_id(partition, fence_seq).as_str(),
+    );
+    headers.insert(crate::wire::HDR_ROLLUP, "sub");
+    let ack = js
+        .publish_with_headers(names.unpin_subject(partition), headers, what.into())
+        .await
+        .map_err(|e| e.to_string())?
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(!ack.duplicate)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn of_the_watches_that_find_one_claim_dead_only_the_first_unpins() {
+        use async_nats::jetstream::stream;
+        let server = jetshard_testkit::NatsServer::start()
+            .await
+            .expect("nats-server");
+        let client = async_nats::connect(server.url()).await.expect("connect");
+        let js = async_nats::jetstream::new(client);
+        let names = Names::new("t");
+        js.create_stream(stream::Config {
+            name: names.journal_stream.clone(),
+            subjects: names.journal_subjects(),
+            allow_rollup: true,
+            ..Default::default()
+        })
+        .await
+        .expect("create the journal");
+        // Five watches found the claim at sequence 7 of partition 3 dead at once.
+        let firsts = futures::future::join_all(
+            (0..5).map(|i| first_to_unpin(&js, &names, 3, 7, format!("watch {i}"))),
+        )
+        .await;
+        let firsts: Vec<bool> = firsts.into_iter().map(|r| r.expect("stored")).collect();
+        assert_eq!(firsts.iter().filter(|f| **f).count(), 1, "{firsts:?}");
+        // Later, again: still not first.
+        assert!(
+            !first_to_unpin(&js, &names, 3, 7, "late".into())
+                .await
+                .unwrap()
+        );
+        // Another claim (or another partition) is another verdict.
+        assert!(
+            first_to_unpin(&js, &names, 3, 9, "next claim".into())
+                .await
+                .unwrap()
+        );
+        assert!(
+            first_to_unpin(&js, &names, 4, 7, "other partition".into())
+                .await
+                .unwrap()
+        );
+        // Rolled up: one record per partition.
+        let stored = js
+            .get_stream(&names.journal_stream)
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .state
+            .messages;
+        assert_eq!(stored, 2);
+    }
+}

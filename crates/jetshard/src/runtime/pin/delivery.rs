@@ -1,0 +1,160 @@
+//! What a delivered command carries (its headers and `$JS.ACK` reply subject, read into a
+//! [`Delivery`]), and the wake-up command (see the [pull loop](super)).
+
+use std::sync::Arc;
+
+use async_nats::Subject;
+use bytes::Bytes;
+
+use crate::trace::CommandTrace;
+use crate::wire::{HDR_REPLY_TO, HDR_TRACEPARENT};
+
+/// A command delivered to this process, with the pin it came under.
+#[derive(Debug)]
+pub(crate) struct Delivery {
+    pub(crate) pin: Arc<str>,
+    /// The stored subject, `<t>.cmd.<p>.<id>`.
+    pub(crate) subject: Subject,
+    /// Where acknowledgements go (`$JS.ACK...`).
+    pub(crate) reply: Subject,
+    pub(crate) payload: Bytes,
+    /// The command's sequence in the command stream.
+    pub(crate) seq: u64,
+    /// How often it has been delivered, this time included.
+    pub(crate) deliveries: u64,
+    /// Where the client wants the outcome (`Jetshard-Reply-To`).
+    pub(crate) respond_to: Option<Subject>,
+    /// The consumer's commands not delivered yet, as the server counted at this delivery.
+    pub(crate) pending: u64,
+    /// The command's trace context, if it came with a valid `traceparent`.
+    pub(crate) trace: Option<Box<CommandTrace>>,
+    /// Which timer fired, if it is a timer's command (`Jetshard-Timer`).
+    pub(crate) timer: Option<crate::data::timers::Firing>,
+    /// A wake-up (`Jetshard-Wake`, see [`wake`]): acknowledged, routed to no entity.
+    pub(crate) wake: bool,
+}
+
+/// Whether a stored command is a wake-up (see [`wake`]).
+pub(crate) fn is_wake(headers: Option<&async_nats::HeaderMap>) -> bool {
+    headers.is_some_and(|h| h.get(crate::wire::HDR_WAKE).is_some())
+}
+
+/// Sends a wake-up to `partition`: a command for no entity, so that the server pins a standby
+/// at once although no command of an entity is waiting (a partition is owned only while it
+/// has a command to deliver). The new owner reads the partition's armed timers on acquisition
+/// and fires those due; the wake-up itself is acknowledged and routed nowhere. Sent after a
+/// dead owner's partition is unpinned (the crash watch) and by an owner that lets its partition go
+/// with timers armed: otherwise those timers would wait for the partition's next command.
+pub(crate) async fn wake(
+    js: &async_nats::jetstream::Context,
+    names: &crate::wire::Names,
+    partition: u32,
+    partitions: u32,
+) {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(crate::wire::HDR_WAKE, "1");
+    let subject = names.wake_subject(partition, partitions);
+    let stored = match js
+        .publish_with_headers(subject, headers, Bytes::new())
+        .await
+    {
+        Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match stored {
+        Ok(()) => tracing::debug!(partition, "woke the partition"),
+        Err(e) => {
+            tracing::warn!(partition, error = %e, "wake-up not sent; the partition's timers wait for its next command");
+        }
+    }
+}
+
+/// The `Jetshard-Reply-To` subject of a command, if it has a valid one.
+pub(crate) fn respond_to(headers: Option<&async_nats::HeaderMap>) -> Option<Subject> {
+    let subject = headers?.get(HDR_REPLY_TO)?.as_str();
+    let valid = !subject.is_empty() && !subject.contains(['*', '>', ' ', '\t', '\r', '\n']);
+    valid.then(|| Subject::from(subject))
+}
+
+/// The trace context of a command with a valid `traceparent` header.
+pub(crate) fn trace_of(headers: Option<&async_nats::HeaderMap>) -> Option<Box<CommandTrace>> {
+    CommandTrace::of(headers?.get(HDR_TRACEPARENT)?.as_str())
+}
+
+/// Reads the stream sequence and delivery count from a `$JS.ACK` reply subject, in either
+/// layout (ADR-15): `<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>`,
+/// or with `<domain>.<account hash>.` in front and optional tokens after.
+pub(super) fn ack_info(reply: &str) -> Option<AckInfo> {
+    let tokens: Vec<&str> = reply
+        .strip_prefix(crate::wire::ACK_PREFIX)?
+        .split('.')
+        .collect();
+    let first = match tokens.len() {
+        7 => 2,
+        n if n >= 9 => 4,
+        _ => return None,
+    };
+    Some(AckInfo {
+        deliveries: tokens[first].parse().ok()?,
+        stream_seq: tokens[first + 1].parse().ok()?,
+        consumer_seq: tokens[first + 2].parse().ok()?,
+        pending: tokens
+            .get(first + 4)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0),
+    })
+}
+
+/// What a `$JS.ACK` reply subject tells of a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct AckInfo {
+    pub(super) stream_seq: u64,
+    pub(super) deliveries: u64,
+    /// The consumer's delivery counter: it rises by one with every delivery, so a jump means a
+    /// delivery to this process was lost on the way (a dropped connection).
+    pub(super) consumer_seq: u64,
+    /// The consumer's pending count after this delivery: commands stored and not delivered yet.
+    pub(super) pending: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ack_subjects_of_both_layouts_are_read() {
+        let info = |stream_seq, deliveries, consumer_seq, pending| {
+            Some(AckInfo {
+                stream_seq,
+                deliveries,
+                consumer_seq,
+                pending,
+            })
+        };
+        assert_eq!(
+            ack_info("$JS.ACK.C.p0.1.15.5.1795319414023821828.9"),
+            info(15, 1, 5, 9)
+        );
+        assert_eq!(
+            ack_info("$JS.ACK.C.p0.3.15.5.1795319414023821828.0"),
+            info(15, 3, 5, 0)
+        );
+        assert_eq!(
+            ack_info("$JS.ACK._.ACCHASH.C.p0.2.16.5.1795319414023821828.0.tok"),
+            info(16, 2, 5, 0)
+        );
+        assert_eq!(
+            ack_info("$JS.ACK._.ACCHASH.C.p0.2.16.5.1795319414023821828.0"),
+            info(16, 2, 5, 0)
+        );
+        for bad in [
+            "",
+            "$JS.ACK.",
+            "$JS.ACK.C.p0.x.15.5.1.0",
+            "other.C.p0.1.15.5.1.0",
+            "$JS.ACK.a.b.c",
+        ] {
+            assert_eq!(ack_info(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Counting what the loop's open pull requests still ask for (see the [pull loop](super)).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::wire::HDR_PENDING_MESSAGES;
+
+/// The messages this loop's open pull requests still ask for, summed over all of them.
+///
+/// Exact while the connection holds: a request adds its batch, every delivery takes one, and a
+/// status that ends a request takes what the server says that request had not been given. A
+/// request the server fills ends without a status, and the deliveries have already taken its
+/// whole batch. Requests lost with a connection end without either; no request outlives its
+/// `expires` at the server, so once the newest is older than that (plus a margin) nothing can
+/// still be open, and the count starts again from zero.
+#[derive(Debug, Default)]
+pub(super) struct Requested {
+    messages: u64,
+    /// When the newest request was sent.
+    last_sent: Option<Instant>,
+}
+
+impl Requested {
+    pub(super) fn sent(&mut self, batch: u32, now: Instant) {
+        self.messages += u64::from(batch);
+        self.last_sent = Some(now);
+    }
+
+    pub(super) fn delivered(&mut self) {
+        self.messages = self.messages.saturating_sub(1);
+    }
+
+    /// A status ended one request: `pending` is what it had not been given (from the status's
+    /// `Nats-Pending-Messages`); a status without one refused the request before delivering
+    /// anything (`batch`).
+    pub(super) fn ended(&mut self, pending: Option<u64>, batch: u32) {
+        let undelivered = pending.unwrap_or(u64::from(batch));
+        self.messages = self.messages.saturating_sub(undelivered);
+    }
+
+    /// Forgets requests that cannot be open any more: once the newest was sent `forget_after`
+    /// ago, every one has expired at the server, answered or lost.
+    pub(super) fn expire(&mut self, now: Instant, forget_after: Duration) {
+        if self
+            .last_sent
+            .is_some_and(|sent| now >= sent + forget_after)
+        {
+            self.messages = 0;
+        }
+    }
+
+    /// No request of this loop can still deliver.
+    pub(super) fn is_empty(&self) -> bool {
+        self.messages == 0
+    }
+
+    /// Whether to send another request now: when at most half a batch is still asked for, or
+    /// when the newest request is `expires` old (the pin lives only on fresh requests).
+    pub(super) fn wants_pull(&self, batch: u32, expires: Duration, now: Instant) -> bool {
+        self.messages <= u64::from(batch / 2)
+            || self.last_sent.is_none_or(|sent| now >= sent + expires)
+    }
+
+    /// When the loop must wake to refresh its pull (running), or to notice that its requests
+    /// have all ended (paused).
+    pub(super) fn wake_at(
+        &self,
+        paused: bool,
+        expires: Duration,
+        forget_after: Duration,
+    ) -> Option<Instant> {
+        let sent = self.last_sent?;
+        match paused {
+            false => Some(sent + expires),
+            true if self.messages > 0 => Some(sent + forget_after),
+            true => None,
+        }
+    }
+}
+
+/// `Nats-Pending-Messages` of a status, if it has one.
+pub(super) fn pending_of(headers: Option<&async_nats::HeaderMap>) -> Option<u64> {
+    headers?
+        .get(HDR_PENDING_MESSAGES)?
+        .as_str()
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use super::*;
+
+    const EXPIRES: Duration = Duration::from_millis(500);
+
+    /// The warm-pass stall of issue 11: two open requests served in turn, the older expiring
+    /// partly served. Counting per request (deliveries taken from the oldest, a status ending
+    /// the oldest) left 5 messages counted that nobody would deliver; a few such rounds and
+    /// the loop believed half a batch was on its way, and pulled only once per `expires`.
+    #[test]
+    fn requests_served_in_turn_are_counted_exactly() {
+        let now = Instant::now();
+        let mut requested = Requested::default();
+        requested.sent(10, now); // A
+        (0..5).for_each(|_| requested.delivered());
+        assert!(requested.wants_pull(10, EXPIRES, now), "half a batch left");
+        requested.sent(10, now); // B
+        // In turn: A gets 2 more (3 left), B gets 2 (8 left).
+        (0..4).for_each(|_| requested.delivered());
+        assert!(!requested.wants_pull(10, EXPIRES, now));
+        requested.ended(Some(3), 10); // A expires
+        assert_eq!(requested.messages, 8, "what B still asks for");
+        // A backlog fills B, which ends without a status.
+        (0..8).for_each(|_| requested.delivered());
+        assert!(requested.is_empty());
+        assert!(requested.wants_pull(10, EXPIRES, now));
+    }
+
+    /// The count equals the sum of what the server's open requests still ask for, whatever
+    /// order they are served and ended in (a pseudo-random schedule of the server's rules).
+    #[test]
+    fn the_count_follows_the_servers_requests_through_any_schedule() {
+        const BATCH: u32 = 16;
+        let now = Instant::now();
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut random = move |n: u64| {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (seed >> 33) % n
+        };
+        let mut requested = Requested::default();
+        // The server's waiting queue: what each open request still asks for.
+        let mut server: VecDeque<u64> = VecDeque::new();
+        for _ in 0..100_000 {
+            match random(4) {
+                0 if requested.wants_pull(BATCH, EXPIRES, now) => {
+                    requested.sent(BATCH, now);
+                    server.push_back(u64::from(BATCH));
+                }
+                1 | 2 => {
+                    // A message to the first request, which then goes to the back.
+                    if let Some(mut first) = server.pop_front() {
+                        first -= 1;
+                        requested.delivered();
+                        if first > 0 {
+                            server.push_back(first);
+                        }
+                    }
+                }
+                _ => {
+                    // The oldest request expires, or a request is refused outright.
+                    if random(2) == 0 {
+                        if let Some(oldest) = server.pop_front() {
+                            requested.ended(Some(oldest), BATCH);
+                        }
+                    } else if requested.wants_pull(BATCH, EXPIRES, now) {
+                        requested.sent(BATCH, now);
+                        requested.ended(None, BATCH);
+                    }
+                }
+            }
+            assert_eq!(requested.messages, server.iter().sum::<u64>());
+        }
+    }
+
+    #[test]
+    fn requests_lost_unanswered_are_forgotten_once_they_must_have_expired() {
+        let now = Instant::now();
+        let forget_after = EXPIRES + Duration::from_secs(1);
+        let mut requested = Requested::default();
+        assert_eq!(requested.wake_at(true, EXPIRES, forget_after), None);
+        requested.sent(10, now);
+        assert_eq!(
+            requested.wake_at(false, EXPIRES, forget_after),
+            Some(now + EXPIRES)
+        );
+        assert_eq!(
+            requested.wake_at(true, EXPIRES, forget_after),
+            Some(now + forget_after)
+        );
+        requested.expire(now + EXPIRES, forget_after);
+        assert!(!requested.is_empty());
+        assert!(
+            requested.wants_pull(10, EXPIRES, now + EXPIRES),
+            "stale: refresh the pin"
+        );
+        requested.expire(now + forget_after, forget_after);
+        assert!(requested.is_empty());
+        assert_eq!(requested.wake_at(true, EXPIRES, forget_after), None);
+    }
+
+    #[test]
+    fn a_status_names_what_its_request_had_not_been_given() {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(HDR_PENDING_MESSAGES, "7");
+        assert_eq!(pending_of(Some(&headers)), Some(7));
+        assert_eq!(pending_of(Some(&async_nats::HeaderMap::new())), None);
+        assert_eq!(pending_of(None), None);
+    }
+}
