@@ -83,7 +83,7 @@ pub fn install(on_acquired: impl Fn(Acquisition) + Send + Sync + 'static) {
     // production `info` filter.
     .with_filter(
         tracing_subscriber::filter::Targets::new()
-            .with_target("jetshard::owner", tracing::Level::INFO),
+            .with_target("jetshard::runtime::owner", tracing::Level::INFO),
     );
     // A second install (the bench target calling the harness twice) keeps the first.
     let _ = tracing_subscriber::registry()
