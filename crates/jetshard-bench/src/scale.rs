@@ -17,7 +17,7 @@
 //! smallest N at the same P; per partition independent of N. Measured, never asserted.
 //!
 //! Then a SIGKILL failover in a fleet of `--scale-failover-nodes` node processes (balancing on,
-//! so the crash watches and standbys are the bounded ones), 16 partitions, a load of 200
+//! so the crash watches and standbys are the bounded ones), 8 partitions, a load of 200
 //! commands/s: each trial waits for an even spread, kills a process that owns partitions, and
 //! measures per partition it owned the time to the first event written under a newer
 //! generation; a fresh process replaces the victim. The same trials with 2 processes, in the same
@@ -218,8 +218,10 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Partitions of the fleet failover.
-const FAILOVER_PARTITIONS: u32 = 16;
+/// Partitions of the fleet failover: as many as the `failover` scenario's, so that at its load
+/// (200 commands/s) a command reaches each partition every 40 ms there and here: the time to
+/// the new owner's first event includes the wait for the next command.
+const FAILOVER_PARTITIONS: u32 = failover::PARTITIONS;
 /// Pin TTL of the fleet failover: the crash watch, not the TTL, moves the partitions.
 const FAILOVER_PIN_TTL_MS: u64 = 2_000;
 
