@@ -485,7 +485,7 @@ enum ProfileEvt {
     Picked(Choice),
 }
 
-#[derive(Default)]
+#[derive(Default, Serialize, Deserialize)]
 struct ProfileState {
     name: String,
     tags: Vec<String>,

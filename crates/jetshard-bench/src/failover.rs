@@ -196,7 +196,7 @@ async fn trials(ttl_ms: u64, fault: Fault, count: usize) -> anyhow::Result<Vec<S
         pin_ttl_ms: ttl_ms,
         // The owner keeps every partition: each trial moves them all at once.
         balance: false,
-        snapshots: false,
+        without_snapshots: false,
     };
     let mut owner = NodeProcess::start(&node_args(0)).await?;
 

@@ -18,7 +18,7 @@ use jetshard_testkit::ChildNode;
 use tokio::process::Command;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::entity::{BenchEntity, SnapshottedBenchEntity};
+use crate::entity::{BenchEntity, UnsnapshottedBenchEntity};
 use crate::probe;
 
 /// How long a node may take to start its shard system.
@@ -45,9 +45,10 @@ pub struct NodeArgs {
     /// Share partitions evenly with the other nodes (jetshard's balancing).
     #[arg(long)]
     pub balance: bool,
-    /// Run the bench entity with snapshots (`SnapshottedBenchEntity`).
+    /// Run the bench entity without snapshots (`UnsnapshottedBenchEntity`, which opts out of
+    /// jetshard's default).
     #[arg(long)]
-    pub snapshots: bool,
+    pub without_snapshots: bool,
 }
 
 impl NodeArgs {
@@ -67,7 +68,10 @@ impl NodeArgs {
         ]
         .into_iter()
         .chain(self.balance.then(|| "--balance".to_owned()))
-        .chain(self.snapshots.then(|| "--snapshots".to_owned()))
+        .chain(
+            self.without_snapshots
+                .then(|| "--without-snapshots".to_owned()),
+        )
         .collect()
     }
 }
@@ -93,8 +97,8 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         .balance(args.balance)
         .build()
         .context("node configuration")?;
-    let system = if args.snapshots {
-        ShardSystem::start::<SnapshottedBenchEntity>(client, config).await
+    let system = if args.without_snapshots {
+        ShardSystem::start::<UnsnapshottedBenchEntity>(client, config).await
     } else {
         ShardSystem::start::<BenchEntity>(client, config).await
     }

@@ -58,7 +58,7 @@ const COST_COMMANDS: usize = 20_000;
 const COST_ENTITIES: usize = 200;
 const ASK: Duration = Duration::from_secs(30);
 
-/// The bench entity, with snapshots: the same commands and events as [`crate::entity`].
+/// The bench entity (snapshots on, jetshard's default): the same commands and events as [`crate::entity`].
 pub struct RecoveryEntity;
 
 /// Its state.
@@ -88,10 +88,6 @@ impl Entity for RecoveryEntity {
         if let BenchEvt::Stamped { at_ns } = event {
             state.last_at_ns = *at_ns;
         }
-    }
-
-    fn snapshots() -> Option<Snapshots<RecoveryState>> {
-        Some(Snapshots::serde(1))
     }
 }
 

@@ -74,7 +74,7 @@ pub async fn run(report: &mut Report, snapshots: bool) -> anyhow::Result<serde_j
         partitions: PARTITIONS,
         pin_ttl_ms: PIN_TTL_MS,
         balance: true,
-        snapshots,
+        without_snapshots: !snapshots,
     };
     let mut nodes = Vec::new();
     for id in 0..NODES {

@@ -236,7 +236,7 @@ async fn failover_in_fleet(nodes: usize, trials: usize) -> anyhow::Result<Vec<f6
         partitions: FAILOVER_PARTITIONS,
         pin_ttl_ms: FAILOVER_PIN_TTL_MS,
         balance: true,
-        snapshots: true,
+        without_snapshots: false,
     };
     let mut fleet = Vec::with_capacity(nodes);
     for id in 0..nodes {

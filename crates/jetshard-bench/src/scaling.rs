@@ -170,7 +170,7 @@ async fn drain_processes(spec: DrainSpec, processes: usize) -> anyhow::Result<Pr
             partitions: spec.partitions,
             pin_ttl_ms: 2000,
             balance: true,
-            snapshots: false,
+            without_snapshots: false,
         };
         nodes.push(NodeProcess::start(&args).await?);
     }

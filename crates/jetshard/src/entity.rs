@@ -64,8 +64,11 @@ pub trait Entity: Send + Sync + 'static {
     type Command: Serialize + DeserializeOwned + Send + 'static;
     /// What happened to an entity; written to the journal at `<type>.evt.<partition>.<id>`.
     type Event: Serialize + DeserializeOwned + Send + 'static;
-    /// The entity's state, rebuilt from its events; starts at `Default`.
-    type State: Default + Send + 'static;
+    /// The entity's state, rebuilt from its events; starts at `Default`. Serializable, because
+    /// it is written into snapshots ([`snapshots`](Entity::snapshots), on by default); a state
+    /// that holds something that does not serialize (a handle, a channel) marks that field
+    /// `#[serde(skip)]` and opts out of snapshots.
+    type State: Default + Serialize + DeserializeOwned + Send + 'static;
     /// Why [`decide`](Entity::decide) refused a command. A rejected command is acknowledged
     /// (it is not retried) and writes nothing. A client that asked gets it back typed
     /// ([`Reply::Rejected`](crate::Reply::Rejected), encoded with the entity type's codec), and
@@ -163,13 +166,21 @@ pub trait Entity: Send + Sync + 'static {
         ))
     }
 
-    /// Whether and how the entity's state is written into snapshots (default: never).
+    /// Whether and how the entity's state is written into snapshots (default: on, encoded
+    /// with the entity type's codec, state version 1: [`Snapshots::serde(1)`](Snapshots::serde)).
     ///
     /// With snapshots, loading an entity reads its latest snapshot and only its records after
-    /// it, instead of its whole history; when they are written is [`ShardConfig`]'s policy
-    /// ([`snapshot_every`](crate::ShardConfigBuilder::snapshot_every),
-    /// [`snapshot_on_passivation`](crate::ShardConfigBuilder::snapshot_on_passivation)).
-    /// Opting in is the one place where the state must be serializable:
+    /// it, instead of its whole history: a partition that moves (a deploy, a failover) or an
+    /// entity loaded again after passivation costs reads of its latest state, not of everything
+    /// it ever did. When they are written is [`ShardConfig`]'s policy (by default after every
+    /// 100 events, when an entity is passivated and when a partition is released or handed
+    /// off: [`snapshot_every`](crate::ShardConfigBuilder::snapshot_every),
+    /// [`snapshot_on_passivation`](crate::ShardConfigBuilder::snapshot_on_passivation)). Each
+    /// is one fenced journal write of the encoded state; see "Snapshots" in docs/guide.md for
+    /// what they cost.
+    ///
+    /// Override it to mark a changed state encoding with another version (older snapshots are
+    /// then ignored), or to opt out (every load then replays the entity's whole history):
     ///
     /// ```
     /// # use jetshard::{Entity, Snapshots};
@@ -180,14 +191,14 @@ pub trait Entity: Send + Sync + 'static {
     /// impl Entity for Counter {
     ///     # type Command = Command;
     ///     # type Event = Event;
-    ///     type State = u64; // Serialize + DeserializeOwned: required by `Snapshots::serde`
+    ///     type State = u64;
     ///     # type Rejection = String;
     ///     # fn decide(_: &u64, c: Command) -> Result<Vec<Event>, String> {
     ///     #     let Command::Add(n) = c; Ok(vec![Event::Added(n)]) }
     ///     # fn apply(s: &mut u64, e: &Event) { let Event::Added(n) = e; *s += u64::from(*n); }
     ///     // ...
     ///     fn snapshots() -> Option<Snapshots<u64>> {
-    ///         Some(Snapshots::serde(1))
+    ///         None // no snapshots: every load replays the whole history
     ///     }
     /// }
     /// ```
@@ -198,7 +209,7 @@ pub trait Entity: Send + Sync + 'static {
     ///
     /// [`ShardConfig`]: crate::ShardConfig
     fn snapshots() -> Option<Snapshots<Self::State>> {
-        None
+        Some(Snapshots::serde(1))
     }
 }
 
