@@ -50,6 +50,28 @@ impl Codec {
         }
     }
 
+    /// The length of a value's encoding, counted without building it (the dormant budget in
+    /// bytes estimates a state by it).
+    ///
+    /// # Errors
+    /// [`CodecError`] if the value cannot be serialized.
+    pub(crate) fn encoded_len<T: Serialize>(self, value: &T) -> Result<usize, CodecError> {
+        match self {
+            Codec::Bincode => {
+                let mut size = bincode::enc::write::SizeWriter::default();
+                bincode::serde::encode_into_writer(value, &mut size, bincode::config::standard())
+                    .map_err(|e| CodecError::Encode(e.to_string()))?;
+                Ok(size.bytes_written)
+            }
+            Codec::Json => {
+                let mut size = CountingWriter(0);
+                serde_json::to_writer(&mut size, value)
+                    .map_err(|e| CodecError::Encode(e.to_string()))?;
+                Ok(size.0)
+            }
+        }
+    }
+
     /// Decodes a value; trailing bytes are an error.
     ///
     /// # Errors
@@ -69,6 +91,20 @@ impl Codec {
             Codec::Json => serde_json::from_slice(bytes)
                 .map_err(|e| CodecError::Decode(format!("as json: {e}"))),
         }
+    }
+}
+
+/// Counts the bytes written to it, keeping none.
+struct CountingWriter(usize);
+
+impl std::io::Write for CountingWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 += bytes.len();
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -122,6 +158,20 @@ mod tests {
                 let bytes = codec.encode(&value).unwrap();
                 assert_eq!(codec.decode::<Cmd>(&bytes).unwrap(), value);
             }
+        }
+    }
+
+    #[test]
+    fn encoded_len_is_the_encoding_s_length() {
+        for codec in [Codec::Bincode, Codec::Json] {
+            let value = Cmd::Add {
+                sku: "sku-17".into(),
+                qty: 300,
+            };
+            assert_eq!(
+                codec.encoded_len(&value).unwrap(),
+                codec.encode(&value).unwrap().len()
+            );
         }
     }
 

@@ -37,6 +37,7 @@ pub struct ShardConfig {
     pub(crate) passivate_after: Duration,
     pub(crate) max_resident_entities: Option<usize>,
     pub(crate) max_dormant_entities: Option<usize>,
+    pub(crate) max_dormant_bytes: Option<usize>,
     pub(crate) snapshot_every: Option<u32>,
     pub(crate) snapshot_on_passivation: bool,
     pub(crate) retry_delay: Duration,
@@ -72,6 +73,7 @@ impl ShardConfig {
                 passivate_after: Duration::from_secs(30),
                 max_resident_entities: None,
                 max_dormant_entities: Some(100_000),
+                max_dormant_bytes: None,
                 snapshot_every: Some(100),
                 snapshot_on_passivation: true,
                 retry_delay: Duration::from_millis(250),
@@ -255,6 +257,21 @@ impl ShardConfigBuilder {
         self
     }
 
+    /// A budget of dormant states in bytes, estimated, in this process over all its partitions
+    /// (default none: only [`max_dormant_entities`](Self::max_dormant_entities) bounds them).
+    /// Each dormant state counts as its state's encoded size (the entity type's codec, counted
+    /// when the entity is passivated, without building the encoding), plus its entry in the
+    /// owner's map (the fixed size of jetshard's per-entity record, about 100 bytes, and the
+    /// id's length; [`PartitionStatus::dormant_bytes`](crate::PartitionStatus::dormant_bytes)
+    /// shows the sum). Both budgets apply, and past either one each owner drops its least
+    /// recently used states (down to 90 % of it). The estimate is of the encoding, not of the
+    /// heap: a state with much indirection (maps, boxes) takes more in memory than it encodes
+    /// to. At least 1024 bytes.
+    pub fn max_dormant_bytes(mut self, bytes: usize) -> Self {
+        self.config.max_dormant_bytes = Some(bytes);
+        self
+    }
+
     /// Keeps every dormant state in memory (no [`max_dormant_entities`](Self::max_dormant_entities)).
     pub fn unbounded_dormant_entities(mut self) -> Self {
         self.config.max_dormant_entities = None;
@@ -415,6 +432,9 @@ impl ShardConfigBuilder {
         if c.max_dormant_entities == Some(0) {
             return fail("max_dormant_entities", "must be at least 1");
         }
+        if c.max_dormant_bytes.is_some_and(|bytes| bytes < 1024) {
+            return fail("max_dormant_bytes", "must be at least 1024");
+        }
         if c.max_ack_pending == 0 || c.pull_batch == 0 {
             return fail(
                 "max_ack_pending",
@@ -487,6 +507,10 @@ mod tests {
             (
                 ShardConfig::builder("order").max_dormant_entities(0),
                 "max_dormant_entities",
+            ),
+            (
+                ShardConfig::builder("order").max_dormant_bytes(1023),
+                "max_dormant_bytes",
             ),
             (ShardConfig::builder("order").replicas(2), "replicas"),
             (

@@ -40,6 +40,10 @@ pub struct PartitionStatus {
     /// [`max_dormant_entities`](crate::ShardConfigBuilder::max_dormant_entities)).
     #[serde(default)]
     pub dormant_entities: usize,
+    /// Their estimated bytes, counted only when the budget is in bytes
+    /// ([`max_dormant_bytes`](crate::ShardConfigBuilder::max_dormant_bytes); 0 otherwise).
+    #[serde(default)]
+    pub dormant_bytes: usize,
     /// Commands received and not yet acknowledged.
     pub commands_in_hand: usize,
     /// Commands applied (events durable) since this process started.

@@ -11,24 +11,65 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::codec::Codec;
 use crate::entity::{Entity, EntityId};
 use crate::runtime::entity_actor::Seed;
 
-/// One partition's dormant states, counted in the process's total.
+/// The dormant states of all of this process's partitions: how many, and their estimated bytes.
+#[derive(Debug, Default)]
+pub(crate) struct DormantTotals {
+    entities: AtomicUsize,
+    bytes: AtomicUsize,
+}
+
+/// What the dormant states of the process may hold (`ShardConfig::max_dormant_entities`,
+/// `max_dormant_bytes`); `None`: no bound of that kind.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Budget {
+    pub(super) entities: Option<usize>,
+    pub(super) bytes: Option<usize>,
+}
+
+/// One dormant state: the seed, its stamp (least recently used: lowest) and its estimated
+/// bytes.
+type Kept<E> = (Seed<E>, u64, usize);
+
+/// The estimated bytes a dormant state holds: its map entry (the seed's fixed part, the key,
+/// the stamp), its id, and its state's encoding (a stand-in for the state's heap, counted
+/// without building it; a state that does not encode counts as its fixed part alone), and the
+/// text of its last outcome.
+pub(super) fn estimate<E: Entity>(entity: &EntityId, seed: &Seed<E>, codec: Codec) -> usize {
+    let outcome = match &seed.last_outcome {
+        Some(
+            crate::runtime::entity_actor::outcome_header::LastOutcome::Rejected(text)
+            | crate::runtime::entity_actor::outcome_header::LastOutcome::DeadLettered(text),
+        ) => text.len(),
+        _ => 0,
+    };
+    std::mem::size_of::<(EntityId, Kept<E>)>()
+        + entity.as_str().len()
+        + codec.encoded_len(&seed.state).unwrap_or(0)
+        + outcome
+}
+
+/// One partition's dormant states, counted in the process's totals.
 pub(super) struct Dormant<E: Entity> {
-    states: HashMap<EntityId, (Seed<E>, u64)>,
+    states: HashMap<EntityId, Kept<E>>,
     /// Stamps the states in the order they were kept (least recently used: lowest).
     clock: u64,
+    /// This partition's estimated bytes (part of `totals`).
+    bytes: usize,
     /// Dormant states over all of this process's partitions.
-    total: Arc<AtomicUsize>,
+    totals: Arc<DormantTotals>,
 }
 
 impl<E: Entity> Dormant<E> {
-    pub(super) fn new(total: Arc<AtomicUsize>) -> Self {
+    pub(super) fn new(totals: Arc<DormantTotals>) -> Self {
         Self {
             states: HashMap::new(),
             clock: 0,
-            total,
+            bytes: 0,
+            totals,
         }
     }
 
@@ -36,18 +77,34 @@ impl<E: Entity> Dormant<E> {
         self.states.len()
     }
 
-    /// Keeps `entity`'s state (the most recently used one now).
-    pub(super) fn keep(&mut self, entity: EntityId, seed: Seed<E>) {
+    /// This partition's dormant states' estimated bytes ([`estimate`]).
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Keeps `entity`'s state (the most recently used one now), estimated at `bytes`.
+    pub(super) fn keep(&mut self, entity: EntityId, seed: Seed<E>, bytes: usize) {
         self.clock += 1;
-        if self.states.insert(entity, (seed, self.clock)).is_none() {
-            self.total.fetch_add(1, Ordering::Relaxed);
+        match self.states.insert(entity, (seed, self.clock, bytes)) {
+            Some((_, _, old)) => self.uncount(0, old),
+            None => {
+                self.totals.entities.fetch_add(1, Ordering::Relaxed);
+            }
         }
+        self.bytes += bytes;
+        self.totals.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn uncount(&mut self, entities: usize, bytes: usize) {
+        self.bytes -= bytes;
+        self.totals.entities.fetch_sub(entities, Ordering::Relaxed);
+        self.totals.bytes.fetch_sub(bytes, Ordering::Relaxed);
     }
 
     /// Takes `entity`'s state out (for its new actor).
     pub(super) fn take(&mut self, entity: &EntityId) -> Option<Seed<E>> {
-        let (seed, _) = self.states.remove(entity)?;
-        self.total.fetch_sub(1, Ordering::Relaxed);
+        let (seed, _, bytes) = self.states.remove(entity)?;
+        self.uncount(1, bytes);
         Some(seed)
     }
 
@@ -56,32 +113,51 @@ impl<E: Entity> Dormant<E> {
         drop(self.take(entity));
     }
 
-    /// Keeps the process's total within `budget`: once over it, drops this partition's least
-    /// recently used states until the total is down to 90 % of the budget (or this partition
-    /// has none left), so that eviction runs in batches, not at every passivation. Returns how
-    /// many went.
-    pub(super) fn evict_over(&mut self, budget: usize) -> usize {
-        let total = self.total.load(Ordering::Relaxed);
-        if total <= budget {
+    /// Keeps the process's totals within `budget`: once over either bound, drops this
+    /// partition's least recently used states until the totals are down to 90 % of both (or
+    /// this partition has none left), so that eviction runs in batches, not at every
+    /// passivation. Returns how many went.
+    pub(super) fn evict_over(&mut self, budget: Budget) -> usize {
+        let entities = self.totals.entities.load(Ordering::Relaxed);
+        let bytes = self.totals.bytes.load(Ordering::Relaxed);
+        let over_entities = budget.entities.is_some_and(|b| entities > b);
+        let over_bytes = budget.bytes.is_some_and(|b| bytes > b);
+        if !over_entities && !over_bytes {
             return 0;
         }
-        let count = (total - budget * 9 / 10).min(self.states.len());
-        if count == 0 {
-            return 0;
+        let entities_to_drop = budget
+            .entities
+            .map_or(0, |b| entities.saturating_sub(b * 9 / 10));
+        let bytes_to_drop = budget.bytes.map_or(0, |b| bytes.saturating_sub(b * 9 / 10));
+        let mut kept: Vec<(u64, usize)> = self
+            .states
+            .values()
+            .map(|(_, stamp, bytes)| (*stamp, *bytes))
+            .collect();
+        kept.sort_unstable();
+        let (mut count, mut dropped_bytes, mut cutoff) = (0, 0, None);
+        for (stamp, bytes) in kept {
+            if count >= entities_to_drop && dropped_bytes >= bytes_to_drop {
+                break;
+            }
+            count += 1;
+            dropped_bytes += bytes;
+            cutoff = Some(stamp);
         }
-        let mut stamps: Vec<u64> = self.states.values().map(|(_, stamp)| *stamp).collect();
-        let (_, nth, _) = stamps.select_nth_unstable(count - 1);
-        let cutoff = *nth;
+        let Some(cutoff) = cutoff else {
+            return 0;
+        };
         // Stamps are unique: exactly `count` states are at or below the cutoff.
-        self.states.retain(|_, (_, stamp)| *stamp > cutoff);
-        self.total.fetch_sub(count, Ordering::Relaxed);
+        self.states.retain(|_, (_, stamp, _)| *stamp > cutoff);
+        self.uncount(count, dropped_bytes);
         count
     }
 }
 
 impl<E: Entity> Drop for Dormant<E> {
     fn drop(&mut self) {
-        self.total.fetch_sub(self.states.len(), Ordering::Relaxed);
+        let (entities, bytes) = (self.states.len(), self.bytes);
+        self.uncount(entities, bytes);
     }
 }
 
@@ -112,34 +188,79 @@ mod tests {
         }
     }
 
+    fn entities(budget: usize) -> Budget {
+        Budget {
+            entities: Some(budget),
+            bytes: None,
+        }
+    }
+
+    fn totals(totals: &DormantTotals) -> (usize, usize) {
+        (
+            totals.entities.load(Ordering::Relaxed),
+            totals.bytes.load(Ordering::Relaxed),
+        )
+    }
+
     #[test]
     fn the_least_recently_kept_states_go_first_down_to_ninety_percent() {
-        let total = Arc::new(AtomicUsize::new(0));
+        let total = Arc::new(DormantTotals::default());
         let mut dormant = Dormant::<Counter>::new(Arc::clone(&total));
         for n in 0..10 {
-            dormant.keep(id(n), seed(n));
+            dormant.keep(id(n), seed(n), 1);
         }
         // e0 is used again: it is now the most recent.
         let e0 = dormant.take(&id(0)).unwrap();
-        dormant.keep(id(0), e0);
-        assert_eq!(dormant.evict_over(10), 0);
-        dormant.keep(id(10), seed(10));
+        dormant.keep(id(0), e0, 1);
+        assert_eq!(dormant.evict_over(entities(10)), 0);
+        dormant.keep(id(10), seed(10), 1);
         // 11 kept, budget 10: down to 9.
-        assert_eq!(dormant.evict_over(10), 2);
-        assert_eq!(total.load(Ordering::Relaxed), 9);
+        assert_eq!(dormant.evict_over(entities(10)), 2);
+        assert_eq!(totals(&total), (9, 9));
         assert!(dormant.take(&id(1)).is_none() && dormant.take(&id(2)).is_none());
         assert_eq!(dormant.take(&id(0)).map(|s| s.state), Some(0));
         drop(dormant);
-        assert_eq!(total.load(Ordering::Relaxed), 0);
+        assert_eq!(totals(&total), (0, 0));
     }
 
     #[test]
     fn a_partition_drops_only_what_it_holds() {
-        let total = Arc::new(AtomicUsize::new(50));
+        let total = Arc::new(DormantTotals::default());
+        total.entities.store(50, Ordering::Relaxed);
         let mut dormant = Dormant::<Counter>::new(Arc::clone(&total));
-        dormant.keep(id(1), seed(1));
-        assert_eq!(dormant.evict_over(10), 1);
+        dormant.keep(id(1), seed(1), 7);
+        assert_eq!(dormant.evict_over(entities(10)), 1);
         assert_eq!(dormant.len(), 0);
-        assert_eq!(total.load(Ordering::Relaxed), 50);
+        assert_eq!(totals(&total), (50, 0));
+    }
+
+    #[test]
+    fn the_byte_budget_drops_the_oldest_until_ninety_percent() {
+        let total = Arc::new(DormantTotals::default());
+        let mut dormant = Dormant::<Counter>::new(Arc::clone(&total));
+        // Ten states of 100 bytes, one of 500 (the most recent): 1,500 bytes.
+        for n in 0..10 {
+            dormant.keep(id(n), seed(n), 100);
+        }
+        dormant.keep(id(10), seed(10), 500);
+        let budget = Budget {
+            entities: Some(100),
+            bytes: Some(1_400),
+        };
+        // Down to 1,260 bytes: the three oldest go (1,200 left).
+        assert_eq!(dormant.evict_over(budget), 3);
+        assert_eq!(totals(&total), (8, 1_200));
+        assert_eq!(dormant.bytes(), 1_200);
+        assert!(dormant.take(&id(2)).is_none() && dormant.take(&id(3)).is_some());
+        assert_eq!(dormant.evict_over(budget), 0);
+    }
+
+    #[test]
+    fn a_state_is_estimated_at_its_encoding_and_its_entry() {
+        let small = estimate(&id(1), &seed(1), Codec::Bincode);
+        let large = estimate(&id(1), &seed(u32::MAX), Codec::Bincode);
+        // bincode's varint: 1 byte for 1, 5 for u32::MAX.
+        assert_eq!(large - small, 4);
+        assert!(small > std::mem::size_of::<Seed<Counter>>(), "{small}");
     }
 }

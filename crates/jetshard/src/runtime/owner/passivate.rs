@@ -42,16 +42,23 @@ impl<E: Entity> OwnerState<E> {
             .seed
             .and_then(|seed| seed.downcast::<Seed<E>>().ok())
         {
-            o.dormant.keep(entity.clone(), *seed);
+            // The estimate encodes nothing when no budget is in bytes.
+            let bytes = match self.shared.config.max_dormant_bytes {
+                Some(_) => super::dormant::estimate(&entity, &seed, self.shared.config.codec),
+                None => 0,
+            };
+            o.dormant.keep(entity.clone(), *seed, bytes);
         }
         if slot.is_idle() {
             o.entities.remove(&entity);
         } else {
             self.dispatch(&entity);
         }
-        if let (Some(budget), Some(o)) =
-            (self.shared.config.max_dormant_entities, self.phase.owning())
-        {
+        let budget = super::dormant::Budget {
+            entities: self.shared.config.max_dormant_entities,
+            bytes: self.shared.config.max_dormant_bytes,
+        };
+        if let Some(o) = self.phase.owning() {
             let evicted = o.dormant.evict_over(budget);
             if evicted > 0 {
                 tracing::debug!(

@@ -26,7 +26,7 @@ pub(crate) struct Shared {
     /// Live entity actors over all partitions of this system (for the resident cap).
     pub(crate) resident: Arc<AtomicUsize>,
     /// Dormant entity states over all partitions of this system (for their budget).
-    pub(crate) dormant: Arc<AtomicUsize>,
+    pub(crate) dormant: Arc<super::dormant::DormantTotals>,
     /// Entity loads in flight over all partitions of this system.
     pub(crate) loads: Arc<tokio::sync::Semaphore>,
     /// This process's run of the shard system: it answers on `<t>.alive.<incarnation>`, and its

@@ -54,6 +54,7 @@ impl<E: Entity> OwnerState<E> {
             partition: self.partition,
             generation: owning.map(|o| o.generation),
             dormant_entities: owning.map_or(0, |o| o.dormant.len()),
+            dormant_bytes: owning.map_or(0, |o| o.dormant.bytes()),
             resident_entities: owning.map_or(0, |o| {
                 o.entities.values().filter(|s| s.actor.is_some()).count()
             }),
