@@ -480,6 +480,57 @@ async fn an_evicted_state_reloads_the_same() {
     system.shutdown().await.unwrap();
 }
 
+/// With a dormant budget of 1,024 bytes (and the default budget of 100,000 entities), the
+/// passivated states beyond it in estimated bytes are dropped; each entity's next command
+/// reloads it from the journal, with the same state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dormant_budget_in_bytes_evicts() {
+    init_tracing();
+    let (_server, client, js) = jetshard_tests::served().await;
+    const BUDGET: usize = 1024;
+    let config = config("tally", 1)
+        .passivate_after(Duration::from_millis(200))
+        .max_dormant_bytes(BUDGET)
+        .build()
+        .unwrap();
+    let sender = CommandSender::<Tally>::new(client.clone(), &config);
+    let system = start(&client, &config).await;
+    let ids: Vec<String> = (0..12).map(|i| format!("e{i}")).collect();
+    for round in 0..3u32 {
+        for (i, id) in ids.iter().enumerate() {
+            let command = TallyCmd::Add {
+                key: round as u8,
+                by: i as u32 + round,
+            };
+            let outcome = sender.request_outcome(id, &command, ASK).await.unwrap();
+            assert!(
+                matches!(outcome, CommandOutcome::Applied { .. }),
+                "{outcome:?}"
+            );
+        }
+        wait_until(Duration::from_secs(10), "all passivated", || async {
+            let status = system.status().await.unwrap();
+            status[0].resident_entities == 0
+        })
+        .await
+        .unwrap();
+        // Some kept, within the bytes; not all twelve (far under the entity budget).
+        let status = system.status().await.unwrap();
+        let partition = &status[0];
+        assert!(partition.dormant_bytes <= BUDGET, "{partition:?}");
+        assert!(
+            (1..12).contains(&partition.dormant_entities),
+            "{partition:?}"
+        );
+        assert!(partition.dormant_bytes > 0, "{partition:?}");
+    }
+    let want = replayed(&js, "tally").await;
+    for id in &ids {
+        assert_eq!(state_of(&sender, id).await, want[id], "{id}");
+    }
+    system.shutdown().await.unwrap();
+}
+
 /// Compaction removes every event its entity's snapshot covers; a takeover after it loads the
 /// same states (from the snapshots and what is left), remembers which commands are done, and
 /// the entities go on.
