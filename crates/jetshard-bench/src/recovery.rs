@@ -28,7 +28,7 @@ use async_nats::jetstream::consumer::pull;
 use async_nats::jetstream::{self, Context};
 use bytes::Bytes;
 use futures::StreamExt;
-use jetshard::{Codec, CommandOutcome, CommandSender, Entity, ShardConfig, ShardSystem, Snapshots};
+use jetshard::{Codec, CommandOutcome, CommandSender, Entity, ShardConfig, ShardSystem};
 use jetshard_testkit::NatsServer;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
