@@ -264,3 +264,47 @@ mod tests {
         assert!(small > std::mem::size_of::<Seed<Counter>>(), "{small}");
     }
 }
+
+#[cfg(test)]
+mod layout {
+    use super::*;
+    use crate::runtime::entity_actor::outcome_header::LastOutcome;
+
+    /// A state laid out like the bench entity's: two counters and a byte vector (40 bytes).
+    #[derive(Default, serde::Serialize, serde::Deserialize)]
+    struct Small {
+        count: u64,
+        last: u64,
+        blob: Vec<u8>,
+    }
+
+    struct Bench;
+    impl Entity for Bench {
+        type Command = ();
+        type Event = ();
+        type State = Small;
+        type Rejection = String;
+        fn decide(_: &Small, _: ()) -> Result<Vec<()>, String> {
+            Ok(vec![])
+        }
+        fn apply(_: &mut Small, _: &()) {}
+    }
+
+    /// Where a dormant entry's bytes go, beside its state (x86_64): the id (an `Arc<str>`, 16,
+    /// plus its own allocation), the last outcome (24), the armed timers (an empty `BTreeMap`,
+    /// 24), the command and journal sequences (16), the events since the snapshot (4, padded to
+    /// 8), the LRU stamp (8) and the byte estimate (8): 104 bytes of jetshard's own, plus the
+    /// hash map's control byte and spare capacity. A guard against it growing unnoticed.
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_dormant_entry_holds_at_most_104_bytes_beside_its_state() {
+        let state = std::mem::size_of::<Small>();
+        let entry = std::mem::size_of::<(EntityId, Kept<Bench>)>();
+        assert_eq!(state, 40);
+        assert_eq!(std::mem::size_of::<Option<LastOutcome>>(), 24);
+        assert!(
+            entry - state <= 104,
+            "{entry} bytes for a {state}-byte state"
+        );
+    }
+}
