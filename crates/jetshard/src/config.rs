@@ -261,7 +261,7 @@ impl ShardConfigBuilder {
     /// (default none: only [`max_dormant_entities`](Self::max_dormant_entities) bounds them).
     /// Each dormant state counts as its state's encoded size (the entity type's codec, counted
     /// when the entity is passivated, without building the encoding), plus its entry in the
-    /// owner's map (the fixed size of jetshard's per-entity record, about 100 bytes, and the
+    /// owner's map (the state's inline size plus about 100 bytes of jetshard's own, and the
     /// id's length; [`PartitionStatus::dormant_bytes`](crate::PartitionStatus::dormant_bytes)
     /// shows the sum). Both budgets apply, and past either one each owner drops its least
     /// recently used states (down to 90 % of it). The estimate is of the encoding, not of the
