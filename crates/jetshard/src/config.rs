@@ -279,7 +279,7 @@ impl ShardConfigBuilder {
     }
 
     /// Writes a snapshot of an entity's state after every `events` events it wrote since its
-    /// last one (default 100), if the entity type has opted in ([`Entity::snapshots`]); 0: no
+    /// last one (default 100), unless the entity type opted out ([`Entity::snapshots`]); 0: no
     /// periodic snapshots. Each snapshot is one more fenced journal write, of the whole state.
     ///
     /// [`Entity::snapshots`]: crate::Entity::snapshots
@@ -288,8 +288,9 @@ impl ShardConfigBuilder {
         self
     }
 
-    /// Whether a passivated entity writes a snapshot of its state if it wrote events since its
-    /// last one (default on; only for entity types that opted in, [`Entity::snapshots`]).
+    /// Whether an entity writes a snapshot of its state when it is passivated and when its
+    /// partition is released or handed off, if it wrote events since its last one (default on;
+    /// not for entity types that opted out, [`Entity::snapshots`]).
     ///
     /// [`Entity::snapshots`]: crate::Entity::snapshots
     pub fn snapshot_on_passivation(mut self, on: bool) -> Self {
