@@ -124,6 +124,8 @@ mod status;
 mod system;
 mod telemetry;
 #[cfg(test)]
+mod test_alloc;
+#[cfg(test)]
 mod test_entity;
 mod trace;
 pub mod wire;

@@ -290,6 +290,48 @@ mod layout {
         fn apply(_: &mut Small, _: &()) {}
     }
 
+    /// What 10,000 dormant states of the bench-like entity hold on the heap (counting
+    /// allocator, `test_alloc`): the map's table and the ids' allocations, per entity, against
+    /// the target of issue 24 (2 x the encoded state + 100 bytes), printed with the split.
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn what_a_dormant_state_costs_on_the_heap() {
+        const N: usize = 10_000;
+        let ids: Vec<EntityId> = {
+            let before = crate::test_alloc::held_by_this_thread();
+            let ids: Vec<EntityId> = (0..N)
+                .map(|n| EntityId::new(format!("e{n}")).unwrap())
+                .collect();
+            let held = crate::test_alloc::held_by_this_thread() - before;
+            let vec = (N * std::mem::size_of::<EntityId>()) as isize;
+            eprintln!(
+                "DORMANT ids: {} bytes per id allocation",
+                (held - vec) / N as isize
+            );
+            ids
+        };
+        let before = crate::test_alloc::held_by_this_thread();
+        let mut dormant = Dormant::<Bench>::new(Arc::new(DormantTotals::default()));
+        for id in &ids {
+            dormant.keep(id.clone(), Seed::default(), 0);
+        }
+        let table = (crate::test_alloc::held_by_this_thread() - before) as usize;
+        let entry = std::mem::size_of::<(EntityId, Kept<Bench>)>();
+        let state = std::mem::size_of::<Small>();
+        let encoded = Codec::Bincode.encoded_len(&Small::default()).unwrap();
+        eprintln!(
+            "DORMANT table: {} bytes per entity for {N} ({entry}-byte entries, {state} of them the state, \
+             capacity {}); encoded state {encoded} bytes; target 2 x {encoded} + 100 = {}",
+            table / N,
+            dormant.states.capacity(),
+            2 * encoded + 100
+        );
+        // The table is the entries and a control byte each, with spare capacity (at most a
+        // doubling, hashbrown's growth).
+        assert!(table / N >= entry, "{table}");
+        assert!(table / N <= 2 * (entry + 1) + 16, "{table}");
+    }
+
     /// Where a dormant entry's bytes go, beside its state (x86_64): the id (an `Arc<str>`, 16,
     /// plus its own allocation), the last outcome (24), the armed timers (an empty `BTreeMap`,
     /// 24), the command and journal sequences (16), the events since the snapshot (4, padded to

@@ -1,0 +1,53 @@
+//! The unit tests' allocator: the system's, counting the heap bytes each thread holds, so that
+//! a test can measure what a structure costs (`held_by_this_thread` before and after). Counts
+//! the bytes asked for, not the allocator's rounding.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+thread_local! {
+    static HELD: Cell<isize> = const { Cell::new(0) };
+}
+
+fn count(bytes: isize) {
+    // During a thread's teardown the counter may be gone: nothing to count then.
+    let _ = HELD.try_with(|held| held.set(held.get() + bytes));
+}
+
+/// Heap bytes allocated and not yet freed by this thread (frees of another thread's
+/// allocations count against the freeing thread).
+pub(crate) fn held_by_this_thread() -> isize {
+    HELD.with(Cell::get)
+}
+
+struct Counting;
+
+// SAFETY: every call is passed on to `System` unchanged; only a thread-local counter is added.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout.size() as isize);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count(layout.size() as isize);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        count(-(layout.size() as isize));
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count(new_size as isize - layout.size() as isize);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
