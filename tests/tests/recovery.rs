@@ -84,10 +84,104 @@ impl Entity for Tally {
             .wrapping_mul(1_000_003)
             .wrapping_add(u64::from(*key) * 100_000 + u64::from(*by));
     }
+    // No `snapshots()`: jetshard's default (on, `Snapshots::serde(1)`), which every test here
+    // relies on.
+}
+
+/// `Tally` with snapshots opted out.
+struct UnsnapshottedTally;
+
+impl Entity for UnsnapshottedTally {
+    type Command = TallyCmd;
+    type Event = TallyEvt;
+    type State = TallyState;
+    type Rejection = String;
+
+    fn decide(state: &TallyState, command: TallyCmd) -> Result<Vec<TallyEvt>, String> {
+        Tally::decide(state, command)
+    }
+
+    fn apply(state: &mut TallyState, event: &TallyEvt) {
+        Tally::apply(state, event);
+    }
 
     fn snapshots() -> Option<Snapshots<TallyState>> {
-        Some(Snapshots::serde(1))
+        None
     }
+}
+
+/// How many of `ids` have a snapshot in `entity_type`'s journal.
+async fn snapshots_of(js: &Context, entity_type: &str, partitions: u32, ids: &[String]) -> usize {
+    let names = Names::new(entity_type);
+    let journal = js.get_stream(names.journal_stream()).await.unwrap();
+    let mut found = 0;
+    for id in ids {
+        let id = EntityId::new(id).unwrap();
+        let subject = names.snapshot_subject(jetshard::partition_of(&id, partitions), &id);
+        found += usize::from(
+            journal
+                .get_last_raw_message_by_subject(&subject)
+                .await
+                .is_ok(),
+        );
+    }
+    found
+}
+
+/// Snapshots are on by default: an entity type that says nothing about them (`Tally`) leaves a
+/// snapshot of every entity that wrote events when its owner stops (the release), with no
+/// periodic ones configured; one that opts out leaves none, and both load the same states
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_are_on_by_default_and_an_opted_out_type_writes_none() {
+    init_tracing();
+    let (_server, client, js) = jetshard_tests::served().await;
+    let ids: Vec<String> = (0..6).map(|i| format!("e{i}")).collect();
+    for (entity_type, default) in [("tally", true), ("plain", false)] {
+        let config = config(entity_type, 2).snapshot_every(0).build().unwrap();
+        let add = |i: usize| TallyCmd::Add {
+            key: (i % 3) as u8,
+            by: i as u32,
+        };
+        let system = if default {
+            let sender = CommandSender::<Tally>::new(client.clone(), &config);
+            let system = start(&client, &config).await;
+            for (i, id) in ids.iter().enumerate() {
+                let outcome = sender.request_outcome(id, &add(i), ASK).await.unwrap();
+                assert!(
+                    matches!(outcome, CommandOutcome::Applied { .. }),
+                    "{outcome:?}"
+                );
+            }
+            system
+        } else {
+            let sender = CommandSender::<UnsnapshottedTally>::new(client.clone(), &config);
+            let system = ShardSystem::start::<UnsnapshottedTally>(client.clone(), config.clone())
+                .await
+                .unwrap();
+            for (i, id) in ids.iter().enumerate() {
+                let outcome = sender.request_outcome(id, &add(i), ASK).await.unwrap();
+                assert!(
+                    matches!(outcome, CommandOutcome::Applied { .. }),
+                    "{outcome:?}"
+                );
+            }
+            system
+        };
+        system.shutdown().await.unwrap();
+        let found = snapshots_of(&js, entity_type, 2, &ids).await;
+        let want = if default { ids.len() } else { 0 };
+        assert_eq!(found, want, "{entity_type}: snapshots after the release");
+    }
+    // The default type's next owner loads from the snapshots the same states.
+    let config = config("tally", 2).build().unwrap();
+    let sender = CommandSender::<Tally>::new(client.clone(), &config);
+    let want = replayed(&js, "tally").await;
+    let system = start(&client, &config).await;
+    for id in &ids {
+        assert_eq!(state_of(&sender, id).await, want[id], "{id}");
+    }
+    system.shutdown().await.unwrap();
 }
 
 fn config(entity_type: &str, partitions: u32) -> jetshard::ShardConfigBuilder {
