@@ -141,8 +141,9 @@ pub struct Options {
     /// Failover trials per pin TTL and signal.
     #[arg(long, default_value_t = 20)]
     pub failover_trials: usize,
-    /// Run the rolling deploy (part of `failover`) with the bench entity as it is elsewhere,
-    /// without snapshots: each move of a partition then loads every entity from its whole
+    /// Run the rolling deploy (part of `failover`) with the bench entity opted out of
+    /// snapshots (`UnsnapshottedBenchEntity`; the default runs it as jetshard's defaults leave
+    /// it, snapshots on): each move of a partition then loads every entity from its whole
     /// history.
     #[arg(long)]
     pub rolling_without_snapshots: bool,

@@ -63,7 +63,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Runs the rolling deploy (the nodes' entity with `snapshots`, or without); rows go to
+/// Runs the rolling deploy (the nodes' entity as jetshard's defaults leave it, snapshots on, or
+/// opted out without `snapshots`); rows go to
 /// `report`, the details are returned.
 pub async fn run(report: &mut Report, snapshots: bool) -> anyhow::Result<serde_json::Value> {
     let server = NatsServer::start().await.context("start nats-server")?;
