@@ -47,6 +47,8 @@ pub struct ShardSystem {
     events: broadcast::Sender<OwnershipEvent>,
     config: ShardConfig,
     health: Arc<HealthBoard>,
+    /// The connection the system runs on, for [`health`](Self::health).
+    client: Client,
 }
 
 impl ShardSystem {
@@ -102,8 +104,9 @@ impl ShardSystem {
             .map_err(|e| Error::jetstream(format!("open stream {}", names.journal_stream), e))?;
         let (events, _) = broadcast::channel(1024);
         let health = Arc::new(HealthBoard::new(config.partitions));
+        let client = js.client();
         let shared = Arc::new(Shared {
-            client: js.client(),
+            client: client.clone(),
             js,
             names,
             config: config.clone(),
@@ -134,6 +137,7 @@ impl ShardSystem {
             events,
             config,
             health,
+            client,
         })
     }
 
@@ -170,8 +174,10 @@ impl ShardSystem {
     /// Whether this process serves its partitions: [`Health::Ready`] once every partition it
     /// owns is serving (the others it pulls as a standby); [`Health::Degraded`] names each
     /// partition whose owner is starting, acquiring, refused, isolating, releasing or
-    /// restarting; [`Health::Stopped`] once the system has stopped. It reads what each owner
-    /// last posted and never waits on one (an acquisition runs for as long as its replay).
+    /// restarting; [`Health::Disconnected`] while its connection to the server is down (even
+    /// if it owns nothing); [`Health::Stopped`] once the system has stopped. It reads the
+    /// client's connection state and what each owner last posted, and never waits on one (an
+    /// acquisition runs for as long as its replay).
     pub fn health(&self) -> Health {
         let stopping = matches!(
             self.actor.get_status(),
@@ -182,7 +188,8 @@ impl ShardSystem {
         if stopping || self.join.is_finished() {
             return Health::Stopped;
         }
-        Health::judge(&self.health.phases())
+        let connected = self.client.connection_state() == async_nats::connection::State::Connected;
+        Health::judge(connected, &self.health.phases())
     }
 
     /// Stops gracefully: every owner finishes and acknowledges the commands in hand (within the
