@@ -233,6 +233,8 @@ struct SystemState {
     membership: Membership,
     /// The live members as last told to the crash watch (`None`: no membership, balancing off).
     members: tokio::sync::watch::Sender<Option<std::collections::BTreeSet<String>>>,
+    /// The other live members' incarnations (and nodes), as last told to the crash watch.
+    peers: tokio::sync::watch::Sender<std::collections::BTreeMap<String, String>>,
     /// Partitions this process owned at the last balancing round.
     owned: u32,
     /// Per partition: whether its standby pauses its pulls (it holds back, or it is not one of
@@ -273,6 +275,7 @@ impl<E: Entity> Actor for SystemActor<E> {
         let mut state = SystemState {
             membership: Membership::new(&shared.config.node_id, pin_ttl * 3, pin_ttl),
             members: tokio::sync::watch::Sender::new(None),
+            peers: tokio::sync::watch::Sender::new(Default::default()),
             owned: 0,
             holding: vec![false; partitions as usize],
             standing_by: vec![true; partitions as usize],
@@ -314,6 +317,7 @@ impl<E: Entity> Actor for SystemActor<E> {
                 deaths: shared.deaths.clone(),
                 watchers: shared.config.crash_watchers,
                 members: state.members.subscribe(),
+                peers: state.peers.subscribe(),
             })
             .await?;
             state.tasks.push(watch);
@@ -387,6 +391,7 @@ impl<E: Entity> Actor for SystemActor<E> {
                         node: state.shared.config.node_id.clone(),
                         owned: 0,
                         leaving: true,
+                        incarnation: Some(state.shared.incarnation.clone()),
                     };
                     publish_heartbeat(&state.shared, &leaving).await;
                 }
@@ -507,6 +512,7 @@ async fn balance(state: &mut SystemState) {
         node: config.node_id.clone(),
         owned: owned.len() as u32,
         leaving: false,
+        incarnation: Some(shared.incarnation.clone()),
     };
     publish_heartbeat(&state.shared, &heartbeat).await;
     let now = Instant::now();
@@ -533,6 +539,14 @@ async fn balance(state: &mut SystemState) {
 /// Tells the crash watch who is live, and chooses the partitions this process stands by for
 /// again, when the members changed.
 fn tell_members(state: &mut SystemState, now: Instant) {
+    let incarnations = state.membership.incarnations(now);
+    state.peers.send_if_modified(|peers| {
+        let changed = *peers != incarnations;
+        if changed {
+            *peers = incarnations;
+        }
+        changed
+    });
     let live = state.membership.live(now);
     let changed = state.members.send_if_modified(|members| {
         let changed = members.as_ref() != Some(&live);
@@ -579,10 +593,7 @@ fn tell_holding(state: &mut SystemState, now: Instant, all: bool) {
 /// Says `heartbeat` on `<t>.nodes` (core NATS, best effort: the next one follows a pin TTL
 /// later).
 async fn publish_heartbeat(shared: &Shared, heartbeat: &Heartbeat) {
-    if let Ok(body) = serde_json::to_vec(heartbeat) {
-        let subject = shared.names.membership_subject();
-        let _ = shared.client.publish(subject, body.into()).await;
-    }
+    heartbeat.publish(&shared.client, &shared.names).await;
 }
 
 async fn spawn_owner<E: Entity>(
