@@ -24,6 +24,9 @@ pub enum LedgerCmd {
     /// Aborts the process in `decide`: a command that kills whoever runs it (as a stack
     /// overflow or an allocation failure would). Only for child node processes.
     Abort,
+    /// Append `n` without checking the order, `decide` taking `ms` (a slow handler); it prints
+    /// `DECIDING <n>` on stdout as it starts, so that a test sees a child node running it.
+    Slow { n: u64, ms: u64 },
     /// Append `n` without checking the order, and through the outbox: send `Push { n }` to the
     /// ledger `to`, and publish `n` (JSON) to `sink.<n>`.
     Forward { n: u64, to: String },
@@ -70,6 +73,12 @@ impl Entity for Ledger {
             LedgerCmd::Panic => panic!("ledger told to panic"),
             LedgerCmd::Refuse => Err("refused".to_owned()),
             LedgerCmd::Abort => std::process::abort(),
+            LedgerCmd::Slow { n, ms } => {
+                println!("DECIDING {n}");
+                let _ = std::io::Write::flush(&mut std::io::stdout());
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                Ok(vec![LedgerEvt::Appended { n }])
+            }
             LedgerCmd::Forward { n, to } => {
                 effects.command("ledger", &to, &LedgerCmd::Push { n });
                 effects.publish(&format!("sink.{n}"), n.to_string());

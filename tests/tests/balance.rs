@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use jetshard::{OwnershipChange, ShardSystem};
 use jetshard_testkit::wait_until;
+use jetshard_tests::node::{Node, NodeOptions, now_ms};
 use jetshard_tests::{Scenario, id_in, init_tracing};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,4 +138,125 @@ async fn an_idle_partition_handed_off_is_taken_by_the_newcomer_without_load() {
             .state;
         assert_eq!(state, [0], "{entity}");
     }
+}
+
+/// Whether `log` (a node's stderr), past its first `from` bytes, says that the node holds its
+/// standbys back.
+fn holds_back(log: &std::path::Path, from: usize) -> bool {
+    std::fs::read(log).is_ok_and(|text| {
+        String::from_utf8_lossy(text.get(from..).unwrap_or_default())
+            .lines()
+            .any(|l| l.contains("standbys told whether to pull") && l.contains("hold_back=true"))
+    })
+}
+
+/// How long `log` is now, in bytes.
+fn log_len(log: &std::path::Path) -> usize {
+    std::fs::metadata(log).map_or(0, |m| m.len() as usize)
+}
+
+/// The partitions `node` handed off at or after `since_ms`.
+fn handed_off_since(node: &Node, since_ms: u128) -> Vec<u32> {
+    node.lines()
+        .into_iter()
+        .filter(|l| l.what == "RELEASED" && l.at_ms >= since_ms && l.text.contains("handed off"))
+        .map(|l| l.partition)
+        .collect()
+}
+
+/// The process that owns fewest is the one the others hand partitions to and the only one that
+/// pulls them (the others hold their standbys back): if it dies before it takes a partition
+/// handed off to it, nobody else pulls that partition until they count the dead process out.
+/// Its crash watchers find it gone (it owns nothing, but it is a member) and say so: the
+/// partition is taken within the pin TTL (the dead process may have been pinned) and a margin,
+/// not after the membership expiry (three pin TTLs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_handed_off_to_a_process_that_dies_before_taking_it_is_taken_within_the_pin_ttl()
+ {
+    init_tracing();
+    let partitions = 8;
+    let pin_ttl = Duration::from_secs(2);
+    let mut s = Scenario::single(partitions).await.pin_ttl(pin_ttl);
+    let entities: Vec<String> = (0..partitions).map(|p| id_in("h", p, partitions)).collect();
+    let logs = tempfile::tempdir().expect("a log directory");
+    let spec = s.node_spec(&[("RUST_LOG", "jetshard=info,jetshard::system=trace")]);
+    let mut nodes = Vec::new();
+    for id in ["a", "b"] {
+        let options = NodeOptions {
+            log_file: Some(logs.path().join(format!("{id}.log"))),
+            ..s.node_options()
+        };
+        nodes.push(Node::start_with(&s.urls_from(0), id, &spec, &options).await);
+    }
+    s.append_to_all(&entities, 0).await;
+    wait_until(Duration::from_secs(60), "a and b own 4 each", || async {
+        nodes.iter().all(|n| n.owned().len() == 4)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: {:?}",
+            nodes.iter().map(Node::owned).collect::<Vec<_>>()
+        )
+    });
+
+    // c joins; once a and b have heard it (they hold their standbys back for it: said in their
+    // logs after c started), it freezes: a and b hand it a partition each a balancing round
+    // later, which nobody takes.
+    let log_of = |id: &str| logs.path().join(format!("{id}.log"));
+    let before_c = [log_len(&log_of("a")), log_len(&log_of("b"))];
+    let mut c = s.node("c").await;
+    wait_until(Duration::from_secs(20), "a and b to hear c", || async {
+        holds_back(&log_of("a"), before_c[0]) && holds_back(&log_of("b"), before_c[1])
+    })
+    .await
+    .expect("c heard");
+    let frozen_at = now_ms();
+    c.pause();
+    wait_until(
+        Duration::from_secs(20),
+        "a or b to hand a partition off",
+        || async {
+            nodes
+                .iter()
+                .any(|n| !handed_off_since(n, frozen_at).is_empty())
+        },
+    )
+    .await
+    .expect("a hand-off");
+    c.kill().await;
+    let killed_at = now_ms();
+    s.append_to_all(&entities, 1).await;
+    let handed: Vec<u32> = nodes
+        .iter()
+        .flat_map(|n| handed_off_since(n, frozen_at))
+        .collect();
+    for &partition in &handed {
+        wait_until(
+            Duration::from_secs(30),
+            "a or b to take the partition handed off to c",
+            || async {
+                nodes
+                    .iter()
+                    .any(|n| n.acquired_after(partition, killed_at).is_some())
+            },
+        )
+        .await
+        .unwrap();
+        let taken = nodes
+            .iter()
+            .filter_map(|n| n.acquired_after(partition, killed_at))
+            .map(|l| l.at_ms)
+            .min()
+            .expect("taken");
+        let unowned_ms = taken - killed_at;
+        eprintln!(
+            "partition {partition}: handed off to c, c killed, taken {unowned_ms} ms later (pin TTL 2 s)"
+        );
+        assert!(
+            unowned_ms < (pin_ttl + Duration::from_millis(1000)).as_millis(),
+            "partition {partition} unowned for {unowned_ms} ms after c died"
+        );
+    }
+    s.check().await;
 }

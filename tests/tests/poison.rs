@@ -483,9 +483,10 @@ mod nodes {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        // It ran at most max_deliver times side by side with others, then once more alone (in
-        // isolation, which tells it from the commands around it), and never again.
-        assert!((1..=3).contains(&crashes), "{crashes} crashes");
+        // It ran at most max_deliver times side by side with others, then twice more alone (in
+        // isolation, which tells it from the commands around it; one isolated death could be a
+        // kill from outside), and never again.
+        assert!((1..=4).contains(&crashes), "{crashes} crashes");
 
         // Everything else was applied exactly once.
         let last = sender
@@ -509,6 +510,113 @@ mod nodes {
         let _node = start().await;
         let outcome = sender
             .request_outcome("x", &LedgerCmd::Push { n: 11 }, Duration::from_secs(20))
+            .await
+            .unwrap();
+        assert_applied(&outcome);
+    }
+
+    /// Whether the node's log says it runs the commands in hand one at a time (isolation).
+    fn isolating(log: &std::path::Path) -> bool {
+        std::fs::read_to_string(log).is_ok_and(|text| text.contains("running them one at a time"))
+    }
+
+    /// A crash loop: a killer command, and before it in the stream an innocent one that takes a
+    /// while, so that it is in hand (past max_deliver) at each death before isolation. The
+    /// isolated owner runs the innocent one first, alone, and is killed from outside (SIGKILL)
+    /// meanwhile: one death of an isolated owner is not proof, so the innocent command is run
+    /// again and applied once; only the killer is given up, after two isolated owners in a row
+    /// died running it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_innocent_command_whose_isolated_owner_is_killed_from_outside_is_not_given_up() {
+        init_tracing();
+        let (server, client, js) = jetshard_tests::served().await;
+        let config = ledger_config(1, "test").max_deliver(2).build().unwrap();
+        let sender = CommandSender::<Ledger>::new(client.clone(), &config);
+        let logs = tempfile::tempdir().expect("a log directory");
+        let log_of = |id: &str| logs.path().join(format!("{id}.log"));
+        let url = server.url();
+        let mut started = 0;
+        let mut start = async || {
+            started += 1;
+            let id = format!("n{started}");
+            let options = NodeOptions {
+                args: vec!["--max-deliver".into(), "2".into()],
+                log_file: Some(log_of(&id)),
+            };
+            Node::start_with(&url, &id, &spec(vec![]), &options).await
+        };
+        let mut nodes = vec![start().await, start().await];
+
+        let innocent = sender
+            .send("i", &LedgerCmd::Slow { n: 0, ms: 1500 })
+            .await
+            .unwrap();
+        let killer = sender.send("k", &LedgerCmd::Abort).await.unwrap();
+
+        let admin = Admin::new(client.clone(), "ledger");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        let mut crashes = 0;
+        let mut killed_from_outside = None;
+        let letter = loop {
+            let letters = admin.dead_letters().await.unwrap();
+            assert!(
+                !letters.iter().any(|l| l.command_seq == innocent),
+                "the innocent command was given up: {letters:?}"
+            );
+            if let Some(letter) = letters.into_iter().find(|l| l.command_seq == killer) {
+                break letter;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the killer was not given up; {crashes} crashes"
+            );
+            if killed_from_outside.is_none()
+                && let Some(node) = nodes
+                    .iter_mut()
+                    .find(|n| isolating(&log_of(&n.id)) && n.printed("DECIDING"))
+            {
+                // The isolated owner runs the innocent command alone: killed from outside.
+                node.kill().await;
+                killed_from_outside = Some(node.id.clone());
+            }
+            for node in &mut nodes {
+                if !node.is_running() {
+                    crashes += 1;
+                    *node = start().await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let killed = killed_from_outside.expect("an isolated owner killed from outside");
+        eprintln!("{killed} killed from outside; {crashes} deaths in all; {letter:?}");
+        assert!(
+            letter.reason.contains("given up before decoding")
+                && letter.reason.contains("2 owner(s) in a row died"),
+            "{letter:?}"
+        );
+        // The innocent command was applied, once.
+        wait_until(
+            Duration::from_secs(30),
+            "the innocent command applied",
+            || async {
+                read_journal(&js, "ledger").await.is_ok_and(|journal| {
+                    journal.iter().any(|r| {
+                    matches!(r, Record::Event { command_seq, .. } if *command_seq == innocent)
+                })
+                })
+            },
+        )
+        .await
+        .unwrap();
+        let journal = read_journal(&js, "ledger").await.unwrap();
+        let events = journal
+            .iter()
+            .filter(|r| matches!(r, Record::Event { command_seq, .. } if *command_seq == innocent))
+            .count();
+        assert_eq!(events, 1, "the innocent command's events");
+        // The partition serves.
+        let outcome = sender
+            .request_outcome("i", &LedgerCmd::Push { n: 1 }, Duration::from_secs(30))
             .await
             .unwrap();
         assert_applied(&outcome);

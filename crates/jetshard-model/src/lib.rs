@@ -28,6 +28,10 @@ pub struct Bugs {
     pub write_without_fence: bool,
 }
 
+/// How many isolated owners in a row must have died with a command first in hand before it is
+/// given up (`settle::ISOLATED_DEATHS`; `tests/drift.rs` holds the two equal).
+pub const ISOLATED_DEATHS: u8 = 2;
+
 /// The bounds of one model: how many processes, partitions and commands, and which faults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Config {
@@ -1030,9 +1034,9 @@ impl Ownership {
                     part.commands[c as usize].delivery == Delivery::InHand { process: q, pin };
                 // `settle::suspect`: the trial's command, after an isolated owner died running
                 // it, past max_deliver: given up before it runs.
-                let suspect = part.fence[seq as usize - 1]
-                    .trial
-                    .is_some_and(|(t, runs)| t == c && runs >= 1 && deliveries > max_deliver);
+                let suspect = part.fence[seq as usize - 1].trial.is_some_and(|(t, runs)| {
+                    t == c && runs >= ISOLATED_DEATHS && deliveries > max_deliver
+                });
                 if !suspect && poison == Some((p, c)) {
                     // It kills its process.
                     let proc = &mut s.processes[q as usize];

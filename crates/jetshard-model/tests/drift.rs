@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use jetshard_model::{Phase, STEP_DOWNS_LEFT_OUT, STEP_DOWNS_MODELLED};
+use jetshard_model::{ISOLATED_DEATHS, Phase, STEP_DOWNS_LEFT_OUT, STEP_DOWNS_MODELLED};
 
 const PHASE_RS: &str = include_str!("../../jetshard/src/runtime/owner/phase.rs");
 const SETTLE_RS: &str = include_str!("../../jetshard/src/runtime/owner/settle.rs");
@@ -78,4 +78,21 @@ fn a_phase_added_to_the_library_is_noticed() {
     let code = variants(&added, "pub(super) enum Phase<");
     assert!(code.contains("Draining"));
     assert_ne!(code, variants(PHASE_RS, "pub(super) enum Phase<"));
+}
+
+#[test]
+fn the_model_gives_a_command_up_after_as_many_isolated_deaths_as_the_library() {
+    let line = SETTLE_RS
+        .lines()
+        .find(|l| l.starts_with("pub(crate) const ISOLATED_DEATHS: u32 = "))
+        .expect("owner/settle.rs declares ISOLATED_DEATHS");
+    let value: u8 = line
+        .trim_start_matches("pub(crate) const ISOLATED_DEATHS: u32 = ")
+        .trim_end_matches(';')
+        .parse()
+        .expect("a number");
+    assert_eq!(
+        value, ISOLATED_DEATHS,
+        "owner/settle.rs's ISOLATED_DEATHS and the model's differ"
+    );
 }

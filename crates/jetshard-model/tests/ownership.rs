@@ -186,12 +186,15 @@ fn a_failing_command_is_given_up_after_max_deliver_deliveries() {
 fn a_command_that_kills_its_owners_is_isolated_and_given_up() {
     // Each run of it kills a process. With max_deliver 1: the second claim counts it and
     // isolates (trial, no run yet); the third, after the isolated owner died with it first in
-    // hand, gives it up before running it. The command after it, in hand at the same deaths,
-    // is not given up. Safety only: processes do not restart here, and when claims race
+    // hand, runs it alone again (one isolated death may be a kill from outside); the fourth,
+    // after two, gives it up before running it: four processes, and so one command (four
+    // processes and two commands take minutes; a neighbour in hand at the same deaths, not
+    // given up, is tests/tests/poison.rs's, against a real server). Safety only: processes do not restart here, and when claims race
     // (a claimant whose predecessor lost the pin alive counts no death) the command can kill
     // every process before it is counted enough: liveness needs restarts (docs/MODEL.md).
     let config = Config {
-        processes: 3,
+        processes: 4,
+        commands: 1,
         poison: Some((0, 0)),
         max_deliver: 1,
         crashes: 0,

@@ -6,7 +6,9 @@
 //! turns the phases into a verdict; it is pure, and unit-tested.
 //!
 //! Health is about this process: a partition another process owns (this one pulling as a
-//! standby, or cooling down after a hand-off) is fine here.
+//! standby, or cooling down after a hand-off) is fine here, as long as this process can reach
+//! the server. A process whose connection is down is [`Health::Disconnected`], whatever its
+//! owners last posted: a standby that cannot reach the server cannot take a partition over.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -104,13 +106,22 @@ pub enum Health {
         /// The partitions at fault, in order.
         partitions: Vec<(u32, PartitionHealth)>,
     },
+    /// The process's connection to the server is down (the client is reconnecting): it can
+    /// neither serve a partition nor take one over, whatever it owns. It says so before any
+    /// owner notices, and says it of a process that owns nothing too: a readiness probe then
+    /// holds a rolling deploy until the new process can reach the server.
+    Disconnected,
     /// The shard system has stopped (shut down, or failed beyond its restart budget).
     Stopped,
 }
 
 impl Health {
-    /// The verdict on the phases of a running system's owners (index = partition).
-    pub fn judge(phases: &[PartitionHealth]) -> Health {
+    /// The verdict on the phases of a running system's owners (index = partition), when its
+    /// connection to the server is up (`connected`); [`Health::Disconnected`] otherwise.
+    pub fn judge(connected: bool, phases: &[PartitionHealth]) -> Health {
+        if !connected {
+            return Health::Disconnected;
+        }
         let partitions: Vec<(u32, PartitionHealth)> = (0u32..)
             .zip(phases.iter().copied())
             .filter(|(_, phase)| !phase.is_fine())
@@ -167,7 +178,7 @@ mod tests {
     #[test]
     fn serving_and_standby_partitions_are_ready() {
         assert_eq!(
-            Health::judge(&[Serving, Standby, CoolingDown, Serving]),
+            Health::judge(true, &[Serving, Standby, CoolingDown, Serving]),
             Health::Ready {
                 serving: vec![0, 3]
             }
@@ -176,7 +187,17 @@ mod tests {
 
     #[test]
     fn a_process_owning_nothing_is_ready() {
-        assert!(Health::judge(&[Standby, Standby]).is_ready());
+        assert!(Health::judge(true, &[Standby, Standby]).is_ready());
+    }
+
+    #[test]
+    fn a_process_that_cannot_reach_its_server_is_not_ready_whatever_it_owns() {
+        assert_eq!(
+            Health::judge(false, &[Standby, Standby]),
+            Health::Disconnected
+        );
+        assert_eq!(Health::judge(false, &[Serving]), Health::Disconnected);
+        assert!(!Health::Disconnected.is_ready());
     }
 
     #[test]
@@ -185,7 +206,7 @@ mod tests {
             Serving, Acquiring, Refused, Isolating, Releasing, Starting, Restarting,
         ];
         assert_eq!(
-            Health::judge(&phases),
+            Health::judge(true, &phases),
             Health::Degraded {
                 partitions: vec![
                     (1, Acquiring),

@@ -47,6 +47,8 @@ pub struct ShardSystem {
     events: broadcast::Sender<OwnershipEvent>,
     config: ShardConfig,
     health: Arc<HealthBoard>,
+    /// The connection the system runs on, for [`health`](Self::health).
+    client: Client,
 }
 
 impl ShardSystem {
@@ -102,8 +104,9 @@ impl ShardSystem {
             .map_err(|e| Error::jetstream(format!("open stream {}", names.journal_stream), e))?;
         let (events, _) = broadcast::channel(1024);
         let health = Arc::new(HealthBoard::new(config.partitions));
+        let client = js.client();
         let shared = Arc::new(Shared {
-            client: js.client(),
+            client: client.clone(),
             js,
             names,
             config: config.clone(),
@@ -134,6 +137,7 @@ impl ShardSystem {
             events,
             config,
             health,
+            client,
         })
     }
 
@@ -170,8 +174,10 @@ impl ShardSystem {
     /// Whether this process serves its partitions: [`Health::Ready`] once every partition it
     /// owns is serving (the others it pulls as a standby); [`Health::Degraded`] names each
     /// partition whose owner is starting, acquiring, refused, isolating, releasing or
-    /// restarting; [`Health::Stopped`] once the system has stopped. It reads what each owner
-    /// last posted and never waits on one (an acquisition runs for as long as its replay).
+    /// restarting; [`Health::Disconnected`] while its connection to the server is down (even
+    /// if it owns nothing); [`Health::Stopped`] once the system has stopped. It reads the
+    /// client's connection state and what each owner last posted, and never waits on one (an
+    /// acquisition runs for as long as its replay).
     pub fn health(&self) -> Health {
         let stopping = matches!(
             self.actor.get_status(),
@@ -182,7 +188,8 @@ impl ShardSystem {
         if stopping || self.join.is_finished() {
             return Health::Stopped;
         }
-        Health::judge(&self.health.phases())
+        let connected = self.client.connection_state() == async_nats::connection::State::Connected;
+        Health::judge(connected, &self.health.phases())
     }
 
     /// Stops gracefully: every owner finishes and acknowledges the commands in hand (within the
@@ -226,6 +233,8 @@ struct SystemState {
     membership: Membership,
     /// The live members as last told to the crash watch (`None`: no membership, balancing off).
     members: tokio::sync::watch::Sender<Option<std::collections::BTreeSet<String>>>,
+    /// The other live members' incarnations (and nodes), as last told to the crash watch.
+    peers: tokio::sync::watch::Sender<std::collections::BTreeMap<String, String>>,
     /// Partitions this process owned at the last balancing round.
     owned: u32,
     /// Per partition: whether its standby pauses its pulls (it holds back, or it is not one of
@@ -266,6 +275,7 @@ impl<E: Entity> Actor for SystemActor<E> {
         let mut state = SystemState {
             membership: Membership::new(&shared.config.node_id, pin_ttl * 3, pin_ttl),
             members: tokio::sync::watch::Sender::new(None),
+            peers: tokio::sync::watch::Sender::new(Default::default()),
             owned: 0,
             holding: vec![false; partitions as usize],
             standing_by: vec![true; partitions as usize],
@@ -307,6 +317,7 @@ impl<E: Entity> Actor for SystemActor<E> {
                 deaths: shared.deaths.clone(),
                 watchers: shared.config.crash_watchers,
                 members: state.members.subscribe(),
+                peers: state.peers.subscribe(),
             })
             .await?;
             state.tasks.push(watch);
@@ -380,6 +391,7 @@ impl<E: Entity> Actor for SystemActor<E> {
                         node: state.shared.config.node_id.clone(),
                         owned: 0,
                         leaving: true,
+                        incarnation: Some(state.shared.incarnation.clone()),
                     };
                     publish_heartbeat(&state.shared, &leaving).await;
                 }
@@ -500,6 +512,7 @@ async fn balance(state: &mut SystemState) {
         node: config.node_id.clone(),
         owned: owned.len() as u32,
         leaving: false,
+        incarnation: Some(shared.incarnation.clone()),
     };
     publish_heartbeat(&state.shared, &heartbeat).await;
     let now = Instant::now();
@@ -526,6 +539,14 @@ async fn balance(state: &mut SystemState) {
 /// Tells the crash watch who is live, and chooses the partitions this process stands by for
 /// again, when the members changed.
 fn tell_members(state: &mut SystemState, now: Instant) {
+    let incarnations = state.membership.incarnations(now);
+    state.peers.send_if_modified(|peers| {
+        let changed = *peers != incarnations;
+        if changed {
+            *peers = incarnations;
+        }
+        changed
+    });
     let live = state.membership.live(now);
     let changed = state.members.send_if_modified(|members| {
         let changed = members.as_ref() != Some(&live);
@@ -572,10 +593,7 @@ fn tell_holding(state: &mut SystemState, now: Instant, all: bool) {
 /// Says `heartbeat` on `<t>.nodes` (core NATS, best effort: the next one follows a pin TTL
 /// later).
 async fn publish_heartbeat(shared: &Shared, heartbeat: &Heartbeat) {
-    if let Ok(body) = serde_json::to_vec(heartbeat) {
-        let subject = shared.names.membership_subject();
-        let _ = shared.client.publish(subject, body.into()).await;
-    }
+    heartbeat.publish(&shared.client, &shared.names).await;
 }
 
 async fn spawn_owner<E: Entity>(

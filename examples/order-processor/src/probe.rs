@@ -204,6 +204,7 @@ fn readiness(health: Option<Health>) -> (bool, String) {
             }
             (false, text)
         }
+        Some(Health::Disconnected) => (false, "disconnected from the server\n".to_owned()),
         Some(Health::Stopped) => (false, "stopped\n".to_owned()),
         Some(_) => (false, "unknown\n".to_owned()),
         None => (false, "no shard system running\n".to_owned()),
@@ -243,6 +244,10 @@ mod tests {
         assert_eq!(
             readiness(Some(degraded)),
             (false, "degraded\npartition 1 acquiring\n".to_owned())
+        );
+        assert_eq!(
+            readiness(Some(Health::Disconnected)),
+            (false, "disconnected from the server\n".to_owned())
         );
         assert!(!readiness(None).0);
     }

@@ -13,12 +13,12 @@
 //! partition costs do not grow with the fleet, and the partitions a process stands by for are
 //! spread evenly. While the spread is uneven (a process owns more than its fair share), the
 //! processes under their share pull every partition, so that whatever is handed off lands on
-//! one of them. When the members change (a process comes, goes or falls silent for three pin
-//! TTLs) the standbys are chosen again: a partition whose owner and standbys all died is pulled
+//! one of them. When the members change (a process comes, goes, falls silent for three pin
+//! TTLs, or is found dead by its crash watchers, who say so for it) the standbys are chosen again: a partition whose owner and standbys all died is pulled
 //! by its new standbys within three pin TTLs, and pinned by the server once its pin lapses (or
 //! at once, if a crash watch of the owner survives and unpins it).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -75,7 +75,8 @@ pub(crate) fn standing_by(
         .collect()
 }
 
-/// What a process says of itself on `<t>.nodes`.
+/// What a process says of itself on `<t>.nodes` (or a crash watch of a dead one, see
+/// [`Heartbeat::gone`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Heartbeat {
     pub(crate) node: String,
@@ -85,6 +86,36 @@ pub(crate) struct Heartbeat {
     /// lower everyone's fair share, and they would hand partitions off to each other.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) leaving: bool,
+    /// The process's incarnation (what its liveness answerer listens on, `<t>.alive.<it>`):
+    /// its crash watchers probe it, whether or not it owns anything. Absent from older
+    /// processes' heartbeats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) incarnation: Option<String>,
+}
+
+impl Heartbeat {
+    /// Said by a crash watch for `incarnation` of `node`, found dead: the others count it out
+    /// at once, as if it had left. Otherwise they would go on holding their standbys back for
+    /// it (it owned fewest) until its heartbeats expire, three pin TTLs, and a partition handed
+    /// off to it that it did not take would be pulled by nobody meanwhile.
+    pub(crate) fn gone(node: &str, incarnation: &str) -> Self {
+        Self {
+            node: node.to_owned(),
+            owned: 0,
+            leaving: true,
+            incarnation: Some(incarnation.to_owned()),
+        }
+    }
+
+    /// Publishes it on `<t>.nodes` (core NATS, best effort: the next one follows a pin TTL
+    /// later).
+    pub(crate) async fn publish(&self, client: &async_nats::Client, names: &crate::wire::Names) {
+        if let Ok(body) = serde_json::to_vec(self) {
+            let _ = client
+                .publish(names.membership_subject(), body.into())
+                .await;
+        }
+    }
 }
 
 /// The other processes heard recently.
@@ -102,6 +133,8 @@ struct Peer {
     owned: u32,
     last: Instant,
     first: Instant,
+    /// From its heartbeats, if it says it.
+    incarnation: Option<String>,
 }
 
 impl Membership {
@@ -121,16 +154,37 @@ impl Membership {
             return;
         }
         if heartbeat.leaving {
-            self.peers.remove(&heartbeat.node);
+            // Said of one incarnation (found dead), it does not count out the node's next one.
+            let same = |peer: &Peer| match (&peer.incarnation, &heartbeat.incarnation) {
+                (Some(known), Some(said)) => known == said,
+                _ => true,
+            };
+            if self.peers.get(&heartbeat.node).is_some_and(same) {
+                self.peers.remove(&heartbeat.node);
+            }
             return;
         }
         let peer = self.peers.entry(heartbeat.node).or_insert(Peer {
             owned: 0,
             last: at,
             first: at,
+            incarnation: None,
         });
         peer.owned = heartbeat.owned;
         peer.last = at;
+        if heartbeat.incarnation.is_some() {
+            peer.incarnation = heartbeat.incarnation;
+        }
+    }
+
+    /// The incarnations of the other processes heard recently (those that say theirs), each
+    /// with its node: the crash watch probes them, owning or not.
+    pub(crate) fn incarnations(&mut self, now: Instant) -> BTreeMap<String, String> {
+        self.forget_silent(now);
+        self.peers
+            .iter()
+            .filter_map(|(node, peer)| Some((peer.incarnation.clone()?, node.clone())))
+            .collect()
     }
 
     /// The processes heard recently (not silent for the expiry, not leaving), this one with
@@ -216,6 +270,7 @@ mod tests {
             node: node.into(),
             owned,
             leaving: false,
+            incarnation: None,
         }
     }
 
@@ -246,6 +301,34 @@ mod tests {
         // Counted, c makes four processes and a share of 2: b would hand one off, to a standby
         // of a as likely as to d's.
         assert_eq!(counted.shed_count(3, 8, now), 1);
+    }
+
+    #[test]
+    fn a_process_found_dead_is_counted_out_at_once_but_not_its_next_incarnation() {
+        let now = Instant::now();
+        let mut m = Membership::new("a", Duration::from_secs(6), Duration::ZERO);
+        let said = |node: &str, owned, incarnation: &str| Heartbeat {
+            incarnation: Some(incarnation.into()),
+            ..beat(node, owned)
+        };
+        m.heard(beat("b", 4), now);
+        m.heard(said("c", 0, "c-1"), now);
+        assert!(m.holds_back(4, now), "c owns fewest");
+        assert_eq!(
+            m.incarnations(now),
+            BTreeMap::from([("c-1".to_owned(), "c".to_owned())]),
+            "b says no incarnation: not probed as a member"
+        );
+        // c restarted as c-2 before the verdict on c-1 was said: c-2 stays.
+        m.heard(said("c", 0, "c-2"), now);
+        m.heard(Heartbeat::gone("c", "c-1"), now);
+        assert!(m.holds_back(4, now));
+        m.heard(Heartbeat::gone("c", "c-2"), now);
+        assert!(
+            !m.holds_back(4, now),
+            "c-2 found dead: nobody to hold back for"
+        );
+        assert!(m.incarnations(now).is_empty());
     }
 
     #[test]
@@ -287,9 +370,15 @@ mod tests {
     fn a_heartbeat_says_leaving_only_when_it_is() {
         let text = serde_json::to_string(&beat("a", 2)).unwrap_or_default();
         assert_eq!(text, r#"{"node":"a","owned":2}"#, "the wire as before");
+        let gone = serde_json::to_string(&Heartbeat::gone("a", "i1")).unwrap_or_default();
+        assert_eq!(
+            gone,
+            r#"{"node":"a","owned":0,"leaving":true,"incarnation":"i1"}"#
+        );
         let leaving: Heartbeat = serde_json::from_str(r#"{"node":"a","owned":0,"leaving":true}"#)
             .unwrap_or(beat("x", 9));
         assert!(leaving.leaving);
+        assert_eq!(leaving.incarnation, None);
     }
 
     #[test]

@@ -18,6 +18,12 @@
 //!   die with it loses its pin at the pin TTL (the server's own fallback, as without a watch),
 //!   and within the membership expiry (three pin TTLs) the survivors choose new watchers;
 //!
+//! - it also watches the members that own nothing (their heartbeats name their incarnation);
+//!   one found dead is counted out of the membership at once (`Heartbeat::gone`, said for it
+//!   on `<t>.nodes`): otherwise the others hold their standbys back for it (it owned fewest)
+//!   until its heartbeats expire, and a partition handed off to it just before it died, not
+//!   taken, is pulled by nobody meanwhile;
+//!
 //! - two "no responders" at least [`CONFIRM_GAP`](deaths::CONFIRM_GAP) apart, with no answer between them, declare
 //!   it dead: for each partition whose latest fence record (read again from the stream) still
 //!   names it, and whose consumer is still pinned to the pin that record names, it asks the
@@ -41,7 +47,7 @@ mod deaths;
 mod owners;
 mod unpin;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use async_nats::jetstream::stream::Stream;
@@ -52,6 +58,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::journal::fence::{self, FenceRecord};
+use crate::runtime::balance::Heartbeat;
 use crate::wire::{Names, PRIORITY_GROUP};
 
 pub(crate) use deaths::{Deaths, is_gone};
@@ -83,6 +90,9 @@ pub(crate) struct WatchArgs {
     /// The live processes (node names) as the membership last heard them; `None` while there
     /// is no membership (balancing off): then every owner is watched.
     pub(crate) members: watch::Receiver<Option<BTreeSet<String>>>,
+    /// The other live processes' incarnations, each with its node, as their heartbeats say:
+    /// watched whether or not they own a partition (see [`Heartbeat::gone`]).
+    pub(crate) peers: watch::Receiver<BTreeMap<String, String>>,
 }
 
 /// Starts watching the owners of the entity type's partitions (see the module docs). The
@@ -134,11 +144,15 @@ async fn run(args: WatchArgs, mut claims: async_nats::Subscriber) {
             }
             _ = tick.tick() => {
                 let members = args.members.borrow().clone();
-                for incarnation in owners.watched() {
+                let peers = args.peers.borrow().clone();
+                let owning = owners.watched();
+                let members_owning_nothing = peers.keys().filter(|i| !owning.contains(*i)).cloned();
+                for incarnation in owning.iter().cloned().chain(members_owning_nothing) {
                     if args.deaths.is_dead(&incarnation) {
                         continue;
                     }
-                    if let (Some(members), Some(node)) = (&members, owners.node_of(&incarnation))
+                    let node = owners.node_of(&incarnation).or_else(|| peers.get(&incarnation).map(String::as_str));
+                    if let (Some(members), Some(node)) = (&members, node)
                         && !watches(&args.node, node, members, args.watchers)
                     {
                         continue;
@@ -153,7 +167,16 @@ async fn run(args: WatchArgs, mut claims: async_nats::Subscriber) {
             }
             Some((incarnation, answer, at)) = answers.next(), if !answers.is_empty() => {
                 if args.deaths.heard(&incarnation, answer, at) == Verdict::Died {
+                    let member = args.peers.borrow().get(&incarnation).cloned();
+                    if let Some(node) = &member {
+                        // Before the unpins: the others stop holding their standbys back for it.
+                        tracing::info!(node = %args.node, dead = %incarnation, member = %node, "a member is gone; counting it out");
+                        Heartbeat::gone(node, &incarnation).publish(&args.client, &args.names).await;
+                    }
                     let partitions = owners.partitions_of(&incarnation);
+                    if partitions.is_empty() {
+                        continue;
+                    }
                     tracing::warn!(node = %args.node, dead = %incarnation, ?partitions, "a process that owned partitions is gone; unpinning those it still holds");
                     let unpins = partitions.iter().map(|&p| unpin_if_still_owned(&args, p, &incarnation));
                     for (partition, found) in partitions.iter().zip(futures::future::join_all(unpins).await) {

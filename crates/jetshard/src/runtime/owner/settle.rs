@@ -127,11 +127,19 @@ pub(crate) enum Effect {
 /// Local retries of unconfirmed writes back off up to this.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
+/// How many isolated owners in a row must have died with a command first in hand before it is
+/// given up. One death proves nothing: a process can be killed from outside (a node drained, an
+/// OOM kill, an operator) while it runs an innocent command alone, and that command, in hand
+/// beside the poison at every death before isolation, is past `max_deliver` as well. Two in a
+/// row, the same command running alone each time, are not chance; a command that kills its
+/// owners reaches two at the cost of one more death.
+pub(crate) const ISOLATED_DEATHS: u32 = 2;
+
 /// Whether the first command in hand at an isolated acquisition is given up before it is decoded
-/// or decided, and why: it was first in hand when an isolated owner died (`runs` times in a
-/// row), and it has been in hand for more deliveries than allowed (takeovers included).
+/// or decided, and why: it was first in hand when [`ISOLATED_DEATHS`] isolated owners in a row
+/// died (`runs`), and it has been in hand for more deliveries than allowed (takeovers included).
 pub(crate) fn suspect(runs: u32, deliveries: u64, policy: &Policy) -> Option<String> {
-    (runs >= 1 && deliveries > policy.max_deliver).then(|| {
+    (runs >= ISOLATED_DEATHS && deliveries > policy.max_deliver).then(|| {
         format!(
             "delivered {deliveries} times (takeovers included), more than max_deliver {}, and running when {runs} owner(s) in a row died: given up before decoding",
             policy.max_deliver
@@ -372,8 +380,14 @@ mod tests {
             None,
             "no owner died running it alone"
         );
-        assert_eq!(suspect(1, 3, &POLICY), None, "within the limit");
-        let reason = suspect(1, 4, &POLICY).unwrap();
+        assert_eq!(
+            suspect(1, 9, &POLICY),
+            None,
+            "one isolated owner died running it: maybe killed from outside"
+        );
+        assert_eq!(suspect(2, 3, &POLICY), None, "within the limit");
+        let reason = suspect(2, 4, &POLICY).unwrap();
         assert!(reason.contains("delivered 4 times"), "{reason}");
+        assert!(reason.contains("2 owner(s) in a row died"), "{reason}");
     }
 }
