@@ -23,6 +23,7 @@
 //! Run everything at default sizes (under 10 minutes on 2 cores) with
 //! `cargo run --release -p jetshard-bench` or `cargo bench -p jetshard-bench`.
 
+pub mod allocs;
 pub mod bare;
 pub mod bareloop;
 pub mod cluster;

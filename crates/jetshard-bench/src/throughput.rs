@@ -28,6 +28,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::Options;
+use crate::allocs::{self, Allocated};
 use crate::bare::{BareLoop, BareSettings, Knob};
 use crate::cpu::{CpuMeter, CpuSpent};
 use crate::entity::BenchEntity;
@@ -71,12 +72,24 @@ pub struct Pass {
     pub redeliveries: u64,
     /// CPU spent meanwhile.
     pub cpu: CpuSpent,
+    /// Heap allocations of this process (the client side) meanwhile.
+    pub allocated: Allocated,
 }
 
 impl Pass {
     /// Client CPU microseconds per command.
     pub fn client_us_per_command(&self, commands: usize) -> f64 {
         self.cpu.client_secs * 1e6 / commands as f64
+    }
+
+    /// Client heap allocations per command.
+    pub fn allocs_per_command(&self, commands: usize) -> f64 {
+        self.allocated.allocs as f64 / commands as f64
+    }
+
+    /// Client bytes allocated per command.
+    pub fn alloc_bytes_per_command(&self, commands: usize) -> f64 {
+        self.allocated.bytes as f64 / commands as f64
     }
 
     /// Server CPU microseconds per command.
@@ -194,6 +207,7 @@ pub async fn timed_passes_polling(
         check()?;
         let delivered_before = deliveries(control, spec.partitions).await?;
         let cpu = CpuMeter::start(server_pids);
+        let allocated = allocs::now();
         let started = Instant::now();
         gate.open().await?;
         if std::env::var_os("BENCH_DRAIN_DEBUG").is_some() {
@@ -209,6 +223,7 @@ pub async fn timed_passes_polling(
         }
         let acknowledged = (spec.commands as u64).saturating_sub(drained.remaining);
         let cpu = cpu.spent();
+        let allocated = allocs::now().since(allocated);
         let delivered = deliveries(control, spec.partitions)
             .await?
             .saturating_sub(delivered_before);
@@ -222,6 +237,7 @@ pub async fn timed_passes_polling(
             complete: drained.remaining == 0,
             redeliveries,
             cpu,
+            allocated,
         });
         if drained.remaining > 0 {
             eprintln!(
@@ -452,10 +468,11 @@ async fn knob_experiment(
             let run = drain_bare_with(spec, settings).await.context("bare loop")?;
             for (pass, p) in run.passes.iter().enumerate() {
                 eprintln!(
-                    "  pass {pass}: {:.0} cmd/s, server {:.1} us/cmd, client {:.1} us/cmd",
+                    "  pass {pass}: {:.0} cmd/s, server {:.1} us/cmd, client {:.1} us/cmd, {:.1} allocs/cmd",
                     p.rate,
                     p.server_us_per_command(spec.commands),
-                    p.client_us_per_command(spec.commands)
+                    p.client_us_per_command(spec.commands),
+                    p.allocs_per_command(spec.commands)
                 );
             }
             runs[side].push(run);
@@ -638,6 +655,20 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
                 format!("{side}, {name} pass: server CPU per command"),
                 &pass_rounds(runs, pass, &server_us),
                 "us",
+                Worse::Higher,
+            ));
+            report.rows.push(Row::over_rounds(
+                "throughput",
+                format!("{side}, {name} pass: client allocations per command"),
+                &pass_rounds(runs, pass, &|p: &Pass| p.allocs_per_command(commands)),
+                "allocs",
+                Worse::Higher,
+            ));
+            report.rows.push(Row::over_rounds(
+                "throughput",
+                format!("{side}, {name} pass: client bytes allocated per command"),
+                &pass_rounds(runs, pass, &|p: &Pass| p.alloc_bytes_per_command(commands)),
+                "bytes",
                 Worse::Higher,
             ));
         }
