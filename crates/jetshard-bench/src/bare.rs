@@ -372,9 +372,7 @@ impl PartitionWriter {
         self.js
             .send_publish(
                 subject,
-                PublishMessage::build()
-                    .payload(payload)
-                    .headers(headers),
+                PublishMessage::build().payload(payload).headers(headers),
             )
             .await
             .context("publish an event")

@@ -341,9 +341,8 @@ fn against_bareloop(
     jetshard_runs: &[DrainRun],
     commands: usize,
 ) {
-    let figures = |f: &dyn Fn(&crate::bareloop::Figure) -> f64| {
-        bareloop.iter().map(f).collect::<Vec<_>>()
-    };
+    let figures =
+        |f: &dyn Fn(&crate::bareloop::Figure) -> f64| bareloop.iter().map(f).collect::<Vec<_>>();
     let rate = Row::over_rounds(
         "throughput",
         "bareloop (independent), B-loop-pinned",
@@ -556,11 +555,10 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
                 spec.commands
             );
             let commands = spec.commands;
-            let figure = tokio::task::spawn_blocking(move || {
-                crate::bareloop::run_pinned(&binary, commands)
-            })
-            .await
-            .context("the bareloop task")??;
+            let figure =
+                tokio::task::spawn_blocking(move || crate::bareloop::run_pinned(&binary, commands))
+                    .await
+                    .context("the bareloop task")??;
             eprintln!(
                 "  bareloop: {:.0} cmd/s, server {:.1} us/cmd, client {:.1} us/cmd",
                 figure.rate, figure.server_us, figure.client_us
