@@ -441,6 +441,9 @@ pub struct Measured {
     pub jetshard_warm: f64,
 }
 
+/// A figure of a pass: its name, how it is read, its unit and which way it gets worse.
+type Figure<'a> = (&'static str, &'a dyn Fn(&Pass) -> f64, &'static str, Worse);
+
 /// An experiment on the bare loop: rounds alternate it without and with `knob` (the order
 /// swapped every other round), in one run; reports each side's warm-pass rate and CPU per
 /// command, and the ratio with / without.
@@ -484,7 +487,7 @@ async fn knob_experiment(
             .collect::<Vec<_>>()
     };
     for (pass, name) in [(0, "cold"), (1, "warm")] {
-        let figures: [(&str, &dyn Fn(&Pass) -> f64, &str, Worse); 3] = [
+        let figures: [Figure<'_>; 3] = [
             ("rate", &|p: &Pass| p.rate, "cmd/s", Worse::Lower),
             (
                 "server CPU per command",
