@@ -60,6 +60,50 @@ const PULL_HEARTBEAT: Duration = Duration::from_millis(400);
 /// Publish acknowledgements the JetStream context allows in flight: every partition's window.
 const ACKS_IN_FLIGHT: usize = 65_536;
 
+/// One difference between this loop and the independent `bareloop`, switched on for an
+/// experiment (`jetshard-bench throughput --bare-knob <knob>`: rounds alternate the loop
+/// without and with it, in one run, so that what each difference costs the server is measured
+/// against the same machine load).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+pub enum Knob {
+    /// Events carry only the server's headers (fence check and `Nats-Msg-Id`), not
+    /// `Jetshard-Generation` / `Jetshard-Command-Seq`.
+    NoJetshardHeaders,
+    /// `Nats-Msg-Id` is `e<command seq>` (as `bareloop`'s), not `<t>:<command seq>:0`.
+    ShortMsgId,
+    /// No `Nats-Msg-Id` at all (not exactly-once: the experiment only).
+    NoMsgId,
+    /// The journal's duplicate window is the server's default (2 min), not jetshard's 10 min.
+    DefaultDuplicateWindow,
+    /// The command's payload is published as the event, not decoded, decided and encoded.
+    PassPayload,
+    /// The journal holds no seed event per entity before the run.
+    NoSeed,
+    /// The drain is polled every 500 ms (not every 50 ms, 2 ms near the end).
+    SlowDrainPoll,
+    /// Each pull asks for 1,000 commands (not 500).
+    PullBatch1000,
+    /// The bare loop's consumers are not paused while the commands are pre-loaded: the loop
+    /// starts after the pre-load.
+    NoPause,
+}
+
+/// How a bare loop runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BareSettings {
+    /// Event writes in flight per partition (0: [`IN_FLIGHT`]).
+    pub in_flight: usize,
+    /// The experiment's difference, if any.
+    pub knob: Option<Knob>,
+}
+
+impl BareSettings {
+    /// Whether `knob` is switched on.
+    pub fn has(&self, knob: Knob) -> bool {
+        self.knob == Some(knob)
+    }
+}
+
 /// The server's code for a fenced write refused because another one naming the same subject
 /// is in flight (clustered streams only).
 const WRITE_IN_FLIGHT: u64 = 10164;
@@ -82,6 +126,16 @@ impl BareLoop {
         Self::start_with(client, entity_type, partitions, IN_FLIGHT).await
     }
 
+    /// [`BareLoop::start`] with `settings` (an experiment's knob).
+    pub async fn start_with_settings(
+        client: async_nats::Client,
+        entity_type: &str,
+        partitions: u32,
+        settings: BareSettings,
+    ) -> anyhow::Result<Self> {
+        Self::start_inner(client, entity_type, partitions, settings).await
+    }
+
     /// [`BareLoop::start`] with at most `in_flight` event writes in flight per partition: 1 is
     /// the serialized loop, the fastest naive loop that does not collide on a clustered journal.
     /// A write the server refuses because another fenced write of its partition is in flight
@@ -93,6 +147,24 @@ impl BareLoop {
         partitions: u32,
         in_flight: usize,
     ) -> anyhow::Result<Self> {
+        let settings = BareSettings {
+            in_flight,
+            knob: None,
+        };
+        Self::start_inner(client, entity_type, partitions, settings).await
+    }
+
+    async fn start_inner(
+        client: async_nats::Client,
+        entity_type: &str,
+        partitions: u32,
+        settings: BareSettings,
+    ) -> anyhow::Result<Self> {
+        let in_flight = if settings.in_flight == 0 {
+            IN_FLIGHT
+        } else {
+            settings.in_flight
+        };
         let js = jetstream::ContextBuilder::new()
             .timeout(Duration::from_secs(10))
             .max_ack_inflight(ACKS_IN_FLIGHT)
@@ -120,6 +192,7 @@ impl BareLoop {
                 codec: Codec::default(),
                 in_flight: in_flight.max(1),
                 refused: refused.clone(),
+                settings,
             };
             tasks.push(tokio::spawn(Arc::new(writer).run(consumer)));
         }
@@ -181,13 +254,18 @@ struct PartitionWriter {
     codec: Codec,
     in_flight: usize,
     refused: Arc<AtomicU64>,
+    settings: BareSettings,
 }
 
 impl PartitionWriter {
     async fn run(self: Arc<Self>, consumer: PullConsumer) -> anyhow::Result<()> {
         let mut messages = consumer
             .stream()
-            .max_messages_per_batch(PULL_BATCH)
+            .max_messages_per_batch(if self.settings.has(Knob::PullBatch1000) {
+                1000
+            } else {
+                PULL_BATCH
+            })
             .expires(PULL_EXPIRES)
             .heartbeat(PULL_HEARTBEAT)
             .group(PRIORITY_GROUP)
@@ -262,29 +340,39 @@ impl PartitionWriter {
         let id = Names::entity_of_subject(&message.subject)
             .and_then(|id| EntityId::new(id).ok())
             .context("a command subject without a valid entity id")?;
-        let command: BenchCmd = self
-            .codec
-            .decode(&message.payload)
-            .context("decode a command")?;
-        let events = BenchEntity::decide(&BenchState::default(), command)
-            .map_err(|rejection| anyhow!("rejected: {rejection}"))?;
-        let event = events
-            .first()
-            .context("the bench command decided no event")?;
-        let payload = self.codec.encode(event).context("encode an event")?;
+        let payload = if self.settings.has(Knob::PassPayload) {
+            message.payload.clone()
+        } else {
+            let command: BenchCmd = self
+                .codec
+                .decode(&message.payload)
+                .context("decode a command")?;
+            let events = BenchEntity::decide(&BenchState::default(), command)
+                .map_err(|rejection| anyhow!("rejected: {rejection}"))?;
+            let event = events
+                .first()
+                .context("the bench command decided no event")?;
+            self.codec.encode(event).context("encode an event")?.into()
+        };
         let mut headers = HeaderMap::new();
-        headers.insert(HDR_GENERATION, "1");
+        if !self.settings.has(Knob::NoJetshardHeaders) {
+            headers.insert(HDR_GENERATION, "1");
+        }
         headers.insert(HDR_EXPECTED_SUBJECT_SEQ, self.fence_seq.as_str());
         headers.insert(HDR_EXPECTED_SUBJECT, self.fence_subject.as_str());
-        headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
-        headers.insert(HDR_MSG_ID, self.names.event_msg_id(command_seq, 0));
+        if !self.settings.has(Knob::NoJetshardHeaders) {
+            headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
+        }
+        if self.settings.has(Knob::ShortMsgId) {
+            headers.insert(HDR_MSG_ID, format!("e{command_seq}"));
+        } else if !self.settings.has(Knob::NoMsgId) {
+            headers.insert(HDR_MSG_ID, self.names.event_msg_id(command_seq, 0));
+        }
         let subject = self.names.event_subject(self.partition, &id);
         self.js
             .send_publish(
                 subject,
-                PublishMessage::build()
-                    .payload(payload.into())
-                    .headers(headers),
+                PublishMessage::build().payload(payload).headers(headers),
             )
             .await
             .context("publish an event")

@@ -23,7 +23,9 @@
 //! Run everything at default sizes (under 10 minutes on 2 cores) with
 //! `cargo run --release -p jetshard-bench` or `cargo bench -p jetshard-bench`.
 
+pub mod allocs;
 pub mod bare;
+pub mod bareloop;
 pub mod cluster;
 pub mod cpu;
 pub mod entity;
@@ -99,6 +101,15 @@ pub struct Options {
     /// profiling the baseline, or comparing it with another loop).
     #[arg(long)]
     pub bare_only: bool,
+    /// Throughput: the independent `bareloop` binary (built in its own directory,
+    /// `/work/shared/tools/bareloop`), run every round beside the bench's bare loop; the bench's
+    /// loop is checked against its `B-loop-pinned` figure (within 10%).
+    #[arg(long, env = "BARELOOP_BIN")]
+    pub bareloop: Option<PathBuf>,
+    /// Throughput: instead of the scenario, an experiment on the bare loop alone: rounds
+    /// alternate it without and with this difference from the independent `bareloop`.
+    #[arg(long, value_enum)]
+    pub bare_knob: Option<bare::Knob>,
     /// Throughput: jetshard's `pull_batch` (default: jetshard's default, 256).
     #[arg(long)]
     pub pull_batch: Option<u32>,

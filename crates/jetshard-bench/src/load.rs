@@ -210,6 +210,17 @@ pub async fn drain(
     entity_type: &str,
     time_box: Duration,
 ) -> anyhow::Result<Drain> {
+    drain_polling(client, entity_type, time_box, None).await
+}
+
+/// [`drain`] polling every `poll` throughout (`None`: every [`DRAIN_POLL`], every
+/// [`DRAIN_POLL_NEAR_END`] near the end).
+pub async fn drain_polling(
+    client: &async_nats::Client,
+    entity_type: &str,
+    time_box: Duration,
+    poll: Option<Duration>,
+) -> anyhow::Result<Drain> {
     let js = jetstream::new(client.clone());
     let name = jetshard::wire::Names::new(entity_type)
         .command_stream()
@@ -234,7 +245,9 @@ pub async fn drain(
         }
         let at_start = *at_start.get_or_insert(info.state.messages);
         let near_end = (info.state.messages as f64) < at_start as f64 * DRAIN_NEAR_END;
-        tokio::time::sleep(if near_end {
+        tokio::time::sleep(if let Some(poll) = poll {
+            poll
+        } else if near_end {
             DRAIN_POLL_NEAR_END
         } else {
             DRAIN_POLL

@@ -28,7 +28,8 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::Options;
-use crate::bare::BareLoop;
+use crate::allocs::{self, Allocated};
+use crate::bare::{BareLoop, BareSettings, Knob};
 use crate::cpu::{CpuMeter, CpuSpent};
 use crate::entity::BenchEntity;
 use crate::load::{self, CommandPublisher, Gate};
@@ -71,12 +72,24 @@ pub struct Pass {
     pub redeliveries: u64,
     /// CPU spent meanwhile.
     pub cpu: CpuSpent,
+    /// Heap allocations of this process (the client side) meanwhile.
+    pub allocated: Allocated,
 }
 
 impl Pass {
     /// Client CPU microseconds per command.
     pub fn client_us_per_command(&self, commands: usize) -> f64 {
         self.cpu.client_secs * 1e6 / commands as f64
+    }
+
+    /// Client heap allocations per command.
+    pub fn allocs_per_command(&self, commands: usize) -> f64 {
+        self.allocated.allocs as f64 / commands as f64
+    }
+
+    /// Client bytes allocated per command.
+    pub fn alloc_bytes_per_command(&self, commands: usize) -> f64 {
+        self.allocated.bytes as f64 / commands as f64
     }
 
     /// Server CPU microseconds per command.
@@ -128,18 +141,36 @@ pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<DrainRun> {
 
 /// Drains through the bare loop in this process, on streams provisioned by jetshard.
 pub async fn drain_bare(spec: DrainSpec) -> anyhow::Result<DrainRun> {
+    drain_bare_with(spec, BareSettings::default()).await
+}
+
+/// [`drain_bare`] with an experiment's settings.
+pub async fn drain_bare_with(spec: DrainSpec, settings: BareSettings) -> anyhow::Result<DrainRun> {
     let server = NatsServer::start().await.context("start nats-server")?;
     let control = server.connect().await?;
-    let config = ShardConfig::builder(ENTITY_TYPE)
+    let mut config = ShardConfig::builder(ENTITY_TYPE)
         .partitions(spec.partitions)
         .node_id("provision")
-        .max_ack_pending(crate::bare::MAX_ACK_PENDING)
-        .build()?;
-    load::provision(server.connect().await?, config).await?;
-    load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
-    let bare = BareLoop::start(server.connect().await?, ENTITY_TYPE, spec.partitions).await?;
+        .max_ack_pending(crate::bare::MAX_ACK_PENDING);
+    if settings.has(Knob::DefaultDuplicateWindow) {
+        config = config.duplicate_window(Duration::from_secs(120));
+    }
+    load::provision(server.connect().await?, config.build()?).await?;
+    if !settings.has(Knob::NoSeed) {
+        load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
+    }
+    let bare = BareLoop::start_with_settings(
+        server.connect().await?,
+        ENTITY_TYPE,
+        spec.partitions,
+        settings,
+    )
+    .await?;
     let pids: Vec<u32> = server.pid().into_iter().collect();
-    let passes = timed_passes(&pids, &control, spec, || bare.check()).await;
+    let poll = settings
+        .has(Knob::SlowDrainPoll)
+        .then_some(Duration::from_millis(500));
+    let passes = timed_passes_polling(&pids, &control, spec, poll, || bare.check()).await;
     bare.stop().await?;
     Ok(DrainRun {
         passes: passes?,
@@ -154,6 +185,17 @@ pub async fn timed_passes(
     spec: DrainSpec,
     check: impl Fn() -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Pass>> {
+    timed_passes_polling(server_pids, control, spec, None, check).await
+}
+
+/// [`timed_passes`] with the drain polled every `poll` (`None`: [`load::drain`]'s).
+pub async fn timed_passes_polling(
+    server_pids: &[u32],
+    control: &async_nats::Client,
+    spec: DrainSpec,
+    poll: Option<Duration>,
+    check: impl Fn() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Pass>> {
     let gate = Gate::new(control.clone(), ENTITY_TYPE, spec.partitions);
     let publisher = CommandPublisher::new(control.clone(), ENTITY_TYPE, spec.entities);
     let mut passes = Vec::new();
@@ -165,12 +207,13 @@ pub async fn timed_passes(
         check()?;
         let delivered_before = deliveries(control, spec.partitions).await?;
         let cpu = CpuMeter::start(server_pids);
+        let allocated = allocs::now();
         let started = Instant::now();
         gate.open().await?;
         if std::env::var_os("BENCH_DRAIN_DEBUG").is_some() {
             eprintln!("pass {pass} opened at {:?}", std::time::SystemTime::now());
         }
-        let drained = load::drain(control, ENTITY_TYPE, spec.time_box).await?;
+        let drained = load::drain_polling(control, ENTITY_TYPE, spec.time_box, poll).await?;
         let secs = drained.at.duration_since(started).as_secs_f64();
         if std::env::var_os("BENCH_DRAIN_DEBUG").is_some() {
             eprintln!(
@@ -180,6 +223,7 @@ pub async fn timed_passes(
         }
         let acknowledged = (spec.commands as u64).saturating_sub(drained.remaining);
         let cpu = cpu.spent();
+        let allocated = allocs::now().since(allocated);
         let delivered = deliveries(control, spec.partitions)
             .await?
             .saturating_sub(delivered_before);
@@ -193,6 +237,7 @@ pub async fn timed_passes(
             complete: drained.remaining == 0,
             redeliveries,
             cpu,
+            allocated,
         });
         if drained.remaining > 0 {
             eprintln!(
@@ -285,11 +330,205 @@ async fn deliveries(control: &async_nats::Client, partitions: u32) -> anyhow::Re
     Ok(total)
 }
 
+/// The rows that set the bench's bare loop and jetshard against the independent `bareloop`
+/// run in the same rounds, with issue 22's targets: the bench's loop within 10% of it (rate
+/// and server CPU per command); jetshard warm >= 0.8 x its rate, cold >= 0.7 x, server CPU
+/// per command <= 1.2 x its, client CPU per command <= 2 x its.
+fn against_bareloop(
+    report: &mut Report,
+    bareloop: &[crate::bareloop::Figure],
+    bare_runs: &[DrainRun],
+    jetshard_runs: &[DrainRun],
+    commands: usize,
+) {
+    let figures =
+        |f: &dyn Fn(&crate::bareloop::Figure) -> f64| bareloop.iter().map(f).collect::<Vec<_>>();
+    let rate = Row::over_rounds(
+        "throughput",
+        "bareloop (independent), B-loop-pinned",
+        &figures(&|f| f.rate),
+        "cmd/s",
+        Worse::Lower,
+    );
+    let server = Row::over_rounds(
+        "throughput",
+        "bareloop (independent): server CPU per command",
+        &figures(&|f| f.server_us),
+        "us",
+        Worse::Higher,
+    );
+    let client = Row::over_rounds(
+        "throughput",
+        "bareloop (independent): client CPU per command",
+        &figures(&|f| f.client_us),
+        "us",
+        Worse::Higher,
+    );
+    let (rate_base, server_base, client_base) = (rate.value, server.value, client.value);
+    report.rows.extend([rate, server, client]);
+    let pass_rounds = |runs: &[DrainRun], pass: usize, f: &dyn Fn(&Pass) -> f64| {
+        runs.iter()
+            .filter_map(|r| r.passes.get(pass).map(f))
+            .collect::<Vec<_>>()
+    };
+    let rate_of = |p: &Pass| p.rate;
+    let server_of = |p: &Pass| p.server_us_per_command(commands);
+    let client_of = |p: &Pass| p.client_us_per_command(commands);
+    if !bare_runs.is_empty() {
+        let row = Row::over_rounds(
+            "throughput",
+            "bench bare loop, warm, against bareloop",
+            &pass_rounds(bare_runs, 1, &rate_of),
+            "cmd/s",
+            Worse::Lower,
+        )
+        .against(rate_base);
+        let met = row.ratio.is_some_and(|r| (0.9..=1.1).contains(&r));
+        report.rows.push(row.target("within 10% of bareloop", met));
+        let row = Row::over_rounds(
+            "throughput",
+            "bench bare loop, warm: server CPU per command against bareloop's",
+            &pass_rounds(bare_runs, 1, &server_of),
+            "us",
+            Worse::Higher,
+        )
+        .against(server_base);
+        let met = row.ratio.is_some_and(|r| (0.9..=1.1).contains(&r));
+        report.rows.push(row.target("within 10% of bareloop", met));
+    }
+    if !jetshard_runs.is_empty() {
+        for (pass, name, target) in [(1, "warm", 0.8), (0, "cold", 0.7)] {
+            let row = Row::over_rounds(
+                "throughput",
+                format!("jetshard, {name}, against bareloop"),
+                &pass_rounds(jetshard_runs, pass, &rate_of),
+                "cmd/s",
+                Worse::Lower,
+            )
+            .against(rate_base);
+            let met = row.ratio.is_some_and(|r| r >= target);
+            report
+                .rows
+                .push(row.target(format!(">= {target} x bareloop"), met));
+        }
+        let row = Row::over_rounds(
+            "throughput",
+            "jetshard, warm: server CPU per command against bareloop's",
+            &pass_rounds(jetshard_runs, 1, &server_of),
+            "us",
+            Worse::Higher,
+        )
+        .against(server_base);
+        let met = row.ratio.is_some_and(|r| r <= 1.2);
+        report.rows.push(row.target("<= 1.2 x bareloop", met));
+        let row = Row::over_rounds(
+            "throughput",
+            "jetshard, warm: client CPU per command against bareloop's",
+            &pass_rounds(jetshard_runs, 1, &client_of),
+            "us",
+            Worse::Higher,
+        )
+        .against(client_base);
+        let met = row.ratio.is_some_and(|r| r <= 2.0);
+        report.rows.push(row.target("<= 2 x bareloop", met));
+    }
+}
+
 /// The figures later scenarios build on.
 #[derive(Debug, Clone, Copy)]
 pub struct Measured {
     /// jetshard's warm drain rate, commands/s.
     pub jetshard_warm: f64,
+}
+
+/// A figure of a pass: its name, how it is read, its unit and which way it gets worse.
+type Figure<'a> = (&'static str, &'a dyn Fn(&Pass) -> f64, &'static str, Worse);
+
+/// An experiment on the bare loop: rounds alternate it without and with `knob` (the order
+/// swapped every other round), in one run; reports each side's warm-pass rate and CPU per
+/// command, and the ratio with / without.
+async fn knob_experiment(
+    options: &Options,
+    spec: DrainSpec,
+    knob: Knob,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let mut runs: [Vec<DrainRun>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..options.rounds {
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for side in order {
+            let settings = BareSettings {
+                in_flight: 0,
+                knob: (side == 1).then_some(knob),
+            };
+            eprintln!(
+                "bare-loop experiment {knob:?}, round {}/{}: knob {}",
+                round + 1,
+                options.rounds,
+                if side == 1 { "on" } else { "off" }
+            );
+            let run = drain_bare_with(spec, settings).await.context("bare loop")?;
+            for (pass, p) in run.passes.iter().enumerate() {
+                eprintln!(
+                    "  pass {pass}: {:.0} cmd/s, server {:.1} us/cmd, client {:.1} us/cmd, {:.1} allocs/cmd",
+                    p.rate,
+                    p.server_us_per_command(spec.commands),
+                    p.client_us_per_command(spec.commands),
+                    p.allocs_per_command(spec.commands)
+                );
+            }
+            runs[side].push(run);
+        }
+    }
+    let commands = spec.commands;
+    let pass_rounds = |runs: &[DrainRun], pass: usize, f: &dyn Fn(&Pass) -> f64| {
+        runs.iter()
+            .filter_map(|r| r.passes.get(pass).map(f))
+            .collect::<Vec<_>>()
+    };
+    for (pass, name) in [(0, "cold"), (1, "warm")] {
+        let figures: [Figure<'_>; 3] = [
+            ("rate", &|p: &Pass| p.rate, "cmd/s", Worse::Lower),
+            (
+                "server CPU per command",
+                &|p: &Pass| p.server_us_per_command(commands),
+                "us",
+                Worse::Higher,
+            ),
+            (
+                "client CPU per command",
+                &|p: &Pass| p.client_us_per_command(commands),
+                "us",
+                Worse::Higher,
+            ),
+        ];
+        for (what, f, unit, worse) in figures {
+            let off = Row::over_rounds(
+                "bare-knob",
+                format!("bare loop, {name} pass, {what}"),
+                &pass_rounds(&runs[0], pass, f),
+                unit,
+                worse,
+            );
+            let base = off.value;
+            report.rows.push(off);
+            report.rows.push(
+                Row::over_rounds(
+                    "bare-knob",
+                    format!("bare loop with {knob:?}, {name} pass, {what}"),
+                    &pass_rounds(&runs[1], pass, f),
+                    unit,
+                    worse,
+                )
+                .against(base),
+            );
+        }
+    }
+    report.details.insert(
+        format!("bare_knob_{knob:?}").to_lowercase(),
+        json!({ "spec": spec, "knob": knob, "off": runs[0], "on": runs[1] }),
+    );
+    Ok(())
 }
 
 /// Scenario 1.
@@ -303,9 +542,32 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
         pull_batch: options.pull_batch,
         max_ack_pending: options.max_ack_pending,
     };
+    if let Some(knob) = options.bare_knob {
+        knob_experiment(options, spec, knob, report).await?;
+        return Ok(Measured { jetshard_warm: 0.0 });
+    }
     let mut bare_runs = Vec::new();
     let mut jetshard_runs = Vec::new();
+    let mut bareloop_runs = Vec::new();
     for round in 0..options.rounds {
+        if let Some(binary) = options.bareloop.clone() {
+            eprintln!(
+                "throughput round {}/{}: bareloop B-loop-pinned, {} commands",
+                round + 1,
+                options.rounds,
+                spec.commands
+            );
+            let commands = spec.commands;
+            let figure =
+                tokio::task::spawn_blocking(move || crate::bareloop::run_pinned(&binary, commands))
+                    .await
+                    .context("the bareloop task")??;
+            eprintln!(
+                "  bareloop: {:.0} cmd/s, server {:.1} us/cmd, client {:.1} us/cmd",
+                figure.rate, figure.server_us, figure.client_us
+            );
+            bareloop_runs.push(figure);
+        }
         eprintln!(
             "throughput round {}/{}: bare loop, {} commands",
             round + 1,
@@ -396,7 +658,24 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
                 "us",
                 Worse::Higher,
             ));
+            report.rows.push(Row::over_rounds(
+                "throughput",
+                format!("{side}, {name} pass: client allocations per command"),
+                &pass_rounds(runs, pass, &|p: &Pass| p.allocs_per_command(commands)),
+                "allocs",
+                Worse::Higher,
+            ));
+            report.rows.push(Row::over_rounds(
+                "throughput",
+                format!("{side}, {name} pass: client bytes allocated per command"),
+                &pass_rounds(runs, pass, &|p: &Pass| p.alloc_bytes_per_command(commands)),
+                "bytes",
+                Worse::Higher,
+            ));
         }
+    }
+    if !bareloop_runs.is_empty() {
+        against_bareloop(report, &bareloop_runs, &bare_runs, &jetshard_runs, commands);
     }
     let fresh = if options.fresh_entities > 0 && !options.jetshard_only && !options.bare_only {
         eprintln!(
@@ -441,7 +720,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
     };
     report.details.insert(
         "throughput".to_owned(),
-        json!({ "spec": spec, "bare": bare_runs, "jetshard": jetshard_runs, "fresh_entities": fresh }),
+        json!({ "spec": spec, "bare": bare_runs, "jetshard": jetshard_runs, "bareloop": bareloop_runs, "fresh_entities": fresh }),
     );
     Ok(Measured { jetshard_warm })
 }

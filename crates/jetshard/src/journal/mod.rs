@@ -14,7 +14,8 @@ pub(crate) mod server;
 pub(crate) mod write;
 
 pub(crate) use read::{
-    Record, SnapshotRecord, StoredEvent, TimerRecord, last_sequence, latest_snapshot, replay,
+    Record, SnapshotRecord, StoredEvent, TimerRecord, last_sequence, last_sequence_with,
+    latest_snapshot, replay, replay_with,
 };
 pub(crate) use server::{WriteError, server_error_code};
 pub(crate) use write::{Attached, JournalWriter};

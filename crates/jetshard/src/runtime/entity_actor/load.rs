@@ -45,6 +45,7 @@ pub(super) async fn revive<E: Entity>(
     let dead_letters = context.names.entity_dead_letters(partition, id);
     let timers = context.names.timer_subject(partition, id);
     let mut seed = Seed::<E>::default();
+    let direct = context.direct_reads;
     // Records of commands up to `covered` are in the snapshot; those after `from` are read.
     let (mut from, mut covered) = (1, None);
     // The four reads side by side: an entity's first command waits for one round trip, not
@@ -61,9 +62,9 @@ pub(super) async fn revive<E: Entity>(
     };
     let (latest, events_end, dead_letters_end, timers_end) = futures::try_join!(
         snapshot,
-        journal::last_sequence(&context.journal_stream, &events),
-        journal::last_sequence(&context.journal_stream, &dead_letters),
-        journal::last_sequence(&context.journal_stream, &timers),
+        journal::last_sequence_with(&context.journal_stream, &events, direct),
+        journal::last_sequence_with(&context.journal_stream, &dead_letters, direct),
+        journal::last_sequence_with(&context.journal_stream, &timers, direct),
     )
     .map_err(unreadable)?;
     if let (Some(snapshots), Some((snapshot_seq, snapshot))) = (snapshots, latest) {
@@ -92,16 +93,24 @@ pub(super) async fn revive<E: Entity>(
         (timers, timers_end),
     ];
     for (filter, end) in reads {
-        let read = journal::replay(&context.journal_stream, filter, from, end, |stored| {
-            if covered.is_some_and(|c| stored.command_seq <= c) || stored.entity != id.as_str() {
-                return Ok(());
-            }
-            match &mut quarantine {
-                None => quarantine = seed.replay(id.as_str(), &stored, codec).err(),
-                Some(q) => q.last_command_seq = q.last_command_seq.max(stored.command_seq),
-            }
-            Ok(())
-        })
+        let read = journal::replay_with(
+            &context.journal_stream,
+            filter,
+            from,
+            end,
+            direct,
+            |stored| {
+                if covered.is_some_and(|c| stored.command_seq <= c) || stored.entity != id.as_str()
+                {
+                    return Ok(());
+                }
+                match &mut quarantine {
+                    None => quarantine = seed.replay(id.as_str(), &stored, codec).err(),
+                    Some(q) => q.last_command_seq = q.last_command_seq.max(stored.command_seq),
+                }
+                Ok(())
+            },
+        )
         .await;
         read.map_err(unreadable)?;
     }

@@ -152,6 +152,9 @@ pub(crate) struct EntityContext {
     pub(crate) partition: u32,
     pub(crate) journal: JournalWriter,
     pub(crate) journal_stream: Stream<()>,
+    /// Whether entity loads read the journal with direct gets (a single-replica journal:
+    /// `journal::last_sequence_with`).
+    pub(crate) direct_reads: bool,
     /// For answers to state queries.
     pub(crate) client: async_nats::Client,
     pub(crate) names: Arc<Names>,

@@ -1,0 +1,70 @@
+//! A counting global allocator: the bench binaries install [`Counting`] so that a pass can
+//! report the client's heap allocations and bytes per command (issue 22's allocation diet).
+//! It wraps the system allocator (glibc's, so `cpu::heap_in_use_bytes` still reads it) and adds
+//! two relaxed atomic increments per allocation.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// The system allocator, counting allocations (reallocations count as one) and bytes asked for.
+pub struct Counting;
+
+// SAFETY: every call is forwarded to `System` unchanged; the counters have no effect on memory.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: the caller's contract is `System`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Allocations and bytes allocated so far by this process (zero unless [`Counting`] is the
+/// global allocator).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Allocated {
+    /// Allocations (and reallocations).
+    pub allocs: u64,
+    /// Bytes asked for.
+    pub bytes: u64,
+}
+
+/// The counters now.
+pub fn now() -> Allocated {
+    Allocated {
+        allocs: ALLOCS.load(Ordering::Relaxed),
+        bytes: BYTES.load(Ordering::Relaxed),
+    }
+}
+
+impl Allocated {
+    /// What was allocated since `earlier`.
+    pub fn since(self, earlier: Allocated) -> Allocated {
+        Allocated {
+            allocs: self.allocs.saturating_sub(earlier.allocs),
+            bytes: self.bytes.saturating_sub(earlier.bytes),
+        }
+    }
+}
