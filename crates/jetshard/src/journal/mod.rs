@@ -7,6 +7,7 @@
 //! telemetry, retry). What it needs to know of the runtime comes in as a narrow trait
 //! ([`fence::Liveness`]).
 
+pub(crate) mod compact;
 pub(crate) mod fence;
 pub(crate) mod group_commit;
 pub(crate) mod read;
