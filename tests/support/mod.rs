@@ -73,12 +73,24 @@ use jetshard::{ShardConfig, ShardSystem};
 /// every [`snapshot_every`] events (so every suite of the ledger, chaos and cluster included,
 /// runs with snapshots and loads entities from them).
 pub fn ledger_config(partitions: u32, node: &str) -> jetshard::ShardConfigBuilder {
-    config("ledger", partitions, node)
+    let config = match compaction_interval() {
+        Some(interval) => config("ledger", partitions, node).compaction_interval(interval),
+        None => config("ledger", partitions, node).compaction(false),
+    };
+    config
         .codec(jetshard::Codec::Json)
         .retry_delay(Duration::from_millis(50))
         .snapshot_every(snapshot_every())
         .crash_watchers(env_or("JETSHARD_CRASH_WATCHERS", 3))
         .standbys(env_or("JETSHARD_STANDBYS", 2))
+}
+
+/// The ledger's background compaction interval: `JETSHARD_COMPACTION_MS`, default none (off): the
+/// history checker reads the whole journal, so only the tests that check a mirror of it
+/// ([`Scenario::mirror_journal`]) compact.
+pub fn compaction_interval() -> Option<Duration> {
+    let ms = env_or("JETSHARD_COMPACTION_MS", 0);
+    (ms > 0).then(|| Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
 }
 
 /// A number from the environment (the scale-out tests set the watchers and standbys of their

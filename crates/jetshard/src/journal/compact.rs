@@ -495,9 +495,18 @@ mod tests {
             written: t0 + Duration::from_secs(at),
         };
         let rows = [row(5, 1, 0), row(6, 2, 10), row(7, 3, 20)];
-        assert_eq!(dead_letters_below(&rows, t0 + Duration::from_secs(15), 10), Some(7));
-        assert_eq!(dead_letters_below(&rows, t0 + Duration::from_secs(15), 1), Some(6));
+        assert_eq!(
+            dead_letters_below(&rows, t0 + Duration::from_secs(15), 10),
+            Some(7)
+        );
+        assert_eq!(
+            dead_letters_below(&rows, t0 + Duration::from_secs(15), 1),
+            Some(6)
+        );
         assert_eq!(dead_letters_below(&rows, t0, 10), None);
-        assert_eq!(dead_letters_below(&rows, t0 + Duration::from_secs(99), 10), Some(8));
+        assert_eq!(
+            dead_letters_below(&rows, t0 + Duration::from_secs(99), 10),
+            Some(8)
+        );
     }
 }

@@ -15,7 +15,8 @@ pub(crate) mod server;
 pub(crate) mod write;
 
 pub(crate) use read::{
-    Record, SnapshotRecord, StoredEvent, TimerRecord, first_sequence, last_sequence, latest_snapshot, replay,
+    Record, SnapshotRecord, StoredEvent, TimerRecord, first_sequence, last_sequence,
+    latest_snapshot, replay,
 };
 pub(crate) use server::{WriteError, server_error_code};
 pub(crate) use write::{Attached, JournalWriter};

@@ -258,7 +258,10 @@ fn take_record(
 
 /// The journal sequence of the first record on `subject` (a compaction purges from the
 /// front), `None` if there is none.
-pub(crate) async fn first_sequence(journal: &Stream<()>, subject: &str) -> Result<Option<u64>, Error> {
+pub(crate) async fn first_sequence(
+    journal: &Stream<()>,
+    subject: &str,
+) -> Result<Option<u64>, Error> {
     let found = journal
         .raw_message_builder()
         .sequence(1)
@@ -268,7 +271,10 @@ pub(crate) async fn first_sequence(journal: &Stream<()>, subject: &str) -> Resul
     match found {
         Ok(message) => Ok(Some(message.sequence)),
         Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
-        Err(e) => Err(Error::jetstream(format!("read the first record on {subject}"), e)),
+        Err(e) => Err(Error::jetstream(
+            format!("read the first record on {subject}"),
+            e,
+        )),
     }
 }
 
