@@ -79,6 +79,8 @@ pub(crate) async fn plan(
         ..Plan::default()
     };
     let snapshots = names.partition_snapshots(partition);
+    // An entity snapshotted several times since the last plan is purged once, to its latest.
+    let mut covered_to: BTreeMap<String, u64> = BTreeMap::new();
     scan_headers(journal, &snapshots, rules.snapshots_from, |row| {
         plan.snapshots_next = row.seq + 1;
         let upto = header_u64(row.headers, HDR_SNAPSHOT_UPTO);
@@ -88,14 +90,17 @@ pub(crate) async fn plan(
         {
             plan.snapshots += 1;
             for subject in covered {
-                plan.purges.push(Purge {
-                    subject,
-                    below: upto + 1,
-                });
+                let below = covered_to.entry(subject).or_default();
+                *below = (*below).max(upto + 1);
             }
         }
     })
     .await?;
+    plan.purges.extend(
+        covered_to
+            .into_iter()
+            .map(|(subject, below)| Purge { subject, below }),
+    );
     {
         let outbox = names.outbox_subject(partition);
         let mut rows = Vec::new();
