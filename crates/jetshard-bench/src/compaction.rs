@@ -26,7 +26,7 @@ use serde_json::json;
 use crate::Options;
 use crate::entity::{BenchEvt, BenchState, entity_id};
 use crate::load::AckWindow;
-use crate::report::{Report, Row, Worse};
+use crate::report::{Report, Row};
 use crate::stats::{Summary, now_ns};
 
 const ENTITY_TYPE: &str = "cmp";
@@ -151,7 +151,11 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     // After warm-up: the second half of the run.
     let max_after_warm_up = |r: &LongRun| {
         let half = r.samples.len() / 2;
-        r.samples[half..].iter().map(|s| s.messages).max().unwrap_or(0)
+        r.samples[half..]
+            .iter()
+            .map(|s| s.messages)
+            .max()
+            .unwrap_or(0)
     };
     report.rows.push(
         Row::new(
@@ -159,7 +163,6 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             case("journal messages at the end, compaction on"),
             last(on) as f64,
             "msgs",
-            Worse::Higher,
         )
         .against(last(off) as f64)
         .target(
@@ -172,7 +175,6 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         case("journal messages, max over the second half, compaction on"),
         max_after_warm_up(on) as f64,
         "msgs",
-        Worse::Higher,
     ));
     report.rows.push(
         Row::new(
@@ -180,7 +182,6 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             case("command p99, compaction on"),
             on.latency.p99,
             "ms",
-            Worse::Higher,
         )
         .against(off.latency.p99)
         .target(
@@ -203,7 +204,6 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             format!("the acquisition's timer read, {case}: {records} records"),
             ms,
             "ms",
-            Worse::Higher,
         ));
         reads.push(json!({"case": case, "records": records, "read_ms": ms}));
     }
@@ -228,10 +228,7 @@ fn config(partitions: u32, snapshot_every: u32, compaction: bool) -> anyhow::Res
 }
 
 async fn journal_state(js: &async_nats::jetstream::Context) -> anyhow::Result<(u64, u64)> {
-    let mut journal = js
-        .get_stream(JOURNAL)
-        .await
-        .context("open the journal")?;
+    let mut journal = js.get_stream(JOURNAL).await.context("open the journal")?;
     let info = journal.info().await.context("journal info")?;
     Ok((info.state.messages, info.state.bytes))
 }
@@ -308,7 +305,7 @@ async fn long_run(options: &Options, compaction: bool) -> anyhow::Result<LongRun
         let at_ns = started_ns + offset.as_nanos() as u64;
         let entity = i % ids.len();
         // Every tenth command of an entity arms a timer.
-        let timer = (i / ids.len()) % 10 == 0;
+        let timer = (i / ids.len()).is_multiple_of(10);
         let command = CompactionCmd::Work { at_ns, timer };
         let payload = Codec::Json.encode(&command).context("encode a command")?;
         let ack = js
@@ -325,9 +322,11 @@ async fn long_run(options: &Options, compaction: bool) -> anyhow::Result<LongRun
             .unwrap_or_else(PoisonError::into_inner)
             .len()
     };
-    let _ = wait_until(Duration::from_secs(120), "every event to arrive", || async {
-        count() >= total
-    })
+    let _ = wait_until(
+        Duration::from_secs(120),
+        "every event to arrive",
+        || async { count() >= total },
+    )
     .await;
     // Two more sweeps after the load: the last samples show where the journal settles.
     tokio::time::sleep(SAMPLE_EVERY * 3).await;
