@@ -81,6 +81,14 @@ pub fn ledger_config(partitions: u32, node: &str) -> jetshard::ShardConfigBuilde
         .standbys(env_or("JETSHARD_STANDBYS", 2))
 }
 
+/// The tests' background compaction interval: `JETSHARD_COMPACTION_MS`, default none (off):
+/// the history checker and the tests that replay the journal read all of it, so only the tests
+/// that ask for it (nodes started with the variable, systems with their own setting) compact.
+pub fn compaction_interval() -> Option<Duration> {
+    let ms = env_or("JETSHARD_COMPACTION_MS", 0);
+    (ms > 0).then(|| Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+}
+
 /// A number from the environment (the scale-out tests set the watchers and standbys of their
 /// node processes), else `default`.
 fn env_or(name: &str, default: usize) -> usize {
@@ -91,14 +99,19 @@ fn env_or(name: &str, default: usize) -> usize {
 }
 
 /// The settings every test's entity type starts from: `partitions`, node id `node`, pin TTL
-/// 1 s, ack wait 3 s (short, so that failovers and redeliveries happen within a test). The
+/// 1 s, ack wait 3 s (short, so that failovers and redeliveries happen within a test), no
+/// background compaction unless [`compaction_interval`] says so. The
 /// ledger ([`ledger_config`]) and the tests' own entity types add theirs.
 pub fn config(entity_type: &str, partitions: u32, node: &str) -> jetshard::ShardConfigBuilder {
-    ShardConfig::builder(entity_type)
+    let config = ShardConfig::builder(entity_type)
         .partitions(partitions)
         .node_id(node)
         .pin_ttl(Duration::from_secs(1))
-        .ack_wait(Duration::from_secs(3))
+        .ack_wait(Duration::from_secs(3));
+    match compaction_interval() {
+        Some(interval) => config.compaction_interval(interval),
+        None => config.compaction(false),
+    }
 }
 
 /// The ledger's snapshot interval in events: `JETSHARD_SNAPSHOT_EVERY` (0: no periodic

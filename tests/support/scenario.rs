@@ -300,6 +300,96 @@ impl Scenario {
     }
 }
 
+impl Scenario {
+    /// Creates the streams, then a mirror of the ledger's journal (`ledger_journal_mirror`):
+    /// it keeps every record the journal held, so a test whose owners compact the journal can
+    /// still judge the whole history ([`Scenario::check_mirrored`]).
+    pub async fn mirror_journal(&self) {
+        self.provision().await;
+        let journal = ShardConfig::builder("ledger")
+            .build()
+            .expect("config")
+            .names()
+            .journal_stream()
+            .to_owned();
+        self.js
+            .create_stream(jetstream::stream::Config {
+                name: MIRROR.to_owned(),
+                mirror: Some(jetstream::stream::Source {
+                    name: journal,
+                    ..Default::default()
+                }),
+                allow_rollup: true,
+                num_replicas: self.replicas,
+                ..Default::default()
+            })
+            .await
+            .expect("create the journal's mirror");
+    }
+
+    /// [`Scenario::check`] against the journal's mirror ([`Scenario::mirror_journal`]): waits
+    /// until the command stream drained and the mirror holds the journal's last record, then
+    /// judges the mirror's records against the history.
+    pub async fn check_mirrored(&self) -> Report {
+        let drained = wait_drained(&self.js, DRAIN_WITHIN).await;
+        assert!(drained.is_ok(), "drained: {drained:?}");
+        let journal = ShardConfig::builder("ledger")
+            .build()
+            .expect("config")
+            .names()
+            .journal_stream()
+            .to_owned();
+        let last = |name: String| {
+            let js = self.js.clone();
+            async move {
+                let mut stream = js.get_stream(&name).await.expect("open a stream");
+                stream
+                    .info()
+                    .await
+                    .expect("stream info")
+                    .state
+                    .last_sequence
+            }
+        };
+        let end = last(journal).await;
+        wait_until(Duration::from_secs(20), "the mirror caught up", || async {
+            last(MIRROR.to_owned()).await >= end
+        })
+        .await
+        .unwrap();
+        let mirror = self
+            .js
+            .get_stream_no_info(MIRROR)
+            .await
+            .expect("open the mirror");
+        let records = jetshard::JournalReader::new(mirror, "ledger")
+            .all()
+            .await
+            .expect("read the mirror");
+        let mut history = Vec::new();
+        for record in records {
+            if let Some(record) = jetshard_testkit::history::Record::from_journal(record)
+                .expect("a record of the contract")
+            {
+                history.push(
+                    record
+                        .try_map_event(|body| {
+                            serde_json::from_slice::<crate::ledger::LedgerEvt>(&body)
+                        })
+                        .expect("a ledger event"),
+                );
+            }
+        }
+        let report =
+            jetshard_testkit::history::check(&crate::model::LedgerModel, &self.history, &history);
+        assert!(report.is_ok(), "{report}");
+        report
+    }
+}
+
+/// The name of the journal's mirror ([`Scenario::mirror_journal`]).
+pub const MIRROR: &str = "ledger_journal_mirror";
+
 /// Creates the streams and consumers of `config`'s entity type, as a starting shard system
 /// does, and stops at once: nobody owns a partition (a partition is owned only once a command
 /// is delivered).

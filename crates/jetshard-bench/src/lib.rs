@@ -1,7 +1,7 @@
 //! # jetshard-bench
 //!
 //! What jetshard costs over writing the JetStream loop by hand, how fast it recovers, and how
-//! much memory an entity takes. Nine scenarios, each against a fresh `nats-server` from
+//! much memory an entity takes. Ten scenarios, each against a fresh `nats-server` from
 //! `jetshard-testkit`, each against a baseline measured in the same run, because the machines
 //! are shared and noisy: ratios are steadier than absolute figures.
 //!
@@ -16,6 +16,7 @@
 //! | `cluster` | commands/s on 3 servers with R3 streams, cold and warm; 10164 refusals | the serialized bare loop ([`cluster`]) |
 //! | `scale` | idle messages and CPU per process and per partition as the fleet grows; time to an even spread | the same figure at the smallest fleet |
 //! | `recovery` | acquisition -> first command with a long history; first-command latency; dormant memory; snapshot cost | the full replay of the partition; loaded entities; snapshots off |
+//! | `compaction` | journal messages and bytes over a long run; command p99; the acquisition's timer read after 100k timers | compaction off; 1k timers ever set |
 //!
 //! Figures are printed as a table and written as JSON; targets are reported, never asserted.
 //! A figure measured over rounds is their median, with the worst round beside it (`worst`,
@@ -27,6 +28,7 @@ pub mod allocs;
 pub mod bare;
 pub mod bareloop;
 pub mod cluster;
+pub mod compaction;
 pub mod cpu;
 pub mod entity;
 pub mod failover;
@@ -75,6 +77,9 @@ pub enum Scenario {
     Recovery,
     /// Idle cost of a fleet per process and per partition as it grows.
     Scale,
+    /// The journal bounded by background compaction: size over a long run, command latency
+    /// with compaction on and off, the acquisition's timer read after many timers.
+    Compaction,
 }
 
 /// The sizes and settings of a run.
@@ -120,6 +125,16 @@ pub struct Options {
     /// worst round beside them.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Commands of each long run of the compaction scenario (the 2M takes hours on
+    /// a shared 2-core machine at the default rate).
+    #[arg(long, default_value_t = 100_000)]
+    pub compaction_commands: usize,
+    /// Offered rate of the compaction scenario's long runs, commands/s.
+    #[arg(long, default_value_t = 2_000.0)]
+    pub compaction_rate: f64,
+    /// Snapshot interval (events) of the compaction scenario's long runs.
+    #[arg(long, default_value_t = 10)]
+    pub compaction_snapshot_every: u32,
     /// Commands per pass of the cluster scenario (3 servers, R3 streams).
     #[arg(long, default_value_t = 20_000)]
     pub cluster_commands: usize,
@@ -310,6 +325,7 @@ async fn run(
             Scenario::Cluster => cluster::run(&options, &mut report).await,
             Scenario::Recovery => recovery::run(&options, &acquisitions, &mut report).await,
             Scenario::Scale => scale::run(&options, &mut report).await,
+            Scenario::Compaction => compaction::run(&options, &mut report).await,
         };
         if let Err(e) = result {
             // One failed scenario does not cost the figures of the others.

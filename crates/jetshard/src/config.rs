@@ -50,6 +50,9 @@ pub struct ShardConfig {
     pub(crate) crash_probe_interval: Option<Duration>,
     pub(crate) crash_watchers: usize,
     pub(crate) standbys: usize,
+    pub(crate) compaction_interval: Option<Duration>,
+    pub(crate) compaction_budget: u32,
+    pub(crate) dead_letter_retention: Option<Duration>,
 }
 
 impl ShardConfig {
@@ -86,6 +89,9 @@ impl ShardConfig {
                 crash_probe_interval: Some(Duration::from_millis(20)),
                 crash_watchers: 3,
                 standbys: 2,
+                compaction_interval: Some(Duration::from_secs(30)),
+                compaction_budget: 8,
+                dead_letter_retention: Some(Duration::from_secs(7 * 24 * 3600)),
             },
         }
     }
@@ -383,6 +389,59 @@ impl ShardConfigBuilder {
         self
     }
 
+    /// How often each owner compacts its partition in the background (default 30 s): it
+    /// purges what the journal shows no live state needs (an entity's events and timer records
+    /// its latest snapshot covers, the outbox records of confirmed messages, the timer records
+    /// of timers no longer armed, dead letters past [`dead_letter_retention`]), by the rules of
+    /// [`Admin::compact`], off the command path and at most
+    /// [`compaction_budget`] purges per 100 ms. Each sweep reads the snapshots written since
+    /// the last one, and the partition's outbox and timer records (bounded by what is live,
+    /// once compacted). Must be at least 100 ms.
+    ///
+    /// [`dead_letter_retention`]: Self::dead_letter_retention
+    /// [`compaction_budget`]: Self::compaction_budget
+    /// [`Admin::compact`]: crate::Admin::compact
+    pub fn compaction_interval(mut self, interval: Duration) -> Self {
+        self.config.compaction_interval = Some(interval);
+        self
+    }
+
+    /// Whether owners compact their partitions in the background (default on, see
+    /// [`compaction_interval`](Self::compaction_interval)). Off: the journal grows until an
+    /// operator runs [`Admin::compact`](crate::Admin::compact).
+    pub fn compaction(mut self, on: bool) -> Self {
+        self.config.compaction_interval = match on {
+            true => self
+                .config
+                .compaction_interval
+                .or(Some(Duration::from_secs(30))),
+            false => None,
+        };
+        self
+    }
+
+    /// At most how many purge requests an owner's background compaction sends per 100 ms
+    /// (default 8; at least 1): the throttle that keeps it out of the commands' latency.
+    pub fn compaction_budget(mut self, purges_per_tick: u32) -> Self {
+        self.config.compaction_budget = purges_per_tick;
+        self
+    }
+
+    /// How long the background compaction keeps a dead letter (default 7 days; above zero).
+    /// A dead letter whose command is above its partition's ack floor is kept whatever its
+    /// age (see [`Admin::purge_dead_letters`](crate::Admin::purge_dead_letters)).
+    pub fn dead_letter_retention(mut self, retention: Duration) -> Self {
+        self.config.dead_letter_retention = Some(retention);
+        self
+    }
+
+    /// Keeps dead letters until an operator purges them
+    /// ([`Admin::purge_dead_letters`](crate::Admin::purge_dead_letters)).
+    pub fn keep_dead_letters(mut self) -> Self {
+        self.config.dead_letter_retention = None;
+        self
+    }
+
     /// Validates the settings.
     ///
     /// # Errors
@@ -435,6 +494,17 @@ impl ShardConfigBuilder {
         }
         if c.max_dormant_bytes.is_some_and(|bytes| bytes < 1024) {
             return fail("max_dormant_bytes", "must be at least 1024");
+        }
+        if c.compaction_interval
+            .is_some_and(|i| i < Duration::from_millis(100))
+        {
+            return fail("compaction_interval", "must be at least 100 ms");
+        }
+        if c.compaction_budget == 0 {
+            return fail("compaction_budget", "must be at least 1");
+        }
+        if c.dead_letter_retention.is_some_and(|r| r.is_zero()) {
+            return fail("dead_letter_retention", "must be above zero");
         }
         if c.max_ack_pending == 0 || c.pull_batch == 0 {
             return fail(
@@ -514,6 +584,18 @@ mod tests {
                 "max_dormant_bytes",
             ),
             (ShardConfig::builder("order").replicas(2), "replicas"),
+            (
+                ShardConfig::builder("order").compaction_interval(Duration::from_millis(10)),
+                "compaction_interval",
+            ),
+            (
+                ShardConfig::builder("order").compaction_budget(0),
+                "compaction_budget",
+            ),
+            (
+                ShardConfig::builder("order").dead_letter_retention(Duration::ZERO),
+                "dead_letter_retention",
+            ),
             (
                 ShardConfig::builder("order").duplicate_window(Duration::from_secs(1)),
                 "duplicate_window",

@@ -1,14 +1,11 @@
-//! Compaction: the events and timer records that snapshots cover, purged (see
-//! [`Admin::compact`]).
+//! Compaction on an operator's word: what the journal shows no live state needs, purged (see
+//! [`Admin::compact`]). The owners do the same in the background (`runtime/compaction.rs`),
+//! through the same plan (`journal/compact.rs`).
 
-use std::time::Duration;
-
-use async_nats::jetstream::{self};
-use futures::StreamExt;
+use async_nats::jetstream::context::ConsumerInfoErrorKind;
 
 use crate::error::Error;
-use crate::wire::HDR_GENERATION;
-use crate::wire::HDR_SNAPSHOT_UPTO;
+use crate::journal::compact::{self, Rules};
 
 use super::handle::Admin;
 
@@ -18,16 +15,26 @@ use super::handle::Admin;
 pub struct Compacted {
     /// Snapshots read (one per entity that has one).
     pub snapshots: u64,
-    /// Records removed (events, and timer records): each covered by its entity's snapshot.
+    /// Records removed (events and timer records covered by snapshots, outbox records of
+    /// confirmed messages, timer records of timers no longer armed).
     pub purged: u64,
 }
 
 impl Admin {
-    /// Bounds the journal: removes every event that its entity's latest snapshot covers (each
-    /// entity's events up to the snapshot's `Jetshard-Snapshot-Upto`), and the timer records it
-    /// covers (no timer was armed when it was written), over all partitions or one. Entities without a snapshot, dead letters (see [`purge_dead_letters`]) and fence
-    /// records are kept. Safe while owners run: an owner loads an entity from its latest
-    /// snapshot and the records after it, never from records the snapshot covers.
+    /// Bounds the journal, over all partitions or one, by the rules each owner's background
+    /// compaction follows (`ShardConfigBuilder::compaction_interval`), dead letters aside:
+    /// - every event that its entity's latest snapshot covers (each entity's events up to the
+    ///   snapshot's `Jetshard-Snapshot-Upto`), and the timer records it covers (no timer was
+    ///   armed when it was written);
+    /// - the outbox records of commands whose messages were all confirmed (with their done
+    ///   records, in one purge: none is published again);
+    /// - the timer records of timers no longer armed (fired, cancelled or set again), of
+    ///   commands below the partition's ack floor.
+    ///
+    /// Entities without a snapshot keep their events; dead letters (see
+    /// [`purge_dead_letters`]) and fence records are kept. Safe while owners run: an owner
+    /// loads an entity from its latest snapshot and the records after it, never from records
+    /// the snapshot covers, and every rule is monotone (docs/ARCHITECTURE.md, "Compaction").
     ///
     /// After it, a snapshot is the only record of the history it covers, so
     /// - the entity type's code must keep reading its snapshots: a change of the state's
@@ -39,62 +46,33 @@ impl Admin {
     /// [`purge_dead_letters`]: Self::purge_dead_letters
     ///
     /// # Errors
-    /// [`Error::JetStream`] if the journal cannot be read or the server refuses a purge.
+    /// [`Error::JetStream`] if the journal or a consumer cannot be read or the server refuses
+    /// a purge.
     pub async fn compact(&self, partition: Option<u32>) -> Result<Compacted, Error> {
-        let (_, journal) = self.streams().await?;
-        let filter = match partition {
-            Some(p) => self.names.partition_snapshots(p),
-            None => self.names.all_snapshots(),
-        };
-        let consumer = journal
-            .create_consumer(jetstream::consumer::pull::OrderedConfig {
-                filter_subject: filter.clone(),
-                headers_only: true,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
+        let (commands, journal) = self.streams().await?;
         let mut done = Compacted::default();
-        if consumer.cached_info().num_pending == 0 {
-            return Ok(done);
-        }
-        let mut covered = Vec::new();
-        let mut messages = consumer
-            .messages()
-            .await
-            .map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
-        while let Ok(Some(next)) =
-            tokio::time::timeout(Duration::from_secs(10), messages.next()).await
-        {
-            let message = next.map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
-            let pending = message
-                .info()
-                .map_err(|e| Error::jetstream(format!("read {filter}"), e.to_string()))?
-                .pending;
-            let headers = message.headers.clone().unwrap_or_default();
-            let upto = crate::wire::header_u64(&headers, HDR_SNAPSHOT_UPTO);
-            let written = crate::wire::header_u64(&headers, HDR_GENERATION).is_some();
-            // `<t>.snap.<p>.<id>` -> `<t>.evt.<p>.<id>` and `<t>.tmr.<p>.<id>`.
-            let subjects = self.names.covered_by_snapshot(&message.subject);
-            if let (Some(upto), true, Some([events, timers])) = (upto, written, subjects) {
-                done.snapshots += 1;
-                covered.push((events, upto));
-                // No snapshot is written while its entity has a timer armed: the timer records
-                // it covers are of timers that fired or were cancelled.
-                covered.push((timers, upto));
+        let partitions = match partition {
+            Some(p) => p..p + 1,
+            None => 0..u32::MAX,
+        };
+        for partition in partitions {
+            let consumer = self.names.consumer(partition);
+            let ack_floor = match commands.consumer_info(&consumer).await {
+                Ok(info) => info.ack_floor.stream_sequence,
+                // Past the last partition.
+                Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => break,
+                Err(e) => return Err(Error::jetstream(format!("read consumer {consumer}"), e)),
+            };
+            let rules = Rules {
+                ack_floor,
+                snapshots_from: 1,
+                dead_letters_before: None,
+            };
+            let plan = compact::plan(&journal, &self.names, partition, &rules).await?;
+            done.snapshots += plan.snapshots;
+            for purge in &plan.purges {
+                done.purged += compact::purge(&journal, purge).await?;
             }
-            if pending == 0 {
-                break;
-            }
-        }
-        for (events, upto) in covered {
-            let purged = journal
-                .purge()
-                .filter(events.clone())
-                .sequence(upto + 1)
-                .await
-                .map_err(|e| Error::jetstream(format!("purge {events}"), e))?;
-            done.purged += purged.purged;
         }
         Ok(done)
     }

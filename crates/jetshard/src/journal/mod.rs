@@ -7,6 +7,7 @@
 //! telemetry, retry). What it needs to know of the runtime comes in as a narrow trait
 //! ([`fence::Liveness`]).
 
+pub(crate) mod compact;
 pub(crate) mod fence;
 pub(crate) mod group_commit;
 pub(crate) mod read;
@@ -14,8 +15,8 @@ pub(crate) mod server;
 pub(crate) mod write;
 
 pub(crate) use read::{
-    Record, SnapshotRecord, StoredEvent, TimerRecord, last_sequence, last_sequence_with,
-    latest_snapshot, replay, replay_with,
+    Record, SnapshotRecord, StoredEvent, TimerRecord, first_sequence, last_sequence,
+    last_sequence_with, latest_snapshot, replay, replay_with,
 };
 pub(crate) use server::{WriteError, server_error_code};
 pub(crate) use write::{Attached, JournalWriter};

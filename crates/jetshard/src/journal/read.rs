@@ -250,10 +250,10 @@ async fn read_all(
                 ));
             }
         };
-        let seq = message
+        let info = message
             .info()
-            .map_err(|e| Error::jetstream(format!("replay {filter}"), e.to_string()))?
-            .stream_sequence;
+            .map_err(|e| Error::jetstream(format!("replay {filter}"), e.to_string()))?;
+        let (seq, pending) = (info.stream_sequence, info.pending);
         if seq > end {
             return Ok(read);
         }
@@ -265,7 +265,9 @@ async fn read_all(
             seq,
             each,
         )?;
-        if seq == end {
+        // Nothing more on the filter: `end` itself was removed since it was read (a
+        // compaction), or this is it.
+        if seq == end || pending == 0 {
             return Ok(read);
         }
     }
@@ -316,6 +318,28 @@ pub(crate) async fn last_sequence_with(
         }
     }
     last_sequence(journal, subject).await
+}
+
+/// The journal sequence of the first record on `subject` (a compaction purges from the
+/// front), `None` if there is none.
+pub(crate) async fn first_sequence(
+    journal: &Stream<()>,
+    subject: &str,
+) -> Result<Option<u64>, Error> {
+    let found = journal
+        .raw_message_builder()
+        .sequence(1)
+        .next_by_subject(subject.to_owned())
+        .send()
+        .await;
+    match found {
+        Ok(message) => Ok(Some(message.sequence)),
+        Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(Error::jetstream(
+            format!("read the first record on {subject}"),
+            e,
+        )),
+    }
 }
 
 /// The journal sequence of the last record on `subject`, 0 if there is none (asked of the

@@ -7,6 +7,7 @@
 //! - [`crash`]: the watch that unpins a dead process's partitions.
 //! - [`balance`]: membership and the fair share of partitions.
 //! - [`timer`] and [`outbox`]: what a command sends later or elsewhere, after its events.
+//! - [`compaction`]: each owner's background compaction of its partition's journal.
 //! - [`topology`]: the streams and consumers a system needs, created or checked at start.
 //!
 //! Architecture Invariant: the runtime sits on the journal (`journal/`), the wire names
@@ -14,6 +15,7 @@
 //! [`ShardSystem`](crate::ShardSystem) starts it.
 
 pub(crate) mod balance;
+pub(crate) mod compaction;
 pub(crate) mod crash;
 pub(crate) mod entity_actor;
 pub(crate) mod outbox;

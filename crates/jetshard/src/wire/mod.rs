@@ -361,11 +361,6 @@ impl Names {
             .is_some_and(|rest| rest.starts_with(".dlq."))
     }
 
-    /// Every snapshot subject of all partitions: `<t>.snap.>`.
-    pub(crate) fn all_snapshots(&self) -> String {
-        format!("{}.snap.>", self.entity_type)
-    }
-
     /// The subjects a snapshot on `snapshot_subject` (`<t>.snap.<p>.<id>`) covers: the entity's
     /// events (`<t>.evt.<p>.<id>`) and timer records (`<t>.tmr.<p>.<id>`); `None` if it is not
     /// a snapshot subject of this type.

@@ -1,7 +1,7 @@
 //! Loading an entity on its first command: its latest snapshot restored, the journal replayed
 //! after it; an entity whose records cannot be read back is quarantined.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::outcome_header::LastOutcome;
@@ -10,7 +10,7 @@ use super::replay::Seed;
 use crate::codec::Codec;
 use crate::entity::{Entity, EntityId, Snapshots};
 use crate::error::Error;
-use crate::journal::{self, SnapshotRecord};
+use crate::journal::{self, Record, SnapshotRecord, TimerRecord};
 
 /// Why an entity could not be revived.
 pub(super) enum Revival {
@@ -44,6 +44,7 @@ pub(super) async fn revive<E: Entity>(
     let events = context.names.event_subject(partition, id);
     let dead_letters = context.names.entity_dead_letters(partition, id);
     let timers = context.names.timer_subject(partition, id);
+    let timers_subject = timers.clone();
     let mut seed = Seed::<E>::default();
     let direct = context.direct_reads;
     // Records of commands up to `covered` are in the snapshot; those after `from` are read.
@@ -87,6 +88,8 @@ pub(super) async fn revive<E: Entity>(
         }
     }
     let mut quarantine = None;
+    // Where each timer's `set` record was read (see below).
+    let mut set_at: HashMap<Box<str>, u64> = HashMap::new();
     let reads = [
         (events, events_end),
         (dead_letters, dead_letters_end),
@@ -104,6 +107,9 @@ pub(super) async fn revive<E: Entity>(
                 {
                     return Ok(());
                 }
+                if let Record::Timer(TimerRecord::Set { name, .. }) = &stored.record {
+                    set_at.insert((*name).into(), stored.seq);
+                }
                 match &mut quarantine {
                     None => quarantine = seed.replay(id.as_str(), &stored, codec).err(),
                     Some(q) => q.last_command_seq = q.last_command_seq.max(stored.command_seq),
@@ -113,6 +119,18 @@ pub(super) async fn revive<E: Entity>(
         )
         .await;
         read.map_err(unreadable)?;
+    }
+    if !seed.timers.is_empty() {
+        // A compaction may have purged, while they were read, timer records from the front of
+        // the entity's subject: then a `set` could have been read without the `fired` or
+        // `cancel` after it. Everything a compaction purges is of timers no longer armed, so a
+        // timer whose `set` lies before the first record left is not armed.
+        let first = journal::first_sequence(&context.journal_stream, &timers_subject)
+            .await
+            .map_err(unreadable)?
+            .unwrap_or(u64::MAX);
+        seed.timers
+            .retain(|name, _| set_at.get(name).is_some_and(|at| *at >= first));
     }
     match quarantine {
         Some(q) => Err(Revival::Quarantined(q)),

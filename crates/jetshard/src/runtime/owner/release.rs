@@ -99,6 +99,7 @@ impl<E: Entity> OwnerState<E> {
     }
 
     pub(super) async fn finish_release(&mut self) {
+        self.stop_compaction();
         let owned = self.phase.owning_ref().is_some();
         let handing_off =
             matches!(&self.phase, Phase::Releasing(release, _) if release.reply.is_none());
@@ -173,6 +174,7 @@ impl<E: Entity> OwnerState<E> {
         let Some(o) = self.phase.take_owning() else {
             return;
         };
+        self.stop_compaction();
         self.left(&o, reason);
         if releasing {
             // The release goes on (pulls paused); there is nothing left to drain.

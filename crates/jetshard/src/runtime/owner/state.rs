@@ -65,6 +65,9 @@ pub(crate) struct OwnerState<E: Entity> {
     /// Reads the partition's armed timers from the journal (`find_timers`), from the last
     /// acquisition; stopped with the owner or at the next acquisition.
     pub(super) timer_scan: Option<JoinHandle<()>>,
+    /// Compacts the partition's journal in the background (`runtime/compaction.rs`) while this
+    /// owner holds it: started at each acquisition, stopped when it stops owning.
+    pub(super) compaction: Option<JoinHandle<()>>,
     /// The armed timers of the partition while this owner holds it (`timer.rs`).
     pub(super) timers: Timers,
     pub(super) phase: Phase<E>,
@@ -95,6 +98,9 @@ impl<E: Entity> Drop for OwnerState<E> {
         }
         if let Some(scan) = &self.timer_scan {
             scan.abort();
+        }
+        if let Some(compaction) = &self.compaction {
+            compaction.abort();
         }
     }
 }

@@ -128,6 +128,7 @@ impl<E: Entity> OwnerState<E> {
         }));
         self.timers = Timers::default();
         self.find_timers(partition, fence.generation);
+        self.start_compaction(fence);
         self.counters.acquisitions += 1;
         self.metrics.acquired.increment(1);
         telemetry::record(&self.metrics.acquire_seconds, started.elapsed());

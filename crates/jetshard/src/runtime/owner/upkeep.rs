@@ -14,6 +14,8 @@ use super::settle::{Effect, StepDown};
 use super::slot::Blocked;
 use super::state::{OwnerMsg, OwnerState};
 use crate::entity::Entity;
+use crate::journal::fence::Fence;
+use crate::runtime::compaction::Sweeper;
 use crate::runtime::timer::{self};
 
 impl<E: Entity> OwnerState<E> {
@@ -44,6 +46,34 @@ impl<E: Entity> OwnerState<E> {
         });
         if let Some(previous) = self.timer_scan.replace(scan) {
             previous.abort();
+        }
+    }
+
+    /// Starts the background compaction of the partition under `fence` (if configured), in a
+    /// task of its own: it holds nothing a command waits on (`runtime/compaction.rs`).
+    pub(super) fn start_compaction(&mut self, fence: Fence) {
+        self.stop_compaction();
+        let config = &self.shared.config;
+        let Some(interval) = config.compaction_interval else {
+            return;
+        };
+        let sweeper = Sweeper {
+            journal: self.shared.journal_stream.clone(),
+            commands: self.shared.command_stream.clone(),
+            names: self.shared.names.clone(),
+            partition: self.partition,
+            fence,
+            interval,
+            budget: config.compaction_budget,
+            dead_letter_retention: config.dead_letter_retention,
+        };
+        self.compaction = Some(tokio::spawn(sweeper.run()));
+    }
+
+    /// Stops the background compaction (this owner no longer holds the partition).
+    pub(super) fn stop_compaction(&mut self) {
+        if let Some(compaction) = self.compaction.take() {
+            compaction.abort();
         }
     }
 

@@ -1,0 +1,517 @@
+//! Compaction of a partition's journal: the records its live state no longer needs, found
+//! ([`plan`]) and purged ([`purge`]). One way for both callers: an operator's
+//! `Admin::compact` and each owner's background sweep (`runtime/compaction.rs`).
+//!
+//! A record goes only when the journal itself shows it is not needed, by records that stay:
+//! - an entity's events and timer records up to its latest snapshot's `Upto` (the snapshot
+//!   holds their effect; no snapshot is written while a timer is armed);
+//! - a partition's outbox records up to the first record of a command without a done record
+//!   (everything below is of commands whose messages were all confirmed: the records and
+//!   their done records go in one purge, so no recovery can find a record without its done
+//!   record and publish it again);
+//! - an entity's timer records below its first record still needed: the `set` of an armed
+//!   timer, or a record of a command above the partition's ack floor (a command that may come
+//!   back, whose records say it was handled: the same rule as `Admin::purge_dead_letters`);
+//! - a partition's dead letters older than the retention, below the first one that is not
+//!   (or whose command is above the ack floor).
+//!
+//! Each rule is monotone: what shows a record unneeded (a snapshot, a done record, a `fired`
+//! or `cancel` record, the ack floor, the clock) is never undone, so a purge planned by a
+//! process that has since lost the partition removes nothing a newer owner needs. The sweep
+//! checks its fence before each batch all the same.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, SystemTime};
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use async_nats::jetstream::stream::Stream;
+use futures::StreamExt;
+
+use crate::entity::EntityId;
+use crate::error::Error;
+use crate::journal::read::{Record, TimerRecord};
+use crate::wire::{
+    HDR_COMMAND_SEQ, HDR_GENERATION, HDR_OUTBOX_DONE, HDR_SNAPSHOT_UPTO, Names, header_u64,
+};
+
+/// What a plan may remove.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rules {
+    /// The partition's consumer's ack floor: commands at or below it never come back.
+    pub(crate) ack_floor: u64,
+    /// Snapshots are read from this journal sequence on (those before were planned already).
+    pub(crate) snapshots_from: u64,
+    /// Dead letters written before this instant go (`None`: kept).
+    pub(crate) dead_letters_before: Option<SystemTime>,
+}
+
+/// One purge: the messages on `subject` (a filter, wildcards allowed) below journal sequence
+/// `below`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Purge {
+    pub(crate) subject: String,
+    pub(crate) below: u64,
+}
+
+/// What to purge in one partition.
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    pub(crate) purges: Vec<Purge>,
+    /// Snapshots read.
+    pub(crate) snapshots: u64,
+    /// Where the next plan reads snapshots from (the last one read, plus one).
+    pub(crate) snapshots_next: u64,
+}
+
+/// Finds what can go in `partition` under `rules`.
+///
+/// # Errors
+/// The journal could not be read.
+pub(crate) async fn plan(
+    journal: &Stream<()>,
+    names: &Names,
+    partition: u32,
+    rules: &Rules,
+) -> Result<Plan, Error> {
+    let mut plan = Plan {
+        snapshots_next: rules.snapshots_from,
+        ..Plan::default()
+    };
+    let snapshots = names.partition_snapshots(partition);
+    // An entity snapshotted several times since the last plan is purged once, to its latest.
+    let mut covered_to: BTreeMap<String, u64> = BTreeMap::new();
+    scan_headers(journal, &snapshots, rules.snapshots_from, |row| {
+        plan.snapshots_next = row.seq + 1;
+        let upto = header_u64(row.headers, HDR_SNAPSHOT_UPTO);
+        let written = header_u64(row.headers, HDR_GENERATION).is_some();
+        if let (Some(upto), true, Some(covered)) =
+            (upto, written, names.covered_by_snapshot(row.subject))
+        {
+            plan.snapshots += 1;
+            for subject in covered {
+                let below = covered_to.entry(subject).or_default();
+                *below = (*below).max(upto + 1);
+            }
+        }
+    })
+    .await?;
+    plan.purges.extend(
+        covered_to
+            .into_iter()
+            .map(|(subject, below)| Purge { subject, below }),
+    );
+    {
+        let outbox = names.outbox_subject(partition);
+        let mut rows = Vec::new();
+        scan_headers(journal, &outbox, 1, |row| {
+            if let Some(command_seq) = header_u64(row.headers, HDR_COMMAND_SEQ) {
+                rows.push(OutboxRow {
+                    seq: row.seq,
+                    command_seq,
+                    done: row.headers.get(HDR_OUTBOX_DONE).is_some(),
+                });
+            }
+        })
+        .await?;
+        if let Some(below) = outbox_below(&rows) {
+            plan.purges.push(Purge {
+                subject: outbox,
+                below,
+            });
+        }
+        let timers = names.partition_timers(partition);
+        let end = crate::journal::last_sequence(journal, &timers).await?;
+        let mut rows = Vec::new();
+        crate::journal::replay(journal, timers, 1, end, |stored| {
+            if let Record::Timer(timer) = &stored.record {
+                rows.push(TimerRow {
+                    seq: stored.seq,
+                    entity: stored.entity.to_owned(),
+                    command_seq: stored.command_seq,
+                    op: TimerOp::of(timer),
+                });
+            }
+            Ok(())
+        })
+        .await?;
+        for (entity, below) in timer_below(&rows, rules.ack_floor) {
+            // Records of an invalid id are never written (the writer takes an `EntityId`).
+            if let Ok(entity) = EntityId::new(entity) {
+                plan.purges.push(Purge {
+                    subject: names.timer_subject(partition, &entity),
+                    below,
+                });
+            }
+        }
+    }
+    if let Some(before) = rules.dead_letters_before {
+        for filter in [
+            names.partition_entities_dead_letters(partition),
+            names.partition_dead_letters(partition),
+        ] {
+            let mut rows = Vec::new();
+            scan_headers(journal, &filter, 1, |row| {
+                rows.push(DeadLetterRow {
+                    seq: row.seq,
+                    command_seq: header_u64(row.headers, HDR_COMMAND_SEQ).unwrap_or(u64::MAX),
+                    written: row.published,
+                });
+            })
+            .await?;
+            if let Some(below) = dead_letters_below(&rows, before, rules.ack_floor) {
+                plan.purges.push(Purge {
+                    subject: filter,
+                    below,
+                });
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// Carries out one purge; how many messages it removed.
+///
+/// # Errors
+/// The server refused the purge.
+pub(crate) async fn purge(journal: &Stream<()>, purge: &Purge) -> Result<u64, Error> {
+    let done = journal
+        .purge()
+        .filter(purge.subject.clone())
+        .sequence(purge.below)
+        .await
+        .map_err(|e| Error::jetstream(format!("purge {}", purge.subject), e))?;
+    Ok(done.purged)
+}
+
+/// One outbox record or done record, as compaction sees it.
+#[derive(Debug, Clone, Copy)]
+struct OutboxRow {
+    seq: u64,
+    command_seq: u64,
+    done: bool,
+}
+
+/// Where the partition's outbox can be purged to: below the first record of a command that
+/// has no done record (all of it if every command is done); `None` if nothing can go.
+fn outbox_below(rows: &[OutboxRow]) -> Option<u64> {
+    let done: std::collections::HashSet<u64> = rows
+        .iter()
+        .filter(|r| r.done)
+        .map(|r| r.command_seq)
+        .collect();
+    let last = rows.iter().map(|r| r.seq).max()?;
+    let first_open = rows
+        .iter()
+        .filter(|r| !done.contains(&r.command_seq))
+        .map(|r| r.seq)
+        .min();
+    let below = first_open.unwrap_or(last + 1);
+    let first = rows.iter().map(|r| r.seq).min()?;
+    (below > first).then_some(below)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TimerOp {
+    Set { name: String },
+    Cancel { name: String },
+    Fired { name: String, set_seq: u64 },
+}
+
+impl TimerOp {
+    fn of(record: &TimerRecord<'_>) -> Self {
+        match record {
+            TimerRecord::Set { name, .. } => Self::Set {
+                name: (*name).to_owned(),
+            },
+            TimerRecord::Cancel { name } => Self::Cancel {
+                name: (*name).to_owned(),
+            },
+            TimerRecord::Fired { name, set_seq } => Self::Fired {
+                name: (*name).to_owned(),
+                set_seq: *set_seq,
+            },
+        }
+    }
+}
+
+/// One timer record, as compaction sees it.
+#[derive(Debug, Clone)]
+struct TimerRow {
+    seq: u64,
+    entity: String,
+    command_seq: u64,
+    op: TimerOp,
+}
+
+/// Per entity, where its timer records can be purged to: below the first record still needed
+/// (the `set` of a timer still armed, or a record of a command above the ack floor, which may
+/// be redelivered and must find itself handled), or all of them if none is.
+///
+/// Why the entity's timers fold the same without them: a purged `set` was overridden by a later
+/// `set` of its name, or disarmed by a `cancel` or `fired` after it (its timer is not armed),
+/// and a purged `cancel` or `fired` follows the `set` it disarmed, purged with it or before.
+fn timer_below(rows: &[TimerRow], ack_floor: u64) -> Vec<(String, u64)> {
+    let mut by_entity: BTreeMap<&str, Vec<&TimerRow>> = BTreeMap::new();
+    for row in rows {
+        by_entity.entry(&row.entity).or_default().push(row);
+    }
+    let mut below = Vec::new();
+    for (entity, mut rows) in by_entity {
+        rows.sort_by_key(|r| r.seq);
+        // name -> (set record's journal seq, set seq)
+        let mut armed: HashMap<&str, (u64, u64)> = HashMap::new();
+        for row in &rows {
+            match &row.op {
+                TimerOp::Set { name } => {
+                    armed.insert(name, (row.seq, row.command_seq));
+                }
+                TimerOp::Cancel { name } => {
+                    armed.remove(name.as_str());
+                }
+                TimerOp::Fired { name, set_seq } => {
+                    if armed.get(name.as_str()).is_some_and(|a| a.1 == *set_seq) {
+                        armed.remove(name.as_str());
+                    }
+                }
+            }
+        }
+        let first_armed = armed.values().map(|a| a.0).min();
+        let first_open = rows
+            .iter()
+            .find(|r| r.command_seq > ack_floor)
+            .map(|r| r.seq);
+        let last = rows.last().map_or(0, |r| r.seq);
+        let keep_from = [first_armed, first_open]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(last + 1);
+        if rows.first().is_some_and(|r| r.seq < keep_from) {
+            below.push((entity.to_owned(), keep_from));
+        }
+    }
+    below
+}
+
+/// One dead letter, as compaction sees it.
+#[derive(Debug, Clone, Copy)]
+struct DeadLetterRow {
+    seq: u64,
+    command_seq: u64,
+    written: SystemTime,
+}
+
+/// Where dead letters can be purged to: below the first one written at or after `before` or
+/// whose command is above the ack floor.
+fn dead_letters_below(rows: &[DeadLetterRow], before: SystemTime, ack_floor: u64) -> Option<u64> {
+    let first = rows.iter().map(|r| r.seq).min()?;
+    let last = rows.iter().map(|r| r.seq).max()?;
+    let keep_from = rows
+        .iter()
+        .filter(|r| r.written >= before || r.command_seq > ack_floor)
+        .map(|r| r.seq)
+        .min()
+        .unwrap_or(last + 1);
+    (keep_from > first).then_some(keep_from)
+}
+
+/// One message's headers, read by [`scan_headers`].
+struct HeaderRow<'a> {
+    seq: u64,
+    subject: &'a str,
+    headers: &'a HeaderMap,
+    published: SystemTime,
+}
+
+/// Reads the headers of the messages on `filter` from journal sequence `from` up to the last
+/// one there when it starts, in order, with an ordered consumer (deleted after use).
+async fn scan_headers(
+    journal: &Stream<()>,
+    filter: &str,
+    from: u64,
+    mut each: impl FnMut(HeaderRow<'_>),
+) -> Result<(), Error> {
+    let end = crate::journal::last_sequence(journal, filter).await?;
+    if end == 0 || end < from {
+        return Ok(());
+    }
+    let deliver_policy = if from <= 1 {
+        DeliverPolicy::All
+    } else {
+        DeliverPolicy::ByStartSequence {
+            start_sequence: from,
+        }
+    };
+    let consumer = journal
+        .create_consumer(pull::OrderedConfig {
+            filter_subject: filter.to_owned(),
+            deliver_policy,
+            headers_only: true,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
+    let name = consumer.cached_info().name.clone();
+    let read = async {
+        if consumer.cached_info().num_pending == 0 {
+            return Ok(());
+        }
+        let mut messages = consumer
+            .messages()
+            .await
+            .map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(30), messages.next())
+                .await
+                .map_err(|e| Error::jetstream(format!("read {filter}: no message for 30 s"), e))?;
+            let message = match next {
+                Some(Ok(message)) => message,
+                Some(Err(e)) => return Err(Error::jetstream(format!("read {filter}"), e)),
+                None => return Err(Error::jetstream(format!("read {filter}"), "ended early")),
+            };
+            let info = message
+                .info()
+                .map_err(|e| Error::jetstream(format!("read {filter}"), e.to_string()))?;
+            let (seq, pending) = (info.stream_sequence, info.pending);
+            let published = SystemTime::from(info.published);
+            if seq > end {
+                return Ok(());
+            }
+            let headers = message.headers.clone().unwrap_or_default();
+            each(HeaderRow {
+                seq,
+                subject: &message.subject,
+                headers: &headers,
+                published,
+            });
+            if seq == end || pending == 0 {
+                return Ok(());
+            }
+        }
+    };
+    let read = read.await;
+    if let Err(e) = journal.delete_consumer(&name).await {
+        tracing::debug!(%filter, error = %e, "compaction consumer not deleted; it expires");
+    }
+    read
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out(seq: u64, command_seq: u64, done: bool) -> OutboxRow {
+        OutboxRow {
+            seq,
+            command_seq,
+            done,
+        }
+    }
+
+    #[test]
+    fn the_outbox_goes_up_to_the_first_command_not_done() {
+        assert_eq!(outbox_below(&[]), None);
+        // Two commands done, their records and done records interleaved.
+        let rows = [
+            out(10, 1, false),
+            out(11, 2, false),
+            out(12, 1, true),
+            out(13, 2, true),
+        ];
+        assert_eq!(outbox_below(&rows), Some(14));
+        // Command 2 not done: everything before its first record goes.
+        let rows = [out(10, 1, false), out(11, 2, false), out(12, 1, true)];
+        assert_eq!(outbox_below(&rows), Some(11));
+        // The first record is of a command not done: nothing goes.
+        let rows = [out(10, 2, false), out(11, 1, false), out(12, 1, true)];
+        assert_eq!(outbox_below(&rows), None);
+    }
+
+    fn timer(seq: u64, entity: &str, command_seq: u64, op: TimerOp) -> TimerRow {
+        TimerRow {
+            seq,
+            entity: entity.to_owned(),
+            command_seq,
+            op,
+        }
+    }
+
+    fn set(name: &str) -> TimerOp {
+        TimerOp::Set {
+            name: name.to_owned(),
+        }
+    }
+
+    fn fired(name: &str, set_seq: u64) -> TimerOp {
+        TimerOp::Fired {
+            name: name.to_owned(),
+            set_seq,
+        }
+    }
+
+    #[test]
+    fn timer_records_go_up_to_the_set_of_the_first_armed_timer() {
+        let rows = [
+            // a: set, fired; b: set, cancelled; c: set (armed); d: set, fired.
+            timer(1, "e", 1, set("a")),
+            timer(2, "e", 2, fired("a", 1)),
+            timer(3, "e", 3, set("b")),
+            timer(4, "e", 4, TimerOp::Cancel { name: "b".into() }),
+            timer(5, "e", 5, set("c")),
+            timer(6, "e", 6, set("d")),
+            timer(7, "e", 7, fired("d", 6)),
+            // Another entity, every timer disarmed.
+            timer(8, "f", 8, set("a")),
+            timer(9, "f", 9, fired("a", 8)),
+        ];
+        let below = timer_below(&rows, 100);
+        assert_eq!(below, [("e".to_owned(), 5), ("f".to_owned(), 10)]);
+    }
+
+    #[test]
+    fn a_fired_record_of_an_older_setting_disarms_nothing_and_is_kept_behind_the_newer_set() {
+        let rows = [
+            timer(1, "e", 1, set("a")),
+            timer(2, "e", 2, set("a")),
+            timer(3, "e", 3, fired("a", 1)),
+        ];
+        assert_eq!(timer_below(&rows, 100), [("e".to_owned(), 2)]);
+    }
+
+    #[test]
+    fn timer_records_of_commands_above_the_ack_floor_stay() {
+        let rows = [
+            timer(1, "e", 1, set("a")),
+            timer(2, "e", 2, fired("a", 1)),
+            timer(3, "e", 3, set("b")),
+            timer(4, "e", 4, fired("b", 3)),
+        ];
+        assert_eq!(timer_below(&rows, 2), [("e".to_owned(), 3)]);
+        assert!(timer_below(&rows, 0).is_empty());
+    }
+
+    #[test]
+    fn dead_letters_go_when_old_and_below_the_ack_floor() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let row = |seq, command_seq, at: u64| DeadLetterRow {
+            seq,
+            command_seq,
+            written: t0 + Duration::from_secs(at),
+        };
+        let rows = [row(5, 1, 0), row(6, 2, 10), row(7, 3, 20)];
+        assert_eq!(
+            dead_letters_below(&rows, t0 + Duration::from_secs(15), 10),
+            Some(7)
+        );
+        assert_eq!(
+            dead_letters_below(&rows, t0 + Duration::from_secs(15), 1),
+            Some(6)
+        );
+        assert_eq!(dead_letters_below(&rows, t0, 10), None);
+        assert_eq!(
+            dead_letters_below(&rows, t0 + Duration::from_secs(99), 10),
+            Some(8)
+        );
+    }
+}

@@ -1,0 +1,123 @@
+//! Each owner's background compaction: every `compaction_interval`, a task of the owner plans
+//! what its partition's journal no longer needs (`journal::compact::plan`, the rules
+//! `Admin::compact` follows, plus dead letters past their retention) and purges it, at most
+//! `compaction_budget` purges per [`TICK`], re-reading the partition's fence before each batch
+//! and ending once another generation holds it.
+//!
+//! Off the command path: the task holds nothing the owner or its entity actors wait on, and
+//! the budget keeps the server's purge work to a trickle beside the commands' writes.
+//!
+//! A stale sweep (the fence moved between its check and a purge) is harmless: every rule is
+//! monotone (a snapshot, a done record, a `fired` or `cancel` record, the ack floor and the
+//! clock only ever allow more), so what a former owner planned stays unneeded for the next.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_nats::jetstream::stream::Stream;
+
+use crate::error::Error;
+use crate::journal::compact::{self, Rules};
+use crate::journal::fence::{self, Fence};
+use crate::wire::Names;
+
+/// The period of a sweep's purge batches.
+pub(crate) const TICK: Duration = Duration::from_millis(100);
+
+/// What one owner's compaction needs.
+pub(crate) struct Sweeper {
+    pub(crate) journal: Stream<()>,
+    pub(crate) commands: Stream<()>,
+    pub(crate) names: Arc<Names>,
+    pub(crate) partition: u32,
+    /// The generation it compacts under: it stops once the partition's fence is another.
+    pub(crate) fence: Fence,
+    pub(crate) interval: Duration,
+    pub(crate) budget: u32,
+    pub(crate) dead_letter_retention: Option<Duration>,
+}
+
+/// How a sweep ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Swept {
+    /// Everything planned was purged (or tried): sweep again after the interval.
+    Done,
+    /// The partition has another generation: stop.
+    Fenced,
+}
+
+impl Sweeper {
+    /// Sweeps every interval until the partition is claimed by another generation (or the
+    /// task is aborted by its owner). A sweep that fails is tried again at the next interval.
+    pub(crate) async fn run(self) {
+        let mut snapshots_from = 1;
+        loop {
+            tokio::time::sleep(self.interval).await;
+            match self.sweep(&mut snapshots_from).await {
+                Ok(Swept::Done) => {}
+                Ok(Swept::Fenced) => return,
+                Err(e) => {
+                    tracing::warn!(partition = self.partition, generation = self.fence.generation, error = %e, "compaction failed; trying again later");
+                }
+            }
+        }
+    }
+
+    async fn sweep(&self, snapshots_from: &mut u64) -> Result<Swept, Error> {
+        if !self.holds().await? {
+            return Ok(Swept::Fenced);
+        }
+        let consumer = self.names.consumer(self.partition);
+        let ack_floor = self
+            .commands
+            .consumer_info(&consumer)
+            .await
+            .map_err(|e| Error::jetstream(format!("read consumer {consumer}"), e))?
+            .ack_floor
+            .stream_sequence;
+        let rules = Rules {
+            ack_floor,
+            snapshots_from: *snapshots_from,
+            dead_letters_before: self
+                .dead_letter_retention
+                .and_then(|r| SystemTime::now().checked_sub(r)),
+        };
+        let plan = compact::plan(&self.journal, &self.names, self.partition, &rules).await?;
+        let mut purged = 0;
+        let budget = usize::try_from(self.budget).unwrap_or(usize::MAX).max(1);
+        for (index, batch) in plan.purges.chunks(budget).enumerate() {
+            if index > 0 {
+                tokio::time::sleep(TICK).await;
+                if !self.holds().await? {
+                    return Ok(Swept::Fenced);
+                }
+            }
+            for purge in batch {
+                purged += compact::purge(&self.journal, purge).await?;
+            }
+        }
+        // Only once every snapshot read was acted on: a sweep cut short reads them again.
+        *snapshots_from = plan.snapshots_next;
+        tracing::debug!(
+            partition = self.partition,
+            generation = self.fence.generation,
+            purges = plan.purges.len(),
+            purged,
+            "compacted"
+        );
+        Ok(Swept::Done)
+    }
+
+    /// Whether the partition's latest fence record is still this owner's.
+    async fn holds(&self) -> Result<bool, Error> {
+        let latest = fence::latest(&self.journal, &self.names, self.partition)
+            .await
+            .map_err(|e| {
+                Error::jetstream(
+                    format!("read the fence of partition {}", self.partition),
+                    e.to_string(),
+                )
+            })?;
+        Ok(latest.is_some_and(|(seq, _)| seq == self.fence.seq))
+    }
+}
