@@ -67,6 +67,7 @@ impl Admin {
                 ack_floor,
                 snapshots_from: 1,
                 dead_letters_before: None,
+                horizon: u64::MAX,
             };
             let plan = compact::plan(&journal, &self.names, partition, &rules).await?;
             done.snapshots += plan.snapshots;

@@ -44,6 +44,11 @@ pub(crate) struct Rules {
     pub(crate) snapshots_from: u64,
     /// Dead letters written before this instant go (`None`: kept).
     pub(crate) dead_letters_before: Option<SystemTime>,
+    /// Only records up to this journal sequence are planned (`u64::MAX`: all). The background
+    /// sweep passes the journal's last sequence of one interval before, so that a record stays
+    /// at least one interval: what copies or reads the journal (a mirror, a backup, a
+    /// projection) has that long to see it.
+    pub(crate) horizon: u64,
 }
 
 /// One purge: the messages on `subject` (a filter, wildcards allowed) below journal sequence
@@ -81,20 +86,26 @@ pub(crate) async fn plan(
     let snapshots = names.partition_snapshots(partition);
     // An entity snapshotted several times since the last plan is purged once, to its latest.
     let mut covered_to: BTreeMap<String, u64> = BTreeMap::new();
-    scan_headers(journal, &snapshots, rules.snapshots_from, |row| {
-        plan.snapshots_next = row.seq + 1;
-        let upto = header_u64(row.headers, HDR_SNAPSHOT_UPTO);
-        let written = header_u64(row.headers, HDR_GENERATION).is_some();
-        if let (Some(upto), true, Some(covered)) =
-            (upto, written, names.covered_by_snapshot(row.subject))
-        {
-            plan.snapshots += 1;
-            for subject in covered {
-                let below = covered_to.entry(subject).or_default();
-                *below = (*below).max(upto + 1);
+    scan_headers(
+        journal,
+        &snapshots,
+        rules.snapshots_from,
+        rules.horizon,
+        |row| {
+            plan.snapshots_next = row.seq + 1;
+            let upto = header_u64(row.headers, HDR_SNAPSHOT_UPTO);
+            let written = header_u64(row.headers, HDR_GENERATION).is_some();
+            if let (Some(upto), true, Some(covered)) =
+                (upto, written, names.covered_by_snapshot(row.subject))
+            {
+                plan.snapshots += 1;
+                for subject in covered {
+                    let below = covered_to.entry(subject).or_default();
+                    *below = (*below).max(upto + 1);
+                }
             }
-        }
-    })
+        },
+    )
     .await?;
     plan.purges.extend(
         covered_to
@@ -104,7 +115,7 @@ pub(crate) async fn plan(
     {
         let outbox = names.outbox_subject(partition);
         let mut rows = Vec::new();
-        scan_headers(journal, &outbox, 1, |row| {
+        scan_headers(journal, &outbox, 1, rules.horizon, |row| {
             if let Some(command_seq) = header_u64(row.headers, HDR_COMMAND_SEQ) {
                 rows.push(OutboxRow {
                     seq: row.seq,
@@ -121,7 +132,9 @@ pub(crate) async fn plan(
             });
         }
         let timers = names.partition_timers(partition);
-        let end = crate::journal::last_sequence(journal, &timers).await?;
+        let end = crate::journal::last_sequence(journal, &timers)
+            .await?
+            .min(rules.horizon);
         let mut rows = Vec::new();
         crate::journal::replay(journal, timers, 1, end, |stored| {
             if let Record::Timer(timer) = &stored.record {
@@ -151,7 +164,7 @@ pub(crate) async fn plan(
             names.partition_dead_letters(partition),
         ] {
             let mut rows = Vec::new();
-            scan_headers(journal, &filter, 1, |row| {
+            scan_headers(journal, &filter, 1, rules.horizon, |row| {
                 rows.push(DeadLetterRow {
                     seq: row.seq,
                     command_seq: header_u64(row.headers, HDR_COMMAND_SEQ).unwrap_or(u64::MAX),
@@ -330,9 +343,12 @@ async fn scan_headers(
     journal: &Stream<()>,
     filter: &str,
     from: u64,
+    upto: u64,
     mut each: impl FnMut(HeaderRow<'_>),
 ) -> Result<(), Error> {
-    let end = crate::journal::last_sequence(journal, filter).await?;
+    let end = crate::journal::last_sequence(journal, filter)
+        .await?
+        .min(upto);
     if end == 0 || end < from {
         return Ok(());
     }

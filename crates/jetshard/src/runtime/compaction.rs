@@ -4,6 +4,10 @@
 //! `compaction_budget` purges per [`TICK`], re-reading the partition's fence before each batch
 //! and ending once another generation holds it.
 //!
+//! A sweep plans only the records written before the previous sweep (the journal's last
+//! sequence one interval before): each record stays at least one interval, so what copies or
+//! reads the journal (a mirror, a backup, a projection) has that long to see it.
+//!
 //! Off the command path: the task holds nothing the owner or its entity actors wait on, and
 //! the budget keeps the server's purge work to a trickle beside the commands' writes.
 //!
@@ -51,9 +55,18 @@ impl Sweeper {
     /// task is aborted by its owner). A sweep that fails is tried again at the next interval.
     pub(crate) async fn run(self) {
         let mut snapshots_from = 1;
+        // Each sweep plans the records written before the previous one (or before the task
+        // started): every record stays at least one interval (see `Rules::horizon`).
+        let mut horizon = self.last_sequence().await;
         loop {
             tokio::time::sleep(self.interval).await;
-            match self.sweep(&mut snapshots_from).await {
+            let next_horizon = self.last_sequence().await;
+            let swept = match horizon {
+                Some(horizon) => self.sweep(&mut snapshots_from, horizon).await,
+                None => Ok(Swept::Done),
+            };
+            horizon = next_horizon;
+            match swept {
                 Ok(Swept::Done) => {}
                 Ok(Swept::Fenced) => return,
                 Err(e) => {
@@ -63,7 +76,18 @@ impl Sweeper {
         }
     }
 
-    async fn sweep(&self, snapshots_from: &mut u64) -> Result<Swept, Error> {
+    /// The journal's last sequence, `None` if it cannot be read now (that sweep is skipped).
+    async fn last_sequence(&self) -> Option<u64> {
+        match self.journal.get_info().await {
+            Ok(info) => Some(info.state.last_sequence),
+            Err(e) => {
+                tracing::debug!(partition = self.partition, error = %e, "journal info not read; compaction waits");
+                None
+            }
+        }
+    }
+
+    async fn sweep(&self, snapshots_from: &mut u64, horizon: u64) -> Result<Swept, Error> {
         if !self.holds().await? {
             return Ok(Swept::Fenced);
         }
@@ -81,6 +105,7 @@ impl Sweeper {
             dead_letters_before: self
                 .dead_letter_retention
                 .and_then(|r| SystemTime::now().checked_sub(r)),
+            horizon,
         };
         let plan = compact::plan(&self.journal, &self.names, self.partition, &rules).await?;
         let mut purged = 0;
