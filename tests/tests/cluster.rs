@@ -191,6 +191,7 @@ async fn run(test: &str, base: u64, victims: &[Victim]) {
             &injected,
             retries,
             Duration::from_secs(120),
+            None,
         )
         .await;
         eprintln!(
