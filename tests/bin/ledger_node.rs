@@ -150,9 +150,10 @@ async fn main() {
         }
         config.build().expect("config")
     };
-    let system = ShardSystem::start::<Ledger>(client.clone(), settings(ledger_config(partitions, node)))
-        .await
-        .expect("start");
+    let system =
+        ShardSystem::start::<Ledger>(client.clone(), settings(ledger_config(partitions, node)))
+            .await
+            .expect("start");
     let stock = if options.stock {
         let config = settings(stock_config(partitions, node));
         Some(

@@ -351,21 +351,19 @@ pub fn check_effects(ledger: &[Record<LedgerEvt>], stock: &[Record<StockEvt>]) -
                     ));
                 }
             }
-            LedgerEvt::Disarmed { name } => {
-                match timers.get_mut(&(entity.clone(), name.clone())) {
-                    Some((_, state @ TimerState::Armed)) => {
-                        report.timers_cancelled += 1;
-                        *state = TimerState::Disarmed;
-                    }
-                    Some((_, TimerState::Fired)) => {}
-                    Some((_, TimerState::Disarmed)) => report.violations.push(format!(
-                        "{entity}: timer {name} disarmed twice (journal seq {seq})"
-                    )),
-                    None => report.violations.push(format!(
-                        "{entity}: timer {name} disarmed but never armed (journal seq {seq})"
-                    )),
+            LedgerEvt::Disarmed { name } => match timers.get_mut(&(entity.clone(), name.clone())) {
+                Some((_, state @ TimerState::Armed)) => {
+                    report.timers_cancelled += 1;
+                    *state = TimerState::Disarmed;
                 }
-            }
+                Some((_, TimerState::Fired)) => {}
+                Some((_, TimerState::Disarmed)) => report.violations.push(format!(
+                    "{entity}: timer {name} disarmed twice (journal seq {seq})"
+                )),
+                None => report.violations.push(format!(
+                    "{entity}: timer {name} disarmed but never armed (journal seq {seq})"
+                )),
+            },
             LedgerEvt::Fired { name, n } => {
                 report.timers_fired += 1;
                 match timers.get_mut(&(entity.clone(), name.clone())) {
@@ -426,10 +424,7 @@ pub fn check_effects(ledger: &[Record<LedgerEvt>], stock: &[Record<StockEvt>]) -
             seq, entity, event, ..
         } = record
         else {
-            if let Record::DeadLetter {
-                entity, reason, ..
-            } = record
-            {
+            if let Record::DeadLetter { entity, reason, .. } = record {
                 report
                     .violations
                     .push(format!("stock {entity}: a Reserve dead-lettered: {reason}"));
@@ -752,12 +747,18 @@ mod tests {
         let (ledger, _) = good();
         let report = check_effects(&ledger, &[]);
         assert!(
-            report.violations.iter().any(|v| v.contains("stored no answer")),
+            report
+                .violations
+                .iter()
+                .any(|v| v.contains("stored no answer")),
             "{report:?}"
         );
         let report = check_effects(&ledger[..5], &[]);
         assert!(
-            report.pending.iter().any(|p| p.contains("not yet answered")),
+            report
+                .pending
+                .iter()
+                .any(|p| p.contains("not yet answered")),
             "{report:?}"
         );
         let refused = StockEvt::Refused {
@@ -782,7 +783,10 @@ mod tests {
         }
         let report = check_effects(&ledger, &stock);
         assert!(
-            report.violations.iter().any(|v| v.contains("over its capacity")),
+            report
+                .violations
+                .iter()
+                .any(|v| v.contains("over its capacity")),
             "{report:?}"
         );
     }

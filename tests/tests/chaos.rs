@@ -429,6 +429,13 @@ async fn run_schedules(
         let started = Instant::now();
         eprintln!("{test}: seed {seed} ({})", replay_hint("chaos", test, seed));
         let partitions = 4;
+        // `scripts/soak --self-test`: this seed fails, as a violation would.
+        if std::env::var("JETSHARD_SOAK_FAIL_SEED").is_ok_and(|s| s == seed.to_string()) {
+            panic!(
+                "{test} seed {seed} failed (JETSHARD_SOAK_FAIL_SEED)\n{}",
+                replay_hint("chaos", test, seed)
+            );
+        }
         let plan = schedule(seed, kinds, faults, partitions);
         let mut world = World::start_with(partitions, features).await;
         let count = if features { ENTITIES / 2 } else { ENTITIES };
@@ -439,9 +446,8 @@ async fn run_schedules(
             LOAD_INTERVAL,
             Duration::from_secs(20),
         );
-        let traffic = features.then(|| {
-            faults::Features::start(world.s.client.clone(), seed, partitions, &entities)
-        });
+        let traffic = features
+            .then(|| faults::Features::start(world.s.client.clone(), seed, partitions, &entities));
         if let Err(e) = world
             .nodes
             .wait_all_owned(partitions, Duration::from_secs(20))

@@ -14,11 +14,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, context::Context, message::PublishMessage};
+use jetshard_testkit::history;
 use jetshard_testkit::history::{Ack, History, Violation};
 use jetshard_testkit::wait_until;
 use jetshard_tests::describe_consumers;
 use jetshard_tests::ledger::LedgerCmd;
-use jetshard_testkit::history;
 use jetshard_tests::model::{
     LedgerModel, Op, check_effects, check_journal, check_query_answers, client_outcomes,
     journal_excerpt, read_ledger, read_stock,
@@ -286,10 +286,15 @@ impl Nodes {
 
     /// Starts one node per entry of `urls` (its server list).
     pub async fn start(urls: Vec<String>, spec: NodeSpec, args: Vec<String>) -> Nodes {
-        let logs = tempfile::Builder::new()
+        let mut logs = tempfile::Builder::new()
             .prefix("jetshard-nodes-")
             .tempdir()
             .expect("log dir");
+        if std::env::var_os("JETSHARD_KEEP_LOGS").is_some() {
+            // For a replay: the nodes' whole logs, kept after the test.
+            logs.disable_cleanup(true);
+            eprintln!("node logs kept in {}", logs.path().display());
+        }
         let mut nodes = Nodes {
             slots: urls
                 .into_iter()
@@ -472,6 +477,26 @@ impl Nodes {
         found.join("\n")
     }
 
+    /// Copies every node's whole log to a directory that outlives the test (for a failed
+    /// schedule) and returns its path.
+    pub fn keep_logs(&self, seed: u64) -> String {
+        let dir = std::env::temp_dir().join(format!(
+            "jetshard-failed-seed-{seed}-{}",
+            std::process::id()
+        ));
+        let copied = std::fs::create_dir_all(&dir).and_then(|()| {
+            for entry in std::fs::read_dir(self.logs.path())? {
+                let entry = entry?;
+                std::fs::copy(entry.path(), dir.join(entry.file_name()))?;
+            }
+            Ok(())
+        });
+        match copied {
+            Ok(()) => dir.display().to_string(),
+            Err(e) => format!("(not kept: {e})"),
+        }
+    }
+
     /// Every node's ownership lines and the tail of its log, for a failure message.
     pub fn describe(&self) -> String {
         let mut text = String::new();
@@ -647,9 +672,10 @@ pub async fn verify(
                     extra.extend(report.violations.iter().take(20).cloned());
                     extra.extend(check_query_answers(&ledger, &features.answers));
                     extra.extend(features.bad_replies.iter().cloned());
-                    let config = jetshard_tests::stock::stock_config(features.partitions, "chaos-client")
-                        .build()
-                        .expect("config");
+                    let config =
+                        jetshard_tests::stock::stock_config(features.partitions, "chaos-client")
+                            .build()
+                            .expect("config");
                     let sender: jetshard::CommandSender<jetshard_tests::stock::Stock> =
                         jetshard::CommandSender::new(js.client(), &config);
                     for stock in &features.stocks {
@@ -663,7 +689,8 @@ pub async fn verify(
                             Err(e) => extra.push(format!("stock {stock}: query failed: {e}")),
                         }
                     }
-                    let history_report = history::check(&LedgerModel, &history, &client_outcomes(&ledger));
+                    let history_report =
+                        history::check(&LedgerModel, &history, &client_outcomes(&ledger));
                     effects = Some(report);
                     history_report
                 }
@@ -686,7 +713,11 @@ pub async fn verify(
         ..Figures::default()
     };
     if let (Some(effects), Some(features)) = (&effects, &features) {
-        figures.timers = (effects.timers_set, effects.timers_fired, effects.timers_cancelled);
+        figures.timers = (
+            effects.timers_set,
+            effects.timers_fired,
+            effects.timers_cancelled,
+        );
         figures.orders = (effects.orders, effects.reserved, effects.refused);
         figures.keyed = features.keyed;
         figures.queries = features.answers.len();
@@ -706,8 +737,9 @@ pub async fn verify(
             }
         }
         panic!(
-            "{test} seed {seed} failed\n{}\ndrained: {drained:?}\n{report}\ntimers, saga, queries, keyed answers: {extra:#?}\n{}\n{traces}faults: {injected:#?}\n{}",
+            "{test} seed {seed} failed\n{}\nthe nodes' whole logs: {}\ndrained: {drained:?}\n{report}\ntimers, saga, queries, keyed answers: {extra:#?}\n{}\n{traces}faults: {injected:#?}\n{}",
             replay_hint(file, test, seed),
+            nodes.keep_logs(seed),
             journal_excerpt(js, &report, 3).await,
             nodes.describe()
         );
@@ -736,7 +768,11 @@ pub fn soak_line(
         figures.commands,
         figures.unknown,
         figures.faults,
-        if kinds.is_empty() { "-".to_owned() } else { kinds.join(",") },
+        if kinds.is_empty() {
+            "-".to_owned()
+        } else {
+            kinds.join(",")
+        },
         figures.fences.saturating_sub(partitions as usize),
         figures.timers.0,
         figures.timers.1,
