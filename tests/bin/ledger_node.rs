@@ -8,7 +8,8 @@
 //! Options (all optional, each followed by its value):
 //! `--replicas <1|3|5>`, `--write-timeout-ms <ms>`, `--max-deliver <n>`,
 //! `--user <name> --password <secret>`, `--token <token>`, `--nkey <seed>`, `--creds <file>`,
-//! `--tls-ca <file>`, `--tls-cert <file> --tls-key <file>`, `--inbox-prefix <prefix>`.
+//! `--tls-ca <file>`, `--tls-cert <file> --tls-key <file>`, `--inbox-prefix <prefix>`,
+//! `--stock on` (also run the saga's `stock` entity type, same partitions, no ownership lines).
 
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -16,6 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use jetshard::{OwnershipChange, ShardSystem};
 use jetshard_tests::ledger::Ledger;
 use jetshard_tests::ledger_config;
+use jetshard_tests::stock::{Stock, stock_config};
 use tokio::signal::unix::{SignalKind, signal};
 
 /// The options after the positional arguments.
@@ -33,6 +35,7 @@ struct Options {
     tls_cert: Option<String>,
     tls_key: Option<String>,
     inbox_prefix: Option<String>,
+    stock: bool,
 }
 
 fn parse_options(args: &[String]) -> Options {
@@ -60,6 +63,7 @@ fn parse_options(args: &[String]) -> Options {
             "--tls-cert" => options.tls_cert = Some(value),
             "--tls-key" => options.tls_key = Some(value),
             "--inbox-prefix" => options.inbox_prefix = Some(value),
+            "--stock" => options.stock = value == "on",
             other => usage(&format!("unknown option {other}")),
         }
     }
@@ -128,24 +132,38 @@ async fn main() {
         .connect(urls.as_slice())
         .await
         .expect("connect");
-    let mut config = ledger_config(partitions.parse().expect("partitions"), node)
-        .pin_ttl(Duration::from_millis(pin_ttl_ms.parse().expect("pin ttl")))
-        .ack_wait(Duration::from_millis(
-            ack_wait_ms.parse().expect("ack wait"),
-        ));
-    if let Some(replicas) = options.replicas {
-        config = config.replicas(replicas);
-    }
-    if let Some(timeout) = options.write_timeout {
-        config = config.write_timeout(timeout);
-    }
-    if let Some(max_deliver) = options.max_deliver {
-        config = config.max_deliver(max_deliver);
-    }
-    let config = config.build().expect("config");
-    let system = ShardSystem::start::<Ledger>(client.clone(), config)
-        .await
-        .expect("start");
+    let partitions: u32 = partitions.parse().expect("partitions");
+    let settings = |mut config: jetshard::ShardConfigBuilder| {
+        config = config
+            .pin_ttl(Duration::from_millis(pin_ttl_ms.parse().expect("pin ttl")))
+            .ack_wait(Duration::from_millis(
+                ack_wait_ms.parse().expect("ack wait"),
+            ));
+        if let Some(replicas) = options.replicas {
+            config = config.replicas(replicas);
+        }
+        if let Some(timeout) = options.write_timeout {
+            config = config.write_timeout(timeout);
+        }
+        if let Some(max_deliver) = options.max_deliver {
+            config = config.max_deliver(max_deliver);
+        }
+        config.build().expect("config")
+    };
+    let system =
+        ShardSystem::start::<Ledger>(client.clone(), settings(ledger_config(partitions, node)))
+            .await
+            .expect("start");
+    let stock = if options.stock {
+        let config = settings(stock_config(partitions, node));
+        Some(
+            ShardSystem::start::<Stock>(client.clone(), config)
+                .await
+                .expect("start the stock"),
+        )
+    } else {
+        None
+    };
     let mut events = system.ownership_events();
     let mut terminate = signal(SignalKind::terminate()).expect("signal");
     let mut server_check = tokio::time::interval(Duration::from_millis(100));
@@ -174,6 +192,13 @@ async fn main() {
             _ = terminate.recv() => break,
         }
     }
-    system.shutdown().await.expect("shutdown");
+    // Both hand their partitions off at once.
+    let stock = async {
+        if let Some(stock) = stock {
+            stock.shutdown().await.expect("shutdown the stock");
+        }
+    };
+    let (_, ledger) = tokio::join!(stock, system.shutdown());
+    ledger.expect("shutdown");
     println!("STOPPED");
 }

@@ -34,6 +34,24 @@ pub enum LedgerCmd {
     Remind { name: String, n: u64, after_ms: u64 },
     /// Disarms the timer `name`.
     Forget { name: String },
+    /// Arms the timer `name` (`Fire { name, n }` to this ledger `after_ms` from now) and
+    /// records it: `Armed { name, n }`, so the history checker sees every timer set.
+    Arm { name: String, n: u64, after_ms: u64 },
+    /// Disarms the timer `name` and records it: `Disarmed { name }`.
+    Disarm { name: String },
+    /// What an `Arm` timer sends when it fires: `Fired { name, n }`.
+    Fire { name: String, n: u64 },
+    /// The first step of the saga: records `Ordered` and sends `StockCmd::Reserve` to the stock
+    /// entity `stock` through the outbox; the stock answers `Settle` to `reply_to` (this ledger's
+    /// own id: `decide` does not know it).
+    Order {
+        order: u64,
+        stock: String,
+        qty: u64,
+        reply_to: String,
+    },
+    /// The saga's answer from the stock, through its outbox: `Settled { order, reserved }`.
+    Settle { order: u64, reserved: bool },
 }
 
 /// Its events.
@@ -41,6 +59,16 @@ pub enum LedgerCmd {
 pub enum LedgerEvt {
     /// `n` was appended.
     Appended { n: u64 },
+    /// The timer `name` was armed to fire `n`.
+    Armed { name: String, n: u64 },
+    /// The timer `name` was disarmed (whether or not it was still armed).
+    Disarmed { name: String },
+    /// The timer `name` fired `n`.
+    Fired { name: String, n: u64 },
+    /// The order `order` of `qty` was sent to the stock `stock`.
+    Ordered { order: u64, stock: String, qty: u64 },
+    /// The stock answered the order `order`: reserved or refused.
+    Settled { order: u64, reserved: bool },
 }
 
 impl Entity for Ledger {
@@ -93,6 +121,37 @@ impl Entity for Ledger {
                 effects.cancel_timer(&name);
                 Ok(vec![])
             }
+            LedgerCmd::Arm { name, n, after_ms } => {
+                let after = std::time::Duration::from_millis(after_ms);
+                let fire = LedgerCmd::Fire {
+                    name: name.clone(),
+                    n,
+                };
+                effects.set_timer_after(&name, after, &fire);
+                Ok(vec![LedgerEvt::Armed { name, n }])
+            }
+            LedgerCmd::Disarm { name } => {
+                effects.cancel_timer(&name);
+                Ok(vec![LedgerEvt::Disarmed { name }])
+            }
+            LedgerCmd::Fire { name, n } => Ok(vec![LedgerEvt::Fired { name, n }]),
+            LedgerCmd::Order {
+                order,
+                stock,
+                qty,
+                reply_to,
+            } => {
+                let reserve = crate::stock::StockCmd::Reserve {
+                    order,
+                    qty,
+                    reply_to,
+                };
+                effects.command("stock", &stock, &reserve);
+                Ok(vec![LedgerEvt::Ordered { order, stock, qty }])
+            }
+            LedgerCmd::Settle { order, reserved } => {
+                Ok(vec![LedgerEvt::Settled { order, reserved }])
+            }
         }
     }
 
@@ -111,8 +170,10 @@ impl Entity for Ledger {
             // Dies between the durable write and the acknowledgement of its command.
             std::process::abort();
         }
-        match event {
-            LedgerEvt::Appended { n } => state.push(*n),
+        // The timer and saga events leave the list as it is: the history checker reads them
+        // from the journal.
+        if let LedgerEvt::Appended { n } = event {
+            state.push(*n);
         }
     }
 }

@@ -45,6 +45,7 @@
 //! | [`model`] | `Op` (a command and what it must leave), `LedgerModel`, `check_journal` |
 //! | [`node`] | `ledger-node` child processes: SIGKILL, SIGSTOP, SIGTERM, ownership lines |
 //! | [`scenario`] | `Scenario`, `provision`, `wait_drained` |
+//! | [`stock`] | the `Stock` entity: the saga's second entity type, answering ledgers' orders |
 
 /// Sends `tracing` output to the test harness, which shows it for failing tests only.
 ///
@@ -62,6 +63,7 @@ pub mod model;
 pub mod node;
 pub mod scenario;
 pub mod secure;
+pub mod stock;
 
 pub use scenario::{Scenario, describe_consumers, provision, wait_drained};
 

@@ -79,6 +79,11 @@ enum Fault {
         fallback: usize,
         restart_after: Duration,
     },
+    /// `Admin::compact` of the ledger's journal during load (the history is read from its
+    /// mirror, which keeps what the compaction purges).
+    Compact,
+    /// A rolling restart: every node in turn SIGTERMed (hand-off) and started again.
+    RollingRestart,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,6 +95,8 @@ enum Kind {
     Blip,
     Stall,
     Terminate,
+    Compact,
+    RollingRestart,
 }
 
 impl Fault {
@@ -131,23 +138,36 @@ impl Fault {
                 fallback,
                 restart_after: rng.millis(200, 2000),
             },
+            Kind::Compact => Fault::Compact,
+            Kind::RollingRestart => Fault::RollingRestart,
         }
     }
 }
 
-/// A schedule: 2 to `faults` faults, each after a pause.
+/// A schedule: 2 to `faults` faults, each after a pause; with `Kind::Compact` among `kinds`,
+/// exactly one compaction among them, at a random place.
 fn schedule(seed: u64, kinds: &[Kind], faults: u64, partitions: u32) -> Vec<(Duration, Fault)> {
     let mut rng = Rng::new(seed);
     let count = 2 + rng.below(faults.max(2) - 1);
-    (0..count)
+    let drawn: Vec<Kind> = kinds
+        .iter()
+        .copied()
+        .filter(|k| *k != Kind::Compact)
+        .collect();
+    let mut plan: Vec<(Duration, Fault)> = (0..count)
         .map(|_| {
-            let kind = rng.pick(kinds);
+            let kind = rng.pick(&drawn);
             (
                 rng.millis(300, 2000),
                 Fault::random(kind, &mut rng, partitions),
             )
         })
-        .collect()
+        .collect();
+    if kinds.contains(&Kind::Compact) {
+        let at = rng.below(plan.len() as u64 + 1) as usize;
+        plan.insert(at, (rng.millis(300, 2000), Fault::Compact));
+    }
+    plan
 }
 
 /// One schedule's world: a server with its client ([`Scenario`]), one proxy per node slot, the
@@ -160,6 +180,12 @@ struct World {
 
 impl World {
     async fn start(partitions: u32) -> World {
+        World::start_with(partitions, false).await
+    }
+
+    /// With `features`, the nodes also run the saga's `stock` entity type, and the journal has
+    /// a mirror ([`faults::JOURNAL_COPY`]).
+    async fn start_with(partitions: u32, features: bool) -> World {
         let s = Scenario::single(partitions)
             .await
             .pin_ttl(PIN_TTL)
@@ -171,7 +197,15 @@ impl World {
         // Debug lines name each command's fate (`already applied`, acks), for failures.
         let spec = s.node_spec(&[("RUST_LOG", "jetshard=debug")]);
         let urls = proxies.iter().map(TcpProxy::url).collect();
-        let nodes = Nodes::start(urls, spec, vec![]).await;
+        let args = if features {
+            vec!["--stock".to_owned(), "on".to_owned()]
+        } else {
+            vec![]
+        };
+        let nodes = Nodes::start(urls, spec, args).await;
+        if features {
+            faults::start_journal_copy(&s.js, 1).await;
+        }
         World { s, proxies, nodes }
     }
 
@@ -268,6 +302,33 @@ impl World {
                     "terminate slot {slot} (owner of p{partition}: {owner}), exited in {took:?}, restarted after {restart_after:?}"
                 )
             }
+            Fault::Compact => {
+                // What the compaction is about to purge must be in the mirror first.
+                if let Err(e) =
+                    faults::wait_journal_copied(&self.s.js, Duration::from_secs(20)).await
+                {
+                    return format!("compact skipped: {e}");
+                }
+                let admin = jetshard::admin::Admin::new(self.s.client.clone(), "ledger");
+                match tokio::time::timeout(Duration::from_secs(30), admin.compact(None)).await {
+                    Ok(Ok(done)) => format!(
+                        "compact ({} snapshots, {} records purged)",
+                        done.snapshots, done.purged
+                    ),
+                    Ok(Err(e)) => format!("compact failed: {e}"),
+                    Err(_) => "compact timed out".to_owned(),
+                }
+            }
+            Fault::RollingRestart => {
+                let mut took = Vec::new();
+                for slot in 0..self.nodes.slots.len() {
+                    let started = Instant::now();
+                    self.nodes.terminate(slot).await;
+                    took.push(started.elapsed());
+                    self.nodes.restart(slot).await;
+                }
+                format!("rolling-restart of every node, each exited in {took:?}")
+            }
         }
     }
 
@@ -306,6 +367,20 @@ impl World {
         injected: &[String],
         retries: u64,
     ) -> Figures {
+        self.verify_with(test, seed, history, injected, retries, None)
+            .await
+    }
+
+    /// [`World::verify`], with the checks of every feature when `features` ran.
+    async fn verify_with(
+        &mut self,
+        test: &str,
+        seed: u64,
+        history: &History<Op>,
+        injected: &[String],
+        retries: u64,
+        features: Option<faults::FeatureRun>,
+    ) -> Figures {
         // A restart of a single server (SIGKILL) has been seen to leave acknowledged commands in
         // the work-queue stream while every consumer's ack floor is past them (as a clustered
         // stream does after leader changes): judge by the consumers, and report what is left.
@@ -322,6 +397,7 @@ impl World {
             injected,
             retries,
             Duration::from_secs(90),
+            features,
         )
         .await;
         if left > 0 {
@@ -333,6 +409,19 @@ impl World {
 
 /// Runs the seeds of one scenario: each its own world, load, faults drawn from `kinds`.
 async fn run_scenario(test: &str, base: u64, default_seeds: u64, kinds: &[Kind], faults: u64) {
+    run_schedules(test, base, default_seeds, kinds, faults, false).await;
+}
+
+/// [`run_scenario`]; with `features`, every feature runs beside the load ([`faults::Features`])
+/// and the checks include theirs.
+async fn run_schedules(
+    test: &str,
+    base: u64,
+    default_seeds: u64,
+    kinds: &[Kind],
+    faults: u64,
+    features: bool,
+) {
     init_tracing();
     let _one = one_at_a_time().await;
     let mut totals = Totals::default();
@@ -340,15 +429,25 @@ async fn run_scenario(test: &str, base: u64, default_seeds: u64, kinds: &[Kind],
         let started = Instant::now();
         eprintln!("{test}: seed {seed} ({})", replay_hint("chaos", test, seed));
         let partitions = 4;
+        // `scripts/soak --self-test`: this seed fails, as a violation would.
+        if std::env::var("JETSHARD_SOAK_FAIL_SEED").is_ok_and(|s| s == seed.to_string()) {
+            panic!(
+                "{test} seed {seed} failed (JETSHARD_SOAK_FAIL_SEED)\n{}",
+                replay_hint("chaos", test, seed)
+            );
+        }
         let plan = schedule(seed, kinds, faults, partitions);
-        let mut world = World::start(partitions).await;
-        let entities: Vec<String> = (0..ENTITIES).map(|e| format!("s{seed}-e{e}")).collect();
+        let mut world = World::start_with(partitions, features).await;
+        let count = if features { ENTITIES / 2 } else { ENTITIES };
+        let entities: Vec<String> = (0..count).map(|e| format!("s{seed}-e{e}")).collect();
         let load = Load::start(
             world.s.client.clone(),
             &entities,
             LOAD_INTERVAL,
             Duration::from_secs(20),
         );
+        let traffic = features
+            .then(|| faults::Features::start(world.s.client.clone(), seed, partitions, &entities));
         if let Err(e) = world
             .nodes
             .wait_all_owned(partitions, Duration::from_secs(20))
@@ -365,12 +464,30 @@ async fn run_scenario(test: &str, base: u64, default_seeds: u64, kinds: &[Kind],
         // The schedule's own timing: a last stretch of load after the faults.
         tokio::time::sleep(Duration::from_millis(500)).await;
         world.recover().await;
-        let retries = load.retries.load(std::sync::atomic::Ordering::Relaxed);
+        let mut retries = load.retries.load(std::sync::atomic::Ordering::Relaxed);
         let history = load.finish().await;
-        let figures = world.verify(test, seed, &history, &injected, retries).await;
+        let feature_run = match traffic {
+            Some(traffic) => {
+                retries += traffic.retries.load(std::sync::atomic::Ordering::Relaxed);
+                Some(traffic.finish().await)
+            }
+            None => None,
+        };
+        let figures = world
+            .verify_with(test, seed, &history, &injected, retries, feature_run)
+            .await;
         eprintln!(
             "{test}: seed {seed} passed in {:.1?}: {figures:?}",
             started.elapsed()
+        );
+        let run = Run {
+            file: "chaos",
+            test,
+            seed,
+        };
+        eprintln!(
+            "{}",
+            faults::soak_line(run, started.elapsed(), &figures, &injected, partitions)
         );
         totals.add(&figures, &injected);
     }
@@ -445,6 +562,34 @@ async fn graceful_stops_during_load_hand_over_without_loss() {
         2,
         &[Kind::Terminate],
         3,
+    )
+    .await;
+}
+
+/// Every feature at once under every fault at once: snapshots every few events, durable timers
+/// armed, cancelled and firing through takeovers, a saga through the outbox to a second entity
+/// type and back, keyed requests retried under their key, state queries; and SIGKILL, SIGSTOP
+/// past the TTL, SIGTERM hand-offs and rolling restarts, server restarts, connections cut,
+/// dropped and stalled at the proxies, a compaction during load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_feature_under_every_fault_keeps_every_promise() {
+    run_schedules(
+        "every_feature_under_every_fault_keeps_every_promise",
+        900,
+        1,
+        &[
+            Kind::Kill,
+            Kind::Freeze,
+            Kind::ServerRestart,
+            Kind::Cut,
+            Kind::Blip,
+            Kind::Stall,
+            Kind::Terminate,
+            Kind::Compact,
+            Kind::RollingRestart,
+        ],
+        4,
+        true,
     )
     .await;
 }

@@ -114,6 +114,13 @@ async fn healthy_with(js: &Context, partitions: u32) -> bool {
 }
 
 async fn run(test: &str, base: u64, victims: &[Victim]) {
+    run_with(test, base, victims, false).await;
+}
+
+/// [`run`]; with `features`, every feature runs beside the load ([`faults::Features`]: timers,
+/// the saga to the `stock` entity type, keyed requests, queries), a node is SIGKILLed and one
+/// SIGTERMed (a hand-off) between the server kills, and the checks include theirs.
+async fn run_with(test: &str, base: u64, victims: &[Victim], features: bool) {
     init_tracing();
     let _one = one_at_a_time().await;
     let mut totals = Totals::default();
@@ -131,14 +138,24 @@ async fn run(test: &str, base: u64, victims: &[Victim]) {
         let (cluster, client, js) = (s.cluster_servers(), &s.client, &s.js);
         // Each node lists every server, its own first: node i starts on server i.
         let urls = (0..3).map(|i| s.urls_from(i)).collect();
-        let mut nodes = Nodes::start(urls, s.node_spec(&[]), s.node_options().args).await;
-        let entities: Vec<String> = (0..ENTITIES).map(|e| format!("c{seed}-e{e}")).collect();
+        let mut args = s.node_options().args;
+        if features {
+            args.extend(["--stock".to_owned(), "on".to_owned()]);
+        }
+        let mut nodes = Nodes::start(urls, s.node_spec(&[]), args).await;
+        if features {
+            faults::start_journal_copy(js, 3).await;
+        }
+        let count = if features { ENTITIES / 2 } else { ENTITIES };
+        let entities: Vec<String> = (0..count).map(|e| format!("c{seed}-e{e}")).collect();
         let load = Load::start(
             client.clone(),
             &entities,
             LOAD_INTERVAL,
             Duration::from_secs(40),
         );
+        let traffic =
+            features.then(|| faults::Features::start(client.clone(), seed, PARTITIONS, &entities));
         nodes
             .wait_all_owned(PARTITIONS, Duration::from_secs(30))
             .await
@@ -167,17 +184,41 @@ async fn run(test: &str, base: u64, victims: &[Victim]) {
             })
             .await;
             injected.push(format!(
-                "kill {victim:?} {name} (p{partition}), down {down:?}, back after {restarted:.1?}, healed after {:.1?}: {}",
+                "server-kill {victim:?} {name} (p{partition}), down {down:?}, back after {restarted:.1?}, healed after {:.1?}: {}",
                 killed.elapsed(),
                 healed.is_ok()
             ));
             healed.unwrap_or_else(|e| panic!("{e}: {injected:#?}"));
+            if features {
+                // A node fault after each server kill: SIGKILL, then SIGTERM (a hand-off).
+                let slot = rng.below(nodes.slots.len() as u64) as usize;
+                let started = Instant::now();
+                let what = if injected.len() == 1 {
+                    nodes.kill(slot).await;
+                    "kill"
+                } else {
+                    nodes.terminate(slot).await;
+                    "terminate"
+                };
+                let took = started.elapsed();
+                // Part of the fault: the slot stays empty this long.
+                tokio::time::sleep(rng.millis(200, 1500)).await;
+                nodes.restart(slot).await;
+                injected.push(format!("node-{what} slot {slot}, exited in {took:.1?}"));
+            }
         }
         // The schedule's own timing: a last stretch of load after the faults.
         tokio::time::sleep(Duration::from_millis(1000)).await;
         nodes.recover().await;
-        let retries = load.retries.load(std::sync::atomic::Ordering::Relaxed);
+        let mut retries = load.retries.load(std::sync::atomic::Ordering::Relaxed);
         let history = load.finish().await;
+        let feature_run = match traffic {
+            Some(traffic) => {
+                retries += traffic.retries.load(std::sync::atomic::Ordering::Relaxed);
+                Some(traffic.finish().await)
+            }
+            None => None,
+        };
         let run = Run {
             file: "cluster",
             test,
@@ -191,15 +232,39 @@ async fn run(test: &str, base: u64, victims: &[Victim]) {
             &injected,
             retries,
             Duration::from_secs(120),
+            feature_run,
         )
         .await;
         eprintln!(
             "{test}: seed {seed} passed in {:.1?}: {figures:?}; acknowledged commands the R3 work-queue stream still holds: {left}",
             started.elapsed(),
         );
+        eprintln!(
+            "{}",
+            faults::soak_line(run, started.elapsed(), &figures, &injected, PARTITIONS)
+        );
         totals.add(&figures, &injected);
     }
     eprintln!("{}", totals.line(test));
+}
+
+/// Every feature at once (timers, the saga through the outbox, keyed requests, queries,
+/// snapshots) while the R3 cluster loses the leaders of its streams and consumers and the
+/// servers the owners are connected to, and nodes are SIGKILLed and SIGTERMed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_feature_under_leader_and_node_kills_keeps_every_promise() {
+    run_with(
+        "every_feature_under_leader_and_node_kills_keeps_every_promise",
+        4000,
+        &[
+            Victim::JournalLeader,
+            Victim::CommandLeader,
+            Victim::ConsumerLeader,
+            Victim::OwnersServer,
+        ],
+        true,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -481,6 +481,33 @@ pub async fn read_journal(
     Ok(history)
 }
 
+/// As [`read_journal`], from the stream `stream` instead of the entity type's journal: a mirror
+/// of it (`mirror: <T>_JOURNAL`), which keeps the records a compaction purged from the journal.
+///
+/// # Errors
+/// As [`read_journal`].
+pub async fn read_journal_from(
+    js: &jetstream::Context,
+    stream: &str,
+    entity_type: &str,
+) -> Result<Vec<Record<Vec<u8>>>, ReadError> {
+    let opened = js
+        .get_stream_no_info(stream)
+        .await
+        .map_err(|e| ReadError::jetstream(format!("open the stream {stream}"), e))?;
+    let records = JournalReader::new(opened, entity_type)
+        .all()
+        .await
+        .map_err(|e| {
+            ReadError::jetstream(format!("read {stream} as the journal of {entity_type}"), e)
+        })?;
+    let mut history = Vec::with_capacity(records.len());
+    for record in records {
+        history.extend(Record::from_journal(record)?);
+    }
+    Ok(history)
+}
+
 /// The sequential specification of one entity, folded over its outcomes in journal order.
 ///
 /// The checker starts each entity at `State::default()` and calls [`step`](Model::step) for

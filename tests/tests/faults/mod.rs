@@ -14,11 +14,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, context::Context, message::PublishMessage};
+use jetshard_testkit::history;
 use jetshard_testkit::history::{Ack, History, Violation};
 use jetshard_testkit::wait_until;
 use jetshard_tests::describe_consumers;
 use jetshard_tests::ledger::LedgerCmd;
-use jetshard_tests::model::{Op, check_journal, journal_excerpt};
+use jetshard_tests::model::{
+    LedgerModel, Op, check_effects, check_journal, check_query_answers, client_outcomes,
+    journal_excerpt, read_ledger, read_stock,
+};
 use jetshard_tests::node::{Node, NodeOptions, NodeSpec};
 use serde::Serialize;
 use tokio::task::JoinHandle;
@@ -282,10 +286,15 @@ impl Nodes {
 
     /// Starts one node per entry of `urls` (its server list).
     pub async fn start(urls: Vec<String>, spec: NodeSpec, args: Vec<String>) -> Nodes {
-        let logs = tempfile::Builder::new()
+        let mut logs = tempfile::Builder::new()
             .prefix("jetshard-nodes-")
             .tempdir()
             .expect("log dir");
+        if std::env::var_os("JETSHARD_KEEP_LOGS").is_some() {
+            // For a replay: the nodes' whole logs, kept after the test.
+            logs.disable_cleanup(true);
+            eprintln!("node logs kept in {}", logs.path().display());
+        }
         let mut nodes = Nodes {
             slots: urls
                 .into_iter()
@@ -468,6 +477,26 @@ impl Nodes {
         found.join("\n")
     }
 
+    /// Copies every node's whole log to a directory that outlives the test (for a failed
+    /// schedule) and returns its path.
+    pub fn keep_logs(&self, seed: u64) -> String {
+        let dir = std::env::temp_dir().join(format!(
+            "jetshard-failed-seed-{seed}-{}",
+            std::process::id()
+        ));
+        let copied = std::fs::create_dir_all(&dir).and_then(|()| {
+            for entry in std::fs::read_dir(self.logs.path())? {
+                let entry = entry?;
+                std::fs::copy(entry.path(), dir.join(entry.file_name()))?;
+            }
+            Ok(())
+        });
+        match copied {
+            Ok(()) => dir.display().to_string(),
+            Err(e) => format!("(not kept: {e})"),
+        }
+    }
+
     /// Every node's ownership lines and the tail of its log, for a failure message.
     pub fn describe(&self) -> String {
         let mut text = String::new();
@@ -505,6 +534,14 @@ pub struct Figures {
     pub dead_letters: usize,
     /// Fence records (acquisitions).
     pub fences: usize,
+    /// Timers armed, fired, cancelled before they fired.
+    pub timers: (usize, usize, usize),
+    /// Orders, reserved, refused.
+    pub orders: (usize, usize, usize),
+    /// Keyed requests answered.
+    pub keyed: u64,
+    /// Query answers.
+    pub queries: usize,
 }
 
 /// Totals over a test's schedules, printed when the test ends (seen with `--nocapture`).
@@ -569,8 +606,13 @@ pub struct Run<'a> {
 /// Ends a schedule: waits (bounded by `within`) until no partition consumer holds a command,
 /// checks the journal against `history`, and panics with everything needed to debug a failure
 /// (the replay line, the report, the journal of the entities it names, the node log lines of
-/// the first commands it names, every node's log tail). Returns the schedule's figures and how
-/// many acknowledged commands the command stream still holds.
+/// the first commands it names, every node's log tail). With `features` (a schedule with every
+/// feature on) it also waits (bounded) until every armed timer fired and every order was
+/// answered, reads the ledger's history from [`JOURNAL_COPY`] (a compaction purged the
+/// journal), and checks the timers, the saga, the stock's state (queried), the query answers
+/// and the keyed answers. Returns the schedule's figures and how many acknowledged commands
+/// the command stream still holds.
+#[allow(clippy::too_many_arguments)]
 pub async fn verify(
     js: &Context,
     nodes: &Nodes,
@@ -579,22 +621,109 @@ pub async fn verify(
     injected: &[String],
     retries: u64,
     within: Duration,
+    features: Option<FeatureRun>,
 ) -> (Figures, u64) {
     let Run { file, test, seed } = run;
     let drained = wait_consumers_drained(js, nodes.spec().partitions, within).await;
-    let report = check_journal(js, history).await;
+    let mut history = history.clone();
+    let mut extra = Vec::new();
+    let mut effects = None;
+    let report = match &features {
+        None => check_journal(js, &history).await,
+        Some(features) => {
+            history.extend(features.history.clone());
+            // Timers due and answers on their way: wait until nothing is pending.
+            let mut last = None;
+            let deadline = Instant::now() + within;
+            let settled = loop {
+                let read = async {
+                    wait_journal_copied(js, Duration::from_secs(30)).await?;
+                    let ledger = read_ledger(js, Some(JOURNAL_COPY)).await?;
+                    let stock = read_stock(js).await?;
+                    Ok::<_, String>((ledger, stock))
+                };
+                match read.await {
+                    Ok((ledger, stock)) => {
+                        let report = check_effects(&ledger, &stock);
+                        let done = report.pending.is_empty();
+                        last = Some((ledger, report));
+                        if done {
+                            break Ok(());
+                        }
+                    }
+                    Err(e) => extra.push(format!("reading the journals: {e}")),
+                }
+                if Instant::now() >= deadline {
+                    break Err(());
+                }
+                // Polling the journals: timers are due, answers on their way.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            };
+            if last.is_some() {
+                // Reads that failed before one succeeded were the server coming back.
+                extra.clear();
+            }
+            extra.truncate(3);
+            match last {
+                Some((ledger, report)) => {
+                    if settled.is_err() {
+                        extra.extend(report.pending.iter().take(10).map(|p| format!("lost: {p}")));
+                    }
+                    extra.extend(report.violations.iter().take(20).cloned());
+                    extra.extend(check_query_answers(&ledger, &features.answers));
+                    extra.extend(features.bad_replies.iter().cloned());
+                    let config =
+                        jetshard_tests::stock::stock_config(features.partitions, "chaos-client")
+                            .build()
+                            .expect("config");
+                    let sender: jetshard::CommandSender<jetshard_tests::stock::Stock> =
+                        jetshard::CommandSender::new(js.client(), &config);
+                    for stock in &features.stocks {
+                        let units = report.stock_units.get(stock).copied().unwrap_or(0);
+                        match sender.get(stock, Duration::from_secs(20)).await {
+                            Ok(s) if s.state.reserved == units => {}
+                            Ok(s) => extra.push(format!(
+                                "stock {stock}: its state says {} units reserved, its journal {units}",
+                                s.state.reserved
+                            )),
+                            Err(e) => extra.push(format!("stock {stock}: query failed: {e}")),
+                        }
+                    }
+                    let history_report =
+                        history::check(&LedgerModel, &history, &client_outcomes(&ledger));
+                    effects = Some(report);
+                    history_report
+                }
+                None => {
+                    extra.push("the journals could not be read".to_owned());
+                    check_journal(js, &history).await
+                }
+            }
+        }
+    };
     let summary = report.summary();
-    let figures = Figures {
+    let mut figures = Figures {
         commands: summary.commands,
         unknown: summary.unknown,
         retries,
         faults: injected.len(),
-        violations: report.violations().len(),
+        violations: report.violations().len() + extra.len(),
         dead_letters: summary.dead_letters,
         fences: summary.fences,
+        ..Figures::default()
     };
+    if let (Some(effects), Some(features)) = (&effects, &features) {
+        figures.timers = (
+            effects.timers_set,
+            effects.timers_fired,
+            effects.timers_cancelled,
+        );
+        figures.orders = (effects.orders, effects.reserved, effects.refused);
+        figures.keyed = features.keyed;
+        figures.queries = features.answers.len();
+    }
     eprintln!("seed {seed}: {report}\n  faults: {injected:#?}");
-    if drained.is_err() || !report.is_ok() {
+    if drained.is_err() || !report.is_ok() || !extra.is_empty() {
         let mut traces = String::new();
         for violation in report.violations().iter().take(3) {
             if let Violation::Lost { command_seq, .. }
@@ -608,8 +737,9 @@ pub async fn verify(
             }
         }
         panic!(
-            "{test} seed {seed} failed\n{}\ndrained: {drained:?}\n{report}\n{}\n{traces}faults: {injected:#?}\n{}",
+            "{test} seed {seed} failed\n{}\nthe nodes' whole logs: {}\ndrained: {drained:?}\n{report}\ntimers, saga, queries, keyed answers: {extra:#?}\n{}\n{traces}faults: {injected:#?}\n{}",
             replay_hint(file, test, seed),
+            nodes.keep_logs(seed),
             journal_excerpt(js, &report, 3).await,
             nodes.describe()
         );
@@ -617,9 +747,331 @@ pub async fn verify(
     (figures, drained.unwrap_or_default())
 }
 
+/// One progress line of a soak (`scripts/soak` reads it): `SOAK <file> <test> seed=<s> ...`.
+pub fn soak_line(
+    run: Run<'_>,
+    took: Duration,
+    figures: &Figures,
+    injected: &[String],
+    partitions: u32,
+) -> String {
+    let kinds: Vec<&str> = injected
+        .iter()
+        .filter_map(|f| f.split_whitespace().next())
+        .collect();
+    format!(
+        "SOAK {} {} seed={} secs={:.1} commands={} unknown={} faults={} kinds={} takeovers={} timers={}/{}/{} orders={}/{}/{} keyed={} queries={} dead_letters={} violations={}",
+        run.file,
+        run.test,
+        run.seed,
+        took.as_secs_f64(),
+        figures.commands,
+        figures.unknown,
+        figures.faults,
+        if kinds.is_empty() {
+            "-".to_owned()
+        } else {
+            kinds.join(",")
+        },
+        figures.fences.saturating_sub(partitions as usize),
+        figures.timers.0,
+        figures.timers.1,
+        figures.timers.2,
+        figures.orders.0,
+        figures.orders.1,
+        figures.orders.2,
+        figures.keyed,
+        figures.queries,
+        figures.dead_letters,
+        figures.violations
+    )
+}
+
 /// The line that tells how to run one seed again.
 pub fn replay_hint(test_file: &str, test: &str, seed: u64) -> String {
     format!(
         "replay: JETSHARD_SEED={seed} cargo test -p jetshard-tests --test {test_file} {test} -- --nocapture"
     )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every feature at once
+
+/// The mirror of `LEDGER_JOURNAL` a schedule with a compaction reads its history from: the
+/// compaction purges events the snapshots cover, the mirror keeps them.
+pub const JOURNAL_COPY: &str = "LEDGER_JOURNAL_COPY";
+
+/// Creates [`JOURNAL_COPY`] (with `replicas`) once the journal exists.
+pub async fn start_journal_copy(js: &Context, replicas: usize) {
+    let config = jetstream::stream::Config {
+        name: JOURNAL_COPY.to_owned(),
+        mirror: Some(jetstream::stream::Source {
+            name: "LEDGER_JOURNAL".to_owned(),
+            ..Default::default()
+        }),
+        num_replicas: replicas,
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    };
+    wait_until(Duration::from_secs(30), "the journal's mirror", || async {
+        js.get_or_create_stream(config.clone()).await.is_ok()
+    })
+    .await
+    .expect("create the journal's mirror");
+}
+
+/// Waits (bounded) until [`JOURNAL_COPY`] holds everything the journal held when called.
+pub async fn wait_journal_copied(js: &Context, within: Duration) -> Result<(), String> {
+    let last = |name: &'static str| async move {
+        match js.get_stream(name).await {
+            Ok(mut stream) => stream.info().await.ok().map(|i| i.state.last_sequence),
+            Err(_) => None,
+        }
+    };
+    let target = wait_for(within, || async { last("LEDGER_JOURNAL").await })
+        .await
+        .ok_or("the journal's last sequence unreadable")?;
+    wait_until(within, "the journal's mirror to catch up", || async {
+        last(JOURNAL_COPY).await.is_some_and(|seq| seq >= target)
+    })
+    .await
+    .map_err(|e| e.to_string())
+}
+
+/// Polls `read` until it returns something, up to `within`.
+async fn wait_for<T, F, Fut>(within: Duration, mut read: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(value) = read().await {
+            return Some(value);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The stock entities of a schedule.
+pub fn stocks(seed: u64) -> Vec<String> {
+    (0..2).map(|k| format!("st{seed}-{k}")).collect()
+}
+
+/// The traffic of every feature beside the [`Load`]'s pushes, each recorded for the checkers:
+/// durable timers armed and some disarmed (`Arm`, `Disarm`: the timer fires `Fire` into the
+/// entity), orders of a saga through the outbox to the `stock` entity type and back (`Order`,
+/// answered by `Settle`), keyed requests that retry under the same key
+/// (`request_with_key`), and state queries of the load's entities.
+pub struct Features {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<JoinHandle<History<Op>>>,
+    queries: JoinHandle<Vec<(String, Vec<u64>)>>,
+    /// Publishes and keyed requests sent again.
+    pub retries: Arc<AtomicU64>,
+    /// Keyed requests answered.
+    pub keyed: Arc<AtomicU64>,
+    /// Answers to keyed requests that break a promise (a rejection, a dead letter, other events).
+    pub bad_replies: Arc<std::sync::Mutex<Vec<String>>>,
+    /// The stock entities the orders go to.
+    pub stocks: Vec<String>,
+    partitions: u32,
+}
+
+/// What [`Features`] leave for [`verify`].
+pub struct FeatureRun {
+    /// The history of their commands (merge it into the load's).
+    pub history: History<Op>,
+    /// Query answers: entity, state.
+    pub answers: Vec<(String, Vec<u64>)>,
+    /// Keyed requests answered.
+    pub keyed: u64,
+    /// Broken promises in keyed answers.
+    pub bad_replies: Vec<String>,
+    /// The stock entities.
+    pub stocks: Vec<String>,
+    /// Partitions (for the stock's sender).
+    pub partitions: u32,
+}
+
+impl Features {
+    /// Starts the traffic for the schedule `seed`; queries ask the load's `queried` entities.
+    pub fn start(
+        client: async_nats::Client,
+        seed: u64,
+        partitions: u32,
+        queried: &[String],
+    ) -> Features {
+        let stop = Arc::new(AtomicBool::new(false));
+        let retries = Arc::new(AtomicU64::new(0));
+        let keyed = Arc::new(AtomicU64::new(0));
+        let bad_replies = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stocks = stocks(seed);
+        let js = jetstream::ContextBuilder::new()
+            .timeout(PUBLISH_TIMEOUT)
+            .build(client.clone());
+        let config = jetshard_tests::ledger_config(partitions, "chaos-client")
+            .build()
+            .expect("config");
+        let sender: jetshard::CommandSender<jetshard_tests::ledger::Ledger> =
+            jetshard::CommandSender::new(client.clone(), &config);
+        let give_up = Duration::from_secs(20);
+        let mut tasks = Vec::new();
+        // Timers: each armed under its own name, about a third disarmed before or after due.
+        for k in 0..2u64 {
+            let (js, stop, retries) = (js.clone(), stop.clone(), retries.clone());
+            let entity = format!("tm{seed}-{k}");
+            let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(k));
+            tasks.push(tokio::spawn(async move {
+                let mut history = History::new();
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let name = format!("t{i}");
+                    let op = Op::Arm {
+                        name: name.clone(),
+                        n: i,
+                        after_ms: 200 + rng.below(2300),
+                    };
+                    let payload = encode(&op.command().expect("a command"));
+                    let id = format!("{entity}:arm{i}");
+                    let ack = publish(&js, &entity, payload, &id, give_up, &retries).await;
+                    history.record(entity.clone(), op, ack);
+                    if rng.chance(35) {
+                        // Deliberate: the cancel comes before or after the timer is due.
+                        tokio::time::sleep(rng.millis(50, 1500)).await;
+                        let op = Op::Disarm { name };
+                        let payload = encode(&op.command().expect("a command"));
+                        let id = format!("{entity}:disarm{i}");
+                        let ack = publish(&js, &entity, payload, &id, give_up, &retries).await;
+                        history.record(entity.clone(), op, ack);
+                    }
+                    i += 1;
+                    // Deliberate: the timers' pace.
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                history
+            }));
+        }
+        // The saga: orders to the two stocks, 1 to 3 units each.
+        for k in 0..2u64 {
+            let (js, stop, retries) = (js.clone(), stop.clone(), retries.clone());
+            let entity = format!("or{seed}-{k}");
+            let stocks = stocks.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut history = History::new();
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let op = Op::Order {
+                        order: i,
+                        stock: stocks[((i + k) % 2) as usize].clone(),
+                        qty: 1 + i % 3,
+                        reply_to: entity.clone(),
+                    };
+                    let payload = encode(&op.command().expect("a command"));
+                    let id = format!("{entity}:order{i}");
+                    let ack = publish(&js, &entity, payload, &id, give_up, &retries).await;
+                    history.record(entity.clone(), op, ack);
+                    i += 1;
+                    // Deliberate: the orders' pace.
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                history
+            }));
+        }
+        // Keyed requests: each retried under its key until it is answered.
+        {
+            let (sender, stop, retries) = (sender.clone(), stop.clone(), retries.clone());
+            let (keyed, bad_replies) = (keyed.clone(), bad_replies.clone());
+            let entity = format!("ky{seed}");
+            tasks.push(tokio::spawn(async move {
+                let mut history = History::new();
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let command = jetshard_tests::ledger::LedgerCmd::Push { n };
+                    let key = format!("k{n}");
+                    let deadline = Instant::now() + give_up;
+                    let ack = loop {
+                        let answer = sender
+                            .request_with_key(&entity, &key, &command, Duration::from_secs(2))
+                            .await;
+                        match answer {
+                            Ok(reply) => {
+                                keyed.fetch_add(1, Ordering::Relaxed);
+                                let want = [jetshard_tests::ledger::LedgerEvt::Appended { n }];
+                                match &reply {
+                                    jetshard::Reply::Applied { events, .. }
+                                        if events[..] == want[..] => {}
+                                    jetshard::Reply::Duplicate { .. } => {}
+                                    other => bad_replies.lock().unwrap().push(format!(
+                                        "{entity}: keyed Push {n} answered {other:?}"
+                                    )),
+                                }
+                                break Ack::Acked(reply.command_seq());
+                            }
+                            Err(_) if Instant::now() < deadline => {
+                                retries.fetch_add(1, Ordering::Relaxed);
+                                // Deliberate: a short pause before asking again.
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                            Err(_) => break Ack::Unknown,
+                        }
+                    };
+                    history.record(entity.clone(), Op::Push(n), ack);
+                    n += 1;
+                    // Deliberate: the keyed requests' pace.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                history
+            }));
+        }
+        // Queries of the load's entities.
+        let queries = {
+            let stop = stop.clone();
+            let queried = queried.to_vec();
+            let mut rng = Rng::new(seed.wrapping_add(7));
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let entity = rng.pick(&queried);
+                    if let Ok(snapshot) = sender.get(&entity, Duration::from_secs(1)).await {
+                        answers.push((entity, snapshot.state));
+                    }
+                    // Deliberate: the queries' pace.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                answers
+            })
+        };
+        Features {
+            stop,
+            tasks,
+            queries,
+            retries,
+            keyed,
+            bad_replies,
+            stocks,
+            partitions,
+        }
+    }
+
+    /// Stops the traffic and returns what the checkers need.
+    pub async fn finish(self) -> FeatureRun {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut history = History::new();
+        for task in self.tasks {
+            history.extend(task.await.expect("feature task"));
+        }
+        let answers = self.queries.await.expect("query task");
+        FeatureRun {
+            history,
+            answers,
+            keyed: self.keyed.load(Ordering::Relaxed),
+            bad_replies: self.bad_replies.lock().unwrap().clone(),
+            stocks: self.stocks,
+            partitions: self.partitions,
+        }
+    }
 }

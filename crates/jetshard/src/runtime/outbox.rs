@@ -12,7 +12,9 @@
 //! again, then writes their done records: at least once, and a JetStream target that receives
 //! the message again within its duplicate window (2 minutes by default) drops it by its msg id,
 //! so it stores each message once. A target without a stream (a core subscriber) may see a
-//! message twice.
+//! message twice. "No responders" to a publish counts as published only when the server says
+//! no stream listens on the subject: a clustered stream answers it too while it elects a
+//! leader, and the message is offered again (about 13 s in all) and else left to recovery.
 //!
 //! Architecture Invariant: an outbox message is published only after the journal holds the
 //! outbox record of it (and so the events of its command); only this module publishes them.
@@ -22,7 +24,7 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
-use async_nats::jetstream::context::{Context, PublishErrorKind};
+use async_nats::jetstream::context::{Context, GetStreamByNameErrorKind, PublishErrorKind};
 use async_nats::jetstream::stream::Stream;
 use futures::StreamExt;
 
@@ -33,9 +35,17 @@ use crate::wire::Names;
 use crate::wire::header_u64;
 use crate::wire::{HDR_COMMAND_SEQ, HDR_ENTITY, HDR_MSG_ID, HDR_OUTBOX_DONE, HDR_OUTBOX_TARGET};
 
-/// How often a message is offered to the server before the command's outbox is left to the
-/// next owner's recovery.
-const PUBLISH_ATTEMPTS: u32 = 3;
+/// How long a message is offered to the server (at least [`MIN_PUBLISH_ATTEMPTS`] times) before
+/// the command's outbox is left to the next owner's recovery: the pauses between attempts double
+/// from 200 ms up to [`MAX_PUBLISH_PAUSE`]; long enough for a clustered stream's leader
+/// election (5-11 s measured in `tests/tests/cluster.rs`).
+const PUBLISH_PATIENCE: Duration = Duration::from_secs(15);
+
+/// Attempts to publish an outbox message, however long they take.
+const MIN_PUBLISH_ATTEMPTS: u32 = 3;
+
+/// The longest pause between two attempts to publish an outbox message.
+const MAX_PUBLISH_PAUSE: Duration = Duration::from_secs(2);
 
 /// `Nats-Msg-Id` of the `index`th outbox message of the command at `command_seq`.
 pub(crate) fn msg_id(names: &Names, command_seq: u64, index: usize) -> String {
@@ -77,9 +87,14 @@ async fn publish(
     message: &OutboxMessage,
 ) -> Result<(), Error> {
     let mut last = None;
-    for attempt in 0..PUBLISH_ATTEMPTS {
+    let started = std::time::Instant::now();
+    for attempt in 0.. {
+        if attempt >= MIN_PUBLISH_ATTEMPTS && started.elapsed() >= PUBLISH_PATIENCE {
+            break;
+        }
         if attempt > 0 {
-            tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+            let pause = Duration::from_millis(100 << attempt.min(5)).min(MAX_PUBLISH_PAUSE);
+            tokio::time::sleep(pause).await;
         }
         let mut headers = HeaderMap::new();
         headers.insert(HDR_MSG_ID, msg_id(names, command_seq, index));
@@ -98,7 +113,29 @@ async fn publish(
         };
         match ack {
             Ok(_) => return Ok(()),
-            Err(e) if e.kind() == PublishErrorKind::StreamNotFound => return Ok(()),
+            // "No responders": either no stream listens on the subject (a core subscriber's
+            // subject: published, at most once), or the stream that does has no leader now (a
+            // clustered stream's election). Counting the second as published lost the message
+            // (seen in the cluster's chaos schedule: a saga's answer never arrived).
+            Err(e) if e.kind() == PublishErrorKind::StreamNotFound => {
+                match js.stream_by_subject(message.subject.clone()).await {
+                    Err(lookup) if lookup.kind() == GetStreamByNameErrorKind::NotFound => {
+                        return Ok(());
+                    }
+                    Ok(stream) => {
+                        last = Some(Error::jetstream(
+                            format!("publish to {} (stream {stream})", message.subject),
+                            e,
+                        ));
+                    }
+                    Err(lookup) => {
+                        last = Some(Error::jetstream(
+                            format!("publish to {}", message.subject),
+                            lookup,
+                        ));
+                    }
+                }
+            }
             Err(e) => {
                 last = Some(Error::jetstream(
                     format!("publish to {}", message.subject),
