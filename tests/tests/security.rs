@@ -186,6 +186,11 @@ fn node_permissions(entity_type: &str, provision: bool, inbox: &str, replies: &s
         // Reading commands in flight after a takeover, and the latest fence record.
         format!("$JS.API.STREAM.MSG.GET.{cmd}"),
         format!("$JS.API.STREAM.MSG.GET.{journal}"),
+        // Loading entities from a single-replica journal with direct gets.
+        format!("$JS.API.DIRECT.GET.{journal}"),
+        format!("$JS.API.DIRECT.GET.{journal}.>"),
+        // The owner's background compaction of its partition.
+        format!("$JS.API.STREAM.PURGE.{journal}"),
         // Replaying the journal (ordered consumers).
         format!("$JS.API.CONSUMER.CREATE.{journal}"),
         format!("$JS.API.CONSUMER.CREATE.{journal}.>"),
