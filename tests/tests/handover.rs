@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use futures::StreamExt;
+
 use jetshard::wire::{HDR_SNAPSHOT_UPTO, Names};
 use jetshard::{EntityId, OwnershipChange, OwnershipEvent};
 use jetshard_testkit::wait_until;
@@ -159,4 +161,67 @@ async fn a_process_stopped_while_cooling_down_after_a_hand_off_stops_at_once() {
     s.append_to_all(&entities, 1).await;
     s.check_within(Duration::from_secs(30)).await;
     drop(b);
+}
+
+/// A stopping process's standby may still have a pull open at the server when the partition's
+/// pin is free, and be pinned through it. It must give that pin back at once: nobody else
+/// would (it never claimed the partition, so no crash watch finds its owner dead), and the
+/// partition would wait for the pin's TTL after the process is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_pinned_while_its_process_stops_gives_the_pin_back_at_once() {
+    init_tracing();
+    // A long pin TTL: a takeover that waited for it would take 10 s. A pull stays open for a
+    // third of it, long enough to be pinned through after the stop began.
+    let ttl = Duration::from_secs(10);
+    let mut s = Scenario::single(1)
+        .await
+        .pin_ttl(ttl)
+        .ack_wait(Duration::from_secs(5));
+    let a = s.system("a").await;
+    // No command yet: a's owner of the partition is a standby with a pull open.
+    let names = Names::new("ledger");
+    let client = async_nats::connect(s.server().url())
+        .await
+        .expect("connect");
+    let mut heartbeats = client
+        .subscribe(names.membership_subject())
+        .await
+        .expect("subscribe to heartbeats");
+    client.flush().await.expect("flush");
+    let stopping = tokio::spawn(a.shutdown());
+    // The stop says "leaving" just before it tells the owners to release.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(message) = heartbeats.next().await {
+            let heartbeat: serde_json::Value =
+                serde_json::from_slice(&message.payload).expect("a heartbeat");
+            if heartbeat["leaving"] == true {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("a said it is leaving");
+    // The server pins a's open pull with this command, while a's owner is releasing.
+    s.send("e0", jetshard_tests::model::Op::Append(0)).await;
+    stopping.await.expect("join").expect("a stops");
+    let b = s.system("b").await;
+    let started = tokio::time::Instant::now();
+    wait_until(
+        Duration::from_secs(20),
+        "b to acquire the partition",
+        || async {
+            b.status()
+                .await
+                .is_ok_and(|p| p.iter().all(|p| p.generation.is_some()))
+        },
+    )
+    .await
+    .expect("b acquires");
+    let took = started.elapsed();
+    eprintln!("b acquired {took:?} after it started (pin TTL {ttl:?})");
+    assert!(
+        took < Duration::from_secs(4),
+        "b acquired {took:?} after it started: a kept the pin it was given while stopping"
+    );
+    s.check_within(Duration::from_secs(30)).await;
 }

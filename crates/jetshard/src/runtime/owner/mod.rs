@@ -281,6 +281,15 @@ impl<E: Entity> OwnerState<E> {
             self.last_pin = Some(delivery.pin.clone());
         }
         let pending = delivery.pending as f64;
+        if let Phase::Releasing(_, owning) = &self.phase
+            && owning.as_ref().is_none_or(|o| o.pin != delivery.pin)
+        {
+            // A pull sent before the release was answered under a pin this process did not
+            // own: the server pinned a process that is leaving. Give the pin back at once, or
+            // the partition waits for the pin's TTL (nobody else unpins it: this process never
+            // claimed it, so no crash watch finds its owner dead).
+            return self.decline(delivery).await;
+        }
         if matches!(self.phase, Phase::Releasing(..) | Phase::CoolingDown(_)) {
             // Handing over: let the next owner have it soon.
             acknowledge(

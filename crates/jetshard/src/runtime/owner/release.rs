@@ -73,9 +73,9 @@ impl<E: Entity> OwnerState<E> {
         }
     }
 
-    /// Gives back a pin this standby got while holding back (from a pull it sent before): the
-    /// delivery goes back to the server, and the pin to a process that lacks partitions, at once.
-    /// Cheaper than taking the partition only to hand it off again.
+    /// Gives back a pin this standby got while holding back, or while its process is leaving
+    /// (from a pull it sent before): the delivery goes back to the server, and the pin to
+    /// another process, at once. Cheaper than taking the partition only to hand it off again.
     pub(super) async fn decline(&mut self, delivery: Delivery) {
         let nak = AckKind::Nak(Some(Duration::from_millis(100)));
         acknowledge(&self.shared.client, self.partition, delivery.reply, nak).await;
@@ -84,7 +84,7 @@ impl<E: Entity> OwnerState<E> {
         }
         tracing::debug!(
             partition = self.partition,
-            "pinned while holding back; giving the pin back"
+            "pinned while holding back or leaving; giving the pin back"
         );
         self.pull.forget_pin(delivery.pin.clone());
         self.declined = Some(delivery.pin);
