@@ -99,6 +99,18 @@ enum Kind {
     RollingRestart,
 }
 
+/// The kinds of the mixed schedules, drawn one fault at a time (every-feature schedules add a
+/// compaction and rolling restarts).
+const MIXED: &[Kind] = &[
+    Kind::Kill,
+    Kind::Freeze,
+    Kind::ServerRestart,
+    Kind::Cut,
+    Kind::Blip,
+    Kind::Stall,
+    Kind::Terminate,
+];
+
 impl Fault {
     fn random(kind: Kind, rng: &mut Rng, partitions: u32) -> Fault {
         let partition = rng.below(u64::from(partitions)) as u32;
@@ -577,17 +589,7 @@ async fn every_feature_under_every_fault_keeps_every_promise() {
         "every_feature_under_every_fault_keeps_every_promise",
         900,
         1,
-        &[
-            Kind::Kill,
-            Kind::Freeze,
-            Kind::ServerRestart,
-            Kind::Cut,
-            Kind::Blip,
-            Kind::Stall,
-            Kind::Terminate,
-            Kind::Compact,
-            Kind::RollingRestart,
-        ],
+        &[MIXED, &[Kind::Compact, Kind::RollingRestart]].concat(),
         4,
         true,
     )
@@ -596,22 +598,7 @@ async fn every_feature_under_every_fault_keeps_every_promise() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_fault_schedules_keep_every_promise() {
-    run_scenario(
-        "mixed_fault_schedules_keep_every_promise",
-        600,
-        1,
-        &[
-            Kind::Kill,
-            Kind::Freeze,
-            Kind::ServerRestart,
-            Kind::Cut,
-            Kind::Blip,
-            Kind::Stall,
-            Kind::Terminate,
-        ],
-        4,
-    )
-    .await;
+    run_scenario("mixed_fault_schedules_keep_every_promise", 600, 1, MIXED, 4).await;
 }
 
 /// Commands of `count` events each for one bulk entity per partition, so that loading it (its
