@@ -37,6 +37,14 @@ impl Rng {
         items[self.below(items.len() as u64) as usize].clone()
     }
 
+    /// Puts `items` in a random order (Fisher-Yates).
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = self.below(i as u64 + 1) as usize;
+            items.swap(i, j);
+        }
+    }
+
     /// True with probability `percent` / 100.
     pub fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
