@@ -211,7 +211,8 @@ pub fn schedule(seed: u64, kinds: &[Kind], faults: u64, partitions: u32) -> Vec<
     plan
 }
 
-/// An R3 schedule: a leader kill and a second server kill (a leader or the owner's server),
+/// An R3 schedule: a leader kill and a second server kill (a leader or the owner's server;
+/// down 250-2000 ms),
 /// `node_faults` faults of distinct kinds drawn from [`NODE_FAULTS`] (so each kind is in
 /// `node_faults` of 7 seeds), and one compaction, in a random order, each after a pause.
 pub fn cluster_schedule(seed: u64, node_faults: usize, partitions: u32) -> Vec<(Duration, Fault)> {
@@ -239,6 +240,16 @@ pub fn cluster_schedule(seed: u64, node_faults: usize, partitions: u32) -> Vec<(
                     partition,
                     fallback,
                     hold: hold + Duration::from_millis(1000),
+                },
+                // Elections take the time: a shorter outage keeps a seed near 40 s.
+                Fault::ServerKill {
+                    victim,
+                    partition,
+                    down,
+                } => Fault::ServerKill {
+                    victim,
+                    partition,
+                    down: down / 2,
                 },
                 fault => fault,
             };
