@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::Context;
 use faults::{
-    Kind, Load, MIXED, Nodes, Rng, Run, Totals, World, encode, one_at_a_time, publish, replay_hint,
-    schedule, seeds,
+    Kind, Load, MIXED, Nodes, Rng, Totals, World, encode, one_at_a_time, publish, replay_hint,
+    run_seeds, schedule, seeds,
 };
 use jetshard::{EntityId, FenceRecord, partition_of};
 use jetshard_testkit::TcpProxy;
@@ -49,30 +49,11 @@ async fn run_schedules(
     faults: u64,
     features: bool,
 ) {
-    init_tracing();
-    let _one = one_at_a_time().await;
-    let mut totals = Totals::default();
-    for seed in seeds(base, default_seeds) {
-        let started = Instant::now();
-        eprintln!("{test}: seed {seed} ({})", replay_hint("chaos", test, seed));
-        // `scripts/soak --self-test`: this seed fails, as a violation would.
-        if std::env::var("JETSHARD_SOAK_FAIL_SEED").is_ok_and(|s| s == seed.to_string()) {
-            panic!(
-                "{test} seed {seed} failed (JETSHARD_SOAK_FAIL_SEED)\n{}",
-                replay_hint("chaos", test, seed)
-            );
-        }
+    let start = async |seed| {
         let plan = schedule(seed, kinds, faults, PARTITIONS);
-        let world = World::single(PARTITIONS, features).await;
-        let run = Run {
-            file: "chaos",
-            test,
-            seed,
-        };
-        let (figures, injected) = world.run_plan(run, &plan, features, started).await;
-        totals.add(&figures, &injected);
-    }
-    eprintln!("{}", totals.line(test));
+        (plan, World::single(PARTITIONS, features).await)
+    };
+    run_seeds("chaos", test, (base, default_seeds), features, start).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -322,7 +303,9 @@ async fn a_node_killed_right_after_its_claim_is_replaced_and_loses_nothing() {
         let retries =
             retries.into_inner() + load.retries.load(std::sync::atomic::Ordering::Relaxed);
         history.extend(load.finish().await);
-        let figures = world.verify(test, seed, &history, &injected, retries).await;
+        let figures = world
+            .verify(test, seed, &history, &injected, retries, None)
+            .await;
         eprintln!(
             "{test}: seed {seed} passed in {:.1?}: {figures:?}",
             started.elapsed()

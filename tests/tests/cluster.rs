@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream;
 use faults::{
     Load, Nodes, Rng, Run, Totals, Victim, World, cluster_schedule, kill_server, one_at_a_time,
-    replay_hint, seeds, verify,
+    replay_hint, run_seeds, seeds, verify,
 };
 use jetshard_testkit::wait_until;
 use jetshard_tests::{Scenario, init_tracing};
@@ -111,27 +111,18 @@ async fn run(test: &str, base: u64, victims: &[Victim]) {
 /// `Admin::compact`, in a random order ([`faults::cluster_schedule`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_feature_under_leader_and_node_kills_keeps_every_promise() {
-    let test = "every_feature_under_leader_and_node_kills_keeps_every_promise";
-    init_tracing();
-    let _one = one_at_a_time().await;
-    let mut totals = Totals::default();
-    for seed in seeds(4000, 1) {
-        let started = Instant::now();
-        eprintln!(
-            "{test}: seed {seed} ({})",
-            replay_hint("cluster", test, seed)
-        );
+    let start = async |seed| {
         let plan = cluster_schedule(seed, NODE_FAULTS_PER_SEED, PARTITIONS);
-        let world = World::cluster(PARTITIONS, true).await;
-        let run = Run {
-            file: "cluster",
-            test,
-            seed,
-        };
-        let (figures, injected) = world.run_plan(run, &plan, true, started).await;
-        totals.add(&figures, &injected);
-    }
-    eprintln!("{}", totals.line(test));
+        (plan, World::cluster(PARTITIONS, true).await)
+    };
+    run_seeds(
+        "cluster",
+        "every_feature_under_leader_and_node_kills_keeps_every_promise",
+        (4000, 1),
+        true,
+        start,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,6 +2,7 @@
 //! node processes, each connected through TCP proxies of its own, and the faults applied to
 //! them; [`World::run_plan`] runs a seed's schedule under load from start to verdict.
 
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -11,8 +12,8 @@ use jetshard_tests::Scenario;
 use jetshard_tests::model::Op;
 
 use super::{
-    Fault, FeatureRun, Features, Figures, Load, NODES, Nodes, Run, kill_server, soak_line,
-    start_journal_copy, verify, wait_journal_copied,
+    Fault, FeatureRun, Features, Figures, Load, NODES, Nodes, Run, Totals, kill_server,
+    one_at_a_time, replay_hint, seeds, soak_line, start_journal_copy, verify, wait_journal_copied,
 };
 
 /// The one-server world's pin TTL and ack wait.
@@ -219,25 +220,24 @@ impl World {
                 partition,
                 fallback,
                 hold,
-            } => {
-                self.at_proxy(partition, fallback, hold, TcpProxy::cut, "cut")
-                    .await
             }
-            // A short drop, under the pin TTL.
-            Fault::Blip {
+            | Fault::Blip {
+                partition,
+                fallback,
+                hold,
+            }
+            | Fault::Stall {
                 partition,
                 fallback,
                 hold,
             } => {
-                self.at_proxy(partition, fallback, hold, TcpProxy::cut, "blip")
-                    .await
-            }
-            Fault::Stall {
-                partition,
-                fallback,
-                hold,
-            } => {
-                self.at_proxy(partition, fallback, hold, TcpProxy::stall, "stall")
+                let (break_it, what): (fn(&TcpProxy), &str) = match fault {
+                    Fault::Cut { .. } => (TcpProxy::cut, "cut"),
+                    // A short drop, under the pin TTL.
+                    Fault::Blip { .. } => (TcpProxy::cut, "blip"),
+                    _ => (TcpProxy::stall, "stall"),
+                };
+                self.at_proxy(partition, fallback, hold, break_it, what)
                     .await
             }
             Fault::Terminate {
@@ -308,21 +308,9 @@ impl World {
         self.nodes.recover().await;
     }
 
-    /// Ends a schedule: [`verify`] (panics with everything needed to debug a failure).
+    /// Ends a schedule: [`verify`] (panics with everything needed to debug a failure), with
+    /// the checks of every feature when `features` ran.
     pub async fn verify(
-        &mut self,
-        test: &str,
-        seed: u64,
-        history: &History<Op>,
-        injected: &[String],
-        retries: u64,
-    ) -> Figures {
-        self.verify_with(test, seed, history, injected, retries, None)
-            .await
-    }
-
-    /// [`World::verify`], with the checks of every feature when `features` ran.
-    pub async fn verify_with(
         &mut self,
         test: &str,
         seed: u64,
@@ -357,7 +345,7 @@ impl World {
     }
 
     /// Runs one seed's `plan` under load (and every feature's traffic with `features`), then
-    /// judges it ([`World::verify_with`]) and prints its soak line (its time counted from
+    /// judges it ([`World::verify`]) and prints its soak line (its time counted from
     /// `started`); returns its figures and what was injected.
     pub async fn run_plan(
         mut self,
@@ -410,7 +398,7 @@ impl World {
             None => None,
         };
         let figures = self
-            .verify_with(test, seed, &history, &injected, retries, feature_run)
+            .verify(test, seed, &history, &injected, retries, feature_run)
             .await;
         eprintln!(
             "{test}: seed {seed} passed in {:.1?}: {figures:?}",
@@ -422,4 +410,37 @@ impl World {
         );
         (figures, injected)
     }
+}
+
+/// Runs a test's seeds (`seeds(base, default_seeds)`), one at a time: `start` gives each seed's
+/// plan and world, [`World::run_plan`] runs it; prints the totals at the end.
+pub async fn run_seeds<F, Fut>(
+    file: &'static str,
+    test: &str,
+    (base, default_seeds): (u64, u64),
+    features: bool,
+    mut start: F,
+) where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = (Vec<(Duration, Fault)>, World)>,
+{
+    jetshard_tests::init_tracing();
+    let _one = one_at_a_time().await;
+    let mut totals = Totals::default();
+    for seed in seeds(base, default_seeds) {
+        let started = Instant::now();
+        eprintln!("{test}: seed {seed} ({})", replay_hint(file, test, seed));
+        // `scripts/soak --self-test`: this seed fails, as a violation would.
+        if std::env::var("JETSHARD_SOAK_FAIL_SEED").is_ok_and(|s| s == seed.to_string()) {
+            panic!(
+                "{test} seed {seed} failed (JETSHARD_SOAK_FAIL_SEED)\n{}",
+                replay_hint(file, test, seed)
+            );
+        }
+        let (plan, world) = start(seed).await;
+        let run = Run { file, test, seed };
+        let (figures, injected) = world.run_plan(run, &plan, features, started).await;
+        totals.add(&figures, &injected);
+    }
+    eprintln!("{}", totals.line(test));
 }
