@@ -3,7 +3,8 @@
 //! the one the owner of a partition is connected to are SIGKILLed under load and restarted on
 //! their stores. Leader elections take 5-7 s; owners' writes retry through them. At the end
 //! every acknowledged command must have exactly one outcome and the history checker must find
-//! no violation.
+//! no violation. The every-feature schedule adds faults of the nodes and of their connections
+//! (each node behind TCP proxies of its own) and a compaction ([`faults::cluster_schedule`]).
 //!
 //! `JETSHARD_SEED=<s>` replays one seed, `JETSHARD_SEEDS=<n>` runs `n` per test.
 

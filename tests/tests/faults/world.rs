@@ -22,6 +22,7 @@ const SINGLE_ACK_WAIT: Duration = Duration::from_millis(3000);
 /// The R3 world's: leader elections take seconds.
 const CLUSTER_PIN_TTL: Duration = Duration::from_millis(1500);
 const CLUSTER_ACK_WAIT: Duration = Duration::from_millis(5000);
+
 /// The pace of a world's load and how long its waits are bounded.
 #[derive(Clone, Copy, Debug)]
 pub struct Pace {
