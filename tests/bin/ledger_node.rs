@@ -9,7 +9,9 @@
 //! `--replicas <1|3|5>`, `--write-timeout-ms <ms>`, `--max-deliver <n>`,
 //! `--user <name> --password <secret>`, `--token <token>`, `--nkey <seed>`, `--creds <file>`,
 //! `--tls-ca <file>`, `--tls-cert <file> --tls-key <file>`, `--inbox-prefix <prefix>`,
-//! `--stock on` (also run the saga's `stock` entity type, same partitions, no ownership lines).
+//! `--stock on` (also run the saga's `stock` entity type, same partitions, no ownership lines),
+//! `--ignore-discovered on` (connect only to the servers given, not to those a cluster
+//! advertises: a node behind TCP proxies stays behind them).
 
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -36,6 +38,7 @@ struct Options {
     tls_key: Option<String>,
     inbox_prefix: Option<String>,
     stock: bool,
+    ignore_discovered: bool,
 }
 
 fn parse_options(args: &[String]) -> Options {
@@ -64,6 +67,7 @@ fn parse_options(args: &[String]) -> Options {
             "--tls-key" => options.tls_key = Some(value),
             "--inbox-prefix" => options.inbox_prefix = Some(value),
             "--stock" => options.stock = value == "on",
+            "--ignore-discovered" => options.ignore_discovered = value == "on",
             other => usage(&format!("unknown option {other}")),
         }
     }
@@ -104,6 +108,9 @@ async fn connect_options(options: &Options) -> async_nats::ConnectOptions {
     }
     if let Some(prefix) = &options.inbox_prefix {
         connect = connect.custom_inbox_prefix(prefix);
+    }
+    if options.ignore_discovered {
+        connect = connect.ignore_discovered_servers();
     }
     connect.reconnect_delay_callback(|_| Duration::from_millis(100))
 }

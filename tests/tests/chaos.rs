@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::Context;
 use faults::{
-    Figures, Load, Nodes, Rng, Run, Totals, encode, one_at_a_time, publish, replay_hint, seeds,
-    verify,
+    Kind, Load, MIXED, Nodes, Rng, Totals, World, encode, one_at_a_time, publish, replay_hint,
+    run_seeds, schedule, seeds,
 };
 use jetshard::{EntityId, FenceRecord, partition_of};
 use jetshard_testkit::TcpProxy;
@@ -28,384 +28,11 @@ use jetshard_testkit::history::{Ack, History};
 use jetshard_tests::model::{Op, check_journal, journal_excerpt};
 use jetshard_tests::{Scenario, init_tracing, wait_drained};
 
-const PIN_TTL: Duration = Duration::from_millis(1000);
-const ACK_WAIT: Duration = Duration::from_millis(3000);
-const NODES: usize = 3;
+/// One-server schedules run on 4 partitions.
+const PARTITIONS: u32 = 4;
 const ENTITIES: usize = 12;
 /// One command per entity every 40 ms: about 300 commands a second in all.
 const LOAD_INTERVAL: Duration = Duration::from_millis(40);
-
-/// A fault, with its target chosen by the seed: a partition (the fault hits its owner at that
-/// moment) or, when nobody owns it, the slot `fallback`.
-#[derive(Clone, Debug)]
-enum Fault {
-    /// SIGKILL the owner; a new node starts in its slot after `restart_after`.
-    Kill {
-        partition: u32,
-        fallback: usize,
-        restart_after: Duration,
-    },
-    /// SIGSTOP the owner for `hold` (longer than the pin TTL), then SIGCONT.
-    Freeze {
-        partition: u32,
-        fallback: usize,
-        hold: Duration,
-    },
-    /// Stop the server (SIGKILL if `crash`, else SIGTERM), start it again on its store after
-    /// `down`.
-    ServerRestart { crash: bool, down: Duration },
-    /// Drop every connection of the owner at its proxy and refuse new ones for `hold`.
-    Cut {
-        partition: u32,
-        fallback: usize,
-        hold: Duration,
-    },
-    /// Like `Cut`, but shorter than the pin TTL: the owner reconnects and keeps its pin,
-    /// while whatever was in flight through the proxy is gone.
-    Blip {
-        partition: u32,
-        fallback: usize,
-        hold: Duration,
-    },
-    /// Stop forwarding the owner's traffic, connection kept, for `hold`.
-    Stall {
-        partition: u32,
-        fallback: usize,
-        hold: Duration,
-    },
-    /// SIGTERM the owner during load; a new node starts in its slot after `restart_after`.
-    Terminate {
-        partition: u32,
-        fallback: usize,
-        restart_after: Duration,
-    },
-    /// `Admin::compact` of the ledger's journal during load (the history is read from its
-    /// mirror, which keeps what the compaction purges).
-    Compact,
-    /// A rolling restart: every node in turn SIGTERMed (hand-off) and started again.
-    RollingRestart,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Kill,
-    Freeze,
-    ServerRestart,
-    Cut,
-    Blip,
-    Stall,
-    Terminate,
-    Compact,
-    RollingRestart,
-}
-
-impl Fault {
-    fn random(kind: Kind, rng: &mut Rng, partitions: u32) -> Fault {
-        let partition = rng.below(u64::from(partitions)) as u32;
-        let fallback = rng.below(NODES as u64) as usize;
-        match kind {
-            Kind::Kill => Fault::Kill {
-                partition,
-                fallback,
-                restart_after: rng.millis(200, 2500),
-            },
-            Kind::Freeze => Fault::Freeze {
-                partition,
-                fallback,
-                hold: rng.millis(1500, 4000),
-            },
-            Kind::ServerRestart => Fault::ServerRestart {
-                crash: rng.chance(50),
-                down: rng.millis(100, 2000),
-            },
-            Kind::Cut => Fault::Cut {
-                partition,
-                fallback,
-                hold: rng.millis(300, 3000),
-            },
-            Kind::Blip => Fault::Blip {
-                partition,
-                fallback,
-                hold: rng.millis(30, 300),
-            },
-            Kind::Stall => Fault::Stall {
-                partition,
-                fallback,
-                hold: rng.millis(1200, 4000),
-            },
-            Kind::Terminate => Fault::Terminate {
-                partition,
-                fallback,
-                restart_after: rng.millis(200, 2000),
-            },
-            Kind::Compact => Fault::Compact,
-            Kind::RollingRestart => Fault::RollingRestart,
-        }
-    }
-}
-
-/// A schedule: 2 to `faults` faults, each after a pause; with `Kind::Compact` among `kinds`,
-/// exactly one compaction among them, at a random place.
-fn schedule(seed: u64, kinds: &[Kind], faults: u64, partitions: u32) -> Vec<(Duration, Fault)> {
-    let mut rng = Rng::new(seed);
-    let count = 2 + rng.below(faults.max(2) - 1);
-    let drawn: Vec<Kind> = kinds
-        .iter()
-        .copied()
-        .filter(|k| *k != Kind::Compact)
-        .collect();
-    let mut plan: Vec<(Duration, Fault)> = (0..count)
-        .map(|_| {
-            let kind = rng.pick(&drawn);
-            (
-                rng.millis(300, 2000),
-                Fault::random(kind, &mut rng, partitions),
-            )
-        })
-        .collect();
-    if kinds.contains(&Kind::Compact) {
-        let at = rng.below(plan.len() as u64 + 1) as usize;
-        plan.insert(at, (rng.millis(300, 2000), Fault::Compact));
-    }
-    plan
-}
-
-/// One schedule's world: a server with its client ([`Scenario`]), one proxy per node slot, the
-/// nodes.
-struct World {
-    s: Scenario,
-    proxies: Vec<TcpProxy>,
-    nodes: Nodes,
-}
-
-impl World {
-    async fn start(partitions: u32) -> World {
-        World::start_with(partitions, false).await
-    }
-
-    /// With `features`, the nodes also run the saga's `stock` entity type, and the journal has
-    /// a mirror ([`faults::JOURNAL_COPY`]).
-    async fn start_with(partitions: u32, features: bool) -> World {
-        let s = Scenario::single(partitions)
-            .await
-            .pin_ttl(PIN_TTL)
-            .ack_wait(ACK_WAIT);
-        let mut proxies = Vec::new();
-        for _ in 0..NODES {
-            proxies.push(TcpProxy::start(s.server().addr()).await.expect("proxy"));
-        }
-        // Debug lines name each command's fate (`already applied`, acks), for failures.
-        let spec = s.node_spec(&[("RUST_LOG", "jetshard=debug")]);
-        let urls = proxies.iter().map(TcpProxy::url).collect();
-        let args = if features {
-            vec!["--stock".to_owned(), "on".to_owned()]
-        } else {
-            vec![]
-        };
-        let nodes = Nodes::start(urls, spec, args).await;
-        if features {
-            faults::start_journal_copy(&s.js, 1).await;
-        }
-        World { s, proxies, nodes }
-    }
-
-    /// The slot a fault on `partition` hits: its owner's, or `fallback`.
-    fn target(&mut self, partition: u32, fallback: usize) -> (usize, bool) {
-        match self.nodes.owner_of(partition) {
-            Some(slot) => (slot, true),
-            None => (fallback, false),
-        }
-    }
-
-    /// Applies a fault and undoes it; returns what happened, for the report.
-    async fn inject(&mut self, fault: &Fault) -> String {
-        match *fault {
-            Fault::Kill {
-                partition,
-                fallback,
-                restart_after,
-            } => {
-                let (slot, owner) = self.target(partition, fallback);
-                self.nodes.kill(slot).await;
-                // Part of the fault: the slot stays empty this long.
-                tokio::time::sleep(restart_after).await;
-                self.nodes.restart(slot).await;
-                format!(
-                    "kill slot {slot} (owner of p{partition}: {owner}), restarted after {restart_after:?}"
-                )
-            }
-            Fault::Freeze {
-                partition,
-                fallback,
-                hold,
-            } => {
-                let (slot, owner) = self.target(partition, fallback);
-                if self.nodes.live(slot).is_none() {
-                    return format!("freeze slot {slot}: not running, skipped");
-                }
-                self.nodes.pause(slot);
-                // Part of the fault: frozen past the pin TTL.
-                tokio::time::sleep(hold).await;
-                self.nodes.resume(slot);
-                format!("freeze slot {slot} (owner of p{partition}: {owner}) for {hold:?}")
-            }
-            Fault::ServerRestart { crash, down } => {
-                if crash {
-                    self.s.server().kill().expect("kill server");
-                } else {
-                    self.s.server().stop().await.expect("stop server");
-                }
-                // Part of the fault: the server stays down this long.
-                tokio::time::sleep(down).await;
-                self.s.server().restart().await.expect("restart server");
-                let how = if crash { "SIGKILL" } else { "SIGTERM" };
-                format!("server-restart ({how}), down {down:?}")
-            }
-            Fault::Cut {
-                partition,
-                fallback,
-                hold,
-            } => {
-                self.at_proxy(partition, fallback, hold, TcpProxy::cut, "cut")
-                    .await
-            }
-            // A short drop, under the pin TTL.
-            Fault::Blip {
-                partition,
-                fallback,
-                hold,
-            } => {
-                self.at_proxy(partition, fallback, hold, TcpProxy::cut, "blip")
-                    .await
-            }
-            Fault::Stall {
-                partition,
-                fallback,
-                hold,
-            } => {
-                self.at_proxy(partition, fallback, hold, TcpProxy::stall, "stall")
-                    .await
-            }
-            Fault::Terminate {
-                partition,
-                fallback,
-                restart_after,
-            } => {
-                let (slot, owner) = self.target(partition, fallback);
-                let started = Instant::now();
-                self.nodes.terminate(slot).await;
-                let took = started.elapsed();
-                // Part of the fault: the slot stays empty this long.
-                tokio::time::sleep(restart_after).await;
-                self.nodes.restart(slot).await;
-                format!(
-                    "terminate slot {slot} (owner of p{partition}: {owner}), exited in {took:?}, restarted after {restart_after:?}"
-                )
-            }
-            Fault::Compact => {
-                // What the compaction is about to purge must be in the mirror first.
-                if let Err(e) =
-                    faults::wait_journal_copied(&self.s.js, Duration::from_secs(20)).await
-                {
-                    return format!("compact skipped: {e}");
-                }
-                let admin = jetshard::admin::Admin::new(self.s.client.clone(), "ledger");
-                match tokio::time::timeout(Duration::from_secs(30), admin.compact(None)).await {
-                    Ok(Ok(done)) => format!(
-                        "compact ({} snapshots, {} records purged)",
-                        done.snapshots, done.purged
-                    ),
-                    Ok(Err(e)) => format!("compact failed: {e}"),
-                    Err(_) => "compact timed out".to_owned(),
-                }
-            }
-            Fault::RollingRestart => {
-                let mut took = Vec::new();
-                for slot in 0..self.nodes.slots.len() {
-                    let started = Instant::now();
-                    self.nodes.terminate(slot).await;
-                    took.push(started.elapsed());
-                    self.nodes.restart(slot).await;
-                }
-                format!("rolling-restart of every node, each exited in {took:?}")
-            }
-        }
-    }
-
-    /// Breaks the connection of the owner of `partition` (or of slot `fallback`) at its proxy
-    /// with `fault` (cut or stall) for `hold`, then heals it; returns what happened.
-    async fn at_proxy(
-        &mut self,
-        partition: u32,
-        fallback: usize,
-        hold: Duration,
-        fault: fn(&TcpProxy),
-        what: &str,
-    ) -> String {
-        let (slot, owner) = self.target(partition, fallback);
-        fault(&self.proxies[slot]);
-        // Part of the fault: the node's traffic is dropped or held this long.
-        tokio::time::sleep(hold).await;
-        self.proxies[slot].heal();
-        format!("{what} slot {slot} (owner of p{partition}: {owner}) for {hold:?}")
-    }
-
-    /// Undoes whatever is still broken: proxies healed, nodes thawed or started again.
-    async fn recover(&mut self) {
-        for proxy in &self.proxies {
-            proxy.heal();
-        }
-        self.nodes.recover().await;
-    }
-
-    /// Ends a schedule: [`faults::verify`] (panics with everything needed to debug a failure).
-    async fn verify(
-        &mut self,
-        test: &str,
-        seed: u64,
-        history: &History<Op>,
-        injected: &[String],
-        retries: u64,
-    ) -> Figures {
-        self.verify_with(test, seed, history, injected, retries, None)
-            .await
-    }
-
-    /// [`World::verify`], with the checks of every feature when `features` ran.
-    async fn verify_with(
-        &mut self,
-        test: &str,
-        seed: u64,
-        history: &History<Op>,
-        injected: &[String],
-        retries: u64,
-        features: Option<faults::FeatureRun>,
-    ) -> Figures {
-        // A restart of a single server (SIGKILL) has been seen to leave acknowledged commands in
-        // the work-queue stream while every consumer's ack floor is past them (as a clustered
-        // stream does after leader changes): judge by the consumers, and report what is left.
-        let run = Run {
-            file: "chaos",
-            test,
-            seed,
-        };
-        let (figures, left) = verify(
-            &self.s.js,
-            &self.nodes,
-            run,
-            history,
-            injected,
-            retries,
-            Duration::from_secs(90),
-            features,
-        )
-        .await;
-        if left > 0 {
-            eprintln!("seed {seed}: the command stream keeps {left} acknowledged commands");
-        }
-        figures
-    }
-}
 
 /// Runs the seeds of one scenario: each its own world, load, faults drawn from `kinds`.
 async fn run_scenario(test: &str, base: u64, default_seeds: u64, kinds: &[Kind], faults: u64) {
@@ -422,76 +49,11 @@ async fn run_schedules(
     faults: u64,
     features: bool,
 ) {
-    init_tracing();
-    let _one = one_at_a_time().await;
-    let mut totals = Totals::default();
-    for seed in seeds(base, default_seeds) {
-        let started = Instant::now();
-        eprintln!("{test}: seed {seed} ({})", replay_hint("chaos", test, seed));
-        let partitions = 4;
-        // `scripts/soak --self-test`: this seed fails, as a violation would.
-        if std::env::var("JETSHARD_SOAK_FAIL_SEED").is_ok_and(|s| s == seed.to_string()) {
-            panic!(
-                "{test} seed {seed} failed (JETSHARD_SOAK_FAIL_SEED)\n{}",
-                replay_hint("chaos", test, seed)
-            );
-        }
-        let plan = schedule(seed, kinds, faults, partitions);
-        let mut world = World::start_with(partitions, features).await;
-        let count = if features { ENTITIES / 2 } else { ENTITIES };
-        let entities: Vec<String> = (0..count).map(|e| format!("s{seed}-e{e}")).collect();
-        let load = Load::start(
-            world.s.client.clone(),
-            &entities,
-            LOAD_INTERVAL,
-            Duration::from_secs(20),
-        );
-        let traffic = features
-            .then(|| faults::Features::start(world.s.client.clone(), seed, partitions, &entities));
-        if let Err(e) = world
-            .nodes
-            .wait_all_owned(partitions, Duration::from_secs(20))
-            .await
-        {
-            panic!("{test} seed {seed}: {e}\n{}", world.nodes.describe());
-        }
-        let mut injected = Vec::new();
-        for (pause, fault) in &plan {
-            // The schedule's own timing: load runs undisturbed for this long.
-            tokio::time::sleep(*pause).await;
-            injected.push(world.inject(fault).await);
-        }
-        // The schedule's own timing: a last stretch of load after the faults.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        world.recover().await;
-        let mut retries = load.retries.load(std::sync::atomic::Ordering::Relaxed);
-        let history = load.finish().await;
-        let feature_run = match traffic {
-            Some(traffic) => {
-                retries += traffic.retries.load(std::sync::atomic::Ordering::Relaxed);
-                Some(traffic.finish().await)
-            }
-            None => None,
-        };
-        let figures = world
-            .verify_with(test, seed, &history, &injected, retries, feature_run)
-            .await;
-        eprintln!(
-            "{test}: seed {seed} passed in {:.1?}: {figures:?}",
-            started.elapsed()
-        );
-        let run = Run {
-            file: "chaos",
-            test,
-            seed,
-        };
-        eprintln!(
-            "{}",
-            faults::soak_line(run, started.elapsed(), &figures, &injected, partitions)
-        );
-        totals.add(&figures, &injected);
-    }
-    eprintln!("{}", totals.line(test));
+    let start = async |seed| {
+        let plan = schedule(seed, kinds, faults, PARTITIONS);
+        (plan, World::single(PARTITIONS, features).await)
+    };
+    run_seeds("chaos", test, (base, default_seeds), features, start).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -577,17 +139,7 @@ async fn every_feature_under_every_fault_keeps_every_promise() {
         "every_feature_under_every_fault_keeps_every_promise",
         900,
         1,
-        &[
-            Kind::Kill,
-            Kind::Freeze,
-            Kind::ServerRestart,
-            Kind::Cut,
-            Kind::Blip,
-            Kind::Stall,
-            Kind::Terminate,
-            Kind::Compact,
-            Kind::RollingRestart,
-        ],
+        &[MIXED, &[Kind::Compact, Kind::RollingRestart]].concat(),
         4,
         true,
     )
@@ -596,22 +148,7 @@ async fn every_feature_under_every_fault_keeps_every_promise() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_fault_schedules_keep_every_promise() {
-    run_scenario(
-        "mixed_fault_schedules_keep_every_promise",
-        600,
-        1,
-        &[
-            Kind::Kill,
-            Kind::Freeze,
-            Kind::ServerRestart,
-            Kind::Cut,
-            Kind::Blip,
-            Kind::Stall,
-            Kind::Terminate,
-        ],
-        4,
-    )
-    .await;
+    run_scenario("mixed_fault_schedules_keep_every_promise", 600, 1, MIXED, 4).await;
 }
 
 /// Commands of `count` events each for one bulk entity per partition, so that loading it (its
@@ -651,7 +188,7 @@ async fn a_node_killed_right_after_its_claim_is_replaced_and_loses_nothing() {
         let started = Instant::now();
         let mut rng = Rng::new(seed);
         let partitions = 2;
-        let mut world = World::start(partitions).await;
+        let mut world = World::single(partitions, false).await;
 
         // A large journal: the bulk entity of each partition has a long history to load.
         let mut history = History::new();
@@ -766,7 +303,9 @@ async fn a_node_killed_right_after_its_claim_is_replaced_and_loses_nothing() {
         let retries =
             retries.into_inner() + load.retries.load(std::sync::atomic::Ordering::Relaxed);
         history.extend(load.finish().await);
-        let figures = world.verify(test, seed, &history, &injected, retries).await;
+        let figures = world
+            .verify(test, seed, &history, &injected, retries, None)
+            .await;
         eprintln!(
             "{test}: seed {seed} passed in {:.1?}: {figures:?}",
             started.elapsed()

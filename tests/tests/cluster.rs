@@ -3,7 +3,8 @@
 //! the one the owner of a partition is connected to are SIGKILLed under load and restarted on
 //! their stores. Leader elections take 5-7 s; owners' writes retry through them. At the end
 //! every acknowledged command must have exactly one outcome and the history checker must find
-//! no violation.
+//! no violation. The every-feature schedule adds faults of the nodes and of their connections
+//! (each node behind TCP proxies of its own) and a compaction ([`faults::cluster_schedule`]).
 //!
 //! `JETSHARD_SEED=<s>` replays one seed, `JETSHARD_SEEDS=<n>` runs `n` per test.
 
@@ -13,114 +14,23 @@ mod faults;
 
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, Context};
-use faults::{Load, Nodes, Rng, Run, Totals, one_at_a_time, replay_hint, seeds, verify};
+use async_nats::jetstream;
+use faults::{
+    Load, Nodes, Rng, Run, Totals, Victim, World, cluster_schedule, kill_server, one_at_a_time,
+    replay_hint, run_seeds, seeds, verify,
+};
 use jetshard_testkit::wait_until;
 use jetshard_tests::{Scenario, init_tracing};
 
 const PARTITIONS: u32 = 3;
 const ENTITIES: usize = 9;
 const LOAD_INTERVAL: Duration = Duration::from_millis(50);
+/// Node faults per seed of the every-feature schedule, of distinct kinds (of 7).
+const NODE_FAULTS_PER_SEED: usize = 3;
 
-/// Which server a fault kills.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Victim {
-    /// The leader of `LEDGER_JOURNAL`.
-    JournalLeader,
-    /// The leader of `LEDGER_CMD`.
-    CommandLeader,
-    /// The leader of a partition's consumer.
-    ConsumerLeader,
-    /// The server the owner of a partition is connected to.
-    OwnersServer,
-}
-
-/// The name of the server to kill, e.g. `s1`.
-async fn victim_server(
-    js: &Context,
-    nodes: &mut Nodes,
-    victim: Victim,
-    partition: u32,
-) -> Option<String> {
-    match victim {
-        Victim::JournalLeader | Victim::CommandLeader => {
-            let name = if victim == Victim::JournalLeader {
-                "LEDGER_JOURNAL"
-            } else {
-                "LEDGER_CMD"
-            };
-            js.get_stream(name)
-                .await
-                .ok()?
-                .info()
-                .await
-                .ok()?
-                .cluster
-                .clone()?
-                .leader
-        }
-        Victim::ConsumerLeader => {
-            let stream = js.get_stream_no_info("LEDGER_CMD").await.ok()?;
-            let info = stream
-                .consumer_info(format!("ledger-p{partition}"))
-                .await
-                .ok()?;
-            info.cluster.clone()?.leader
-        }
-        Victim::OwnersServer => {
-            let slot = nodes.owner_of(partition)?;
-            nodes.slots[slot].node.as_ref()?.server()
-        }
-    }
-}
-
-/// Whether both streams and every partition consumer have a leader and all replicas current.
-async fn healthy(js: &Context) -> bool {
-    healthy_with(js, PARTITIONS).await
-}
-
-/// [`healthy`] with `partitions` partition consumers.
-async fn healthy_with(js: &Context, partitions: u32) -> bool {
-    let current = |cluster: Option<async_nats::jetstream::stream::ClusterInfo>| {
-        cluster.is_some_and(|c| {
-            c.leader.is_some()
-                && c.replicas.len() == 2
-                && c.replicas.iter().all(|r| r.current && !r.offline)
-        })
-    };
-    for name in ["LEDGER_CMD", "LEDGER_JOURNAL"] {
-        let Ok(mut stream) = js.get_stream(name).await else {
-            return false;
-        };
-        let Ok(info) = stream.info().await else {
-            return false;
-        };
-        if !current(info.cluster.clone()) {
-            return false;
-        }
-    }
-    let Ok(stream) = js.get_stream_no_info("LEDGER_CMD").await else {
-        return false;
-    };
-    for partition in 0..partitions {
-        let Ok(info) = stream.consumer_info(format!("ledger-p{partition}")).await else {
-            return false;
-        };
-        if !current(info.cluster.clone()) {
-            return false;
-        }
-    }
-    true
-}
-
+/// Server kills under load, nodes connected straight to the servers: `victims` draws which
+/// server each of two kills hits.
 async fn run(test: &str, base: u64, victims: &[Victim]) {
-    run_with(test, base, victims, false).await;
-}
-
-/// [`run`]; with `features`, every feature runs beside the load ([`faults::Features`]: timers,
-/// the saga to the `stock` entity type, keyed requests, queries), a node is SIGKILLed and one
-/// SIGTERMed (a hand-off) between the server kills, and the checks include theirs.
-async fn run_with(test: &str, base: u64, victims: &[Victim], features: bool) {
     init_tracing();
     let _one = one_at_a_time().await;
     let mut totals = Totals::default();
@@ -138,24 +48,14 @@ async fn run_with(test: &str, base: u64, victims: &[Victim], features: bool) {
         let (cluster, client, js) = (s.cluster_servers(), &s.client, &s.js);
         // Each node lists every server, its own first: node i starts on server i.
         let urls = (0..3).map(|i| s.urls_from(i)).collect();
-        let mut args = s.node_options().args;
-        if features {
-            args.extend(["--stock".to_owned(), "on".to_owned()]);
-        }
-        let mut nodes = Nodes::start(urls, s.node_spec(&[]), args).await;
-        if features {
-            faults::start_journal_copy(js, 3).await;
-        }
-        let count = if features { ENTITIES / 2 } else { ENTITIES };
-        let entities: Vec<String> = (0..count).map(|e| format!("c{seed}-e{e}")).collect();
+        let mut nodes = Nodes::start(urls, s.node_spec(&[]), s.node_options().args).await;
+        let entities: Vec<String> = (0..ENTITIES).map(|e| format!("c{seed}-e{e}")).collect();
         let load = Load::start(
             client.clone(),
             &entities,
             LOAD_INTERVAL,
             Duration::from_secs(40),
         );
-        let traffic =
-            features.then(|| faults::Features::start(client.clone(), seed, PARTITIONS, &entities));
         nodes
             .wait_all_owned(PARTITIONS, Duration::from_secs(30))
             .await
@@ -168,57 +68,13 @@ async fn run_with(test: &str, base: u64, victims: &[Victim], features: bool) {
             let victim = rng.pick(victims);
             let partition = rng.below(u64::from(PARTITIONS)) as u32;
             let down = rng.millis(500, 4000);
-            let Some(name) = victim_server(js, &mut nodes, victim, partition).await else {
-                injected.push(format!("{victim:?}: no such server now, skipped"));
-                continue;
-            };
-            let server = cluster.node_by_name(&name).expect("a cluster node");
-            server.kill().expect("kill");
-            let killed = Instant::now();
-            // Part of the fault: the server stays down this long.
-            tokio::time::sleep(down).await;
-            server.restart().await.expect("restart");
-            let restarted = killed.elapsed();
-            let healed = wait_until(Duration::from_secs(60), "the cluster to heal", || {
-                healthy(js)
-            })
-            .await;
-            injected.push(format!(
-                "server-kill {victim:?} {name} (p{partition}), down {down:?}, back after {restarted:.1?}, healed after {:.1?}: {}",
-                killed.elapsed(),
-                healed.is_ok()
-            ));
-            healed.unwrap_or_else(|e| panic!("{e}: {injected:#?}"));
-            if features {
-                // A node fault after each server kill: SIGKILL, then SIGTERM (a hand-off).
-                let slot = rng.below(nodes.slots.len() as u64) as usize;
-                let started = Instant::now();
-                let what = if injected.len() == 1 {
-                    nodes.kill(slot).await;
-                    "kill"
-                } else {
-                    nodes.terminate(slot).await;
-                    "terminate"
-                };
-                let took = started.elapsed();
-                // Part of the fault: the slot stays empty this long.
-                tokio::time::sleep(rng.millis(200, 1500)).await;
-                nodes.restart(slot).await;
-                injected.push(format!("node-{what} slot {slot}, exited in {took:.1?}"));
-            }
+            injected.push(kill_server(js, cluster, &mut nodes, victim, partition, down).await);
         }
         // The schedule's own timing: a last stretch of load after the faults.
         tokio::time::sleep(Duration::from_millis(1000)).await;
         nodes.recover().await;
-        let mut retries = load.retries.load(std::sync::atomic::Ordering::Relaxed);
+        let retries = load.retries.load(std::sync::atomic::Ordering::Relaxed);
         let history = load.finish().await;
-        let feature_run = match traffic {
-            Some(traffic) => {
-                retries += traffic.retries.load(std::sync::atomic::Ordering::Relaxed);
-                Some(traffic.finish().await)
-            }
-            None => None,
-        };
         let run = Run {
             file: "cluster",
             test,
@@ -232,7 +88,7 @@ async fn run_with(test: &str, base: u64, victims: &[Victim], features: bool) {
             &injected,
             retries,
             Duration::from_secs(120),
-            feature_run,
+            None,
         )
         .await;
         eprintln!(
@@ -249,20 +105,23 @@ async fn run_with(test: &str, base: u64, victims: &[Victim], features: bool) {
 }
 
 /// Every feature at once (timers, the saga through the outbox, keyed requests, queries,
-/// snapshots) while the R3 cluster loses the leaders of its streams and consumers and the
-/// servers the owners are connected to, and nodes are SIGKILLed and SIGTERMed.
+/// snapshots, background compaction) under every kind of fault on an R3 cluster: per seed a
+/// leader kill and a second server kill (a leader or an owner's server), three node faults of
+/// distinct kinds drawn from SIGKILL, SIGSTOP past the pin TTL, a cut, a short drop and a
+/// stall at the node's proxies, a SIGTERM hand-off and a rolling restart, and an
+/// `Admin::compact`, in a random order ([`faults::cluster_schedule`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_feature_under_leader_and_node_kills_keeps_every_promise() {
-    run_with(
+    let start = async |seed| {
+        let plan = cluster_schedule(seed, NODE_FAULTS_PER_SEED, PARTITIONS);
+        (plan, World::cluster(PARTITIONS, true).await)
+    };
+    run_seeds(
+        "cluster",
         "every_feature_under_leader_and_node_kills_keeps_every_promise",
-        4000,
-        &[
-            Victim::JournalLeader,
-            Victim::CommandLeader,
-            Victim::ConsumerLeader,
-            Victim::OwnersServer,
-        ],
+        (4000, 1),
         true,
+        start,
     )
     .await;
 }
@@ -495,7 +354,7 @@ async fn a_burst_through_a_journal_leader_kill_loses_nothing() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     server.restart().await.expect("restart");
     wait_until(Duration::from_secs(60), "the cluster to heal", || {
-        healthy_with(js, BURST_PARTITIONS)
+        faults::healthy(js, BURST_PARTITIONS)
     })
     .await
     .unwrap();

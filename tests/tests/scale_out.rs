@@ -55,6 +55,34 @@ fn owner_of(nodes: &[Node], partition: u32) -> &Node {
         .expect("an owner")
 }
 
+/// Waits (bounded by `within`) until one of `survivors` has acquired `partition` after
+/// `killed_at` (ms), and returns how many ms after `killed_at` the first one did.
+async fn wait_taken(
+    survivors: &[&Node],
+    partition: u32,
+    killed_at: u128,
+    within: Duration,
+) -> u128 {
+    wait_until(
+        within,
+        &format!("a survivor to take partition {partition}"),
+        || async {
+            survivors
+                .iter()
+                .any(|n| n.acquired_after(partition, killed_at).is_some())
+        },
+    )
+    .await
+    .unwrap();
+    let taken = survivors
+        .iter()
+        .filter_map(|n| n.acquired_after(partition, killed_at))
+        .map(|l| l.at_ms)
+        .min()
+        .expect("taken");
+    taken - killed_at
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_among_16_processes_moves_in_well_under_the_pin_ttl() {
     init_tracing();
@@ -75,24 +103,8 @@ async fn a_crash_among_16_processes_moves_in_well_under_the_pin_ttl() {
     s.append_to_all(&entities, 1).await;
     let survivors: Vec<&Node> = nodes.iter().filter(|n| n.id != victim).collect();
     for &partition in &lost {
-        wait_until(
-            Duration::from_secs(10),
-            "a survivor to take the dead owner's partition",
-            || async {
-                survivors
-                    .iter()
-                    .any(|n| n.acquired_after(partition, killed_at).is_some())
-            },
-        )
-        .await
-        .unwrap();
-        let taken = survivors
-            .iter()
-            .filter_map(|n| n.acquired_after(partition, killed_at))
-            .map(|l| l.at_ms)
-            .min()
-            .expect("taken");
-        let takeover_ms = taken - killed_at;
+        let takeover_ms =
+            wait_taken(&survivors, partition, killed_at, Duration::from_secs(10)).await;
         eprintln!(
             "partition {partition}: taken {takeover_ms} ms after SIGKILL (pin TTL 3 s, 16 processes, 3 watchers)"
         );
@@ -129,26 +141,9 @@ async fn an_owner_whose_watchers_die_with_it_is_still_replaced() {
     s.append_to_all(&entities, 1).await;
     let survivors: Vec<&Node> = nodes.iter().filter(|n| !doomed.contains(&n.id)).collect();
     for &partition in &lost {
-        wait_until(
-            Duration::from_secs(20),
-            "a survivor to take a partition of the owner and its watcher",
-            || async {
-                survivors
-                    .iter()
-                    .any(|n| n.acquired_after(partition, killed_at).is_some())
-            },
-        )
-        .await
-        .unwrap();
-        let taken = survivors
-            .iter()
-            .filter_map(|n| n.acquired_after(partition, killed_at))
-            .map(|l| l.at_ms)
-            .min()
-            .expect("taken");
+        let taken = wait_taken(&survivors, partition, killed_at, Duration::from_secs(20)).await;
         eprintln!(
-            "partition {partition}: taken {} ms after {doomed:?} were killed (pin TTL 2 s)",
-            taken - killed_at
+            "partition {partition}: taken {taken} ms after {doomed:?} were killed (pin TTL 2 s)"
         );
     }
     s.check().await;
@@ -182,26 +177,10 @@ async fn a_partition_whose_owner_and_standbys_all_die_is_still_taken() {
     let killed_at = now_ms();
     s.append_to_all(&entities, 1).await;
     let survivors: Vec<&Node> = nodes.iter().filter(|n| !doomed.contains(&n.id)).collect();
-    wait_until(
-        Duration::from_secs(30),
-        "a survivor, none of them a standby of partition 0, to take it",
-        || async {
-            survivors
-                .iter()
-                .any(|n| n.acquired_after(0, killed_at).is_some())
-        },
-    )
-    .await
-    .unwrap();
-    let taken = survivors
-        .iter()
-        .filter_map(|n| n.acquired_after(0, killed_at))
-        .map(|l| l.at_ms)
-        .min()
-        .expect("taken");
+    // None of the survivors is a standby of partition 0.
+    let taken = wait_taken(&survivors, 0, killed_at, Duration::from_secs(30)).await;
     eprintln!(
-        "partition 0: taken {} ms after its owner and standbys {doomed:?} were killed (pin TTL 2 s)",
-        taken - killed_at
+        "partition 0: taken {taken} ms after its owner and standbys {doomed:?} were killed (pin TTL 2 s)"
     );
     // Every partition is served again, by the survivors alone.
     wait_until(
