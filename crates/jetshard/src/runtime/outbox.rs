@@ -29,11 +29,14 @@ use async_nats::jetstream::stream::Stream;
 use futures::StreamExt;
 
 use crate::data::OutboxMessage;
+use crate::data::origin::Origin;
 use crate::error::Error;
 use crate::journal::{self, JournalWriter, WriteError};
 use crate::wire::Names;
 use crate::wire::header_u64;
-use crate::wire::{HDR_COMMAND_SEQ, HDR_ENTITY, HDR_MSG_ID, HDR_OUTBOX_DONE, HDR_OUTBOX_TARGET};
+use crate::wire::{
+    HDR_COMMAND_SEQ, HDR_ENTITY, HDR_MSG_ID, HDR_ORIGIN, HDR_OUTBOX_DONE, HDR_OUTBOX_TARGET,
+};
 
 /// How long a message is offered to the server (at least [`MIN_PUBLISH_ATTEMPTS`] times) before
 /// the command's outbox is left to the next owner's recovery: the pauses between attempts double
@@ -63,7 +66,9 @@ pub(crate) async fn deliver(
     messages: &[OutboxMessage],
 ) {
     for (index, message) in messages.iter().enumerate() {
-        if let Err(e) = publish(js, names, command_seq, index, message).await {
+        let origin =
+            Origin::message_header(names.entity_type(), journal.partition(), command_seq, index);
+        if let Err(e) = publish(js, names, command_seq, index, &origin, message).await {
             tracing::warn!(entity, cmd_seq = command_seq, index, error = %e, "outbox message not published; the next owner publishes it again");
             return;
         }
@@ -84,6 +89,7 @@ async fn publish(
     names: &Names,
     command_seq: u64,
     index: usize,
+    origin: &str,
     message: &OutboxMessage,
 ) -> Result<(), Error> {
     let mut last = None;
@@ -98,6 +104,7 @@ async fn publish(
         }
         let mut headers = HeaderMap::new();
         headers.insert(HDR_MSG_ID, msg_id(names, command_seq, index));
+        headers.insert(HDR_ORIGIN, origin);
         let sent = js
             .publish_with_headers(message.subject.clone(), headers, message.payload.clone())
             .await;

@@ -32,6 +32,8 @@ pub(crate) struct Delivery {
     pub(crate) timer: Option<crate::data::timers::Firing>,
     /// A wake-up (`Jetshard-Wake`, see [`wake`]): acknowledged, routed to no entity.
     pub(crate) wake: bool,
+    /// Where it came from, if it is an outbox message (`Jetshard-Origin`).
+    pub(crate) origin: Option<Box<crate::data::origin::Origin>>,
 }
 
 /// Whether a stored command is a wake-up (see [`wake`]).

@@ -282,6 +282,7 @@ async fn run(
                 let trace = trace_of(message.headers.as_ref());
                 let timer = crate::data::timers::firing_of(message.headers.as_ref());
                 let delivery = Delivery {
+                    origin: crate::data::origin::origin_of(message.headers.as_ref()),
                     timer,
                     wake: is_wake(message.headers.as_ref()),
                     respond_to,
