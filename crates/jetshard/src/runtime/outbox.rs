@@ -5,14 +5,18 @@
 //! runs). The entity actor then writes, in **one journal unit** (all or none, fenced like
 //! events), the command's events and one outbox record per message on `<t>.out.<p>`. Once that
 //! is durable it applies the events, publishes each message with
-//! `Nats-Msg-Id: <t>:<command seq>:out:<index>`, and writes a *done* record for the command.
+//! `Nats-Msg-Id: <t>:<command seq>:out:<index>` and `Jetshard-Origin:
+//! <t>:<partition>:<command seq>:<index>`, and writes a *done* record for the command.
 //!
 //! A crash between the write and the done record leaves outbox records without a done record.
 //! Every new owner of the partition reads `<t>.out.<p>` on acquisition and publishes those
 //! again, then writes their done records: at least once, and a JetStream target that receives
 //! the message again within its duplicate window (2 minutes by default) drops it by its msg id,
-//! so it stores each message once. A target without a stream (a core subscriber) may see a
-//! message twice. "No responders" to a publish counts as published only when the server says
+//! so it stores each message once. Not across a restart of the target's server: a work-queue
+//! command stream's window is rebuilt from the commands it still holds, so a message already
+//! consumed is stored again; a jetshard target entity remembers the origin of each message it
+//! applied and answers the copy as a duplicate (`data/origin.rs`). A target without a stream (a
+//! core subscriber) may see a message twice. "No responders" to a publish counts as published only when the server says
 //! no stream listens on the subject: a clustered stream answers it too while it elects a
 //! leader, and the message is offered again (about 13 s in all) and else left to recovery.
 //!
