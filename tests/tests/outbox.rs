@@ -239,6 +239,19 @@ async fn republish_after_a_server_restart(s: &Scenario, node: &str, deleted: u64
     system
 }
 
+/// Asserts that the first record on `subject` carries `header`.
+async fn assert_first_has(journal: &stream::Stream, subject: &str, header: &str) {
+    let first = journal
+        .get_first_raw_message_by_subject(subject, 1)
+        .await
+        .unwrap();
+    assert!(
+        first.headers.get(header).is_some(),
+        "{subject}: no {header}: {:?}",
+        first.headers
+    );
+}
+
 /// `dst`'s state once a `Push { n }` sent now was applied (commands to one entity are
 /// applied in their stream order, so every copy stored before it was handled by then).
 async fn dst_after_push(s: &Scenario, n: u64) -> Vec<u64> {
@@ -280,38 +293,36 @@ async fn an_outbox_message_published_again_after_a_server_restart_is_applied_onc
     assert!(matches!(reply, Reply::Applied { .. }), "{reply:?}");
     assert_eq!(dst_after_push(&s, 6).await, vec![5, 6]);
     system.shutdown().await.unwrap();
-    let journal = s.js.get_stream("LEDGER_JOURNAL").await.unwrap();
-    let event = journal
-        .get_first_raw_message_by_subject("ledger.evt.0.dst", 1)
-        .await
-        .unwrap();
-    assert!(
-        event.headers.get("Jetshard-Origin").is_some(),
-        "the applied outbox message's event names its origin: {:?}",
-        event.headers
-    );
-
-    // First round: dst loaded from its events (its snapshot removed).
-    journal.purge().filter("ledger.snap.0.dst").await.unwrap();
-    let deleted = forget_the_done_record(&s).await;
-    let system = republish_after_a_server_restart(&s, "n2", deleted).await;
-    assert_eq!(dst_after_push(&s, 7).await, vec![5, 6, 7]);
-    system.shutdown().await.unwrap();
-
-    // Second round: dst loaded from the snapshot written when n2 let it go, its events gone.
-    let journal = s.js.get_stream("LEDGER_JOURNAL").await.unwrap();
-    let snapshot = journal
-        .get_last_raw_message_by_subject("ledger.snap.0.dst")
-        .await
-        .unwrap();
-    assert!(
-        snapshot.headers.get("Jetshard-Origins").is_some(),
-        "the snapshot carries the origins: {:?}",
-        snapshot.headers
-    );
-    journal.purge().filter("ledger.evt.0.dst").await.unwrap();
-    let deleted = forget_the_done_record(&s).await;
-    let system = republish_after_a_server_restart(&s, "n3", deleted).await;
-    assert_eq!(dst_after_push(&s, 8).await, vec![5, 6, 7, 8]);
-    system.shutdown().await.unwrap();
+    // Each round: the record that names the origin, the record purged so that dst loads from
+    // the other, the next owner, the push after the copy.
+    let rounds = [
+        // dst loaded from its events (its snapshot removed).
+        (
+            "ledger.evt.0.dst",
+            "Jetshard-Origin",
+            "ledger.snap.0.dst",
+            "n2",
+            7,
+        ),
+        // dst loaded from the snapshot n2 wrote when it let dst go (a roll-up: the subject's
+        // only record), its events gone.
+        (
+            "ledger.snap.0.dst",
+            "Jetshard-Origins",
+            "ledger.evt.0.dst",
+            "n3",
+            8,
+        ),
+    ];
+    let mut expected = vec![5, 6];
+    for (named_in, header, purged, node, n) in rounds {
+        let journal = s.js.get_stream("LEDGER_JOURNAL").await.unwrap();
+        assert_first_has(&journal, named_in, header).await;
+        journal.purge().filter(purged).await.unwrap();
+        let deleted = forget_the_done_record(&s).await;
+        let system = republish_after_a_server_restart(&s, node, deleted).await;
+        expected.push(n);
+        assert_eq!(dst_after_push(&s, n).await, expected, "{node}");
+        system.shutdown().await.unwrap();
+    }
 }
