@@ -2,9 +2,11 @@
 //! shape of every command stream): the server rebuilds the window from the messages it still
 //! holds, so the msg id of a message already consumed (removed) is forgotten, and the same id
 //! published again is stored again. This is why an outbox message republished by a new owner
-//! after the target's server restarted can be applied twice (found by the all-feature chaos
-//! schedule, seed 904: a saga's answer stored twice; docs/guide.md, the outbox). If a server
-//! version keeps the ids, this test fails: update the docs.
+//! after the target's server restarted was applied twice (found by the all-feature chaos
+//! schedule, seeds 904, 134, 146: a saga's answer stored twice), and why a target entity now
+//! remembers the origins of the outbox messages it applied (`data/origin.rs`; test
+//! `outbox::an_outbox_message_published_again_after_a_server_restart_is_applied_once`). If a
+//! server version keeps the ids, this test fails: update the docs.
 
 use std::time::Duration;
 

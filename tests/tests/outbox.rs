@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::stream;
 use futures::StreamExt;
-use jetshard::Reply;
+use jetshard::{Reply, ShardSystem};
 use jetshard_testkit::wait_until;
 use jetshard_tests::ledger::{Ledger, LedgerCmd};
 use jetshard_tests::{Scenario, init_tracing};
@@ -195,4 +195,134 @@ async fn a_journal_stream_from_before_the_outbox_is_given_its_subject() {
         "{subjects:?}"
     );
     system.shutdown().await.unwrap();
+}
+
+/// Forgets that the partition's last outbox command was confirmed, as if its owner had died
+/// between the publish and the done record: deletes the done record, which must be the last
+/// record on `ledger.out.0`. Returns its journal sequence.
+async fn forget_the_done_record(s: &Scenario) -> u64 {
+    let journal = s.js.get_stream("LEDGER_JOURNAL").await.unwrap();
+    let done = journal
+        .get_last_raw_message_by_subject("ledger.out.0")
+        .await
+        .unwrap();
+    assert!(
+        done.headers.get("Jetshard-Outbox-Done").is_some(),
+        "the last outbox record is not a done record: {:?}",
+        done.headers
+    );
+    assert!(journal.delete_message(done.sequence).await.unwrap());
+    done.sequence
+}
+
+/// Restarts the server (the command stream forgets the msg ids of the commands consumed), then
+/// starts a new owner, which publishes the outbox again; waits until it confirmed it again.
+async fn republish_after_a_server_restart(s: &Scenario, node: &str, deleted: u64) -> ShardSystem {
+    s.server().kill().unwrap();
+    s.server().restart().await.unwrap();
+    let system = s.system(node).await;
+    s.sender
+        .send(&format!("warm-{node}"), &LedgerCmd::Push { n: 0 })
+        .await
+        .unwrap();
+    wait_until(WITHIN, "the outbox confirmed again", || async {
+        let Ok(journal) = s.js.get_stream("LEDGER_JOURNAL").await else {
+            return false;
+        };
+        journal
+            .get_last_raw_message_by_subject("ledger.out.0")
+            .await
+            .is_ok_and(|m| m.sequence > deleted && m.headers.get("Jetshard-Outbox-Done").is_some())
+    })
+    .await
+    .unwrap();
+    system
+}
+
+/// Asserts that the first record on `subject` carries `header`.
+async fn assert_first_has(journal: &stream::Stream, subject: &str, header: &str) {
+    let first = journal
+        .get_first_raw_message_by_subject(subject, 1)
+        .await
+        .unwrap();
+    assert!(
+        first.headers.get(header).is_some(),
+        "{subject}: no {header}: {:?}",
+        first.headers
+    );
+}
+
+/// `dst`'s state once a `Push { n }` sent now was applied (commands to one entity are
+/// applied in their stream order, so every copy stored before it was handled by then).
+async fn dst_after_push(s: &Scenario, n: u64) -> Vec<u64> {
+    s.sender.send("dst", &LedgerCmd::Push { n }).await.unwrap();
+    wait_until(WITHIN, "dst applied the push", || async {
+        s.sender
+            .get("dst", Duration::from_secs(1))
+            .await
+            .is_ok_and(|snapshot| snapshot.state.contains(&n))
+    })
+    .await
+    .unwrap();
+    s.sender.get("dst", WITHIN).await.unwrap().state
+}
+
+/// nats-server forgets, on a restart, the msg ids of the commands a work-queue command stream
+/// no longer holds (`dedup_after_restart.rs`): an outbox message published again then is
+/// stored again. The target entity remembers the origins of the messages it applied, in its
+/// events (first round: loaded from its events) and in its snapshots (second round: loaded
+/// from a snapshot, its events purged), and answers the copy as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_message_published_again_after_a_server_restart_is_applied_once() {
+    init_tracing();
+    let s = Scenario::single(1).await;
+    let config = |node: &str| s.config(node).compaction(false);
+    let system = s.system_with(config("n1")).await;
+    let reply: Reply<Ledger> = s
+        .sender
+        .request(
+            "src",
+            &LedgerCmd::Forward {
+                n: 5,
+                to: "dst".into(),
+            },
+            WITHIN,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(reply, Reply::Applied { .. }), "{reply:?}");
+    assert_eq!(dst_after_push(&s, 6).await, vec![5, 6]);
+    system.shutdown().await.unwrap();
+    // Each round: the record that names the origin, the record purged so that dst loads from
+    // the other, the next owner, the push after the copy.
+    let rounds = [
+        // dst loaded from its events (its snapshot removed).
+        (
+            "ledger.evt.0.dst",
+            "Jetshard-Origin",
+            "ledger.snap.0.dst",
+            "n2",
+            7,
+        ),
+        // dst loaded from the snapshot n2 wrote when it let dst go (a roll-up: the subject's
+        // only record), its events gone.
+        (
+            "ledger.snap.0.dst",
+            "Jetshard-Origins",
+            "ledger.evt.0.dst",
+            "n3",
+            8,
+        ),
+    ];
+    let mut expected = vec![5, 6];
+    for (named_in, header, purged, node, n) in rounds {
+        let journal = s.js.get_stream("LEDGER_JOURNAL").await.unwrap();
+        assert_first_has(&journal, named_in, header).await;
+        journal.purge().filter(purged).await.unwrap();
+        let deleted = forget_the_done_record(&s).await;
+        let system = republish_after_a_server_restart(&s, node, deleted).await;
+        expected.push(n);
+        assert_eq!(dst_after_push(&s, n).await, expected, "{node}");
+        system.shutdown().await.unwrap();
+    }
 }

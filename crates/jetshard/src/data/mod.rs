@@ -7,6 +7,7 @@
 //! `codec` and `error` only (`grep -rn "crate::" crates/jetshard/src/data`).
 
 mod effects;
+pub(crate) mod origin;
 mod outcome;
 pub(crate) mod timers;
 

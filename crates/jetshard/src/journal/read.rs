@@ -15,9 +15,9 @@ use futures::StreamExt;
 use crate::error::Error;
 use crate::wire::header_u64;
 use crate::wire::{
-    HDR_COMMAND_SEQ, HDR_ENTITY, HDR_EVENT_VERSION, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_REASON,
-    HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE, HDR_TIMER_OP, HDR_TIMER_SET,
-    Names,
+    HDR_COMMAND_SEQ, HDR_ENTITY, HDR_EVENT_VERSION, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_ORIGIN,
+    HDR_ORIGINS, HDR_REASON, HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE,
+    HDR_TIMER_OP, HDR_TIMER_SET, Names,
 };
 
 /// A snapshot of one entity's state, as written to or read from `<t>.snap.<p>.<id>`.
@@ -34,6 +34,10 @@ pub(crate) struct SnapshotRecord {
     pub(crate) upto: u64,
     /// What the last command came to (`applied <n>`, `rejected <why>`, `dead_lettered <why>`).
     pub(crate) last_outcome: Option<String>,
+    /// The origins of the outbox messages the entity remembers having applied
+    /// (`Jetshard-Origins`; `None` when there are none, and in snapshots written before they were
+    /// kept).
+    pub(crate) origins: Option<String>,
 }
 
 /// The latest snapshot on `subject`, with its own journal sequence; `None` if there is none or
@@ -55,6 +59,7 @@ pub(crate) async fn latest_snapshot(
             command_seq: header_u64(headers, COMMAND_SEQ)?,
             upto: header_u64(headers, SNAPSHOT_UPTO)?,
             last_outcome: headers.get(LAST_OUTCOME).map(|v| v.as_str().to_owned()),
+            origins: headers.get(ORIGINS).map(|v| v.as_str().to_owned()),
             state: message.payload.clone(),
         })
     })();
@@ -82,7 +87,12 @@ pub(crate) struct StoredEvent<'a> {
 /// What a stored record holds.
 pub(crate) enum Record<'a> {
     /// An event, in the given version of its type's encoding.
-    Event { version: u32, payload: &'a Bytes },
+    Event {
+        version: u32,
+        payload: &'a Bytes,
+        /// Where the command came from, if it was an outbox message (`Jetshard-Origin`).
+        origin: Option<&'a str>,
+    },
     /// A dead letter: its command was given up, which counts as processed.
     DeadLetter { reason: &'a str },
     /// A timer record (`<t>.tmr.<p>.<id>`, not an event).
@@ -365,6 +375,8 @@ const REASON: HeaderName = HeaderName::from_static(HDR_REASON);
 const STATE_VERSION: HeaderName = HeaderName::from_static(HDR_STATE_VERSION);
 const SNAPSHOT_UPTO: HeaderName = HeaderName::from_static(HDR_SNAPSHOT_UPTO);
 const LAST_OUTCOME: HeaderName = HeaderName::from_static(HDR_LAST_OUTCOME);
+const ORIGIN: HeaderName = HeaderName::from_static(HDR_ORIGIN);
+const ORIGINS: HeaderName = HeaderName::from_static(HDR_ORIGINS);
 const TIMER_OP: HeaderName = HeaderName::from_static(HDR_TIMER_OP);
 const TIMER: HeaderName = HeaderName::from_static(HDR_TIMER);
 const TIMER_DUE: HeaderName = HeaderName::from_static(HDR_TIMER_DUE);
@@ -411,6 +423,7 @@ fn stored_record<'a>(
                 version: header_u64(headers, EVENT_VERSION)
                     .map_or(1, |v| u32::try_from(v).unwrap_or(u32::MAX)),
                 payload,
+                origin: headers.get(ORIGIN).map(|o| o.as_str()),
             },
         }),
         "dlq" => Some(StoredEvent {

@@ -13,6 +13,7 @@ use async_nats::jetstream::context::Context;
 use bytes::Bytes;
 
 use crate::data::OutboxMessage;
+use crate::data::origin::Origin;
 use crate::data::timers::{Firing, TimerChange};
 use crate::entity::EntityId;
 use crate::journal::fence::Fence;
@@ -23,10 +24,10 @@ use crate::telemetry::CommitMetrics;
 use crate::trace::TraceParent;
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_EVENT_VERSION, HDR_EXPECTED_SUBJECT,
-    HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_MSG_ID, HDR_OUTBOX_DONE,
-    HDR_OUTBOX_INDEX, HDR_OUTBOX_TARGET, HDR_REASON, HDR_ROLLUP, HDR_SNAPSHOT_UPTO,
-    HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE, HDR_TIMER_OP, HDR_TIMER_SET, HDR_TRACEPARENT,
-    Names,
+    HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_MSG_ID, HDR_ORIGIN,
+    HDR_ORIGINS, HDR_OUTBOX_DONE, HDR_OUTBOX_INDEX, HDR_OUTBOX_TARGET, HDR_REASON, HDR_ROLLUP,
+    HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE, HDR_TIMER_OP, HDR_TIMER_SET,
+    HDR_TRACEPARENT, Names,
 };
 
 /// The records a command writes beside its events, in the same unit.
@@ -38,6 +39,8 @@ pub(crate) struct Attached<'a> {
     pub(crate) timers: &'a [TimerChange],
     /// The timer it is the command of.
     pub(crate) fired: Option<&'a Firing>,
+    /// Where the command came from, if it is an outbox message: on its first event.
+    pub(crate) origin: Option<&'a Origin>,
 }
 
 /// Writes one partition's records under one generation, through the partition's
@@ -78,6 +81,11 @@ impl JournalWriter {
         self.fence.generation
     }
 
+    /// The partition it writes.
+    pub(crate) fn partition(&self) -> u32 {
+        self.partition
+    }
+
     /// Makes a command's events durable, fenced, de-duplicated by `<t>:<command seq>:<index>`,
     /// each marked with the event encoding's `version`. Returns the journal sequence of the last
     /// event (`None` for no events; 0 if the server answered that it had them already).
@@ -102,6 +110,7 @@ impl JournalWriter {
             outbox,
             timers,
             fired,
+            origin,
         } = attached;
         let records = events.len() + outbox.len() + timers.len() + usize::from(fired.is_some());
         if records > MAX_EVENTS_PER_COMMAND {
@@ -153,6 +162,9 @@ impl JournalWriter {
                 headers.insert(HDR_MSG_ID, self.names.event_msg_id(command_seq, index));
                 if let Some(trace) = trace {
                     headers.insert(HDR_TRACEPARENT, trace.to_string());
+                }
+                if let (Some(origin), 0) = (origin, index) {
+                    headers.insert(HDR_ORIGIN, origin.to_string());
                 }
                 Outgoing {
                     subject: subject.clone(),
@@ -224,6 +236,9 @@ impl JournalWriter {
         headers.insert(HDR_ROLLUP, "sub");
         if let Some(outcome) = &snapshot.last_outcome {
             headers.insert(HDR_LAST_OUTCOME, sanitize_header(outcome));
+        }
+        if let Some(origins) = &snapshot.origins {
+            headers.insert(HDR_ORIGINS, origins.as_str());
         }
         let record = Outgoing {
             subject: self.names.snapshot_subject(self.partition, entity),

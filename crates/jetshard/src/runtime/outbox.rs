@@ -5,14 +5,18 @@
 //! runs). The entity actor then writes, in **one journal unit** (all or none, fenced like
 //! events), the command's events and one outbox record per message on `<t>.out.<p>`. Once that
 //! is durable it applies the events, publishes each message with
-//! `Nats-Msg-Id: <t>:<command seq>:out:<index>`, and writes a *done* record for the command.
+//! `Nats-Msg-Id: <t>:<command seq>:out:<index>` and `Jetshard-Origin:
+//! <t>:<partition>:<command seq>:<index>`, and writes a *done* record for the command.
 //!
 //! A crash between the write and the done record leaves outbox records without a done record.
 //! Every new owner of the partition reads `<t>.out.<p>` on acquisition and publishes those
 //! again, then writes their done records: at least once, and a JetStream target that receives
 //! the message again within its duplicate window (2 minutes by default) drops it by its msg id,
-//! so it stores each message once. A target without a stream (a core subscriber) may see a
-//! message twice. "No responders" to a publish counts as published only when the server says
+//! so it stores each message once. Not across a restart of the target's server: a work-queue
+//! command stream's window is rebuilt from the commands it still holds, so a message already
+//! consumed is stored again; a jetshard target entity remembers the origin of each message it
+//! applied and answers the copy as a duplicate (`data/origin.rs`). A target without a stream (a
+//! core subscriber) may see a message twice. "No responders" to a publish counts as published only when the server says
 //! no stream listens on the subject: a clustered stream answers it too while it elects a
 //! leader, and the message is offered again (about 13 s in all) and else left to recovery.
 //!
@@ -29,23 +33,15 @@ use async_nats::jetstream::stream::Stream;
 use futures::StreamExt;
 
 use crate::data::OutboxMessage;
+use crate::data::origin::Origin;
 use crate::error::Error;
 use crate::journal::{self, JournalWriter, WriteError};
+use crate::retry;
 use crate::wire::Names;
 use crate::wire::header_u64;
-use crate::wire::{HDR_COMMAND_SEQ, HDR_ENTITY, HDR_MSG_ID, HDR_OUTBOX_DONE, HDR_OUTBOX_TARGET};
-
-/// How long a message is offered to the server (at least [`MIN_PUBLISH_ATTEMPTS`] times) before
-/// the command's outbox is left to the next owner's recovery: the pauses between attempts double
-/// from 200 ms up to [`MAX_PUBLISH_PAUSE`]; long enough for a clustered stream's leader
-/// election (5-11 s measured in `tests/tests/cluster.rs`).
-const PUBLISH_PATIENCE: Duration = Duration::from_secs(15);
-
-/// Attempts to publish an outbox message, however long they take.
-const MIN_PUBLISH_ATTEMPTS: u32 = 3;
-
-/// The longest pause between two attempts to publish an outbox message.
-const MAX_PUBLISH_PAUSE: Duration = Duration::from_secs(2);
+use crate::wire::{
+    HDR_COMMAND_SEQ, HDR_ENTITY, HDR_MSG_ID, HDR_ORIGIN, HDR_OUTBOX_DONE, HDR_OUTBOX_TARGET,
+};
 
 /// `Nats-Msg-Id` of the `index`th outbox message of the command at `command_seq`.
 pub(crate) fn msg_id(names: &Names, command_seq: u64, index: usize) -> String {
@@ -63,7 +59,9 @@ pub(crate) async fn deliver(
     messages: &[OutboxMessage],
 ) {
     for (index, message) in messages.iter().enumerate() {
-        if let Err(e) = publish(js, names, command_seq, index, message).await {
+        let origin =
+            Origin::message_header(names.entity_type(), journal.partition(), command_seq, index);
+        if let Err(e) = publish(js, names, command_seq, index, &origin, message).await {
             tracing::warn!(entity, cmd_seq = command_seq, index, error = %e, "outbox message not published; the next owner publishes it again");
             return;
         }
@@ -77,74 +75,50 @@ pub(crate) async fn deliver(
     }
 }
 
-/// Publishes one outbox message, awaiting the stream's ack; a subject no stream listens on
-/// counts as published (core NATS: at most once for those subscribers).
+/// Publishes one outbox message, awaiting the stream's ack, with the publish patience
+/// ([`retry::with_publish_patience`]); a subject no stream listens on counts as published (core
+/// NATS: at most once for those subscribers).
 async fn publish(
     js: &Context,
     names: &Names,
     command_seq: u64,
     index: usize,
+    origin: &str,
     message: &OutboxMessage,
 ) -> Result<(), Error> {
-    let mut last = None;
-    let started = std::time::Instant::now();
-    for attempt in 0.. {
-        if attempt >= MIN_PUBLISH_ATTEMPTS && started.elapsed() >= PUBLISH_PATIENCE {
-            break;
-        }
-        if attempt > 0 {
-            let pause = Duration::from_millis(100 << attempt.min(5)).min(MAX_PUBLISH_PAUSE);
-            tokio::time::sleep(pause).await;
-        }
+    retry::with_publish_patience(|| async {
         let mut headers = HeaderMap::new();
         headers.insert(HDR_MSG_ID, msg_id(names, command_seq, index));
-        let sent = js
+        headers.insert(HDR_ORIGIN, origin);
+        let failed = |e| Error::jetstream(format!("publish to {}", message.subject), e);
+        let ack = js
             .publish_with_headers(message.subject.clone(), headers, message.payload.clone())
+            .await
+            .map_err(failed)?
             .await;
-        let ack = match sent {
-            Ok(ack) => ack.await,
-            Err(e) => {
-                last = Some(Error::jetstream(
-                    format!("publish to {}", message.subject),
-                    e,
-                ));
-                continue;
-            }
-        };
         match ack {
-            Ok(_) => return Ok(()),
+            Ok(_) => Ok(()),
             // "No responders": either no stream listens on the subject (a core subscriber's
             // subject: published, at most once), or the stream that does has no leader now (a
             // clustered stream's election). Counting the second as published lost the message
             // (seen in the cluster's chaos schedule: a saga's answer never arrived).
             Err(e) if e.kind() == PublishErrorKind::StreamNotFound => {
                 match js.stream_by_subject(message.subject.clone()).await {
-                    Err(lookup) if lookup.kind() == GetStreamByNameErrorKind::NotFound => {
-                        return Ok(());
-                    }
-                    Ok(stream) => {
-                        last = Some(Error::jetstream(
-                            format!("publish to {} (stream {stream})", message.subject),
-                            e,
-                        ));
-                    }
-                    Err(lookup) => {
-                        last = Some(Error::jetstream(
-                            format!("publish to {}", message.subject),
-                            lookup,
-                        ));
-                    }
+                    Err(lookup) if lookup.kind() == GetStreamByNameErrorKind::NotFound => Ok(()),
+                    Ok(stream) => Err(Error::jetstream(
+                        format!("publish to {} (stream {stream})", message.subject),
+                        e,
+                    )),
+                    Err(lookup) => Err(Error::jetstream(
+                        format!("publish to {}", message.subject),
+                        lookup,
+                    )),
                 }
             }
-            Err(e) => {
-                last = Some(Error::jetstream(
-                    format!("publish to {}", message.subject),
-                    e,
-                ))
-            }
+            Err(e) => Err(failed(e)),
         }
-    }
-    Err(last.unwrap_or(Error::Stopped))
+    })
+    .await
 }
 
 /// One command's outbox, read back.

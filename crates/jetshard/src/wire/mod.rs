@@ -69,6 +69,13 @@ pub const HDR_REPLAY_OF: &str = "Jetshard-Replay-Of";
 pub const HDR_OUTBOX_TARGET: &str = "Jetshard-Outbox-Target";
 /// Header on an outbox record: the message's place among its command's messages, from 0.
 pub const HDR_OUTBOX_INDEX: &str = "Jetshard-Outbox-Index";
+/// Header on an outbox message (`<type>:<partition>:<command seq>:<index>` of the command that
+/// sent it) and on the events it produced at its target (`#<type hash>:<partition>:<seq>:<index>`):
+/// the target entity remembers it and answers a copy of the message as a duplicate.
+pub const HDR_ORIGIN: &str = "Jetshard-Origin";
+/// Header on a snapshot: the origins of the outbox messages the entity remembers having applied
+/// (see [`HDR_ORIGIN`]), separated by spaces; absent when there are none.
+pub const HDR_ORIGINS: &str = "Jetshard-Origins";
 /// Header on an outbox *done* record: every message of the command (`Jetshard-Command-Seq`) was
 /// published.
 pub const HDR_OUTBOX_DONE: &str = "Jetshard-Outbox-Done";

@@ -129,6 +129,8 @@ async fn run(args: WatchArgs, mut claims: async_nats::Subscriber) {
     let mut tick = tokio::time::interval(args.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut answers = FuturesUnordered::new();
+    // Wake-ups being offered (`pin::wake`); dropped with the watch.
+    let mut wakes = FuturesUnordered::new();
     loop {
         tokio::select! {
             claim = claims.next() => {
@@ -165,6 +167,7 @@ async fn run(args: WatchArgs, mut claims: async_nats::Subscriber) {
                     });
                 }
             }
+            Some(()) = wakes.next(), if !wakes.is_empty() => {}
             Some((incarnation, answer, at)) = answers.next(), if !answers.is_empty() => {
                 if args.deaths.heard(&incarnation, answer, at) == Verdict::Died {
                     let member = args.peers.borrow().get(&incarnation).cloned();
@@ -179,9 +182,17 @@ async fn run(args: WatchArgs, mut claims: async_nats::Subscriber) {
                     }
                     tracing::warn!(node = %args.node, dead = %incarnation, ?partitions, "a process that owned partitions is gone; unpinning those it still holds");
                     let unpins = partitions.iter().map(|&p| unpin_if_still_owned(&args, p, &incarnation));
-                    for (partition, found) in partitions.iter().zip(futures::future::join_all(unpins).await) {
+                    for (partition, (found, wake)) in partitions.iter().zip(futures::future::join_all(unpins).await) {
                         if let Some((generation, incarnation)) = found {
                             owners.seen(*partition, generation, incarnation.as_deref(), true);
+                        }
+                        if wake {
+                            // Beside the watch: a wake-up may be offered for seconds.
+                            let (js, names, partitions) = (args.js.clone(), args.names.clone(), args.partitions);
+                            let partition = *partition;
+                            wakes.push(async move {
+                                crate::runtime::pin::wake(&js, &names, partition, partitions).await;
+                            });
                         }
                     }
                 }
@@ -193,7 +204,8 @@ async fn run(args: WatchArgs, mut claims: async_nats::Subscriber) {
 /// Unpins `partition` if its latest fence record names `dead`, its consumer is still pinned
 /// under the pin that record names (none named: an older record; unpinned anyway), and no other
 /// watch unpins it for the same record. Returns the latest record's generation and incarnation,
-/// to correct the watch's view.
+/// to correct the watch's view, and whether the partition is to be woken (no command waits
+/// there to pin a standby).
 ///
 /// Every live process watches, so several find the same owner dead within a millisecond. The
 /// server's unpin names no pin: a second unpin sent just after the first would take the pin from
@@ -204,13 +216,13 @@ async fn unpin_if_still_owned(
     args: &WatchArgs,
     partition: u32,
     dead: &str,
-) -> Option<(u64, Option<String>)> {
+) -> (Option<(u64, Option<String>)>, bool) {
     let (fence_seq, record) = match fence::latest(&args.journal, &args.names, partition).await {
         Ok(Some(latest)) => latest,
-        Ok(None) => return None,
+        Ok(None) => return (None, false),
         Err(e) => {
             tracing::warn!(partition, error = %e, "crash watch: fence record not read; the pin moves after its TTL");
-            return None;
+            return (None, false);
         }
     };
     let found = Some((record.generation, record.incarnation.clone()));
@@ -220,7 +232,7 @@ async fn unpin_if_still_owned(
             generation = record.generation,
             "already claimed by another process"
         );
-        return found;
+        return (found, false);
     }
     let consumer = args.names.consumer(partition);
     let (pinned, waiting) = match args.commands.consumer_info(&consumer).await {
@@ -233,7 +245,7 @@ async fn unpin_if_still_owned(
         ),
         Err(e) => {
             tracing::warn!(partition, error = %e, "crash watch: consumer not read; the pin moves after its TTL");
-            return found;
+            return (found, false);
         }
     };
     // Unpin if the dead owner's pin holds (a record naming none is older: unpinned anyway).
@@ -249,11 +261,11 @@ async fn unpin_if_still_owned(
                 generation = record.generation,
                 "the pin has already moved"
             );
-            return found;
+            return (found, false);
         }
     };
     if !unpin && waiting > 0 {
-        return found;
+        return (found, false);
     }
     let what = serde_json::json!({
         "fence_seq": fence_seq,
@@ -279,11 +291,11 @@ async fn unpin_if_still_owned(
                 generation = record.generation,
                 "another process unpins it"
             );
-            return found;
+            return (found, false);
         }
         Err(e) => {
             tracing::warn!(partition, error = %e, "crash watch: unpin record not stored; the pin moves after its TTL");
-            return found;
+            return (found, false);
         }
     }
     if unpin {
@@ -301,14 +313,11 @@ async fn unpin_if_still_owned(
             ),
             Err(e) => {
                 tracing::warn!(partition, error = %e, "crash watch: unpin failed; the pin moves after its TTL");
-                return found;
+                return (found, false);
             }
         }
     }
-    if waiting == 0 {
-        // No command waits to pin a standby: wake it, so that it takes the partition and fires
-        // the timers due there.
-        crate::runtime::pin::wake(&args.js, &args.names, partition, args.partitions).await;
-    }
-    found
+    // No command waits to pin a standby: it is to be woken, so that it takes the partition and
+    // fires the timers due there.
+    (found, waiting == 0)
 }

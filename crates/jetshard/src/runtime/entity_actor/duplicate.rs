@@ -81,7 +81,10 @@ async fn events_of_command<E: Entity>(
         if stored.command_seq != command_seq || stored.entity != id.as_str() {
             return Ok(());
         }
-        if let Record::Event { version, payload } = stored.record {
+        if let Record::Event {
+            version, payload, ..
+        } = stored.record
+        {
             if version == E::EVENT_VERSION {
                 found.push(payload.to_vec());
             } else {

@@ -8,6 +8,7 @@ use super::outcome_header::LastOutcome;
 use super::protocol::{EntityContext, Quarantine, panic_message};
 use super::replay::Seed;
 use crate::codec::Codec;
+use crate::data::origin::Origins;
 use crate::entity::{Entity, EntityId, Snapshots};
 use crate::error::Error;
 use crate::journal::{self, Record, SnapshotRecord, TimerRecord};
@@ -170,6 +171,12 @@ pub(super) fn restore<E: Entity>(
         unsnapshotted: 0,
         // None was armed when the snapshot was written (`write_snapshot`).
         timers: BTreeMap::new(),
+        // Empty in a snapshot written before origins were kept.
+        origins: snapshot
+            .origins
+            .as_deref()
+            .map(Origins::from_header)
+            .unwrap_or_default(),
     })
 }
 
@@ -187,6 +194,7 @@ mod tests {
             command_seq: 17,
             upto: 40,
             last_outcome: Some("rejected too late".to_owned()),
+            origins: None,
         }
     }
 

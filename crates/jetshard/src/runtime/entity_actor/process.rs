@@ -14,6 +14,7 @@ use super::replay::Seed;
 use super::state::{EntityState, Loaded};
 use bytes::Bytes;
 
+use crate::data::origin::Origin;
 use crate::data::timers::Firing;
 use crate::data::timers::{Armed, TimerChange, TimerReport};
 use crate::data::{Effects, OutboxMessage};
@@ -51,10 +52,19 @@ pub(super) async fn process<E: Entity>(
         trace,
         detail: wants_detail,
         timer: firing,
+        origin,
     } = work;
     let steps = async {
         load(state).await?;
-        let give_up = match admit(state, seq, give_up, firing.as_ref(), timer_reports) {
+        let admitted = admit(
+            state,
+            seq,
+            give_up,
+            firing.as_ref(),
+            origin.as_deref(),
+            timer_reports,
+        );
+        let give_up = match admitted {
             // A client waits: this is the first answer it can get, so it gets the command's
             // own outcome, typed, not an untyped duplicate.
             Err(Verdict::Duplicate {
@@ -107,7 +117,11 @@ pub(super) async fn process<E: Entity>(
             encoded,
             effects,
             trace.as_ref().map(|t| &t.span),
-            firing.as_ref(),
+            Attached {
+                fired: firing.as_ref(),
+                origin: origin.as_deref(),
+                ..Attached::default()
+            },
             wants_detail.then_some(&mut *detail),
         )
         .await?;
@@ -116,6 +130,7 @@ pub(super) async fn process<E: Entity>(
             seq,
             &events,
             firing.as_ref(),
+            origin.as_deref().copied(),
             written,
             quarantine,
             timer_reports,
@@ -178,6 +193,7 @@ fn admit<E: Entity>(
     seq: u64,
     give_up: Option<std::sync::Arc<str>>,
     firing: Option<&Firing>,
+    origin: Option<&Origin>,
     timer_reports: &mut Vec<TimerReport>,
 ) -> Result<Option<String>, Verdict> {
     let last_command_seq = match &state.seed {
@@ -192,6 +208,15 @@ fn admit<E: Entity>(
             _ => None,
         };
         return Err(Verdict::Duplicate { earlier });
+    }
+    // A copy of an outbox message this entity applied: the outbox publishes a message again
+    // when its command's done record is missing, and a restarted server no longer knows the
+    // msg id of a command it already handed out (`data/origin.rs`).
+    if let (Some(origin), Loaded::Yes(seed)) = (origin, &state.seed)
+        && seed.origins.contains(origin)
+    {
+        tracing::debug!(%origin, "outbox message applied before: a duplicate");
+        return Err(Verdict::Duplicate { earlier: None });
     }
     let give_up = match (&state.seed, give_up) {
         (_, Some(reason)) => Some(reason.to_string()),
@@ -365,7 +390,7 @@ async fn write<E: Entity>(
     encoded: Vec<Vec<u8>>,
     effects: Effects,
     trace: Option<&crate::trace::TraceParent>,
-    firing: Option<&Firing>,
+    attached: Attached<'_>,
     detail: Option<&mut Option<Detail>>,
 ) -> Result<Written, Verdict> {
     let (outbox, mut timer_changes) = match effects.into_parts() {
@@ -390,7 +415,7 @@ async fn write<E: Entity>(
             Attached {
                 outbox: &outbox,
                 timers: &timer_changes,
-                fired: firing,
+                ..attached
             },
         )
         .await;
@@ -413,6 +438,7 @@ fn apply<E: Entity>(
     seq: u64,
     events: &[E::Event],
     firing: Option<&Firing>,
+    origin: Option<Origin>,
     written: Written,
     quarantine: &mut Option<Quarantine>,
     timer_reports: &mut Vec<TimerReport>,
@@ -461,6 +487,10 @@ fn apply<E: Entity>(
     seed.last_outcome = Some(LastOutcome::Applied {
         events: u32::try_from(count).unwrap_or(u32::MAX),
     });
+    // Remembered only when its first event carries it, so that a reload remembers the same.
+    if let (Some(origin), true) = (origin, count > 0) {
+        seed.origins.remember(origin);
+    }
     // 0: a retried batch the server had stored already (its sequence unknown here); a
     // snapshot then covers less than it could, and loading re-reads a little more.
     if let Some(stored) = journal_seq.filter(|s| *s > 0) {

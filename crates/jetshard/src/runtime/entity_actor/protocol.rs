@@ -93,6 +93,9 @@ pub(crate) struct Work {
     pub(crate) detail: bool,
     /// Set when it is a timer's command: decided only if the entity has that timer armed.
     pub(crate) timer: Option<Firing>,
+    /// Set when it is an outbox message: a duplicate if the entity remembers having applied
+    /// a message of that origin; else its events carry the origin.
+    pub(crate) origin: Option<Box<crate::data::origin::Origin>>,
 }
 
 /// What became of one command.

@@ -7,6 +7,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use super::outcome_header::LastOutcome;
 use super::protocol::{Quarantine, panic_message};
 use crate::codec::Codec;
+use crate::data::origin::{Origin, Origins};
 use crate::data::timers::Armed;
 use crate::entity::{Entity, decode_event};
 use crate::journal::{self, Record, TimerRecord};
@@ -24,6 +25,8 @@ pub(crate) struct Seed<E: Entity> {
     pub(crate) unsnapshotted: u32,
     /// Its armed timers, by name (`timer.rs`).
     pub(crate) timers: BTreeMap<Box<str>, Armed>,
+    /// The origins of the outbox messages it applied, the latest (`data/origin.rs`).
+    pub(crate) origins: Origins,
 }
 
 impl<E: Entity> Default for Seed<E> {
@@ -35,6 +38,7 @@ impl<E: Entity> Default for Seed<E> {
             journal_seq: 0,
             unsnapshotted: 0,
             timers: BTreeMap::new(),
+            origins: Origins::default(),
         }
     }
 }
@@ -83,7 +87,11 @@ impl<E: Entity> Seed<E> {
                     self.last_outcome = Some(LastOutcome::DeadLettered((*reason).into()));
                 }
             }
-            Record::Event { version, payload } => {
+            Record::Event {
+                version,
+                payload,
+                origin,
+            } => {
                 let quarantine = |reason: String| Quarantine {
                     journal_seq: stored.seq,
                     reason,
@@ -117,6 +125,9 @@ impl<E: Entity> Seed<E> {
                 };
                 self.last_outcome = Some(LastOutcome::Applied { events });
                 self.unsnapshotted = self.unsnapshotted.saturating_add(1);
+                if let Some(origin) = origin.and_then(Origin::parse) {
+                    self.origins.remember(origin);
+                }
             }
         }
         self.last_command_seq = self.last_command_seq.max(stored.command_seq);

@@ -48,6 +48,7 @@ pub(super) async fn write_snapshot<E: Entity>(
         command_seq: seed.last_command_seq,
         upto: seed.journal_seq,
         last_outcome: seed.last_outcome.as_ref().map(LastOutcome::to_header),
+        origins: seed.origins.to_header(),
     };
     let writing = std::time::Instant::now();
     match context.journal.snapshot(id, record).await {

@@ -205,6 +205,7 @@ async fn read_slice(
                 pin::respond_to(Some(&message.headers)),
                 pin::trace_of(Some(&message.headers)),
                 crate::data::timers::firing_of(Some(&message.headers)),
+                crate::data::origin::origin_of(Some(&message.headers)),
             ),
         ));
     }

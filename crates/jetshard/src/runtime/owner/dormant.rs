@@ -36,8 +36,8 @@ type Kept<E> = (Seed<E>, u64, usize);
 
 /// The estimated bytes a dormant state holds: its map entry (the seed's fixed part, the key,
 /// the stamp), its id, and its state's encoding (a stand-in for the state's heap, counted
-/// without building it; a state that does not encode counts as its fixed part alone), and the
-/// text of its last outcome.
+/// without building it; a state that does not encode counts as its fixed part alone), the
+/// text of its last outcome, and the outbox origins it remembers.
 pub(super) fn estimate<E: Entity>(entity: &EntityId, seed: &Seed<E>, codec: Codec) -> usize {
     let outcome = match &seed.last_outcome {
         Some(
@@ -50,6 +50,7 @@ pub(super) fn estimate<E: Entity>(entity: &EntityId, seed: &Seed<E>, codec: Code
         + entity.as_str().len()
         + codec.encoded_len(&seed.state).unwrap_or(0)
         + outcome
+        + seed.origins.heap_bytes()
 }
 
 /// One partition's dormant states, counted in the process's totals.
@@ -335,17 +336,18 @@ mod layout {
     /// Where a dormant entry's bytes go, beside its state (x86_64): the id (an `Arc<str>`, 16,
     /// plus its own allocation), the last outcome (24), the armed timers (an empty `BTreeMap`,
     /// 24), the command and journal sequences (16), the events since the snapshot (4, padded to
-    /// 8), the LRU stamp (8) and the byte estimate (8): 104 bytes of jetshard's own, plus the
-    /// hash map's control byte and spare capacity. A guard against it growing unnoticed.
+    /// 8), the remembered outbox origins (a pointer, null until the first: 8), the LRU stamp (8)
+    /// and the byte estimate (8): 112 bytes of jetshard's own, plus the hash map's control byte
+    /// and spare capacity. A guard against it growing unnoticed.
     #[test]
     #[cfg(target_pointer_width = "64")]
-    fn a_dormant_entry_holds_at_most_104_bytes_beside_its_state() {
+    fn a_dormant_entry_holds_at_most_112_bytes_beside_its_state() {
         let state = std::mem::size_of::<Small>();
         let entry = std::mem::size_of::<(EntityId, Kept<Bench>)>();
         assert_eq!(state, 40);
         assert_eq!(std::mem::size_of::<Option<LastOutcome>>(), 24);
         assert!(
-            entry - state <= 104,
+            entry - state <= 112,
             "{entry} bytes for a {state}-byte state"
         );
     }

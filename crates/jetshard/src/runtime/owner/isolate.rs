@@ -110,6 +110,7 @@ mod tests {
             trace: None,
             timer: None,
             wake: false,
+            origin: None,
         }
     }
 

@@ -134,6 +134,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
             queries,
             outbox_recovery: None,
             timer_scan: None,
+            waking: None,
             compaction: None,
             timers: Timers::default(),
             phase: Phase::Standby,

@@ -111,14 +111,20 @@ impl<E: Entity> OwnerState<E> {
                 // fired), and armed timers must not wait for the partition's next command. A
                 // stopping process's idle partitions are woken by the others' crash watches
                 // once it is gone.
-                let partitions = self.shared.config.partitions;
-                pin::wake(
-                    &self.shared.js,
-                    &self.shared.names,
-                    self.partition,
-                    partitions,
-                )
-                .await;
+                // Tried once here (a stopping owner is gone next), then, if that failed (a
+                // clustered stream electing its leader), offered beside the owner for up to the
+                // publish patience.
+                let (js, names) = (self.shared.js.clone(), self.shared.names.clone());
+                let (partition, partitions) = (self.partition, self.shared.config.partitions);
+                if let Err(e) = pin::try_wake(&js, &names, partition, partitions).await {
+                    tracing::debug!(partition, error = %e, "wake-up not stored; offered again");
+                    let waking = tokio::spawn(async move {
+                        pin::wake(&js, &names, partition, partitions).await;
+                    });
+                    if let Some(earlier) = self.waking.replace(waking) {
+                        earlier.abort();
+                    }
+                }
             }
         }
         let Phase::Releasing(release, owning) = std::mem::replace(&mut self.phase, Phase::Standby)

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use ractor::{ActorId, ActorRef};
 use tokio::time::Instant;
 
+use crate::data::origin::Origin;
 use crate::data::timers::Firing;
 use crate::runtime::entity_actor::{EntityMsg, Work};
 use crate::runtime::pin::Delivery;
@@ -98,6 +99,8 @@ pub(super) struct Pending {
     pub(super) trace: Option<Box<CommandTrace>>,
     /// Which timer fired, if it is a timer's command.
     pub(super) timer: Option<Firing>,
+    /// Where it came from, if it is an outbox message.
+    pub(super) origin: Option<Box<Origin>>,
 }
 
 impl Pending {
@@ -113,6 +116,7 @@ impl Pending {
             give_up: None,
             trace: delivery.trace,
             timer: delivery.timer,
+            origin: delivery.origin,
         }
     }
 
@@ -124,6 +128,7 @@ impl Pending {
         respond_to: Option<Subject>,
         trace: Option<Box<CommandTrace>>,
         timer: Option<Firing>,
+        origin: Option<Box<Origin>>,
     ) -> Self {
         Pending {
             seq,
@@ -136,6 +141,7 @@ impl Pending {
             give_up: None,
             trace,
             timer,
+            origin,
         }
     }
 
@@ -148,6 +154,7 @@ impl Pending {
             trace: self.trace.clone(),
             detail: self.respond_to.is_some(),
             timer: self.timer.clone(),
+            origin: self.origin.clone(),
         }
     }
 }

@@ -68,6 +68,9 @@ pub(crate) struct OwnerState<E: Entity> {
     /// Compacts the partition's journal in the background (`runtime/compaction.rs`) while this
     /// owner holds it: started at each acquisition, stopped when it stops owning.
     pub(super) compaction: Option<JoinHandle<()>>,
+    /// Offers the wake-up of the partition this owner let go (`pin::wake`, which may take the
+    /// publish patience); stopped with the owner or at the next release.
+    pub(super) waking: Option<JoinHandle<()>>,
     /// The armed timers of the partition while this owner holds it (`timer.rs`).
     pub(super) timers: Timers,
     pub(super) phase: Phase<E>,
@@ -101,6 +104,9 @@ impl<E: Entity> Drop for OwnerState<E> {
         }
         if let Some(compaction) = &self.compaction {
             compaction.abort();
+        }
+        if let Some(waking) = &self.waking {
+            waking.abort();
         }
     }
 }

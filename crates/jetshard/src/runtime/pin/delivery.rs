@@ -32,6 +32,8 @@ pub(crate) struct Delivery {
     pub(crate) timer: Option<crate::data::timers::Firing>,
     /// A wake-up (`Jetshard-Wake`, see [`wake`]): acknowledged, routed to no entity.
     pub(crate) wake: bool,
+    /// Where it came from, if it is an outbox message (`Jetshard-Origin`).
+    pub(crate) origin: Option<Box<crate::data::origin::Origin>>,
 }
 
 /// Whether a stored command is a wake-up (see [`wake`]).
@@ -45,27 +47,42 @@ pub(crate) fn is_wake(headers: Option<&async_nats::HeaderMap>) -> bool {
 /// and fires those due; the wake-up itself is acknowledged and routed nowhere. Sent after a
 /// dead owner's partition is unpinned (the crash watch) and by an owner that lets its partition go
 /// with timers armed: otherwise those timers would wait for the partition's next command.
+///
+/// Offered with the publish patience of the outbox ([`crate::retry::with_publish_patience`]):
+/// during a clustered command stream's leader election it answers "no responders" for seconds.
+/// Callers run it beside their work (it may take [`crate::retry::PUBLISH_PATIENCE`]).
 pub(crate) async fn wake(
     js: &async_nats::jetstream::Context,
     names: &crate::wire::Names,
     partition: u32,
     partitions: u32,
 ) {
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(crate::wire::HDR_WAKE, "1");
-    let subject = names.wake_subject(partition, partitions);
-    let stored = match js
-        .publish_with_headers(subject, headers, Bytes::new())
-        .await
-    {
-        Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
+    let stored =
+        crate::retry::with_publish_patience(|| try_wake(js, names, partition, partitions)).await;
     match stored {
         Ok(()) => tracing::debug!(partition, "woke the partition"),
         Err(e) => {
             tracing::warn!(partition, error = %e, "wake-up not sent; the partition's timers wait for its next command");
         }
+    }
+}
+
+/// One attempt of [`wake`]: the wake-up stored, or why not.
+pub(crate) async fn try_wake(
+    js: &async_nats::jetstream::Context,
+    names: &crate::wire::Names,
+    partition: u32,
+    partitions: u32,
+) -> Result<(), String> {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(crate::wire::HDR_WAKE, "1");
+    let subject = names.wake_subject(partition, partitions);
+    match js
+        .publish_with_headers(subject, headers, Bytes::new())
+        .await
+    {
+        Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -34,7 +34,7 @@ use tokio::time::Instant;
 use crate::wire::{HDR_PIN_ID, PRIORITY_GROUP};
 
 use delivery::{AckInfo, ack_info};
-pub(crate) use delivery::{Delivery, is_wake, respond_to, trace_of, wake};
+pub(crate) use delivery::{Delivery, is_wake, respond_to, trace_of, try_wake, wake};
 use requested::{Requested, pending_of};
 
 /// What the pull loop tells its owner.
@@ -282,6 +282,7 @@ async fn run(
                 let trace = trace_of(message.headers.as_ref());
                 let timer = crate::data::timers::firing_of(message.headers.as_ref());
                 let delivery = Delivery {
+                    origin: crate::data::origin::origin_of(message.headers.as_ref()),
                     timer,
                     wake: is_wake(message.headers.as_ref()),
                     respond_to,
