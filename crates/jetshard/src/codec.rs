@@ -50,6 +50,27 @@ impl Codec {
         }
     }
 
+    /// Appends a value's encoding to `out` (a dormant state's allocation, built in one piece).
+    ///
+    /// # Errors
+    /// [`CodecError`] if the value cannot be serialized (`out` may then hold part of it).
+    pub(crate) fn encode_into<T: Serialize>(
+        self,
+        value: &T,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CodecError> {
+        match self {
+            Codec::Bincode => {
+                bincode::serde::encode_into_std_write(value, out, bincode::config::standard())
+                    .map(drop)
+                    .map_err(|e| CodecError::Encode(e.to_string()))
+            }
+            Codec::Json => {
+                serde_json::to_writer(out, value).map_err(|e| CodecError::Encode(e.to_string()))
+            }
+        }
+    }
+
     /// The length of a value's encoding, counted without building it (the dormant budget in
     /// bytes estimates a state by it).
     ///
