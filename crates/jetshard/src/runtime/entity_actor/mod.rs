@@ -19,8 +19,8 @@
 //! [`outcome_header`] (the `Jetshard-Last-Outcome` codec), [`queries`], [`state`].
 //!
 //! Passivation: an idle entity's actor hands its state back to the owner and stops. The state
-//! waits in the owner's dormant map, a few dozen bytes beyond the state itself, against some
-//! kilobytes for a live actor, until the entity's next command spawns a new actor with it.
+//! waits in the owner's dormant set, encoded (a few dozen bytes beyond its encoding), against
+//! some kilobytes for a live actor, until the entity's next command spawns a new actor with it.
 
 mod duplicate;
 mod load;

@@ -605,7 +605,7 @@ mod layout {
         let heap = (crate::test_alloc::held_by_this_thread() - before) as usize;
         let packed: usize = dormant.states.iter().map(|p| p.0.len()).sum();
         let slots = heap - packed;
-        let encoded = Codec::Bincode.encoded_len(&Small::default()).unwrap();
+        let encoded = Codec::Bincode.encode(&Small::default()).unwrap().len();
         let counted = dormant.bytes();
         eprintln!(
             "DORMANT {n} states: {} bytes of heap per entity (its allocation {}: stamp 8, id \
