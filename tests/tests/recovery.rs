@@ -544,8 +544,7 @@ async fn an_evicted_state_reloads_the_same() {
         .unwrap();
     let sender = CommandSender::<Tally>::new(client.clone(), &config);
     let system = start(&client, &config).await;
-    const ENTITIES: usize = 30;
-    let ids: Vec<String> = (0..ENTITIES).map(|i| format!("e{i}")).collect();
+    let ids: Vec<String> = (0..12).map(|i| format!("e{i}")).collect();
     for round in 0..3u32 {
         for (i, id) in ids.iter().enumerate() {
             let command = TallyCmd::Add {
@@ -590,7 +589,8 @@ async fn the_dormant_budget_in_bytes_evicts() {
         .unwrap();
     let sender = CommandSender::<Tally>::new(client.clone(), &config);
     let system = start(&client, &config).await;
-    let ids: Vec<String> = (0..12).map(|i| format!("e{i}")).collect();
+    const ENTITIES: usize = 30;
+    let ids: Vec<String> = (0..ENTITIES).map(|i| format!("e{i}")).collect();
     for round in 0..3u32 {
         for (i, id) in ids.iter().enumerate() {
             let command = TallyCmd::Add {
@@ -603,9 +603,11 @@ async fn the_dormant_budget_in_bytes_evicts() {
                 "{outcome:?}"
             );
         }
+        // No actor left, and a state back (the resident count drops when the passivation is
+        // asked for; each state arrives after, and is kept within the budget as it does).
         wait_until(Duration::from_secs(10), "all passivated", || async {
             let status = system.status().await.unwrap();
-            status[0].resident_entities == 0
+            status[0].resident_entities == 0 && status[0].dormant_entities > 0
         })
         .await
         .unwrap();

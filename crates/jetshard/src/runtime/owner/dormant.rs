@@ -518,7 +518,11 @@ mod tests {
                 last_outcome,
                 journal_seq: 1 << 40,
                 unsnapshotted: u32::MAX,
-                timers: if n % 2 == 0 { timers.clone() } else { BTreeMap::new() },
+                timers: if n % 2 == 0 {
+                    timers.clone()
+                } else {
+                    BTreeMap::new()
+                },
             };
             let entity = id(n as u32);
             dormant.keep(&entity, &kept);
@@ -552,7 +556,11 @@ mod tests {
         for n in 0..990 {
             dormant.forget(id(n).as_str());
         }
-        assert!(dormant.states.capacity() < 64, "{}", dormant.states.capacity());
+        assert!(
+            dormant.states.capacity() < 64,
+            "{}",
+            dormant.states.capacity()
+        );
         assert_eq!(dormant.len(), 10);
     }
 }
@@ -643,7 +651,10 @@ mod layout {
         for n in [10_000, 7_169] {
             let (heap, counted, encoded) = measure(n);
             assert!(heap <= 2 * encoded + 100, "{n} states: {heap} bytes each");
-            assert!(counted >= heap, "{n} states: {heap} bytes each, counted {counted}");
+            assert!(
+                counted >= heap,
+                "{n} states: {heap} bytes each, counted {counted}"
+            );
         }
     }
 

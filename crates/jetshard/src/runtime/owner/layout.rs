@@ -100,7 +100,8 @@ fn what_a_resident_entity_holds_on_the_heap() {
         .enable_all()
         .build()
         .unwrap();
-    let (bare, resident) = runtime.block_on(async { (bare_actor().await, resident_entity().await) });
+    let (bare, resident) =
+        runtime.block_on(async { (bare_actor().await, resident_entity().await) });
     let slot = std::mem::size_of::<(EntityId, Slot)>() + 1;
     let state = std::mem::size_of::<Seed<Counter>>();
     let message = std::mem::size_of::<EntityMsg>();
