@@ -50,24 +50,23 @@ impl Codec {
         }
     }
 
-    /// The length of a value's encoding, counted without building it (the dormant budget in
-    /// bytes estimates a state by it).
+    /// Appends a value's encoding to `out` (a dormant state's allocation, built in one piece).
     ///
     /// # Errors
-    /// [`CodecError`] if the value cannot be serialized.
-    pub(crate) fn encoded_len<T: Serialize>(self, value: &T) -> Result<usize, CodecError> {
+    /// [`CodecError`] if the value cannot be serialized (`out` may then hold part of it).
+    pub(crate) fn encode_into<T: Serialize>(
+        self,
+        value: &T,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CodecError> {
         match self {
             Codec::Bincode => {
-                let mut size = bincode::enc::write::SizeWriter::default();
-                bincode::serde::encode_into_writer(value, &mut size, bincode::config::standard())
-                    .map_err(|e| CodecError::Encode(e.to_string()))?;
-                Ok(size.bytes_written)
+                bincode::serde::encode_into_std_write(value, out, bincode::config::standard())
+                    .map(drop)
+                    .map_err(|e| CodecError::Encode(e.to_string()))
             }
             Codec::Json => {
-                let mut size = CountingWriter(0);
-                serde_json::to_writer(&mut size, value)
-                    .map_err(|e| CodecError::Encode(e.to_string()))?;
-                Ok(size.0)
+                serde_json::to_writer(out, value).map_err(|e| CodecError::Encode(e.to_string()))
             }
         }
     }
@@ -91,20 +90,6 @@ impl Codec {
             Codec::Json => serde_json::from_slice(bytes)
                 .map_err(|e| CodecError::Decode(format!("as json: {e}"))),
         }
-    }
-}
-
-/// Counts the bytes written to it, keeping none.
-struct CountingWriter(usize);
-
-impl std::io::Write for CountingWriter {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0 += bytes.len();
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 
@@ -162,16 +147,16 @@ mod tests {
     }
 
     #[test]
-    fn encoded_len_is_the_encoding_s_length() {
+    fn encode_into_appends_the_encoding() {
         for codec in [Codec::Bincode, Codec::Json] {
             let value = Cmd::Add {
                 sku: "sku-17".into(),
                 qty: 300,
             };
-            assert_eq!(
-                codec.encoded_len(&value).unwrap(),
-                codec.encode(&value).unwrap().len()
-            );
+            let mut out = b"head".to_vec();
+            codec.encode_into(&value, &mut out).unwrap();
+            assert_eq!(out[..4], *b"head");
+            assert_eq!(out[4..], codec.encode(&value).unwrap());
         }
     }
 

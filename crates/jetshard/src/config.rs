@@ -263,16 +263,14 @@ impl ShardConfigBuilder {
         self
     }
 
-    /// A budget of dormant states in bytes, estimated, in this process over all its partitions
-    /// (default none: only [`max_dormant_entities`](Self::max_dormant_entities) bounds them).
-    /// Each dormant state counts as its state's encoded size (the entity type's codec, counted
-    /// when the entity is passivated, without building the encoding), plus its entry in the
-    /// owner's map (the state's inline size plus about 100 bytes of jetshard's own, and the
-    /// id's length; [`PartitionStatus::dormant_bytes`](crate::PartitionStatus::dormant_bytes)
+    /// A budget of dormant states in bytes, in this process over all its partitions (default
+    /// none: only [`max_dormant_entities`](Self::max_dormant_entities) bounds them). A dormant
+    /// state is kept encoded (the entity type's codec) and decoded when the entity's next actor
+    /// starts, so what it holds is known: one allocation of its encoding, its id and about 8
+    /// bytes of sequences, plus its share of the owner's hash set, counted at 39 bytes (the
+    /// table right after it grew; [`PartitionStatus::dormant_bytes`](crate::PartitionStatus::dormant_bytes)
     /// shows the sum). Both budgets apply, and past either one each owner drops its least
-    /// recently used states (down to 90 % of it). The estimate is of the encoding, not of the
-    /// heap: a state with much indirection (maps, boxes) takes more in memory than it encodes
-    /// to. At least 1024 bytes.
+    /// recently used states (down to 90 % of it). At least 1024 bytes.
     pub fn max_dormant_bytes(mut self, bytes: usize) -> Self {
         self.config.max_dormant_bytes = Some(bytes);
         self

@@ -40,8 +40,9 @@ pub struct PartitionStatus {
     /// [`max_dormant_entities`](crate::ShardConfigBuilder::max_dormant_entities)).
     #[serde(default)]
     pub dormant_entities: usize,
-    /// Their estimated bytes, counted only when the budget is in bytes
-    /// ([`max_dormant_bytes`](crate::ShardConfigBuilder::max_dormant_bytes); 0 otherwise).
+    /// Their bytes: their encoded states, ids and sequences, and their share of the owner's
+    /// table (as [`max_dormant_bytes`](crate::ShardConfigBuilder::max_dormant_bytes) counts
+    /// them).
     #[serde(default)]
     pub dormant_bytes: usize,
     /// Commands received and not yet acknowledged.

@@ -129,14 +129,6 @@ impl Origins {
         kept.push_back(origin);
     }
 
-    /// What the memory holds on the heap (0 until the first origin).
-    pub(crate) fn heap_bytes(&self) -> usize {
-        self.0.as_ref().map_or(0, |kept| {
-            std::mem::size_of::<VecDeque<Origin>>()
-                + kept.capacity() * std::mem::size_of::<Origin>()
-        })
-    }
-
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.0.as_ref().is_none_or(|kept| kept.is_empty())

@@ -19,8 +19,8 @@
 //! [`outcome_header`] (the `Jetshard-Last-Outcome` codec), [`queries`], [`state`].
 //!
 //! Passivation: an idle entity's actor hands its state back to the owner and stops. The state
-//! waits in the owner's dormant map, a few dozen bytes beyond the state itself, against some
-//! kilobytes for a live actor, until the entity's next command spawns a new actor with it.
+//! waits in the owner's dormant set, encoded (a few dozen bytes beyond its encoding), against
+//! some kilobytes for a live actor, until the entity's next command spawns a new actor with it.
 
 mod duplicate;
 mod load;
@@ -89,7 +89,9 @@ impl<E: Entity> Actor for EntityActor<E> {
         let work = match message {
             EntityMsg::Work(work) => work,
             EntityMsg::Query(query) => {
-                answer_query(state, query).await;
+                // Boxed, like a command's processing: the actor's task holds the (large)
+                // future of a query or a snapshot only while it runs, not in every idle actor.
+                Box::pin(answer_query(state, query)).await;
                 return Ok(());
             }
             EntityMsg::Passivate => {
@@ -98,7 +100,7 @@ impl<E: Entity> Actor for EntityActor<E> {
                     && state.context.snapshots.on_passivation
                     && seed.unsnapshotted > 0
                 {
-                    write_snapshot(&state.id, &state.context, seed).await;
+                    Box::pin(write_snapshot(&state.id, &state.context, seed)).await;
                 }
                 let seed = match std::mem::replace(&mut state.seed, Loaded::No) {
                     Loaded::Yes(seed) if !state.broken => {
@@ -168,7 +170,7 @@ impl<E: Entity> Actor for EntityActor<E> {
             (&mut state.seed, state.broken, state.context.snapshots.every)
             && seed.unsnapshotted >= every
         {
-            write_snapshot(&state.id, &state.context, seed).await;
+            Box::pin(write_snapshot(&state.id, &state.context, seed)).await;
         }
         Ok(())
     }

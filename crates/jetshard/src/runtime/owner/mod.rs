@@ -26,6 +26,8 @@ mod ack;
 mod acquire;
 mod dormant;
 mod isolate;
+#[cfg(test)]
+mod layout;
 mod outcome;
 mod passivate;
 mod phase;

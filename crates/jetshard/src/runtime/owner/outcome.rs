@@ -204,7 +204,7 @@ impl<E: Entity> OwnerState<E> {
                 }
                 Effect::Quarantine(quarantine) => {
                     tracing::error!(partition, %entity, journal_seq = quarantine.journal_seq, reason = %quarantine.reason, "entity quarantined");
-                    o.dormant.forget(entity);
+                    o.dormant.forget(entity.as_str());
                     o.quarantined.insert(entity.clone(), quarantine);
                 }
                 Effect::StepDown(reason) => self.step_down(reason).await,

@@ -42,12 +42,7 @@ impl<E: Entity> OwnerState<E> {
             .seed
             .and_then(|seed| seed.downcast::<Seed<E>>().ok())
         {
-            // The estimate encodes nothing when no budget is in bytes.
-            let bytes = match self.shared.config.max_dormant_bytes {
-                Some(_) => super::dormant::estimate(&entity, &seed, self.shared.config.codec),
-                None => 0,
-            };
-            o.dormant.keep(entity.clone(), *seed, bytes);
+            o.dormant.keep(&entity, &seed);
         }
         if slot.is_idle() {
             o.entities.remove(&entity);

@@ -76,7 +76,7 @@ pub(super) fn spawn<E: Entity>(
 ) -> bool {
     let loaded = if let Some(q) = o.quarantined.get(entity) {
         Loaded::Quarantined(q.clone())
-    } else if let Some(seed) = o.dormant.take(entity) {
+    } else if let Some(seed) = o.dormant.take(entity.as_str()) {
         Loaded::Yes(seed)
     } else {
         // Never loaded under this generation, evicted, or lost with a failed actor: the

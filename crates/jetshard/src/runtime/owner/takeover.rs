@@ -115,7 +115,7 @@ impl<E: Entity> OwnerState<E> {
             generation: fence.generation,
             pin,
             context,
-            dormant: Dormant::new(Arc::clone(&self.shared.dormant)),
+            dormant: Dormant::new(Arc::clone(&self.shared.dormant), self.shared.config.codec),
             quarantined: HashMap::new(),
             entities: HashMap::new(),
             crashes: RestartWindow::new(
