@@ -420,8 +420,11 @@ impl ShardConfigBuilder {
         self
     }
 
-    /// At most how many purge requests an owner's background compaction sends per 100 ms
-    /// (default 8; at least 1): the throttle that keeps it out of the commands' latency.
+    /// How many purge requests an owner's background compaction sends per 100 ms (default 8;
+    /// at least 1): the throttle that keeps it out of the commands' latency. A sweep with more
+    /// purges than this allows within half its interval sends more per 100 ms, so that the
+    /// journal stays bounded at any write rate (one purge per entity snapshotted since the
+    /// last sweep).
     pub fn compaction_budget(mut self, purges_per_tick: u32) -> Self {
         self.config.compaction_budget = purges_per_tick;
         self
