@@ -21,16 +21,14 @@
 //! checks its fence before each batch all the same.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use async_nats::jetstream::stream::Stream;
-use futures::StreamExt;
 
 use crate::entity::EntityId;
 use crate::error::Error;
-use crate::journal::read::{Record, TimerRecord};
+use crate::journal::read::{Record, Scan, TimerRecord};
 use crate::wire::{
     Covered, HDR_COMMAND_SEQ, HDR_GENERATION, HDR_OUTBOX_DONE, HDR_SNAPSHOT_UPTO, Names, header_u64,
 };
@@ -376,7 +374,7 @@ struct HeaderRow<'a> {
 }
 
 /// Reads the headers of the messages on `filter` from journal sequence `from` up to the last
-/// one there when it starts, in order, with an ordered consumer (deleted after use).
+/// one there when it starts (and at most `upto`), in order (`journal::scan`).
 async fn scan_headers(
     journal: &Stream<()>,
     filter: &str,
@@ -387,72 +385,34 @@ async fn scan_headers(
     let end = crate::journal::last_sequence(journal, filter)
         .await?
         .min(upto);
-    if end == 0 || end < from {
-        return Ok(());
-    }
-    let deliver_policy = if from <= 1 {
-        DeliverPolicy::All
-    } else {
-        DeliverPolicy::ByStartSequence {
-            start_sequence: from,
-        }
+    let how = Scan {
+        headers_only: true,
+        none_pending_is_done: true,
     };
-    let consumer = journal
-        .create_consumer(pull::OrderedConfig {
-            filter_subject: filter.to_owned(),
-            deliver_policy,
-            headers_only: true,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
-    let name = consumer.cached_info().name.clone();
-    let read = async {
-        if consumer.cached_info().num_pending == 0 {
-            return Ok(());
-        }
-        let mut messages = consumer
-            .messages()
-            .await
-            .map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
-        loop {
-            let next = tokio::time::timeout(Duration::from_secs(30), messages.next())
-                .await
-                .map_err(|e| Error::jetstream(format!("read {filter}: no message for 30 s"), e))?;
-            let message = match next {
-                Some(Ok(message)) => message,
-                Some(Err(e)) => return Err(Error::jetstream(format!("read {filter}"), e)),
-                None => return Err(Error::jetstream(format!("read {filter}"), "ended early")),
-            };
-            let info = message
-                .info()
-                .map_err(|e| Error::jetstream(format!("read {filter}"), e.to_string()))?;
-            let (seq, pending) = (info.stream_sequence, info.pending);
-            let published = SystemTime::from(info.published);
-            if seq > end {
-                return Ok(());
-            }
-            let headers = message.headers.clone().unwrap_or_default();
+    let empty = HeaderMap::new();
+    crate::journal::scan(
+        journal,
+        filter,
+        from,
+        end,
+        how,
+        |message, seq, published| {
             each(HeaderRow {
                 seq,
                 subject: &message.subject,
-                headers: &headers,
+                headers: message.headers.as_ref().unwrap_or(&empty),
                 published,
             });
-            if seq == end || pending == 0 {
-                return Ok(());
-            }
-        }
-    };
-    let read = read.await;
-    if let Err(e) = journal.delete_consumer(&name).await {
-        tracing::debug!(%filter, error = %e, "compaction consumer not deleted; it expires");
-    }
-    read
+            Ok(())
+        },
+    )
+    .await
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn out(seq: u64, command_seq: u64, done: bool) -> OutboxRow {
