@@ -120,14 +120,12 @@ impl Sweeper {
                     return Ok(Swept::Fenced);
                 }
             }
-            // A batch's purges side by side: one round trip, not one each.
-            let done = futures::future::try_join_all(
-                batch
-                    .iter()
-                    .map(|purge| compact::purge(&self.journal, purge)),
-            )
-            .await?;
-            purged += done.iter().sum::<u64>();
+            // One at a time: a server slow to purge (busy with commands) slows the sweep, not
+            // the commands. Sent side by side, a backlog's batches added to a command queue
+            // already behind (measured: p99 2.4x compaction off at 300 cmd/s, load 25).
+            for purge in batch {
+                purged += compact::purge(&self.journal, purge).await?;
+            }
         }
         // Only once every snapshot read was acted on: a sweep cut short reads them again.
         *snapshots_from = plan.snapshots_next;

@@ -464,6 +464,40 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_snapshot_covers_its_entity_s_records_but_not_its_dead_letters() {
+        let n = Names::new("order");
+        let id = EntityId::new("o-1").unwrap();
+        let covered = n.covered_by_snapshot(&n.snapshot_subject(3, &id)).unwrap();
+        assert_eq!(covered.records, "order.*.3.o-1");
+        assert_eq!(
+            covered.each,
+            [
+                n.event_subject(3, &id),
+                n.timer_subject(3, &id),
+                n.snapshot_subject(3, &id)
+            ]
+        );
+        assert_eq!(covered.dead_letters, n.entity_dead_letters(3, &id));
+        assert!(n.covered_by_snapshot(&n.event_subject(3, &id)).is_none());
+        // The journal's four-token subjects are exactly an entity's records: what
+        // `records` matches besides `each` is its dead letters.
+        let four_tokens: Vec<String> = n
+            .journal_subjects()
+            .into_iter()
+            .filter(|s| s.split('.').count() == 4)
+            .collect();
+        assert_eq!(
+            four_tokens,
+            [
+                "order.evt.*.*",
+                "order.dlq.*.*",
+                "order.snap.*.*",
+                "order.tmr.*.*"
+            ]
+        );
+    }
+
+    #[test]
     fn names_follow_the_wire_contract() {
         let n = Names::new("order");
         let id = EntityId::new("o-1").unwrap();
