@@ -121,8 +121,8 @@ impl Sweeper {
                 }
             }
             // One at a time: a server slow to purge (busy with commands) slows the sweep, not
-            // the commands. Sent side by side, a backlog's batches added to a command queue
-            // already behind (measured: p99 2.4x compaction off at 300 cmd/s, load 25).
+            // the commands (with a batch sent side by side, p99 was 1.09-2.4x compaction off on
+            // a saturated machine: docs/PERFORMANCE.md "compaction").
             for purge in batch {
                 purged += compact::purge(&self.journal, purge).await?;
             }
