@@ -390,11 +390,12 @@ impl ShardConfigBuilder {
     }
 
     /// How often each owner compacts its partition in the background (default 30 s): it
-    /// purges what the journal shows no live state needs (an entity's events and timer records
-    /// its latest snapshot covers, the outbox records of confirmed messages, the timer records
-    /// of timers no longer armed, dead letters past [`dead_letter_retention`]), by the rules of
-    /// [`Admin::compact`], off the command path and at most
-    /// [`compaction_budget`] purges per 100 ms. Each sweep reads the snapshots written since
+    /// purges what the journal shows no live state needs (an entity's events, timer records
+    /// and older snapshots its latest snapshot covers, the outbox records of confirmed
+    /// messages, the timer records of timers no longer armed, dead letters past
+    /// [`dead_letter_retention`]), by the rules of [`Admin::compact`], off the command path,
+    /// [`compaction_budget`] purges per 100 ms (more when a sweep would not otherwise be done
+    /// within half the interval). Each sweep reads the snapshots written since
     /// the last one, and the partition's outbox and timer records (bounded by what is live,
     /// once compacted). Must be at least 100 ms.
     ///
