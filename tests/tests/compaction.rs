@@ -83,6 +83,56 @@ async fn compaction_during_load_and_takeovers_loses_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_far_above_the_budget_leaves_the_journal_within_the_bound_after_it() {
+    init_tracing();
+    let mut s = Scenario::single(2).await;
+    s.mirror_journal().await;
+    // A budget of one purge per 100 ms, a sweep every 200 ms: 100 entities snapshotted 10
+    // times each in the burst ask for far more than the budget allows.
+    let config = s
+        .config("a")
+        .compaction_interval(Duration::from_millis(200))
+        .compaction_budget(1);
+    let system = s.system_with(config).await;
+    let entities: Vec<String> = (0..100).map(|i| format!("burst{i}")).collect();
+    for n in 0..30 {
+        s.append_to_all(&entities, n).await;
+    }
+    s.check_mirrored().await;
+    // Per entity at most a snapshot interval of events, its latest snapshot and one more
+    // (written since the last sweep): the entities' records (`ledger.*.<p>.<id>`).
+    let bound = entities.len() * (snapshot_every() as usize + 2);
+    let bounded = wait_until(WITHIN, "the journal within the bound", || async {
+        records_on(&s, "ledger.*.*.*").await <= bound
+            && records_on(&s, "ledger.snap.>").await <= 2 * entities.len()
+    })
+    .await;
+    let (records, snapshots) = (
+        records_on(&s, "ledger.*.*.*").await,
+        records_on(&s, "ledger.snap.>").await,
+    );
+    assert!(
+        bounded.is_ok(),
+        "{bounded:?}: {records} records (bound {bound}), {snapshots} snapshots"
+    );
+    // Loaded anew from what is left, each entity equals its history.
+    system.shutdown().await.unwrap();
+    let system = s.system_with(s.config("b")).await;
+    let expected: Vec<u64> = (0..30).collect();
+    for entity in &entities {
+        wait_until(WITHIN, "the entity loaded by b", || async {
+            s.sender
+                .get(entity, Duration::from_secs(2))
+                .await
+                .is_ok_and(|got| got.state == expected)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}: {entity} is not 0..30"));
+    }
+    system.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timers_no_longer_armed_leave_the_journal_and_armed_ones_fire_once_after_a_takeover() {
     init_tracing();
     let s = Scenario::single(2).await;

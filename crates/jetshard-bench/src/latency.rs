@@ -187,63 +187,26 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
         .await?;
     load::wait_drained(&control, ENTITY_TYPE, Duration::from_secs(120)).await?;
 
-    let recorded = Arc::new(Mutex::new(Vec::new()));
-    let listener = server.connect().await?;
-    let mut events = listener
-        .subscribe(format!("{ENTITY_TYPE}.evt.>"))
-        .await
-        .context("subscribe to the journal's events")?;
-    let sink = recorded.clone();
-    let collector = tokio::spawn(async move {
-        while let Some(message) = events.next().await {
-            let received = now_ns();
-            if let Ok(BenchEvt::Stamped { at_ns }) = Codec::default().decode(&message.payload) {
-                sink.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push((at_ns, received.saturating_sub(at_ns)));
-            }
-        }
-    });
-
+    let stamps = Stamps::listen(&server.connect().await?, ENTITY_TYPE, Codec::default()).await?;
     let total_secs = WARM_UP.as_secs_f64() + options.latency_secs as f64;
     let total = (rate * total_secs) as usize;
-    let started_ns = now_ns();
-    let started = tokio::time::Instant::now();
-    let interval_ns = 1e9 / rate;
     let mut window = AckWindow::default();
-    for i in 0..total {
-        let offset = Duration::from_nanos((i as f64 * interval_ns) as u64);
-        let due = started + offset;
-        if due > tokio::time::Instant::now() {
-            tokio::time::sleep_until(due).await;
-        }
-        let at_ns = started_ns + offset.as_nanos() as u64;
+    let offered = offer(rate, total, async |i, at_ns| {
         let ack = publisher.send_to(i, &BenchCmd::Stamp { at_ns }).await?;
-        window.push(ack).await?;
-    }
-    let offered_secs = started.elapsed().as_secs_f64();
-    window.drain().await?;
-    let count = || {
-        recorded
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    };
-    // Some events may never come (a lost subscription message); the figures say how many.
-    let _ = jetshard_testkit::wait_until(SETTLE, "every event to arrive", || async {
-        count() >= total
+        window.push(ack).await
     })
-    .await;
-    collector.abort();
+    .await?;
+    window.drain().await?;
+    // Some events may never come (a lost subscription message); the figures say how many.
+    stamps.wait_for(total, SETTLE).await;
+    let received = stamps.count();
+    let recorded = stamps.stop();
     consumer.stop().await?;
 
-    let warm_up_end = started_ns + WARM_UP.as_nanos() as u64;
+    let warm_up_end = offered.started_ns + WARM_UP.as_nanos() as u64;
     let measured: Vec<(u64, u64)> = recorded
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .iter()
+        .into_iter()
         .filter(|(at, _)| *at >= warm_up_end)
-        .copied()
         .collect();
     let samples: Vec<f64> = measured.iter().map(|(_, l)| *l as f64 / 1e6).collect();
     let mut max_per_second_ms = vec![0.0_f64; options.latency_secs as usize + 1];
@@ -255,8 +218,8 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
     }
     Ok(SideFigures {
         commands: total,
-        received: count(),
-        offered_rate: total as f64 / offered_secs,
+        received,
+        offered_rate: total as f64 / offered.secs,
         summary: Summary::of(&samples),
         max_per_second_ms,
     })
@@ -275,4 +238,96 @@ impl Consumer {
             Consumer::Bare(bare) => bare.stop().await,
         }
     }
+}
+
+/// The latencies of stamped events (`BenchEvt::Stamped`), each taken when a core subscription
+/// on `<t>.evt.>` receives it as the journal stores it: (scheduled send, ns; latency, ns).
+pub(crate) struct Stamps {
+    recorded: Arc<Mutex<Vec<(u64, u64)>>>,
+    collector: tokio::task::JoinHandle<()>,
+}
+
+impl Stamps {
+    /// Subscribes on `client` to the events of `entity_type`, decoded with `codec`.
+    pub(crate) async fn listen(
+        client: &async_nats::Client,
+        entity_type: &str,
+        codec: Codec,
+    ) -> anyhow::Result<Self> {
+        let mut events = client
+            .subscribe(format!("{entity_type}.evt.>"))
+            .await
+            .context("subscribe to the journal's events")?;
+        let recorded = Arc::new(Mutex::new(Vec::new()));
+        let sink = recorded.clone();
+        let collector = tokio::spawn(async move {
+            while let Some(message) = events.next().await {
+                let received = now_ns();
+                if let Ok(BenchEvt::Stamped { at_ns }) = codec.decode(&message.payload) {
+                    sink.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push((at_ns, received.saturating_sub(at_ns)));
+                }
+            }
+        });
+        Ok(Self {
+            recorded,
+            collector,
+        })
+    }
+
+    /// Events received so far.
+    pub(crate) fn count(&self) -> usize {
+        self.recorded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Waits (at most `within`) until `total` events have come.
+    pub(crate) async fn wait_for(&self, total: usize, within: Duration) {
+        let _ = jetshard_testkit::wait_until(within, "every event to arrive", || async {
+            self.count() >= total
+        })
+        .await;
+    }
+
+    /// Stops listening; what was received.
+    pub(crate) fn stop(self) -> Vec<(u64, u64)> {
+        self.collector.abort();
+        std::mem::take(&mut *self.recorded.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// When an offered load ran.
+pub(crate) struct Offered {
+    /// The scheduled send time of command 0 (`stats::now_ns`).
+    pub(crate) started_ns: u64,
+    /// How long sending took, s.
+    pub(crate) secs: f64,
+}
+
+/// Offers `total` commands at `rate`/s: `send(i, at_ns)` at each one's scheduled time
+/// (`at_ns` on `stats::now_ns`'s clock), late ones at once, so that a generator that falls
+/// behind shows in the latencies (no coordinated omission).
+pub(crate) async fn offer(
+    rate: f64,
+    total: usize,
+    mut send: impl AsyncFnMut(usize, u64) -> anyhow::Result<()>,
+) -> anyhow::Result<Offered> {
+    let started_ns = now_ns();
+    let started = tokio::time::Instant::now();
+    let interval_ns = 1e9 / rate.max(1e-3);
+    for i in 0..total {
+        let offset = Duration::from_nanos((i as f64 * interval_ns) as u64);
+        let due = started + offset;
+        if due > tokio::time::Instant::now() {
+            tokio::time::sleep_until(due).await;
+        }
+        send(i, started_ns + offset.as_nanos() as u64).await?;
+    }
+    Ok(Offered {
+        started_ns,
+        secs: started.elapsed().as_secs_f64(),
+    })
 }

@@ -135,6 +135,14 @@ pub struct Options {
     /// Snapshot interval (events) of the compaction scenario's long runs.
     #[arg(long, default_value_t = 10)]
     pub compaction_snapshot_every: u32,
+    /// Rounds of the compaction scenario's long runs (compaction off, then on, each round;
+    /// 0: none). Medians of the rounds are reported, with the worst beside them.
+    #[arg(long, default_value_t = 1)]
+    pub compaction_rounds: usize,
+    /// Whether the compaction scenario measures the acquisition's timer read (false: only the
+    /// long runs).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub compaction_timer_reads: bool,
     /// Commands per pass of the cluster scenario (3 servers, R3 streams).
     #[arg(long, default_value_t = 20_000)]
     pub cluster_commands: usize,

@@ -388,11 +388,12 @@ impl ShardConfigBuilder {
     }
 
     /// How often each owner compacts its partition in the background (default 30 s): it
-    /// purges what the journal shows no live state needs (an entity's events and timer records
-    /// its latest snapshot covers, the outbox records of confirmed messages, the timer records
-    /// of timers no longer armed, dead letters past [`dead_letter_retention`]), by the rules of
-    /// [`Admin::compact`], off the command path and at most
-    /// [`compaction_budget`] purges per 100 ms. Each sweep reads the snapshots written since
+    /// purges what the journal shows no live state needs (an entity's events, timer records
+    /// and older snapshots its latest snapshot covers, the outbox records of confirmed
+    /// messages, the timer records of timers no longer armed, dead letters past
+    /// [`dead_letter_retention`]), by the rules of [`Admin::compact`], off the command path,
+    /// [`compaction_budget`] purges per 100 ms (more when a sweep would not otherwise be done
+    /// within half the interval). Each sweep reads the snapshots written since
     /// the last one, and the partition's outbox and timer records (bounded by what is live,
     /// once compacted). Must be at least 100 ms.
     ///
@@ -418,8 +419,11 @@ impl ShardConfigBuilder {
         self
     }
 
-    /// At most how many purge requests an owner's background compaction sends per 100 ms
-    /// (default 8; at least 1): the throttle that keeps it out of the commands' latency.
+    /// How many purge requests an owner's background compaction sends per 100 ms (default 8;
+    /// at least 1): the throttle that keeps it out of the commands' latency. A sweep with more
+    /// purges than this allows within half its interval sends more per 100 ms, so that the
+    /// journal stays bounded at any write rate (one purge per entity snapshotted since the
+    /// last sweep).
     pub fn compaction_budget(mut self, purges_per_tick: u32) -> Self {
         self.config.compaction_budget = purges_per_tick;
         self

@@ -21,18 +21,16 @@
 //! checks its fence before each batch all the same.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use async_nats::jetstream::stream::Stream;
-use futures::StreamExt;
 
 use crate::entity::EntityId;
 use crate::error::Error;
-use crate::journal::read::{Record, TimerRecord};
+use crate::journal::read::{Record, Scan, TimerRecord};
 use crate::wire::{
-    HDR_COMMAND_SEQ, HDR_GENERATION, HDR_OUTBOX_DONE, HDR_SNAPSHOT_UPTO, Names, header_u64,
+    Covered, HDR_COMMAND_SEQ, HDR_GENERATION, HDR_OUTBOX_DONE, HDR_SNAPSHOT_UPTO, Names, header_u64,
 };
 
 /// What a plan may remove.
@@ -85,7 +83,7 @@ pub(crate) async fn plan(
     };
     let snapshots = names.partition_snapshots(partition);
     // An entity snapshotted several times since the last plan is purged once, to its latest.
-    let mut covered_to: BTreeMap<String, u64> = BTreeMap::new();
+    let mut covered_to: BTreeMap<String, (Covered, u64)> = BTreeMap::new();
     scan_headers(
         journal,
         &snapshots,
@@ -99,19 +97,48 @@ pub(crate) async fn plan(
                 (upto, written, names.covered_by_snapshot(row.subject))
             {
                 plan.snapshots += 1;
-                for subject in covered {
-                    let below = covered_to.entry(subject).or_default();
-                    *below = (*below).max(upto + 1);
-                }
+                let entry = covered_to
+                    .entry(covered.records.clone())
+                    .or_insert((covered, 0));
+                entry.1 = entry.1.max(upto + 1);
             }
         },
     )
     .await?;
-    plan.purges.extend(
-        covered_to
-            .into_iter()
-            .map(|(subject, below)| Purge { subject, below }),
-    );
+    // An entity's dead letters go by their retention, not with its snapshot: read after the
+    // snapshots (so every dead letter written before one read is seen), they decide whether
+    // its snapshot's purge can take every other record of the entity in one request.
+    let entity_dead_letters = names.partition_entities_dead_letters(partition);
+    let mut dead_letter_rows = Vec::new();
+    let mut dead_letter_first: HashMap<String, u64> = HashMap::new();
+    scan_headers(journal, &entity_dead_letters, 1, rules.horizon, |row| {
+        dead_letter_first
+            .entry(row.subject.to_owned())
+            .or_insert(row.seq);
+        dead_letter_rows.push(DeadLetterRow::of(&row));
+    })
+    .await?;
+    // How far each entity's timer records go already with its snapshot's purge.
+    let mut timers_covered: HashMap<String, u64> = HashMap::new();
+    for (covered, below) in covered_to.into_values() {
+        let [events, timers, snapshots] = covered.each;
+        timers_covered.insert(timers.clone(), below);
+        let dead_letter_below = dead_letter_first
+            .get(&covered.dead_letters)
+            .is_some_and(|first| *first < below);
+        if dead_letter_below {
+            // Rare: a dead letter lies behind the snapshot; it stays for its retention.
+            for subject in [events, timers, snapshots] {
+                plan.purges.push(Purge { subject, below });
+            }
+        } else {
+            // One request for the entity's events, timer records and older snapshots.
+            plan.purges.push(Purge {
+                subject: covered.records,
+                below,
+            });
+        }
+    }
     {
         let outbox = names.outbox_subject(partition);
         let mut rows = Vec::new();
@@ -151,33 +178,32 @@ pub(crate) async fn plan(
         for (entity, below) in timer_below(&rows, rules.ack_floor) {
             // Records of an invalid id are never written (the writer takes an `EntityId`).
             if let Ok(entity) = EntityId::new(entity) {
-                plan.purges.push(Purge {
-                    subject: names.timer_subject(partition, &entity),
-                    below,
-                });
+                let subject = names.timer_subject(partition, &entity);
+                if timers_covered.get(&subject).is_some_and(|c| *c >= below) {
+                    continue;
+                }
+                plan.purges.push(Purge { subject, below });
             }
         }
     }
     if let Some(before) = rules.dead_letters_before {
-        for filter in [
-            names.partition_entities_dead_letters(partition),
-            names.partition_dead_letters(partition),
-        ] {
-            let mut rows = Vec::new();
-            scan_headers(journal, &filter, 1, rules.horizon, |row| {
-                rows.push(DeadLetterRow {
-                    seq: row.seq,
-                    command_seq: header_u64(row.headers, HDR_COMMAND_SEQ).unwrap_or(u64::MAX),
-                    written: row.published,
-                });
-            })
-            .await?;
-            if let Some(below) = dead_letters_below(&rows, before, rules.ack_floor) {
-                plan.purges.push(Purge {
-                    subject: filter,
-                    below,
-                });
-            }
+        if let Some(below) = dead_letters_below(&dead_letter_rows, before, rules.ack_floor) {
+            plan.purges.push(Purge {
+                subject: entity_dead_letters,
+                below,
+            });
+        }
+        let filter = names.partition_dead_letters(partition);
+        let mut rows = Vec::new();
+        scan_headers(journal, &filter, 1, rules.horizon, |row| {
+            rows.push(DeadLetterRow::of(&row));
+        })
+        .await?;
+        if let Some(below) = dead_letters_below(&rows, before, rules.ack_floor) {
+            plan.purges.push(Purge {
+                subject: filter,
+                below,
+            });
         }
     }
     Ok(plan)
@@ -315,6 +341,16 @@ struct DeadLetterRow {
     written: SystemTime,
 }
 
+impl DeadLetterRow {
+    fn of(row: &HeaderRow<'_>) -> Self {
+        Self {
+            seq: row.seq,
+            command_seq: header_u64(row.headers, HDR_COMMAND_SEQ).unwrap_or(u64::MAX),
+            written: row.published,
+        }
+    }
+}
+
 /// Where dead letters can be purged to: below the first one written at or after `before` or
 /// whose command is above the ack floor.
 fn dead_letters_below(rows: &[DeadLetterRow], before: SystemTime, ack_floor: u64) -> Option<u64> {
@@ -338,7 +374,7 @@ struct HeaderRow<'a> {
 }
 
 /// Reads the headers of the messages on `filter` from journal sequence `from` up to the last
-/// one there when it starts, in order, with an ordered consumer (deleted after use).
+/// one there when it starts (and at most `upto`), in order (`journal::scan`).
 async fn scan_headers(
     journal: &Stream<()>,
     filter: &str,
@@ -349,72 +385,34 @@ async fn scan_headers(
     let end = crate::journal::last_sequence(journal, filter)
         .await?
         .min(upto);
-    if end == 0 || end < from {
-        return Ok(());
-    }
-    let deliver_policy = if from <= 1 {
-        DeliverPolicy::All
-    } else {
-        DeliverPolicy::ByStartSequence {
-            start_sequence: from,
-        }
+    let how = Scan {
+        headers_only: true,
+        none_pending_is_done: true,
     };
-    let consumer = journal
-        .create_consumer(pull::OrderedConfig {
-            filter_subject: filter.to_owned(),
-            deliver_policy,
-            headers_only: true,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
-    let name = consumer.cached_info().name.clone();
-    let read = async {
-        if consumer.cached_info().num_pending == 0 {
-            return Ok(());
-        }
-        let mut messages = consumer
-            .messages()
-            .await
-            .map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
-        loop {
-            let next = tokio::time::timeout(Duration::from_secs(30), messages.next())
-                .await
-                .map_err(|e| Error::jetstream(format!("read {filter}: no message for 30 s"), e))?;
-            let message = match next {
-                Some(Ok(message)) => message,
-                Some(Err(e)) => return Err(Error::jetstream(format!("read {filter}"), e)),
-                None => return Err(Error::jetstream(format!("read {filter}"), "ended early")),
-            };
-            let info = message
-                .info()
-                .map_err(|e| Error::jetstream(format!("read {filter}"), e.to_string()))?;
-            let (seq, pending) = (info.stream_sequence, info.pending);
-            let published = SystemTime::from(info.published);
-            if seq > end {
-                return Ok(());
-            }
-            let headers = message.headers.clone().unwrap_or_default();
+    let empty = HeaderMap::new();
+    crate::journal::scan(
+        journal,
+        filter,
+        from,
+        end,
+        how,
+        |message, seq, published| {
             each(HeaderRow {
                 seq,
                 subject: &message.subject,
-                headers: &headers,
+                headers: message.headers.as_ref().unwrap_or(&empty),
                 published,
             });
-            if seq == end || pending == 0 {
-                return Ok(());
-            }
-        }
-    };
-    let read = read.await;
-    if let Err(e) = journal.delete_consumer(&name).await {
-        tracing::debug!(%filter, error = %e, "compaction consumer not deleted; it expires");
-    }
-    read
+            Ok(())
+        },
+    )
+    .await
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn out(seq: u64, command_seq: u64, done: bool) -> OutboxRow {

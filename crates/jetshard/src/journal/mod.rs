@@ -15,8 +15,8 @@ pub(crate) mod server;
 pub(crate) mod write;
 
 pub(crate) use read::{
-    Record, SnapshotRecord, StoredEvent, TimerRecord, first_sequence, last_sequence,
-    last_sequence_with, latest_snapshot, replay, replay_with,
+    Record, Scan, SnapshotRecord, StoredEvent, TimerRecord, first_sequence, last_sequence,
+    last_sequence_with, latest_snapshot, replay, replay_with, scan,
 };
 pub(crate) use server::{WriteError, server_error_code};
 pub(crate) use write::{Attached, JournalWriter};

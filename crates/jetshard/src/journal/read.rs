@@ -1,7 +1,7 @@
 //! Reads of the journal: a partition's records replayed in order, an entity's latest
 //! snapshot, the last sequence on a subject.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_nats::HeaderMap;
 use async_nats::header::HeaderName;
@@ -9,6 +9,7 @@ use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use async_nats::jetstream::stream::{
     DirectGetErrorKind, LastRawMessageErrorKind, RawMessageErrorKind, Stream,
 };
+use async_nats::jetstream::{self, message::StreamMessage};
 use bytes::Bytes;
 use futures::StreamExt;
 
@@ -152,46 +153,9 @@ pub(crate) async fn replay_with(
     // Most loads read a short tail: single-message reads, no consumer to create and delete.
     let (mut read, mut from) = (0, from);
     for _ in 0..DIRECT_READS {
-        if direct {
-            match journal
-                .direct_get_next_for_subject(filter.clone(), Some(from))
-                .await
-            {
-                Ok(message) => {
-                    if message.sequence > end {
-                        return Ok(read);
-                    }
-                    read += take_record(
-                        &message.subject,
-                        Some(&message.headers),
-                        &message.payload,
-                        message.sequence,
-                        &mut each,
-                    )?;
-                    if message.sequence == end {
-                        return Ok(read);
-                    }
-                    from = message.sequence + 1;
-                    continue;
-                }
-                Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(read),
-                Err(e) => {
-                    tracing::debug!(%filter, error = %e, "direct get failed; asking the API");
-                    direct = false;
-                }
-            }
-        }
-        let found = journal
-            .raw_message_builder()
-            .sequence(from)
-            .next_by_subject(filter.clone())
-            .send()
-            .await;
-        let message = match found {
-            Ok(message) => message,
-            // Removed since `end` was read (a compaction): nothing more.
-            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => return Ok(read),
-            Err(e) => return Err(Error::jetstream(format!("read {filter} from {from}"), e)),
+        // Nothing more (removed since `end` was read: a compaction), or past the end.
+        let Some(message) = next_record(journal, &filter, from, &mut direct).await? else {
+            return Ok(read);
         };
         if message.sequence > end {
             return Ok(read);
@@ -208,6 +172,90 @@ pub(crate) async fn replay_with(
         }
         from = message.sequence + 1;
     }
+    scan(
+        journal,
+        &filter,
+        from,
+        end,
+        Scan::default(),
+        |message, seq, _| {
+            read += take_record(
+                &message.subject,
+                message.headers.as_ref(),
+                &message.payload,
+                seq,
+                &mut each,
+            )?;
+            Ok(())
+        },
+    )
+    .await?;
+    Ok(read)
+}
+
+/// The first record on `filter` at or after journal sequence `from`, `None` if there is none:
+/// by direct get while `direct` (a failure other than "none" turns it off: the API is asked
+/// from then on), else through the API.
+async fn next_record(
+    journal: &Stream<()>,
+    filter: &str,
+    from: u64,
+    direct: &mut bool,
+) -> Result<Option<StreamMessage>, Error> {
+    if *direct {
+        match journal
+            .direct_get_next_for_subject(filter.to_owned(), Some(from))
+            .await
+        {
+            Ok(message) => return Ok(Some(message)),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                tracing::debug!(%filter, error = %e, "direct get failed; asking the API");
+                *direct = false;
+            }
+        }
+    }
+    match journal
+        .raw_message_builder()
+        .sequence(from)
+        .next_by_subject(filter.to_owned())
+        .send()
+        .await
+    {
+        Ok(message) => Ok(Some(message)),
+        Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(Error::jetstream(format!("read {filter} from {from}"), e)),
+    }
+}
+
+/// How [`scan`] reads.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Scan {
+    /// Headers only, no payloads.
+    pub(crate) headers_only: bool,
+    /// Nothing pending when the consumer is made means nothing to read. Not for a replay:
+    /// a replica serving it may not have `end` yet (it is waited for instead); right where
+    /// reading less only does less (compaction's plans).
+    pub(crate) none_pending_is_done: bool,
+}
+
+/// Reads the messages on `filter` (one subject, wildcards allowed) from journal sequence
+/// `from` up to and including `end`, in order, with an ordered consumer (deleted after use),
+/// calling `each` with each message, its journal sequence and when it was stored (an error of
+/// `each` ends the read with it). It ends at
+/// `end`, or at the last message on the filter before it (`end` was removed since it was
+/// read: a compaction); it fails if no message comes for 30 s.
+pub(crate) async fn scan(
+    journal: &Stream<()>,
+    filter: &str,
+    from: u64,
+    end: u64,
+    how: Scan,
+    mut each: impl FnMut(&jetstream::Message, u64, SystemTime) -> Result<(), Error>,
+) -> Result<(), Error> {
+    if end == 0 || end < from {
+        return Ok(());
+    }
     let deliver_policy = if from <= 1 {
         DeliverPolicy::All
     } else {
@@ -217,70 +265,54 @@ pub(crate) async fn replay_with(
     };
     let consumer = journal
         .create_consumer(pull::OrderedConfig {
-            filter_subject: filter.clone(),
+            filter_subject: filter.to_owned(),
             deliver_policy,
+            headers_only: how.headers_only,
             ..Default::default()
         })
         .await
-        .map_err(|e| Error::jetstream(format!("open a replay of {filter}"), e))?;
+        .map_err(|e| Error::jetstream(format!("open a read of {filter}"), e))?;
     let name = consumer.cached_info().name.clone();
-    let read = read_all(consumer, &filter, end, &mut each)
-        .await
-        .map(|more| read + more);
+    let read = async {
+        if how.none_pending_is_done && consumer.cached_info().num_pending == 0 {
+            return Ok(());
+        }
+        let mut messages = consumer
+            .messages()
+            .await
+            .map_err(|e| Error::jetstream(format!("read {filter}"), e))?;
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(30), messages.next())
+                .await
+                .map_err(|e| Error::jetstream(format!("read {filter}: no message for 30 s"), e))?;
+            let message = match next {
+                Some(Ok(message)) => message,
+                Some(Err(e)) => return Err(Error::jetstream(format!("read {filter}"), e)),
+                None => return Err(Error::jetstream(format!("read {filter}"), "ended early")),
+            };
+            let info = message
+                .info()
+                .map_err(|e| Error::jetstream(format!("read {filter}"), e.to_string()))?;
+            let (seq, pending) = (info.stream_sequence, info.pending);
+            let published = SystemTime::from(info.published);
+            if seq > end {
+                return Ok(());
+            }
+            each(&message, seq, published)?;
+            // Nothing more on the filter: `end` itself was removed since it was read (a
+            // compaction), or this is it.
+            if seq == end || pending == 0 {
+                return Ok(());
+            }
+        }
+    };
+    let read = read.await;
     // Entities load side by side, each with its own reader: left to expire (after 30 s
     // unused), their consumers would pile up on the stream (the server refuses past its limit).
     if let Err(e) = journal.delete_consumer(&name).await {
-        tracing::debug!(%filter, error = %e, "replay consumer not deleted; it expires");
+        tracing::debug!(%filter, error = %e, "read consumer not deleted; it expires");
     }
     read
-}
-
-async fn read_all(
-    consumer: async_nats::jetstream::consumer::Consumer<pull::OrderedConfig>,
-    filter: &str,
-    end: u64,
-    each: &mut impl FnMut(StoredEvent<'_>) -> Result<(), Error>,
-) -> Result<u64, Error> {
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|e| Error::jetstream(format!("replay {filter}"), e))?;
-    let mut read = 0;
-    loop {
-        let next = tokio::time::timeout(Duration::from_secs(30), messages.next())
-            .await
-            .map_err(|e| Error::jetstream(format!("replay {filter}: no message for 30 s"), e))?;
-        let message = match next {
-            Some(Ok(message)) => message,
-            Some(Err(e)) => return Err(Error::jetstream(format!("replay {filter}"), e)),
-            None => {
-                return Err(Error::jetstream(
-                    format!("replay {filter}"),
-                    "the replay ended early",
-                ));
-            }
-        };
-        let info = message
-            .info()
-            .map_err(|e| Error::jetstream(format!("replay {filter}"), e.to_string()))?;
-        let (seq, pending) = (info.stream_sequence, info.pending);
-        if seq > end {
-            return Ok(read);
-        }
-        let message = &message.message;
-        read += take_record(
-            &message.subject,
-            message.headers.as_ref(),
-            &message.payload,
-            seq,
-            each,
-        )?;
-        // Nothing more on the filter: `end` itself was removed since it was read (a
-        // compaction), or this is it.
-        if seq == end || pending == 0 {
-            return Ok(read);
-        }
-    }
 }
 
 /// Records read one request each before a replay opens a consumer for the rest.

@@ -24,18 +24,15 @@
 //! outbox record of it (and so the events of its command); only this module publishes them.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use async_nats::jetstream::context::{Context, GetStreamByNameErrorKind, PublishErrorKind};
 use async_nats::jetstream::stream::Stream;
-use futures::StreamExt;
 
 use crate::data::OutboxMessage;
 use crate::data::origin::Origin;
 use crate::error::Error;
-use crate::journal::{self, JournalWriter, WriteError};
+use crate::journal::{self, JournalWriter, Scan, WriteError};
 use crate::retry;
 use crate::wire::Names;
 use crate::wire::header_u64;
@@ -166,60 +163,40 @@ pub(crate) async fn recover(
 async fn read(journal: &Stream<()>, subject: &str) -> Result<BTreeMap<u64, Pending>, Error> {
     let mut pending: BTreeMap<u64, Pending> = BTreeMap::new();
     let end = journal::last_sequence(journal, subject).await?;
-    if end == 0 {
-        return Ok(pending);
-    }
-    let consumer = journal
-        .create_consumer(pull::OrderedConfig {
-            filter_subject: subject.to_owned(),
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| Error::jetstream(format!("open a replay of {subject}"), e))?;
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|e| Error::jetstream(format!("replay {subject}"), e))?;
-    loop {
-        let next = tokio::time::timeout(Duration::from_secs(30), messages.next())
-            .await
-            .map_err(|e| Error::jetstream(format!("replay {subject}: no message for 30 s"), e))?;
-        let message = match next {
-            Some(Ok(message)) => message,
-            Some(Err(e)) => return Err(Error::jetstream(format!("replay {subject}"), e)),
-            None => return Err(Error::jetstream(format!("replay {subject}"), "ended early")),
-        };
-        let seq = message
-            .info()
-            .map_err(|e| Error::jetstream(format!("replay {subject}"), e.to_string()))?
-            .stream_sequence;
-        if let Some(headers) = message.headers.as_ref()
-            && let Some(command_seq) = header_u64(headers, HDR_COMMAND_SEQ)
-        {
-            let p = pending.entry(command_seq).or_default();
-            if let Some(entity) = headers.get(HDR_ENTITY) {
-                p.entity = entity.as_str().to_owned();
+    journal::scan(
+        journal,
+        subject,
+        1,
+        end,
+        Scan::default(),
+        |message, _, _| {
+            if let Some(headers) = message.headers.as_ref()
+                && let Some(command_seq) = header_u64(headers, HDR_COMMAND_SEQ)
+            {
+                let p = pending.entry(command_seq).or_default();
+                if let Some(entity) = headers.get(HDR_ENTITY) {
+                    p.entity = entity.as_str().to_owned();
+                }
+                if headers.get(HDR_OUTBOX_DONE).is_some() {
+                    p.done = true;
+                } else if let (Some(target), Some(index)) = (
+                    headers.get(HDR_OUTBOX_TARGET),
+                    header_u64(headers, crate::wire::HDR_OUTBOX_INDEX),
+                ) {
+                    p.messages.insert(
+                        usize::try_from(index).unwrap_or(usize::MAX),
+                        OutboxMessage {
+                            subject: target.as_str().to_owned(),
+                            payload: message.payload.clone(),
+                        },
+                    );
+                }
             }
-            if headers.get(HDR_OUTBOX_DONE).is_some() {
-                p.done = true;
-            } else if let (Some(target), Some(index)) = (
-                headers.get(HDR_OUTBOX_TARGET),
-                header_u64(headers, crate::wire::HDR_OUTBOX_INDEX),
-            ) {
-                p.messages.insert(
-                    usize::try_from(index).unwrap_or(usize::MAX),
-                    OutboxMessage {
-                        subject: target.as_str().to_owned(),
-                        payload: message.payload.clone(),
-                    },
-                );
-            }
-        }
-        if seq >= end {
-            return Ok(pending);
-        }
-    }
+            Ok(())
+        },
+    )
+    .await?;
+    Ok(pending)
 }
 
 #[cfg(test)]
