@@ -88,6 +88,7 @@ pub(super) async fn process<E: Entity>(
         };
         let context = &*state.context;
         let id = &state.id;
+        let event_subject = &state.event_subject;
         let (events, effects) = decide(
             context,
             id,
@@ -103,6 +104,7 @@ pub(super) async fn process<E: Entity>(
         let written = write::<E>(
             context,
             id,
+            event_subject,
             seq,
             encoded,
             effects,
@@ -310,6 +312,7 @@ async fn decide<E: Entity>(
             .journal
             .append(
                 id,
+                &context.names.event_subject(context.partition, id).into(),
                 seq,
                 Vec::new(),
                 E::EVENT_VERSION,
@@ -361,6 +364,7 @@ fn encode<E: Entity>(
 async fn write<E: Entity>(
     context: &EntityContext,
     id: &EntityId,
+    event_subject: &async_nats::Subject,
     seq: u64,
     encoded: Vec<Vec<u8>>,
     effects: Effects,
@@ -383,6 +387,7 @@ async fn write<E: Entity>(
         .journal
         .append(
             id,
+            event_subject,
             seq,
             encoded,
             E::EVENT_VERSION,
