@@ -8,6 +8,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
+/// Allocations by size: under 64 B, 256 B, 1 KiB, 4 KiB, 16 KiB, and larger.
+static SIZES: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+
+fn count(size: usize) {
+    ALLOCS.fetch_add(1, Ordering::Relaxed);
+    BYTES.fetch_add(size as u64, Ordering::Relaxed);
+    let bucket = match size {
+        0..64 => 0,
+        64..256 => 1,
+        256..1024 => 2,
+        1024..4096 => 3,
+        4096..16384 => 4,
+        _ => 5,
+    };
+    SIZES[bucket].fetch_add(1, Ordering::Relaxed);
+}
 
 /// The system allocator, counting allocations (reallocations count as one) and bytes asked for.
 pub struct Counting;
@@ -15,15 +31,13 @@ pub struct Counting;
 // SAFETY: every call is forwarded to `System` unchanged; the counters have no effect on memory.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        count(layout.size());
         // SAFETY: the caller's contract is `System`'s.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        count(layout.size());
         // SAFETY: as above.
         unsafe { System.alloc_zeroed(layout) }
     }
@@ -34,8 +48,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+        count(new_size);
         // SAFETY: as above.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -49,6 +62,8 @@ pub struct Allocated {
     pub allocs: u64,
     /// Bytes asked for.
     pub bytes: u64,
+    /// Allocations by size: under 64 B, 256 B, 1 KiB, 4 KiB, 16 KiB, and larger.
+    pub sizes: [u64; 6],
 }
 
 /// The counters now.
@@ -56,6 +71,7 @@ pub fn now() -> Allocated {
     Allocated {
         allocs: ALLOCS.load(Ordering::Relaxed),
         bytes: BYTES.load(Ordering::Relaxed),
+        sizes: std::array::from_fn(|i| SIZES[i].load(Ordering::Relaxed)),
     }
 }
 
@@ -65,6 +81,7 @@ impl Allocated {
         Allocated {
             allocs: self.allocs.saturating_sub(earlier.allocs),
             bytes: self.bytes.saturating_sub(earlier.bytes),
+            sizes: std::array::from_fn(|i| self.sizes[i].saturating_sub(earlier.sizes[i])),
         }
     }
 }

@@ -231,14 +231,28 @@ pub async fn timed_passes_polling(
         if redeliveries > 0 {
             eprintln!("  pass {pass}: {redeliveries} commands were delivered more than once");
         }
-        passes.push(Pass {
+        let done = Pass {
             rate: acknowledged as f64 / secs,
             secs,
             complete: drained.remaining == 0,
             redeliveries,
             cpu,
             allocated,
-        });
+        };
+        let per_command = |n: u64| n as f64 / spec.commands as f64;
+        eprintln!(
+            "  pass {pass}: {:.0} cmd/s, server {:.1} us/cmd, client {:.1} us/cmd, {:.1} allocs / {:.0} B per cmd (by size <64 B, <256, <1K, <4K, <16K, more: {})",
+            done.rate,
+            done.server_us_per_command(spec.commands),
+            done.client_us_per_command(spec.commands),
+            done.allocs_per_command(spec.commands),
+            done.alloc_bytes_per_command(spec.commands),
+            allocated
+                .sizes
+                .map(|n| format!("{:.1}", per_command(n)))
+                .join(" / ")
+        );
+        passes.push(done);
         if drained.remaining > 0 {
             eprintln!(
                 "  pass {pass} did not drain within {:?}: {} commands left",

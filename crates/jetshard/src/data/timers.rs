@@ -51,8 +51,14 @@ pub(crate) enum TimerReport {
 /// The timer's command read from a delivered command's headers.
 pub(crate) fn firing_of(headers: Option<&HeaderMap>) -> Option<Firing> {
     let headers = headers?;
-    let name = headers.get(HDR_TIMER)?.as_str();
-    let set_seq = headers.get(HDR_TIMER_SET)?.as_str().parse().ok()?;
+    let name = headers
+        .get(async_nats::header::HeaderName::from_static(HDR_TIMER))?
+        .as_str();
+    let set_seq = headers
+        .get(async_nats::header::HeaderName::from_static(HDR_TIMER_SET))?
+        .as_str()
+        .parse()
+        .ok()?;
     Some(Firing {
         name: name.into(),
         set_seq,

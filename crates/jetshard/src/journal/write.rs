@@ -8,8 +8,9 @@
 
 use std::sync::Arc;
 
-use async_nats::HeaderMap;
+use async_nats::header::HeaderName;
 use async_nats::jetstream::context::Context;
+use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
 
 use crate::data::OutboxMessage;
@@ -50,7 +51,11 @@ pub(crate) struct JournalWriter {
     names: Arc<Names>,
     partition: u32,
     fence: Fence,
-    fence_subject: Arc<str>,
+    /// The fence headers every record carries, built once: each record starts from a clone,
+    /// which has room for the record's own headers without growing.
+    fenced: HeaderMap,
+    /// [`Self::event_headers`]: the first event version written, and its headers.
+    event_headers: Arc<std::sync::OnceLock<(u32, HeaderMap)>>,
     commit: GroupCommit,
 }
 
@@ -66,13 +71,14 @@ impl JournalWriter {
         stats: Arc<CommitStats>,
         metrics: CommitMetrics,
     ) -> Self {
-        let fence_subject = names.fence_subject(partition).into();
+        let fenced = fenced_headers(&fence, &names.fence_subject(partition));
         let commit = GroupCommit::start(js, partition, fence.generation, mode, stats, metrics);
         Self {
             names,
             partition,
             fence,
-            fence_subject,
+            fenced,
+            event_headers: Arc::default(),
             commit,
         }
     }
@@ -97,9 +103,13 @@ impl JournalWriter {
     ///
     /// The command's outbox records (`<t>.out.<p>`, one per message, see `outbox.rs`) go in the
     /// same all-or-none unit as its events.
+    ///
+    /// `event_subject` is the entity's [`Names::event_subject`], kept by its actor.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn append(
         &self,
         entity: &EntityId,
+        event_subject: &Subject,
         command_seq: u64,
         events: Vec<Vec<u8>>,
         version: u32,
@@ -119,16 +129,15 @@ impl JournalWriter {
         if records == 0 {
             return Ok(None);
         }
-        let subject = self.names.event_subject(self.partition, entity);
-        let outbox_subject = self.names.outbox_subject(self.partition);
+        let outbox_subject = Subject::from(self.names.outbox_subject(self.partition));
         let outbox_records = outbox.iter().enumerate().map(|(index, message)| {
             let mut headers = self.fenced_headers();
-            headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
-            headers.insert(HDR_ENTITY, entity.as_str());
-            headers.insert(HDR_OUTBOX_TARGET, message.subject.as_str());
-            headers.insert(HDR_OUTBOX_INDEX, index.to_string());
+            headers.insert(name(HDR_COMMAND_SEQ), command_seq.to_string());
+            headers.insert(name(HDR_ENTITY), entity.as_str());
+            headers.insert(name(HDR_OUTBOX_TARGET), message.subject.as_str());
+            headers.insert(name(HDR_OUTBOX_INDEX), index.to_string());
             headers.insert(
-                HDR_MSG_ID,
+                name(HDR_MSG_ID),
                 self.names.outbox_record_msg_id(command_seq, index),
             );
             Outgoing {
@@ -137,12 +146,12 @@ impl JournalWriter {
                 payload: message.payload.clone(),
             }
         });
-        let timer_subject = self.names.timer_subject(self.partition, entity);
+        let timer_subject = Subject::from(self.names.timer_subject(self.partition, entity));
         let timer_records = timer_records(&self.names.entity_type, command_seq, timers, fired)
             .map(|(mut headers, payload)| {
-                for (name, values) in self.fenced_headers().iter() {
+                for (header, values) in self.fenced.iter() {
                     for value in values {
-                        headers.insert(name.clone(), value.clone());
+                        headers.insert(header.clone(), value.clone());
                     }
                 }
                 Outgoing {
@@ -156,18 +165,20 @@ impl JournalWriter {
             .into_iter()
             .enumerate()
             .map(|(index, event)| {
-                let mut headers = self.fenced_headers();
-                headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
-                headers.insert(HDR_EVENT_VERSION, version.to_string());
-                headers.insert(HDR_MSG_ID, self.names.event_msg_id(command_seq, index));
+                let mut headers = self.event_headers(version);
+                headers.insert(name(HDR_COMMAND_SEQ), command_seq.to_string());
+                headers.insert(
+                    name(HDR_MSG_ID),
+                    self.names.event_msg_id(command_seq, index),
+                );
                 if let Some(trace) = trace {
-                    headers.insert(HDR_TRACEPARENT, trace.to_string());
+                    headers.insert(name(HDR_TRACEPARENT), trace.to_string());
                 }
                 if let (Some(origin), 0) = (origin, index) {
                     headers.insert(HDR_ORIGIN, origin.to_string());
                 }
                 Outgoing {
-                    subject: subject.clone(),
+                    subject: event_subject.clone(),
                     headers,
                     payload: event.into(),
                 }
@@ -185,12 +196,12 @@ impl JournalWriter {
         command_seq: u64,
     ) -> Result<(), WriteError> {
         let mut headers = self.fenced_headers();
-        headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
-        headers.insert(HDR_ENTITY, entity);
-        headers.insert(HDR_OUTBOX_DONE, "1");
-        headers.insert(HDR_MSG_ID, self.names.outbox_done_msg_id(command_seq));
+        headers.insert(name(HDR_COMMAND_SEQ), command_seq.to_string());
+        headers.insert(name(HDR_ENTITY), entity);
+        headers.insert(name(HDR_OUTBOX_DONE), "1");
+        headers.insert(name(HDR_MSG_ID), self.names.outbox_done_msg_id(command_seq));
         let record = Outgoing {
-            subject: self.names.outbox_subject(self.partition),
+            subject: self.names.outbox_subject(self.partition).into(),
             headers,
             payload: Bytes::new(),
         };
@@ -208,13 +219,16 @@ impl JournalWriter {
         payload: Bytes,
     ) -> Result<(), WriteError> {
         let mut headers = self.fenced_headers();
-        headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
-        headers.insert(HDR_ENTITY, entity);
-        headers.insert(HDR_DELIVERIES, deliveries.to_string());
-        headers.insert(HDR_REASON, sanitize_header(reason));
-        headers.insert(HDR_MSG_ID, self.names.dead_letter_msg_id(command_seq));
+        headers.insert(name(HDR_COMMAND_SEQ), command_seq.to_string());
+        headers.insert(name(HDR_ENTITY), entity);
+        headers.insert(name(HDR_DELIVERIES), deliveries.to_string());
+        headers.insert(name(HDR_REASON), sanitize_header(reason));
+        headers.insert(name(HDR_MSG_ID), self.names.dead_letter_msg_id(command_seq));
         let record = Outgoing {
-            subject: self.names.dead_letter_subject(self.partition, entity),
+            subject: self
+                .names
+                .dead_letter_subject(self.partition, entity)
+                .into(),
             headers,
             payload,
         };
@@ -230,31 +244,58 @@ impl JournalWriter {
         snapshot: SnapshotRecord,
     ) -> Result<u64, WriteError> {
         let mut headers = self.fenced_headers();
-        headers.insert(HDR_COMMAND_SEQ, snapshot.command_seq.to_string());
-        headers.insert(HDR_SNAPSHOT_UPTO, snapshot.upto.to_string());
-        headers.insert(HDR_STATE_VERSION, snapshot.version.to_string());
-        headers.insert(HDR_ROLLUP, "sub");
+        headers.insert(name(HDR_COMMAND_SEQ), snapshot.command_seq.to_string());
+        headers.insert(name(HDR_SNAPSHOT_UPTO), snapshot.upto.to_string());
+        headers.insert(name(HDR_STATE_VERSION), snapshot.version.to_string());
+        headers.insert(name(HDR_ROLLUP), "sub");
         if let Some(outcome) = &snapshot.last_outcome {
-            headers.insert(HDR_LAST_OUTCOME, sanitize_header(outcome));
+            headers.insert(name(HDR_LAST_OUTCOME), sanitize_header(outcome));
         }
         if let Some(origins) = &snapshot.origins {
             headers.insert(HDR_ORIGINS, origins.as_str());
         }
         let record = Outgoing {
-            subject: self.names.snapshot_subject(self.partition, entity),
+            subject: self.names.snapshot_subject(self.partition, entity).into(),
             headers,
             payload: snapshot.state,
         };
         self.commit.write(vec![record]).await
     }
 
+    /// A new record's headers: the fence's.
     fn fenced_headers(&self) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        headers.insert(HDR_GENERATION, self.fence.generation.to_string());
-        headers.insert(HDR_EXPECTED_SUBJECT_SEQ, self.fence.seq.to_string());
-        headers.insert(HDR_EXPECTED_SUBJECT, &*self.fence_subject);
+        self.fenced.clone()
+    }
+
+    /// A new event's headers: the fence's and the encoding's `version`. Cloned from a map built
+    /// once, whose capacity (4 headers: room for 7) takes the event's own without growing.
+    fn event_headers(&self, version: u32) -> HeaderMap {
+        let (built, headers) = self.event_headers.get_or_init(|| {
+            let mut headers = self.fenced.clone();
+            headers.insert(name(HDR_EVENT_VERSION), version.to_string());
+            (version, headers)
+        });
+        if *built == version {
+            return headers.clone();
+        }
+        let mut headers = self.fenced.clone();
+        headers.insert(name(HDR_EVENT_VERSION), version.to_string());
         headers
     }
+}
+
+/// A header name without an allocation (`&str` names are copied at every use).
+fn name(header: &'static str) -> HeaderName {
+    HeaderName::from_static(header)
+}
+
+/// The fence headers of every record written under `fence`.
+fn fenced_headers(fence: &Fence, fence_subject: &str) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(name(HDR_GENERATION), fence.generation.to_string());
+    headers.insert(name(HDR_EXPECTED_SUBJECT_SEQ), fence.seq.to_string());
+    headers.insert(name(HDR_EXPECTED_SUBJECT), fence_subject);
+    headers
 }
 
 /// The timer records of a command (headers without the fence, and body): its sets and cancels,
@@ -265,13 +306,13 @@ fn timer_records<'a>(
     timers: &'a [TimerChange],
     fired: Option<&'a Firing>,
 ) -> impl Iterator<Item = (HeaderMap, Bytes)> + 'a {
-    let record = move |index: usize, op: &str, name: &str| {
+    let record = move |index: usize, op: &str, timer: &str| {
         let mut headers = HeaderMap::new();
-        headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
-        headers.insert(HDR_TIMER_OP, op);
-        headers.insert(HDR_TIMER, name);
+        headers.insert(name(HDR_COMMAND_SEQ), command_seq.to_string());
+        headers.insert(name(HDR_TIMER_OP), op);
+        headers.insert(name(HDR_TIMER), timer);
         headers.insert(
-            HDR_MSG_ID,
+            name(HDR_MSG_ID),
             crate::wire::timer_record_msg_id(entity_type, command_seq, index),
         );
         headers
@@ -281,20 +322,20 @@ fn timer_records<'a>(
         .enumerate()
         .map(move |(index, change)| match change {
             TimerChange::Set {
-                name,
+                name: timer,
                 due_ms,
                 payload,
                 ..
             } => {
-                let mut headers = record(index, "set", name);
-                headers.insert(HDR_TIMER_DUE, due_ms.to_string());
+                let mut headers = record(index, "set", timer);
+                headers.insert(name(HDR_TIMER_DUE), due_ms.to_string());
                 (headers, payload.clone())
             }
-            TimerChange::Cancel { name } => (record(index, "cancel", name), Bytes::new()),
+            TimerChange::Cancel { name: timer } => (record(index, "cancel", timer), Bytes::new()),
         });
     let fired = fired.map(move |f| {
         let mut headers = record(timers.len(), "fired", &f.name);
-        headers.insert(HDR_TIMER_SET, f.set_seq.to_string());
+        headers.insert(name(HDR_TIMER_SET), f.set_seq.to_string());
         (headers, Bytes::new())
     });
     changes.chain(fired)

@@ -61,7 +61,7 @@ const BATCH_DUPLICATE: u64 = 10201;
 
 /// One journal record to write.
 pub(crate) struct Outgoing {
-    pub(crate) subject: String,
+    pub(crate) subject: async_nats::Subject,
     pub(crate) headers: HeaderMap,
     pub(crate) payload: Bytes,
 }
@@ -237,36 +237,70 @@ impl Committer {
     /// [`Mode::Pipelined`]: single records in flight side by side, as they come; the units of
     /// several records gathered into one atomic batch in flight at a time.
     async fn run_pipelined(self, mut receiver: mpsc::UnboundedReceiver<Unit>) {
-        let mut in_flight = FuturesUnordered::new();
+        // Single records in flight (each a small future: one publish and its answer), and the
+        // one batch of several-record units.
+        let mut singles = FuturesUnordered::new();
+        let mut batch = FuturesUnordered::new();
         let mut waiting = std::collections::VecDeque::new();
-        let mut batch_in_flight = false;
         let mut open = true;
-        while open || !in_flight.is_empty() || !waiting.is_empty() {
-            if !batch_in_flight && !waiting.is_empty() {
-                let batch = next_batch(&mut waiting);
-                batch_in_flight = true;
-                in_flight.push(self.commit_tagged(batch, true));
+        while open || !singles.is_empty() || !batch.is_empty() || !waiting.is_empty() {
+            if batch.is_empty() && !waiting.is_empty() {
+                batch.push(self.commit(next_batch(&mut waiting)));
                 continue;
             }
             tokio::select! {
                 unit = receiver.recv(), if open => match unit {
                     Some(unit) if unit.records.len() > 1 => waiting.push_back(unit),
-                    Some(unit) => in_flight.push(self.commit_tagged(vec![unit], false)),
+                    Some(unit) => singles.push(self.commit_single(unit)),
                     None => open = false,
                 },
-                Some(was_batch) = in_flight.next(), if !in_flight.is_empty() => {
-                    if was_batch {
-                        batch_in_flight = false;
-                    }
-                }
+                Some(()) = singles.next(), if !singles.is_empty() => {}
+                Some(()) = batch.next(), if !batch.is_empty() => {}
             }
         }
     }
 
-    /// Commits `units`, then returns `tag`.
-    async fn commit_tagged(&self, units: Vec<Unit>, tag: bool) -> bool {
-        self.commit(units).await;
-        tag
+    /// Commits a unit of one record: a plain publish, its headers moved rather than copied.
+    async fn commit_single(&self, mut unit: Unit) {
+        let Some(record) = unit.records.pop() else {
+            let _ = unit.answer.send(Ok(0));
+            return;
+        };
+        match self.publish_one(record).await {
+            Ok(seq) => {
+                self.committed(1);
+                let _ = unit.answer.send(Ok(seq));
+            }
+            // Its message id is known: it was stored.
+            Err(Refusal::Duplicate) => {
+                let _ = unit.answer.send(Ok(0));
+            }
+            Err(refusal) => {
+                let _ = unit.answer.send(Err(self.error_of(&refusal)));
+            }
+        }
+    }
+
+    /// Counts a stored batch of `records` records.
+    fn committed(&self, records: usize) {
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .records
+            .fetch_add(records as u64, Ordering::Relaxed);
+        self.metrics.records.record(records as f64);
+    }
+
+    /// What a refusal means to a unit's submitter.
+    fn error_of(&self, refusal: &Refusal) -> WriteError {
+        match refusal {
+            Refusal::Fenced => WriteError::Fenced {
+                generation: self.generation,
+            },
+            Refusal::Unconfirmed(e) => WriteError::Unconfirmed(e.clone().into()),
+            Refusal::Refused(e) => WriteError::Refused(e.clone()),
+            // One unit, all or none: its message ids are known, so it was stored.
+            Refusal::Duplicate => unreachable!("a duplicate is answered as stored"),
+        }
     }
 
     /// [`Mode::Batched`]: everything ready in one atomic batch, one batch in flight.
@@ -326,11 +360,7 @@ impl Committer {
         };
         match outcome {
             Ok((last, total)) => {
-                self.stats.batches.fetch_add(1, Ordering::Relaxed);
-                self.stats
-                    .records
-                    .fetch_add(total as u64, Ordering::Relaxed);
-                self.metrics.records.record(total as f64);
+                self.committed(total);
                 // A batch is stored in one piece, in order: the unit's last record is as far
                 // from the batch's last as the records after it.
                 let mut after = total;
@@ -363,15 +393,7 @@ impl Committer {
             }
             Err(refusal) => {
                 for unit in batch {
-                    let error = match &refusal {
-                        Refusal::Fenced => WriteError::Fenced {
-                            generation: self.generation,
-                        },
-                        Refusal::Unconfirmed(e) => WriteError::Unconfirmed(e.clone().into()),
-                        Refusal::Refused(e) => WriteError::Refused(e.clone()),
-                        Refusal::Duplicate => unreachable!("answered above"),
-                    };
-                    let _ = unit.answer.send(Err(error));
+                    let _ = unit.answer.send(Err(self.error_of(&refusal)));
                 }
             }
         }

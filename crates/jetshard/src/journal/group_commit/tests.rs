@@ -37,7 +37,7 @@ fn record(entity: &str, msg_id: &str, fence: u64) -> Outgoing {
     headers.insert(HDR_EXPECTED_SUBJECT_SEQ, fence.to_string());
     headers.insert(HDR_EXPECTED_SUBJECT, FENCE);
     Outgoing {
-        subject: format!("t.evt.0.{entity}"),
+        subject: format!("t.evt.0.{entity}").into(),
         headers,
         payload: Bytes::from_static(b"event"),
     }

@@ -72,8 +72,10 @@ impl<E: Entity> Actor for EntityActor<E> {
         _: ActorRef<EntityMsg>,
         (id, context, seed): Self::Arguments,
     ) -> Result<EntityState<E>, ActorProcessingErr> {
+        let event_subject = context.names.event_subject(context.partition, &id).into();
         Ok(EntityState {
             id,
+            event_subject,
             context,
             seed,
             broken: false,

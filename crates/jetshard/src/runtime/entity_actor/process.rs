@@ -73,7 +73,8 @@ pub(super) async fn process<E: Entity>(
                 match &earlier {
                     LastOutcome::Applied { events } => {
                         let (id, context) = (&state.id, &*state.context);
-                        events_again::<E>(id, context, seq, *events, detail).await;
+                        // Boxed: see `load`.
+                        Box::pin(events_again::<E>(id, context, seq, *events, detail)).await;
                     }
                     LastOutcome::Rejected(reason) => {
                         if let Loaded::Yes(seed) = &state.seed {
@@ -98,6 +99,7 @@ pub(super) async fn process<E: Entity>(
         };
         let context = &*state.context;
         let id = &state.id;
+        let event_subject = &state.event_subject;
         let (events, effects) = decide(
             context,
             id,
@@ -113,6 +115,7 @@ pub(super) async fn process<E: Entity>(
         let written = write::<E>(
             context,
             id,
+            event_subject,
             seq,
             encoded,
             effects,
@@ -167,7 +170,9 @@ async fn load<E: Entity>(state: &mut EntityState<E>) -> Result<(), Verdict> {
     // The semaphore is never closed.
     let permit = state.context.loads.acquire().await.ok();
     let waited = loading.elapsed();
-    let revived = revive::<E>(&state.id, &state.context).await;
+    // Boxed: the reads of a load are the largest part of a command's future, which every
+    // command allocates (the actor boxes it); only a command that loads pays for them.
+    let revived = Box::pin(revive::<E>(&state.id, &state.context)).await;
     drop(permit);
     tracing::debug!(
         waited_ms = waited.as_millis() as u64,
@@ -272,11 +277,14 @@ async fn decode<E: Entity>(
         Err(reason) => reason,
     };
     let id = state.id.as_str();
-    let written = state
-        .context
-        .journal
-        .dead_letter(id, seq, deliveries, &reason, payload)
-        .await;
+    // Boxed, as `load`'s reads: a rare step kept out of every command's future.
+    let written = Box::pin(
+        state
+            .context
+            .journal
+            .dead_letter(id, seq, deliveries, &reason, payload),
+    )
+    .await;
     Err(match written {
         Ok(()) => {
             if let Loaded::Yes(seed) = &mut state.seed {
@@ -331,20 +339,20 @@ async fn decide<E: Entity>(
     }
     if let Some(f) = firing {
         // The timer fired, though its command was refused: record it, so that it fires once.
-        let written = context
-            .journal
-            .append(
-                id,
-                seq,
-                Vec::new(),
-                E::EVENT_VERSION,
-                None,
-                Attached {
-                    fired: Some(f),
-                    ..Attached::default()
-                },
-            )
-            .await;
+        // Boxed, as `load`'s reads: a rare step kept out of every command's future.
+        let written = Box::pin(context.journal.append(
+            id,
+            &context.names.event_subject(context.partition, id).into(),
+            seq,
+            Vec::new(),
+            E::EVENT_VERSION,
+            None,
+            Attached {
+                fired: Some(f),
+                ..Attached::default()
+            },
+        ))
+        .await;
         if let Err(e) = written {
             return Err(write_failed(e));
         }
@@ -386,6 +394,7 @@ fn encode<E: Entity>(
 async fn write<E: Entity>(
     context: &EntityContext,
     id: &EntityId,
+    event_subject: &async_nats::Subject,
     seq: u64,
     encoded: Vec<Vec<u8>>,
     effects: Effects,
@@ -408,6 +417,7 @@ async fn write<E: Entity>(
         .journal
         .append(
             id,
+            event_subject,
             seq,
             encoded,
             E::EVENT_VERSION,

@@ -16,6 +16,8 @@ pub(crate) enum Loaded<E: Entity> {
 
 pub(crate) struct EntityState<E: Entity> {
     pub(super) id: EntityId,
+    /// Its events' subject (`Names::event_subject`), built once for all its commands.
+    pub(super) event_subject: async_nats::Subject,
     pub(super) context: Arc<EntityContext>,
     pub(super) seed: Loaded<E>,
     /// Set after a failure: later messages are ignored until the actor stops.

@@ -154,7 +154,11 @@ impl<E: Entity> Actor for OwnerActor<E> {
         state: &mut OwnerState<E>,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            OwnerMsg::Pin(PinSignal::Delivered(delivery)) => state.on_delivery(delivery).await,
+            OwnerMsg::Pin(PinSignal::Delivered(deliveries)) => {
+                for delivery in deliveries {
+                    state.on_delivery(delivery).await;
+                }
+            }
             OwnerMsg::Pin(PinSignal::Lost { pin }) => {
                 state.step_down_under(&pin, StepDown::PinLost).await
             }
@@ -394,7 +398,9 @@ impl<E: Entity> OwnerState<E> {
             .deliveries
             .max(u64::from(fence::claims_holding(&o.held, pending.seq)) + 1);
         let named = Names::entity_of_subject(&subject).unwrap_or_default();
-        match EntityId::new(named) {
+        // An entity in hand already: its id, shared (no new allocation per command).
+        let known = o.entities.get_key_value(named).map(|(id, _)| id.clone());
+        match known.map_or_else(|| EntityId::new(named), Ok) {
             Ok(entity) => self.route(&entity, pending),
             Err(invalid) => {
                 tracing::warn!(partition, %subject, %invalid, "command subject holds no valid entity id; dead-lettered");

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use async_nats::Subject;
+use async_nats::header::HeaderName;
 use bytes::Bytes;
 
 use crate::trace::CommandTrace;
@@ -38,7 +39,10 @@ pub(crate) struct Delivery {
 
 /// Whether a stored command is a wake-up (see [`wake`]).
 pub(crate) fn is_wake(headers: Option<&async_nats::HeaderMap>) -> bool {
-    headers.is_some_and(|h| h.get(crate::wire::HDR_WAKE).is_some())
+    headers.is_some_and(|h| {
+        h.get(HeaderName::from_static(crate::wire::HDR_WAKE))
+            .is_some()
+    })
 }
 
 /// Sends a wake-up to `partition`: a command for no entity, so that the server pins a standby
@@ -88,37 +92,44 @@ pub(crate) async fn try_wake(
 
 /// The `Jetshard-Reply-To` subject of a command, if it has a valid one.
 pub(crate) fn respond_to(headers: Option<&async_nats::HeaderMap>) -> Option<Subject> {
-    let subject = headers?.get(HDR_REPLY_TO)?.as_str();
+    let subject = headers?
+        .get(HeaderName::from_static(HDR_REPLY_TO))?
+        .as_str();
     let valid = !subject.is_empty() && !subject.contains(['*', '>', ' ', '\t', '\r', '\n']);
     valid.then(|| Subject::from(subject))
 }
 
 /// The trace context of a command with a valid `traceparent` header.
 pub(crate) fn trace_of(headers: Option<&async_nats::HeaderMap>) -> Option<Box<CommandTrace>> {
-    CommandTrace::of(headers?.get(HDR_TRACEPARENT)?.as_str())
+    CommandTrace::of(
+        headers?
+            .get(HeaderName::from_static(HDR_TRACEPARENT))?
+            .as_str(),
+    )
 }
 
 /// Reads the stream sequence and delivery count from a `$JS.ACK` reply subject, in either
 /// layout (ADR-15): `<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>`,
 /// or with `<domain>.<account hash>.` in front and optional tokens after.
 pub(super) fn ack_info(reply: &str) -> Option<AckInfo> {
-    let tokens: Vec<&str> = reply
-        .strip_prefix(crate::wire::ACK_PREFIX)?
-        .split('.')
-        .collect();
-    let first = match tokens.len() {
+    // Read in place, without a token list: this runs for every delivered command.
+    let rest = reply.strip_prefix(crate::wire::ACK_PREFIX)?;
+    let first = match rest.split('.').count() {
         7 => 2,
         n if n >= 9 => 4,
         _ => return None,
     };
+    let mut tokens = rest.split('.').skip(first);
+    let deliveries = tokens.next()?.parse().ok()?;
+    let stream_seq = tokens.next()?.parse().ok()?;
+    let consumer_seq = tokens.next()?.parse().ok()?;
+    // The timestamp, then the pending count.
+    let pending = tokens.nth(1).and_then(|t| t.parse().ok()).unwrap_or(0);
     Some(AckInfo {
-        deliveries: tokens[first].parse().ok()?,
-        stream_seq: tokens[first + 1].parse().ok()?,
-        consumer_seq: tokens[first + 2].parse().ok()?,
-        pending: tokens
-            .get(first + 4)
-            .and_then(|t| t.parse().ok())
-            .unwrap_or(0),
+        deliveries,
+        stream_seq,
+        consumer_seq,
+        pending,
     })
 }
 

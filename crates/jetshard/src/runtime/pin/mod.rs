@@ -24,9 +24,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use async_nats::header::HeaderName;
 use async_nats::jetstream::Context;
 use async_nats::{Client, StatusCode};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -39,8 +40,10 @@ use requested::{Requested, pending_of};
 
 /// What the pull loop tells its owner.
 pub(crate) enum PinSignal {
-    /// A command was delivered.
-    Delivered(Delivery),
+    /// Commands were delivered, in the order the server sent them: every delivery that had
+    /// arrived by the time the loop looked (one message to the owner per burst, not per
+    /// command; at most [`MAX_DELIVERIES_PER_SIGNAL`]).
+    Delivered(Vec<Delivery>),
     /// The server refused a pull carrying `pin`: another process holds the partition now.
     Lost { pin: Arc<str> },
     /// A delivery under `pin` never arrived (the consumer's delivery counter jumped): later
@@ -54,6 +57,9 @@ pub(crate) enum PinSignal {
     /// delivered here until a new loop is started.
     Ended { reason: String },
 }
+
+/// At most this many deliveries go to the owner in one [`PinSignal::Delivered`].
+pub(crate) const MAX_DELIVERIES_PER_SIGNAL: usize = 256;
 
 /// How the loop pulls.
 #[derive(Clone, Copy, Debug)]
@@ -161,6 +167,13 @@ async fn run(
     // The consumer sequence of the last delivery under `last_pin`.
     let mut last_pin: Option<Arc<str>> = None;
     let mut last_consumer_seq: Option<u64> = None;
+    // Deliveries received and not yet handed to the owner: sent once no further message is
+    // ready (or the batch is full), and always before any other signal, so that the owner sees
+    // everything in the order the server sent it.
+    let mut delivered: Vec<Delivery> = Vec::new();
+    let flush = |delivered: &mut Vec<Delivery>| {
+        delivered.is_empty() || sink(PinSignal::Delivered(std::mem::take(delivered)))
+    };
 
     loop {
         let now = Instant::now();
@@ -192,7 +205,7 @@ async fn run(
             let unpinned_open = unpinned_sent.is_some_and(|sent| now < sent + forget_after);
             if (requested.is_empty() || !unpinned_open) && !idle_reported {
                 idle_reported = true;
-                if !sink(PinSignal::Idle) {
+                if !flush(&mut delivered) || !sink(PinSignal::Idle) {
                     return Ok(Ended::OwnerGone);
                 }
             }
@@ -201,9 +214,14 @@ async fn run(
         }
         if !is_paused && requested.wants_pull(settings.batch, expires, now) {
             let body = pull_request(settings.batch, expires, pin.as_deref());
-            client
+            let sent = client
                 .publish_with_reply(request_subject.clone(), inbox.clone(), body.into())
-                .await?;
+                .await;
+            if let Err(e) = sent {
+                // What was delivered is the owner's before the loop ends.
+                flush(&mut delivered);
+                return Err(e.into());
+            }
             requested.sent(settings.batch, now);
             if pin.is_none() {
                 unpinned_sent = Some(now);
@@ -219,24 +237,44 @@ async fn run(
             wake_at = wake_at.min(sent + forget_after);
         }
 
-        let message = tokio::select! {
-            message = subscription.next() => match message {
-                Some(message) => message,
-                None => return Ok(Ended::SubscriptionClosed),
-            },
-            () = tokio::time::sleep_until(wake_at) => continue,
-            changed = paused.changed() => {
-                if changed.is_err() {
+        // A message already here is taken at once, into the same batch of deliveries.
+        let ready = if delivered.len() < MAX_DELIVERIES_PER_SIGNAL {
+            subscription.next().now_or_never()
+        } else {
+            None
+        };
+        let message = match ready {
+            Some(Some(message)) => message,
+            Some(None) => {
+                if !flush(&mut delivered) {
                     return Ok(Ended::OwnerGone);
                 }
-                idle_reported = false;
-                continue;
+                return Ok(Ended::SubscriptionClosed);
             }
-            changed = forget.changed() => {
-                if changed.is_err() {
+            None => {
+                if !flush(&mut delivered) {
                     return Ok(Ended::OwnerGone);
                 }
-                continue;
+                tokio::select! {
+                message = subscription.next() => match message {
+                    Some(message) => message,
+                    None => return Ok(Ended::SubscriptionClosed),
+                },
+                () = tokio::time::sleep_until(wake_at) => continue,
+                changed = paused.changed() => {
+                    if changed.is_err() {
+                        return Ok(Ended::OwnerGone);
+                    }
+                    idle_reported = false;
+                    continue;
+                }
+                changed = forget.changed() => {
+                    if changed.is_err() {
+                        return Ok(Ended::OwnerGone);
+                    }
+                    continue;
+                }
+                    }
             }
         };
         match message.status {
@@ -245,7 +283,7 @@ async fn run(
                 let delivered_pin = message
                     .headers
                     .as_ref()
-                    .and_then(|h| h.get(HDR_PIN_ID))
+                    .and_then(|h| h.get(HeaderName::from_static(HDR_PIN_ID)))
                     .map(|v| v.as_str());
                 if let Some(delivered_pin) = delivered_pin
                     && pin.as_deref() != Some(delivered_pin)
@@ -272,7 +310,7 @@ async fn run(
                     && consumer_seq > last + 1
                 {
                     tracing::warn!(from = last, to = consumer_seq, "deliveries lost in transit");
-                    if !sink(PinSignal::Gap { pin: pin.clone() }) {
+                    if !flush(&mut delivered) || !sink(PinSignal::Gap { pin: pin.clone() }) {
                         return Ok(Ended::OwnerGone);
                     }
                 }
@@ -295,16 +333,14 @@ async fn run(
                     pending,
                     trace,
                 };
-                if !sink(PinSignal::Delivered(delivery)) {
-                    return Ok(Ended::OwnerGone);
-                }
+                delivered.push(delivery);
             }
             Some(StatusCode::IDLE_HEARTBEAT) => {}
             Some(StatusCode::PIN_ID_MISMATCH) => {
                 requested.ended(pending_of(message.headers.as_ref()), settings.batch);
                 if let Some(lost) = pin.take() {
                     tracing::debug!(pin = %lost, "pin lost");
-                    if !sink(PinSignal::Lost { pin: lost }) {
+                    if !flush(&mut delivered) || !sink(PinSignal::Lost { pin: lost }) {
                         return Ok(Ended::OwnerGone);
                     }
                 }

@@ -82,7 +82,9 @@ impl Requested {
 /// `Nats-Pending-Messages` of a status, if it has one.
 pub(super) fn pending_of(headers: Option<&async_nats::HeaderMap>) -> Option<u64> {
     headers?
-        .get(HDR_PENDING_MESSAGES)?
+        .get(async_nats::header::HeaderName::from_static(
+            HDR_PENDING_MESSAGES,
+        ))?
         .as_str()
         .trim()
         .parse()
