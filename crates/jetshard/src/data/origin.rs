@@ -53,16 +53,6 @@ impl Origin {
         }
     }
 
-    /// The header an outbox message carries: `<type>:<partition>:<command seq>:<index>`.
-    pub(crate) fn message_header(
-        entity_type: &str,
-        partition: u32,
-        command_seq: u64,
-        index: usize,
-    ) -> String {
-        format!("{entity_type}:{partition}:{command_seq}:{index}")
-    }
-
     /// Reads `<type>:<partition>:<seq>:<index>` (an outbox message's header) or
     /// `#<type hash, hex>:<partition>:<seq>:<index>` (this origin's [`Display`](fmt::Display),
     /// on events and snapshots).
@@ -173,7 +163,7 @@ mod tests {
     #[test]
     fn an_origin_reads_back_from_the_message_header_and_from_its_own_text() {
         let origin = Origin::new("order", 3, 42, 1);
-        let header = Origin::message_header("order", 3, 42, 1);
+        let header = crate::wire::origin_header("order", 3, 42, 1);
         assert_eq!(header, "order:3:42:1");
         assert_eq!(Origin::parse(&header), Some(origin));
         assert_eq!(Origin::parse(&origin.to_string()), Some(origin));

@@ -30,7 +30,6 @@ use async_nats::jetstream::context::{Context, GetStreamByNameErrorKind, PublishE
 use async_nats::jetstream::stream::Stream;
 
 use crate::data::OutboxMessage;
-use crate::data::origin::Origin;
 use crate::error::Error;
 use crate::journal::{self, JournalWriter, Scan, WriteError};
 use crate::retry;
@@ -56,8 +55,12 @@ pub(crate) async fn deliver(
     messages: &[OutboxMessage],
 ) {
     for (index, message) in messages.iter().enumerate() {
-        let origin =
-            Origin::message_header(names.entity_type(), journal.partition(), command_seq, index);
+        let origin = crate::wire::origin_header(
+            names.entity_type(),
+            journal.partition(),
+            command_seq,
+            index,
+        );
         if let Err(e) = publish(js, names, command_seq, index, &origin, message).await {
             tracing::warn!(entity, cmd_seq = command_seq, index, error = %e, "outbox message not published; the next owner publishes it again");
             return;

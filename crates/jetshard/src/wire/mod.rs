@@ -414,6 +414,18 @@ pub(crate) fn timer_record_msg_id(entity_type: &str, command_seq: u64, index: us
     format!("{entity_type}:{command_seq}:timer:{index}")
 }
 
+/// The `Jetshard-Origin` header of the `index`th outbox message of the command at `command_seq`
+/// of `entity_type`'s `partition`: `<type>:<partition>:<command seq>:<index>`
+/// (`data::origin::Origin::parse` reads it back).
+pub(crate) fn origin_header(
+    entity_type: &str,
+    partition: u32,
+    command_seq: u64,
+    index: usize,
+) -> String {
+    format!("{entity_type}:{partition}:{command_seq}:{index}")
+}
+
 /// The prefix of a JetStream ack reply subject (`$JS.ACK.…`, ADR-15).
 pub(crate) const ACK_PREFIX: &str = "$JS.ACK.";
 
