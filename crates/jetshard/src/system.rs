@@ -394,6 +394,9 @@ impl<E: Entity> Actor for SystemActor<E> {
                         incarnation: Some(state.shared.incarnation.clone()),
                     };
                     publish_heartbeat(&state.shared, &leaving).await;
+                    // On the wire before the releases: a client dropped right after a publish
+                    // loses what it had not written yet (async-nats closes on the last handle).
+                    flush(&state.shared).await;
                 }
                 let timeout = Some(state.shared.config.ack_wait + Duration::from_secs(1));
                 let releases = state
@@ -402,6 +405,8 @@ impl<E: Entity> Actor for SystemActor<E> {
                     .flatten()
                     .map(|owner| owner.call(OwnerMsg::Release, timeout));
                 futures::future::join_all(releases).await;
+                // The releases' last acks and naks, before the client may be dropped.
+                flush(&state.shared).await;
                 tracing::info!(entity_type = %state.shared.config.entity_type, node = %state.shared.config.node_id, "shard system stopped");
                 let _ = reply.send(());
                 myself.stop(Some("shutdown".to_owned()));
@@ -588,6 +593,12 @@ fn tell_holding(state: &mut SystemState, now: Instant, all: bool) {
         state.holding[partition] = hold;
     }
     tracing::trace!(node = %state.shared.config.node_id, hold_back, every, paused, owned = state.owned, "standbys told whether to pull");
+}
+
+/// Writes out what the client still buffers, for at most a second (best effort: a stop does not
+/// wait on a server that is gone).
+async fn flush(shared: &Shared) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), shared.client.flush()).await;
 }
 
 /// Says `heartbeat` on `<t>.nodes` (core NATS, best effort: the next one follows a pin TTL
