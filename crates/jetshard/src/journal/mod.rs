@@ -15,8 +15,8 @@ pub(crate) mod server;
 pub(crate) mod write;
 
 pub(crate) use read::{
-    Record, Scan, SnapshotRecord, StoredEvent, TimerRecord, first_sequence, last_sequence,
-    last_sequence_with, latest_snapshot, replay, replay_with, scan,
+    Record, Scan, SnapshotRecord, StoredEvent, TimerRecord, first_sequence, last_record,
+    last_sequence, latest_snapshot, replay, replay_with, scan, snapshot_record,
 };
 pub(crate) use server::{WriteError, server_error_code};
 pub(crate) use write::{Attached, JournalWriter};

@@ -41,17 +41,22 @@ pub(crate) struct SnapshotRecord {
     pub(crate) origins: Option<String>,
 }
 
-/// The latest snapshot on `subject`, with its own journal sequence; `None` if there is none or
-/// it lacks jetshard's headers (then the entity loads from its events).
+/// The latest snapshot on `subject` (read as [`last_record`] reads), with its own journal
+/// sequence; `None` if there is none or it lacks jetshard's headers (then the entity loads from
+/// its events).
 pub(crate) async fn latest_snapshot(
     journal: &Stream<()>,
     subject: &str,
+    direct: bool,
 ) -> Result<Option<(u64, SnapshotRecord)>, Error> {
-    let message = match journal.get_last_raw_message_by_subject(subject).await {
-        Ok(message) => message,
-        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
-        Err(e) => return Err(Error::jetstream(format!("read the snapshot {subject}"), e)),
-    };
+    Ok(last_record(journal, subject, direct)
+        .await?
+        .and_then(|message| snapshot_record(&message)))
+}
+
+/// The snapshot `message` holds (read from `<t>.snap.<p>.<id>`), with its journal sequence;
+/// `None`, with a warning, if it lacks jetshard's headers.
+pub(crate) fn snapshot_record(message: &StreamMessage) -> Option<(u64, SnapshotRecord)> {
     let headers = &message.headers;
     let record = (|| {
         header_u64(headers, GENERATION)?;
@@ -66,12 +71,12 @@ pub(crate) async fn latest_snapshot(
     })();
     if record.is_none() {
         tracing::warn!(
-            subject,
+            subject = %message.subject,
             seq = message.sequence,
             "snapshot without jetshard headers ignored"
         );
     }
-    Ok(record.map(|r| (message.sequence, r)))
+    record.map(|r| (message.sequence, r))
 }
 
 /// One record of an entity read back from the journal.
@@ -138,7 +143,7 @@ pub(crate) async fn replay(
     replay_with(journal, filter, from, end, false, each).await
 }
 
-/// [`replay`], its single-message reads direct gets when `direct` (see [`last_sequence_with`]).
+/// [`replay`], its single-message reads direct gets when `direct` (see [`last_record`]).
 pub(crate) async fn replay_with(
     journal: &Stream<()>,
     filter: String,
@@ -326,6 +331,11 @@ fn take_record(
     seq: u64,
     each: &mut impl FnMut(StoredEvent<'_>) -> Result<(), Error>,
 ) -> Result<u64, Error> {
+    // A replay of every record of an entity (`<t>.*.<p>.<id>`) passes its snapshots: they are
+    // read on their own, before it.
+    if Names::is_snapshot_subject(subject) {
+        return Ok(0);
+    }
     match stored_record(subject, headers, payload, seq) {
         Some(record) => {
             let event = u64::from(matches!(record.record, Record::Event { .. }));
@@ -341,25 +351,33 @@ fn take_record(
     }
 }
 
-/// [`last_sequence`], asked with a direct get when `direct` (the journal has a single replica:
-/// the server that answers is the stream's only one, so it is as fresh as the leader's API).
-/// A direct get costs the server a quarter of an API get (measured with nats-server 2.15: ~6.5
-/// against ~28 us of CPU per read; docs/PERFORMANCE.md, issue 22); entity loads make up to
-/// four reads each. A journal without `allow_direct` (or any other failure of the direct get)
-/// is asked through the API.
-pub(crate) async fn last_sequence_with(
+/// The last record on `filter` (wildcards allowed: `<t>.*.<p>.<id>` is every record of one
+/// entity), `None` if there is none. By direct get when `direct` (the journal has a single
+/// replica: the server that answers is the stream's only one, so it is as fresh as the leader's
+/// API); a direct get costs the server a quarter of an API get (measured with nats-server 2.15:
+/// ~6.5 against ~28 us of CPU per read; docs/PERFORMANCE.md, issue 22). A journal without
+/// `allow_direct` (or any other failure of the direct get) is asked through the API, which
+/// the stream leader answers.
+pub(crate) async fn last_record(
     journal: &Stream<()>,
-    subject: &str,
+    filter: &str,
     direct: bool,
-) -> Result<u64, Error> {
+) -> Result<Option<StreamMessage>, Error> {
     if direct {
-        match journal.direct_get_last_for_subject(subject).await {
-            Ok(message) => return Ok(message.sequence),
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(0),
-            Err(e) => tracing::debug!(subject, error = %e, "direct get failed; asking the API"),
+        match journal.direct_get_last_for_subject(filter).await {
+            Ok(message) => return Ok(Some(message)),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(None),
+            Err(e) => tracing::debug!(filter, error = %e, "direct get failed; asking the API"),
         }
     }
-    last_sequence(journal, subject).await
+    match journal.get_last_raw_message_by_subject(filter).await {
+        Ok(message) => Ok(Some(message)),
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(Error::jetstream(
+            format!("read the last record on {filter}"),
+            e,
+        )),
+    }
 }
 
 /// The journal sequence of the first record on `subject` (a compaction purges from the
@@ -387,14 +405,9 @@ pub(crate) async fn first_sequence(
 /// The journal sequence of the last record on `subject`, 0 if there is none (asked of the
 /// stream leader).
 pub(crate) async fn last_sequence(journal: &Stream<()>, subject: &str) -> Result<u64, Error> {
-    match journal.get_last_raw_message_by_subject(subject).await {
-        Ok(message) => Ok(message.sequence),
-        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(0),
-        Err(e) => Err(Error::jetstream(
-            format!("read the last record on {subject}"),
-            e,
-        )),
-    }
+    Ok(last_record(journal, subject, false)
+        .await?
+        .map_or(0, |message| message.sequence))
 }
 
 // Prebuilt: a lookup by `&str` builds (and allocates) a header name each time, and a replay

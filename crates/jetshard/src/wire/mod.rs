@@ -389,6 +389,17 @@ impl Names {
         format!("{}.dlq.{partition}.*", self.entity_type)
     }
 
+    /// Every record of one entity (`<t>.*.<p>.<id>`: its events, dead letters, timer records
+    /// and snapshots, the journal's only four-token subjects).
+    pub(crate) fn entity_records(&self, partition: u32, id: &EntityId) -> String {
+        format!("{}.*.{partition}.{id}", self.entity_type)
+    }
+
+    /// Whether `subject` is a snapshot's (`<t>.snap.<p>.<id>`), of any entity type.
+    pub(crate) fn is_snapshot_subject(subject: &str) -> bool {
+        subject.split('.').nth(1) == Some("snap")
+    }
+
     /// The entity id at the end of a stored command or event subject.
     pub fn entity_of_subject(subject: &str) -> Option<&str> {
         subject.rsplit('.').next()

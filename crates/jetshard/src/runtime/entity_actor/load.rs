@@ -12,6 +12,7 @@ use crate::data::origin::Origins;
 use crate::entity::{Entity, EntityId, Snapshots};
 use crate::error::Error;
 use crate::journal::{self, Record, SnapshotRecord, TimerRecord};
+use crate::wire::Names;
 
 /// Why an entity could not be revived.
 pub(super) enum Revival {
@@ -25,8 +26,11 @@ pub(super) enum Revival {
 /// it reads back, then its own records after it: events (`<t>.evt.<p>.<id>`), dead letters
 /// (`<t>.dlq.<p>.<id>`, which count as processed) and timer records (`<t>.tmr.<p>.<id>`: its
 /// armed timers). Reads only this entity's subjects, so it costs the same however long the
-/// partition's history is: four single-message reads side by side (the snapshot, the last
-/// event, dead letter and timer record), plus the records after the snapshot if there are any.
+/// partition's history is:
+/// - one read of its last record of any kind (`<t>.*.<p>.<id>`): an entity without history,
+///   and one whose last record is its snapshot, are loaded by it alone;
+/// - otherwise one read of its latest snapshot, then its records after the snapshot, in
+///   journal order, on the same filter (snapshots passed).
 ///
 /// A snapshot is never written while the entity has a timer armed (`write_snapshot`), so every
 /// armed timer's `set` record is after the latest snapshot, and read here.
@@ -42,33 +46,30 @@ pub(super) async fn revive<E: Entity>(
         |e: Error| Revival::Unreadable(format!("cannot revive {id} from the journal: {e}"));
     let codec = context.codec;
     let partition = context.partition;
-    let events = context.names.event_subject(partition, id);
-    let dead_letters = context.names.entity_dead_letters(partition, id);
-    let timers = context.names.timer_subject(partition, id);
-    let timers_subject = timers.clone();
-    let mut seed = Seed::<E>::default();
+    let journal_stream = &context.journal_stream;
+    let records = context.names.entity_records(partition, id);
     let direct = context.direct_reads;
-    // Records of commands up to `covered` are in the snapshot; those after `from` are read.
-    let (mut from, mut covered) = (1, None);
-    // The four reads side by side: an entity's first command waits for one round trip, not
-    // four, when its snapshot is recent (or it has no history).
+    let mut seed = Seed::<E>::default();
+    let Some(last) = journal::last_record(journal_stream, &records, direct)
+        .await
+        .map_err(unreadable)?
+    else {
+        return Ok(seed);
+    };
+    let end = last.sequence;
     let snapshots = E::snapshots();
-    let snapshot = async {
-        match snapshots {
-            Some(_) => {
-                let subject = context.names.snapshot_subject(partition, id);
-                journal::latest_snapshot(&context.journal_stream, &subject).await
-            }
-            None => Ok(None),
+    let latest = match snapshots {
+        None => None,
+        Some(_) if Names::is_snapshot_subject(&last.subject) => journal::snapshot_record(&last),
+        Some(_) => {
+            let subject = context.names.snapshot_subject(partition, id);
+            journal::latest_snapshot(journal_stream, &subject, direct)
+                .await
+                .map_err(unreadable)?
         }
     };
-    let (latest, events_end, dead_letters_end, timers_end) = futures::try_join!(
-        snapshot,
-        journal::last_sequence_with(&context.journal_stream, &events, direct),
-        journal::last_sequence_with(&context.journal_stream, &dead_letters, direct),
-        journal::last_sequence_with(&context.journal_stream, &timers, direct),
-    )
-    .map_err(unreadable)?;
+    // Records of commands up to `covered` are in the snapshot; those from `from` are read.
+    let (mut from, mut covered) = (1, None);
     if let (Some(snapshots), Some((snapshot_seq, snapshot))) = (snapshots, latest) {
         match restore::<E>(&snapshot, snapshots, codec) {
             Ok(restored) => {
@@ -80,6 +81,10 @@ pub(super) async fn revive<E: Entity>(
                 from = snapshot.upto + 1;
                 covered = Some(snapshot.command_seq);
                 seed = restored;
+                if snapshot_seq == end {
+                    // Its last record: nothing after it.
+                    return Ok(seed);
+                }
             }
             Err(reason) => tracing::warn!(
                 snapshot_seq,
@@ -91,42 +96,28 @@ pub(super) async fn revive<E: Entity>(
     let mut quarantine = None;
     // Where each timer's `set` record was read (see below).
     let mut set_at: HashMap<Box<str>, u64> = HashMap::new();
-    let reads = [
-        (events, events_end),
-        (dead_letters, dead_letters_end),
-        (timers, timers_end),
-    ];
-    for (filter, end) in reads {
-        let read = journal::replay_with(
-            &context.journal_stream,
-            filter,
-            from,
-            end,
-            direct,
-            |stored| {
-                if covered.is_some_and(|c| stored.command_seq <= c) || stored.entity != id.as_str()
-                {
-                    return Ok(());
-                }
-                if let Record::Timer(TimerRecord::Set { name, .. }) = &stored.record {
-                    set_at.insert((*name).into(), stored.seq);
-                }
-                match &mut quarantine {
-                    None => quarantine = seed.replay(id.as_str(), &stored, codec).err(),
-                    Some(q) => q.last_command_seq = q.last_command_seq.max(stored.command_seq),
-                }
-                Ok(())
-            },
-        )
-        .await;
-        read.map_err(unreadable)?;
-    }
+    journal::replay_with(journal_stream, records, from, end, direct, |stored| {
+        if covered.is_some_and(|c| stored.command_seq <= c) || stored.entity != id.as_str() {
+            return Ok(());
+        }
+        if let Record::Timer(TimerRecord::Set { name, .. }) = &stored.record {
+            set_at.insert((*name).into(), stored.seq);
+        }
+        match &mut quarantine {
+            None => quarantine = seed.replay(id.as_str(), &stored, codec).err(),
+            Some(q) => q.last_command_seq = q.last_command_seq.max(stored.command_seq),
+        }
+        Ok(())
+    })
+    .await
+    .map_err(unreadable)?;
     if !seed.timers.is_empty() {
         // A compaction may have purged, while they were read, timer records from the front of
         // the entity's subject: then a `set` could have been read without the `fired` or
         // `cancel` after it. Everything a compaction purges is of timers no longer armed, so a
         // timer whose `set` lies before the first record left is not armed.
-        let first = journal::first_sequence(&context.journal_stream, &timers_subject)
+        let timers = context.names.timer_subject(partition, id);
+        let first = journal::first_sequence(journal_stream, &timers)
             .await
             .map_err(unreadable)?
             .unwrap_or(u64::MAX);

@@ -156,7 +156,7 @@ pub(crate) struct EntityContext {
     pub(crate) journal: JournalWriter,
     pub(crate) journal_stream: Stream<()>,
     /// Whether entity loads read the journal with direct gets (a single-replica journal:
-    /// `journal::last_sequence_with`).
+    /// `journal::last_record`).
     pub(crate) direct_reads: bool,
     /// For answers to state queries.
     pub(crate) client: async_nats::Client,
@@ -172,7 +172,7 @@ pub(crate) struct EntityContext {
     pub(crate) loads: Arc<tokio::sync::Semaphore>,
 }
 
-/// Entity loads one process runs side by side (each up to four reads at once, then its tail).
+/// Entity loads one process runs side by side (each one or two reads, then its tail).
 pub(crate) const MAX_LOADS: usize = 32;
 
 /// When an entity writes a snapshot of its state ([`Entity::snapshots`] says whether it can).
