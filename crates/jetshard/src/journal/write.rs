@@ -129,7 +129,12 @@ impl JournalWriter {
         if records == 0 {
             return Ok(None);
         }
-        let outbox_subject = Subject::from(self.names.outbox_subject(self.partition));
+        // Built only for a command that writes such records (most write events alone).
+        let outbox_subject = if outbox.is_empty() {
+            Subject::from_static("")
+        } else {
+            Subject::from(self.names.outbox_subject(self.partition))
+        };
         let outbox_records = outbox.iter().enumerate().map(|(index, message)| {
             let mut headers = self.fenced_headers();
             headers.insert(name(HDR_COMMAND_SEQ), command_seq.to_string());
@@ -146,7 +151,11 @@ impl JournalWriter {
                 payload: message.payload.clone(),
             }
         });
-        let timer_subject = Subject::from(self.names.timer_subject(self.partition, entity));
+        let timer_subject = if timers.is_empty() && fired.is_none() {
+            Subject::from_static("")
+        } else {
+            Subject::from(self.names.timer_subject(self.partition, entity))
+        };
         let timer_records = timer_records(&self.names.entity_type, command_seq, timers, fired)
             .map(|(mut headers, payload)| {
                 for (header, values) in self.fenced.iter() {

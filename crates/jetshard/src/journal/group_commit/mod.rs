@@ -1,5 +1,6 @@
 //! The group commit of one partition under one generation: every journal write of the
-//! partition goes through one task, in one of two [`Mode`]s chosen by the stream's replicas.
+//! partition goes through its [`GroupCommit`], in one of two [`Mode`]s chosen by the stream's
+//! replicas.
 //!
 //! - [`Mode::Batched`] (replicated streams): the task gathers the writes that are ready (the
 //!   events of many commands, of many entities, and dead letters) into one atomic batch, keeps
@@ -10,7 +11,7 @@
 //!   other they reach ~1.5k writes/s. An atomic batch carries the fence on every message and
 //!   commits as one: hundreds of writes in one round trip, none in flight beside it.
 //! - [`Mode::Pipelined`] (a single server, R1): a command's single record goes on its own, all
-//!   in flight side by side. A single server never refuses them for being in flight together,
+//!   in flight side by side, published by the submitter's own task (no hop to the writer task). A single server never refuses them for being in flight together,
 //!   and stores pipelined single writes with less CPU than the same records in batches
 //!   (measured: docs/PERFORMANCE.md, "Write path"). A command of several records (an event with
 //!   a timer or outbox record) must be an atomic batch, and a file-backed single server commits
@@ -131,6 +132,11 @@ impl Mode {
 pub(crate) struct GroupCommit {
     units: mpsc::UnboundedSender<Unit>,
     client: async_nats::Client,
+    /// [`Mode::Pipelined`]: a unit of one record is published by its submitter's own task,
+    /// through the committer shared with the writer task, with no hop to that task and back
+    /// (issue 22: the hop cost a channel send, a task wake-up, a boxed future and a oneshot
+    /// per command).
+    direct: Option<Arc<Committer>>,
 }
 
 impl GroupCommit {
@@ -154,11 +160,26 @@ impl GroupCommit {
             metrics,
         };
         let span = tracing::debug_span!("group_commit", partition, generation, ?mode);
-        match mode {
-            Mode::Batched => tokio::spawn(committer.run(receiver).instrument(span)),
-            Mode::Pipelined => tokio::spawn(committer.run_pipelined(receiver).instrument(span)),
+        let committer = Arc::new(committer);
+        let direct = match mode {
+            Mode::Batched => {
+                tokio::spawn(Arc::clone(&committer).run(receiver).instrument(span));
+                None
+            }
+            Mode::Pipelined => {
+                tokio::spawn(
+                    Arc::clone(&committer)
+                        .run_pipelined(receiver)
+                        .instrument(span),
+                );
+                Some(committer)
+            }
         };
-        Self { units, client }
+        Self {
+            units,
+            client,
+            direct,
+        }
     }
 
     /// Makes `records` durable, all or none; the journal sequence of the last (0 if the server
@@ -177,6 +198,9 @@ impl GroupCommit {
                 )));
             }
             bytes += len;
+        }
+        if let (Some(committer), [_]) = (&self.direct, records.as_slice()) {
+            return committer.write_single(records).await;
         }
         let (answer, answered) = oneshot::channel();
         let unit = Unit {
@@ -236,7 +260,7 @@ fn next_batch(waiting: &mut std::collections::VecDeque<Unit>) -> Vec<Unit> {
 impl Committer {
     /// [`Mode::Pipelined`]: single records in flight side by side, as they come; the units of
     /// several records gathered into one atomic batch in flight at a time.
-    async fn run_pipelined(self, mut receiver: mpsc::UnboundedReceiver<Unit>) {
+    async fn run_pipelined(self: Arc<Self>, mut receiver: mpsc::UnboundedReceiver<Unit>) {
         // Single records in flight (each a small future: one publish and its answer), and the
         // one batch of several-record units.
         let mut singles = FuturesUnordered::new();
@@ -261,23 +285,24 @@ impl Committer {
     }
 
     /// Commits a unit of one record: a plain publish, its headers moved rather than copied.
-    async fn commit_single(&self, mut unit: Unit) {
-        let Some(record) = unit.records.pop() else {
-            let _ = unit.answer.send(Ok(0));
-            return;
+    async fn commit_single(&self, unit: Unit) {
+        let _ = unit.answer.send(self.write_single(unit.records).await);
+    }
+
+    /// Publishes the one record of `records` (none: nothing to store) and answers as
+    /// [`GroupCommit::write`] does.
+    async fn write_single(&self, mut records: Vec<Outgoing>) -> Result<u64, WriteError> {
+        let Some(record) = records.pop() else {
+            return Ok(0);
         };
         match self.publish_one(record).await {
             Ok(seq) => {
                 self.committed(1);
-                let _ = unit.answer.send(Ok(seq));
+                Ok(seq)
             }
             // Its message id is known: it was stored.
-            Err(Refusal::Duplicate) => {
-                let _ = unit.answer.send(Ok(0));
-            }
-            Err(refusal) => {
-                let _ = unit.answer.send(Err(self.error_of(&refusal)));
-            }
+            Err(Refusal::Duplicate) => Ok(0),
+            Err(refusal) => Err(self.error_of(&refusal)),
         }
     }
 
@@ -304,7 +329,7 @@ impl Committer {
     }
 
     /// [`Mode::Batched`]: everything ready in one atomic batch, one batch in flight.
-    async fn run(self, mut receiver: mpsc::UnboundedReceiver<Unit>) {
+    async fn run(self: Arc<Self>, mut receiver: mpsc::UnboundedReceiver<Unit>) {
         let mut in_flight = FuturesUnordered::new();
         let mut next = None;
         loop {

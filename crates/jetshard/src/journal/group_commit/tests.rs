@@ -44,11 +44,15 @@ fn record(entity: &str, msg_id: &str, fence: u64) -> Outgoing {
 }
 
 fn start(js: &Context, stats: &Arc<CommitStats>) -> GroupCommit {
+    start_in(js, stats, Mode::Batched)
+}
+
+fn start_in(js: &Context, stats: &Arc<CommitStats>, mode: Mode) -> GroupCommit {
     let metrics = CommitMetrics {
         records: Histogram::noop(),
         conflicts: Counter::noop(),
     };
-    GroupCommit::start(js.clone(), 0, 1, Mode::Batched, stats.clone(), metrics)
+    GroupCommit::start(js.clone(), 0, 1, mode, stats.clone(), metrics)
 }
 
 async fn stored(js: &Context) -> u64 {
@@ -129,4 +133,37 @@ async fn ready_writes_are_one_batch_and_a_moved_fence_refuses_every_one() {
     let alone = commit.write(vec![record("e13", "t:13:0", fence_seq)]).await;
     assert!(matches!(alone, Err(WriteError::Fenced { .. })), "{alone:?}");
     assert_eq!(stored(&js).await, 12);
+}
+
+// Pipelined: a single record is published by the writing task itself, with no hop to the
+// writer task. It answers as the task would: its journal sequence (a message id stored before
+// is not stored again), `Fenced` once the fence moved; a unit of two records still goes
+// through the task.
+#[tokio::test(flavor = "current_thread")]
+async fn pipelined_single_records_are_published_by_their_writer_and_still_fenced() {
+    let server = NatsServer::start().await.expect("start nats-server");
+    let js = async_nats::jetstream::new(server.connect().await.expect("connect"));
+    let fence_seq = journal(&js).await;
+    let stats: Arc<CommitStats> = Arc::default();
+    let commit = start_in(&js, &stats, Mode::Pipelined);
+    let a = commit.write(vec![record("a", "t:1:0", fence_seq)]).await;
+    assert_eq!(a.expect("a stored"), fence_seq + 1);
+    let again = commit.write(vec![record("a", "t:1:0", fence_seq)]).await;
+    assert_eq!(again.expect("a known"), fence_seq + 1);
+    let pair = vec![
+        record("b", "t:2:0", fence_seq),
+        record("b", "t:2:1", fence_seq),
+    ];
+    assert_eq!(commit.write(pair).await.expect("b stored"), fence_seq + 3);
+    assert_eq!(stored(&js).await, 4);
+    // Counted as the server answered them: "a" twice (the second a duplicate), "b"'s two.
+    assert_eq!(stats.records.load(Ordering::Relaxed), 4);
+
+    fence(&js).await;
+    let late = commit.write(vec![record("c", "t:3:0", fence_seq)]).await;
+    assert!(
+        matches!(late, Err(WriteError::Fenced { generation: 1 })),
+        "{late:?}"
+    );
+    assert_eq!(stored(&js).await, 5);
 }
