@@ -83,9 +83,17 @@ pub enum Knob {
     SlowDrainPoll,
     /// Each pull asks for 1,000 commands (not 500).
     PullBatch1000,
-    /// The bare loop's consumers are not paused while the commands are pre-loaded: the loop
-    /// starts after the pre-load.
-    NoPause,
+    /// The loop drains streams and consumers it creates itself, as a user writing the loop by
+    /// hand would ([`provision_own`]): the journal holds only events and fence records, with
+    /// the server's default duplicate window and no atomic batches, roll-ups or direct gets;
+    /// not the streams jetshard provisions.
+    OwnStreams,
+}
+
+impl Knob {
+    fn bit(self) -> u32 {
+        1 << (self as u32)
+    }
 }
 
 /// How a bare loop runs.
@@ -93,14 +101,22 @@ pub enum Knob {
 pub struct BareSettings {
     /// Event writes in flight per partition (0: [`IN_FLIGHT`]).
     pub in_flight: usize,
-    /// The experiment's difference, if any.
-    pub knob: Option<Knob>,
+    /// The experiment's differences, one bit per [`Knob`].
+    knobs: u32,
 }
 
 impl BareSettings {
+    /// The default loop with `knobs` switched on.
+    pub fn with(knobs: &[Knob]) -> Self {
+        Self {
+            in_flight: 0,
+            knobs: knobs.iter().fold(0, |bits, knob| bits | knob.bit()),
+        }
+    }
+
     /// Whether `knob` is switched on.
     pub fn has(&self, knob: Knob) -> bool {
-        self.knob == Some(knob)
+        self.knobs & knob.bit() != 0
     }
 }
 
@@ -149,7 +165,7 @@ impl BareLoop {
     ) -> anyhow::Result<Self> {
         let settings = BareSettings {
             in_flight,
-            knob: None,
+            knobs: 0,
         };
         Self::start_inner(client, entity_type, partitions, settings).await
     }
@@ -226,6 +242,65 @@ impl BareLoop {
         }
         first_error.map_or(Ok(()), Err)
     }
+}
+
+/// Creates the streams and consumers a user writing this loop by hand would, with the names
+/// jetshard gives them (so the harness's pre-load, pause and drain work unchanged): the command
+/// stream as jetshard's (a work queue partitioned by the server's subject transform), one
+/// pinned pull consumer per partition with `max_ack_pending` [`MAX_ACK_PENDING`], and a
+/// journal of events and fence records only, with the server's defaults otherwise (a 2-minute
+/// duplicate window; no atomic batches, roll-ups or direct gets, which the loop does not use).
+pub async fn provision_own(
+    client: &async_nats::Client,
+    entity_type: &str,
+    partitions: u32,
+) -> anyhow::Result<()> {
+    use async_nats::jetstream::consumer::{AckPolicy, PriorityPolicy, pull};
+    use async_nats::jetstream::stream::{self, RetentionPolicy, StorageType, SubjectTransform};
+    let js = jetstream::new(client.clone());
+    let names = Names::new(entity_type);
+    let commands = js
+        .create_stream(stream::Config {
+            name: names.command_stream().to_owned(),
+            subjects: vec![names.command_subjects()],
+            subject_transform: Some(SubjectTransform {
+                source: names.command_subjects(),
+                destination: names.command_transform_dest(partitions),
+            }),
+            retention: RetentionPolicy::WorkQueue,
+            storage: StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .context("create the command stream")?;
+    js.create_stream(stream::Config {
+        name: names.journal_stream().to_owned(),
+        subjects: vec![
+            format!("{entity_type}.evt.*.*"),
+            format!("{entity_type}.fence.*"),
+        ],
+        retention: RetentionPolicy::Limits,
+        storage: StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .context("create the journal stream")?;
+    for partition in 0..partitions {
+        commands
+            .create_consumer(pull::Config {
+                durable_name: Some(names.consumer(partition)),
+                filter_subject: names.partition_commands(partition),
+                ack_policy: AckPolicy::Explicit,
+                max_ack_pending: i64::from(MAX_ACK_PENDING),
+                priority_policy: PriorityPolicy::PinnedClient,
+                priority_groups: vec![PRIORITY_GROUP.to_owned()],
+                priority_timeout: Duration::from_secs(2),
+                ..Default::default()
+            })
+            .await
+            .with_context(|| format!("create the consumer of partition {partition}"))?;
+    }
+    Ok(())
 }
 
 /// Writes generation 1's fence record of `partition`; returns its journal sequence.

@@ -155,7 +155,11 @@ pub async fn drain_bare_with(spec: DrainSpec, settings: BareSettings) -> anyhow:
     if settings.has(Knob::DefaultDuplicateWindow) {
         config = config.duplicate_window(Duration::from_secs(120));
     }
-    load::provision(server.connect().await?, config.build()?).await?;
+    if settings.has(Knob::OwnStreams) {
+        crate::bare::provision_own(&control, ENTITY_TYPE, spec.partitions).await?;
+    } else {
+        load::provision(server.connect().await?, config.build()?).await?;
+    }
     if !settings.has(Knob::NoSeed) {
         load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
     }
@@ -458,25 +462,25 @@ pub struct Measured {
 /// A figure of a pass: its name, how it is read, its unit and which way it gets worse.
 type Figure<'a> = (&'static str, &'a dyn Fn(&Pass) -> f64, &'static str, Worse);
 
-/// An experiment on the bare loop: rounds alternate it without and with `knob` (the order
-/// swapped every other round), in one run; reports each side's warm-pass rate and CPU per
-/// command, and the ratio with / without.
+/// An experiment on the bare loop: rounds alternate it without and with `knobs` (the order
+/// swapped every other round), in one run, both sides with `base` switched on; reports each
+/// side's rate and CPU per command, and the ratio with / without.
 async fn knob_experiment(
     options: &Options,
     spec: DrainSpec,
-    knob: Knob,
+    base: &[Knob],
+    knobs: &[Knob],
     report: &mut Report,
 ) -> anyhow::Result<()> {
+    let knob = format!("{knobs:?}");
+    let with_knobs: Vec<Knob> = base.iter().chain(knobs).copied().collect();
     let mut runs: [Vec<DrainRun>; 2] = [Vec::new(), Vec::new()];
     for round in 0..options.rounds {
         let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for side in order {
-            let settings = BareSettings {
-                in_flight: 0,
-                knob: (side == 1).then_some(knob),
-            };
+            let settings = BareSettings::with(if side == 1 { &with_knobs } else { base });
             eprintln!(
-                "bare-loop experiment {knob:?}, round {}/{}: knob {}",
+                "bare-loop experiment {knob} (base {base:?}), round {}/{}: knob {}",
                 round + 1,
                 options.rounds,
                 if side == 1 { "on" } else { "off" }
@@ -529,7 +533,7 @@ async fn knob_experiment(
             report.rows.push(
                 Row::over_rounds(
                     "bare-knob",
-                    format!("bare loop with {knob:?}, {name} pass, {what}"),
+                    format!("bare loop with {knob}, {name} pass, {what}"),
                     &pass_rounds(&runs[1], pass, f),
                     unit,
                     worse,
@@ -539,8 +543,8 @@ async fn knob_experiment(
         }
     }
     report.details.insert(
-        format!("bare_knob_{knob:?}").to_lowercase(),
-        json!({ "spec": spec, "knob": knob, "off": runs[0], "on": runs[1] }),
+        "bare_knob".to_owned(),
+        json!({ "spec": spec, "base": base, "knobs": knobs, "off": runs[0], "on": runs[1] }),
     );
     Ok(())
 }
@@ -556,8 +560,15 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
         pull_batch: options.pull_batch,
         max_ack_pending: options.max_ack_pending,
     };
-    if let Some(knob) = options.bare_knob {
-        knob_experiment(options, spec, knob, report).await?;
+    if !options.bare_knob.is_empty() {
+        knob_experiment(
+            options,
+            spec,
+            &options.bare_knob_base,
+            &options.bare_knob,
+            report,
+        )
+        .await?;
         return Ok(Measured { jetshard_warm: 0.0 });
     }
     let mut bare_runs = Vec::new();
