@@ -35,7 +35,7 @@ use jetshard::wire::{
     Names, PRIORITY_GROUP,
 };
 use jetshard::{Codec, Entity, EntityId, FenceRecord};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::entity::{BenchCmd, BenchEntity, BenchState};
@@ -83,6 +83,10 @@ pub enum Knob {
     SlowDrainPoll,
     /// Each pull asks for 1,000 commands (not 500).
     PullBatch1000,
+    /// The consumers are not paused while the commands are pre-loaded: the loop pulls nothing
+    /// then, and starts pulling (a new pull stream, the pins moved off the old ones) when the
+    /// pass starts, as `bareloop` starts its loop after the fill ([`BareLoop::hold`]).
+    NoPause,
     /// The loop drains streams and consumers it creates itself, as a user writing the loop by
     /// hand would ([`provision_own`]): the journal holds only events and fence records, with
     /// the server's default duplicate window and no atomic batches, roll-ups or direct gets;
@@ -128,6 +132,9 @@ const WRITE_IN_FLIGHT: u64 = 10164;
 pub struct BareLoop {
     tasks: Vec<JoinHandle<anyhow::Result<()>>>,
     refused: Arc<AtomicU64>,
+    pulling: watch::Sender<bool>,
+    admin: jetshard::admin::Admin,
+    partitions: u32,
 }
 
 impl BareLoop {
@@ -193,6 +200,8 @@ impl BareLoop {
             .with_context(|| format!("open stream {}", names.command_stream()))?;
         let mut tasks = Vec::new();
         let refused = Arc::new(AtomicU64::new(0));
+        let (pulling, pulls) = watch::channel(true);
+        let admin = jetshard::admin::Admin::new(js.client(), entity_type);
         for partition in 0..partitions {
             let fence_seq = claim(&js, &names, partition).await?;
             let consumer: PullConsumer = commands
@@ -210,9 +219,31 @@ impl BareLoop {
                 refused: refused.clone(),
                 settings,
             };
-            tasks.push(tokio::spawn(Arc::new(writer).run(consumer)));
+            tasks.push(tokio::spawn(Arc::new(writer).run(consumer, pulls.clone())));
         }
-        Ok(Self { tasks, refused })
+        Ok(Self {
+            tasks,
+            refused,
+            pulling,
+            admin,
+            partitions,
+        })
+    }
+
+    /// With [`Knob::NoPause`], stops pulling (`pulling == false`: every partition drops its
+    /// pull stream and the pins are moved off, so that the next stream is pinned at its first
+    /// delivery) or starts it again.
+    pub async fn hold(&self, pulling: bool) -> anyhow::Result<()> {
+        self.pulling.send_replace(pulling);
+        if !pulling {
+            for partition in 0..self.partitions {
+                self.admin
+                    .unpin(partition)
+                    .await
+                    .with_context(|| format!("unpin partition {partition}"))?;
+            }
+        }
+        Ok(())
     }
 
     /// Event writes refused with 10164 (and sent again) so far.
@@ -333,20 +364,11 @@ struct PartitionWriter {
 }
 
 impl PartitionWriter {
-    async fn run(self: Arc<Self>, consumer: PullConsumer) -> anyhow::Result<()> {
-        let mut messages = consumer
-            .stream()
-            .max_messages_per_batch(if self.settings.has(Knob::PullBatch1000) {
-                1000
-            } else {
-                PULL_BATCH
-            })
-            .expires(PULL_EXPIRES)
-            .heartbeat(PULL_HEARTBEAT)
-            .group(PRIORITY_GROUP)
-            .messages()
-            .await
-            .context("start pulling")?;
+    async fn run(
+        self: Arc<Self>,
+        consumer: PullConsumer,
+        mut pulling: watch::Receiver<bool>,
+    ) -> anyhow::Result<()> {
         let permits = Arc::new(Semaphore::new(self.in_flight));
         let (written, mut to_ack) = mpsc::unbounded_channel::<(
             PublishAckFuture,
@@ -365,22 +387,50 @@ impl PartitionWriter {
             }
             Ok(())
         });
-        while let Some(message) = messages.next().await {
-            let message = match message {
-                Ok(message) => message,
-                Err(e) => {
-                    tracing::warn!(partition = self.partition, error = %e, "bare pull stream");
-                    continue;
-                }
-            };
-            let permit = permits
-                .clone()
-                .acquire_owned()
-                .await
-                .context("the write window")?;
-            let event_ack = self.write_event(&message).await?;
-            if written.send((event_ack, message, permit)).is_err() {
+        let held = self.settings.has(Knob::NoPause);
+        'pulls: loop {
+            if pulling.wait_for(|on| *on).await.is_err() {
                 break;
+            }
+            let mut messages = consumer
+                .stream()
+                .max_messages_per_batch(if self.settings.has(Knob::PullBatch1000) {
+                    1000
+                } else {
+                    PULL_BATCH
+                })
+                .expires(PULL_EXPIRES)
+                .heartbeat(PULL_HEARTBEAT)
+                .group(PRIORITY_GROUP)
+                .messages()
+                .await
+                .context("start pulling")?;
+            loop {
+                let next = if held {
+                    tokio::select! {
+                        next = messages.next() => next,
+                        _ = pulling.wait_for(|on| !*on) => continue 'pulls,
+                    }
+                } else {
+                    messages.next().await
+                };
+                let Some(message) = next else { break 'pulls };
+                let message = match message {
+                    Ok(message) => message,
+                    Err(e) => {
+                        tracing::warn!(partition = self.partition, error = %e, "bare pull stream");
+                        continue;
+                    }
+                };
+                let permit = permits
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .context("the write window")?;
+                let event_ack = self.write_event(&message).await?;
+                if written.send((event_ack, message, permit)).is_err() {
+                    break 'pulls;
+                }
             }
         }
         drop(written);

@@ -174,7 +174,9 @@ pub async fn drain_bare_with(spec: DrainSpec, settings: BareSettings) -> anyhow:
     let poll = settings
         .has(Knob::SlowDrainPoll)
         .then_some(Duration::from_millis(500));
-    let passes = timed_passes_polling(&pids, &control, spec, poll, || bare.check()).await;
+    let hold = settings.has(Knob::NoPause).then_some(&bare);
+    let passes =
+        timed_passes_with(&pids, &control, spec, poll, hold, || bare.check()).await;
     bare.stop().await?;
     Ok(DrainRun {
         passes: passes?,
@@ -200,11 +202,27 @@ pub async fn timed_passes_polling(
     poll: Option<Duration>,
     check: impl Fn() -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Pass>> {
+    timed_passes_with(server_pids, control, spec, poll, None, check).await
+}
+
+/// [`timed_passes_polling`]; with `hold`, the bare loop is held ([`BareLoop::hold`]) instead of
+/// the consumers paused while the commands are pre-loaded.
+async fn timed_passes_with(
+    server_pids: &[u32],
+    control: &async_nats::Client,
+    spec: DrainSpec,
+    poll: Option<Duration>,
+    hold: Option<&BareLoop>,
+    check: impl Fn() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Pass>> {
     let gate = Gate::new(control.clone(), ENTITY_TYPE, spec.partitions);
     let publisher = CommandPublisher::new(control.clone(), ENTITY_TYPE, spec.entities);
     let mut passes = Vec::new();
     for pass in 0..spec.passes {
-        gate.close().await?;
+        match hold {
+            Some(bare) => bare.hold(false).await?,
+            None => gate.close().await?,
+        }
         publisher
             .preload(spec.commands, &load::preload_command())
             .await?;
@@ -213,7 +231,10 @@ pub async fn timed_passes_polling(
         let cpu = CpuMeter::start(server_pids);
         let allocated = allocs::now();
         let started = Instant::now();
-        gate.open().await?;
+        match hold {
+            Some(bare) => bare.hold(true).await?,
+            None => gate.open().await?,
+        }
         if std::env::var_os("BENCH_DRAIN_DEBUG").is_some() {
             eprintln!("pass {pass} opened at {:?}", std::time::SystemTime::now());
         }
