@@ -9,9 +9,12 @@
 //! acknowledged. Writes are pipelined: up to [`IN_FLIGHT`] per partition, whose
 //! acknowledgements come back in publish order.
 //!
-//! It is the strongest naive loop we could write, not a copy of jetshard's settings: it is at
-//! least as fast as the independent `bareloop` (`B-loop-pinned`, docs/PERFORMANCE.md) on the
-//! same machine. What made the difference against the first version of this loop, measured in
+//! It is the strongest naive loop we could write, not a copy of jetshard's settings. The
+//! throughput scenario runs it as a user writing it by hand would ([`BareSettings::careful`]):
+//! on streams and consumers of its own ([`provision_own`]), with only the server's headers,
+//! pulling only while a pass runs (as the independent `bareloop`, `B-loop-pinned`,
+//! docs/PERFORMANCE.md, starts its loop after the fill), and checks it against `bareloop` in
+//! the same run. What made the difference against the first version of this loop, measured in
 //! one run: consumers whose `max_ack_pending` ([`MAX_ACK_PENDING`]) exceeds the writes in
 //! flight, so the server keeps the pull buffer full while the writes are pipelined (at 1024,
 //! equal to the window, every acknowledgement waited for a delivery round trip), pulls of
@@ -60,10 +63,11 @@ const PULL_HEARTBEAT: Duration = Duration::from_millis(400);
 /// Publish acknowledgements the JetStream context allows in flight: every partition's window.
 const ACKS_IN_FLIGHT: usize = 65_536;
 
-/// One difference between this loop and the independent `bareloop`, switched on for an
-/// experiment (`jetshard-bench throughput --bare-knob <knob>`: rounds alternate the loop
-/// without and with it, in one run, so that what each difference costs the server is measured
-/// against the same machine load).
+/// One way of running this loop, switched on for an experiment (`jetshard-bench throughput
+/// --bare-knob <knob>`: rounds alternate the loop without and with it, in one run, so that what
+/// each costs the server is measured against the same machine load). Without knobs the loop
+/// runs on jetshard's streams, with jetshard's headers, behind the harness's pause gate; the
+/// throughput scenario runs it [`BareSettings::careful`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
 pub enum Knob {
     /// Events carry only the server's headers (fence check and `Nats-Msg-Id`), not
@@ -110,6 +114,13 @@ pub struct BareSettings {
 }
 
 impl BareSettings {
+    /// The loop a user writes by hand, driven as `bareloop` is: [`Knob::OwnStreams`],
+    /// [`Knob::NoJetshardHeaders`], [`Knob::NoPause`]. Measured against the loop without them
+    /// (docs/PERFORMANCE.md), only the pause gate moved the server's CPU per command.
+    pub fn careful() -> Self {
+        Self::with(&[Knob::OwnStreams, Knob::NoJetshardHeaders, Knob::NoPause])
+    }
+
     /// The default loop with `knobs` switched on.
     pub fn with(knobs: &[Knob]) -> Self {
         Self {
@@ -133,7 +144,7 @@ pub struct BareLoop {
     tasks: Vec<JoinHandle<anyhow::Result<()>>>,
     refused: Arc<AtomicU64>,
     pulling: watch::Sender<bool>,
-    admin: jetshard::admin::Admin,
+    admin: Box<jetshard::admin::Admin>,
     partitions: u32,
 }
 
@@ -201,7 +212,7 @@ impl BareLoop {
         let mut tasks = Vec::new();
         let refused = Arc::new(AtomicU64::new(0));
         let (pulling, pulls) = watch::channel(true);
-        let admin = jetshard::admin::Admin::new(js.client(), entity_type);
+        let admin = Box::new(jetshard::admin::Admin::new(js.client(), entity_type));
         for partition in 0..partitions {
             let fence_seq = claim(&js, &names, partition).await?;
             let consumer: PullConsumer = commands
