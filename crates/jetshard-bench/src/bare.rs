@@ -3,9 +3,9 @@
 //!
 //! Per partition: a pull stream on the partition's consumer in the `owners` priority group
 //! (`pinned_client`, as jetshard provisions it), and for every command one event published to
-//! `<t>.evt.<p>.<id>` with jetshard's headers (`Nats-Expected-Last-Subject-Sequence` and
-//! `-Subject` against the partition's fence record, `Nats-Msg-Id`, `Jetshard-Generation`,
-//! `Jetshard-Command-Seq`); the command is acknowledged once the event's publish is
+//! `<t>.evt.<p>.<id>` fenced (`Nats-Expected-Last-Subject-Sequence` and `-Subject` against the
+//! partition's fence record) with a `Nats-Msg-Id` (and, unless [`Knob::NoJetshardHeaders`],
+//! `Jetshard-Generation` and `Jetshard-Command-Seq`); the command is acknowledged once the event's publish is
 //! acknowledged. Writes are pipelined: up to [`IN_FLIGHT`] per partition, whose
 //! acknowledgements come back in publish order.
 //!
