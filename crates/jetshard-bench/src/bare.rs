@@ -3,15 +3,18 @@
 //!
 //! Per partition: a pull stream on the partition's consumer in the `owners` priority group
 //! (`pinned_client`, as jetshard provisions it), and for every command one event published to
-//! `<t>.evt.<p>.<id>` with jetshard's headers (`Nats-Expected-Last-Subject-Sequence` and
-//! `-Subject` against the partition's fence record, `Nats-Msg-Id`, `Jetshard-Generation`,
-//! `Jetshard-Command-Seq`); the command is acknowledged once the event's publish is
+//! `<t>.evt.<p>.<id>` fenced (`Nats-Expected-Last-Subject-Sequence` and `-Subject` against the
+//! partition's fence record) with a `Nats-Msg-Id` (and, unless [`Knob::NoJetshardHeaders`],
+//! `Jetshard-Generation` and `Jetshard-Command-Seq`); the command is acknowledged once the event's publish is
 //! acknowledged. Writes are pipelined: up to [`IN_FLIGHT`] per partition, whose
 //! acknowledgements come back in publish order.
 //!
-//! It is the strongest naive loop we could write, not a copy of jetshard's settings: it is at
-//! least as fast as the independent `bareloop` (`B-loop-pinned`, docs/PERFORMANCE.md) on the
-//! same machine. What made the difference against the first version of this loop, measured in
+//! It is the strongest naive loop we could write, not a copy of jetshard's settings. The
+//! throughput scenario runs it as a user writing it by hand would ([`BareSettings::careful`]):
+//! on streams and consumers of its own ([`provision_own`]), with only the server's headers,
+//! pulling only while a pass runs (as the independent `bareloop`, `B-loop-pinned`,
+//! docs/PERFORMANCE.md, starts its loop after the fill), and checks it against `bareloop` in
+//! the same run. What made the difference against the first version of this loop, measured in
 //! one run: consumers whose `max_ack_pending` ([`MAX_ACK_PENDING`]) exceeds the writes in
 //! flight, so the server keeps the pull buffer full while the writes are pipelined (at 1024,
 //! equal to the window, every acknowledgement waited for a delivery round trip), pulls of
@@ -35,7 +38,7 @@ use jetshard::wire::{
     Names, PRIORITY_GROUP,
 };
 use jetshard::{Codec, Entity, EntityId, FenceRecord};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::entity::{BenchCmd, BenchEntity, BenchState};
@@ -60,10 +63,11 @@ const PULL_HEARTBEAT: Duration = Duration::from_millis(400);
 /// Publish acknowledgements the JetStream context allows in flight: every partition's window.
 const ACKS_IN_FLIGHT: usize = 65_536;
 
-/// One difference between this loop and the independent `bareloop`, switched on for an
-/// experiment (`jetshard-bench throughput --bare-knob <knob>`: rounds alternate the loop
-/// without and with it, in one run, so that what each difference costs the server is measured
-/// against the same machine load).
+/// One way of running this loop, switched on for an experiment (`jetshard-bench throughput
+/// --bare-knob <knob>`: rounds alternate the loop without and with it, in one run, so that what
+/// each costs the server is measured against the same machine load). Without knobs the loop
+/// runs on jetshard's streams, with jetshard's headers, behind the harness's pause gate; the
+/// throughput scenario runs it [`BareSettings::careful`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
 pub enum Knob {
     /// Events carry only the server's headers (fence check and `Nats-Msg-Id`), not
@@ -83,9 +87,21 @@ pub enum Knob {
     SlowDrainPoll,
     /// Each pull asks for 1,000 commands (not 500).
     PullBatch1000,
-    /// The bare loop's consumers are not paused while the commands are pre-loaded: the loop
-    /// starts after the pre-load.
+    /// The consumers are not paused while the commands are pre-loaded: the loop pulls nothing
+    /// then, and starts pulling (a new pull stream, the pins moved off the old ones) when the
+    /// pass starts, as `bareloop` starts its loop after the fill ([`BareLoop::hold`]).
     NoPause,
+    /// The loop drains streams and consumers it creates itself, as a user writing the loop by
+    /// hand would ([`provision_own`]): the journal holds only events and fence records, with
+    /// the server's default duplicate window and no atomic batches, roll-ups or direct gets;
+    /// not the streams jetshard provisions.
+    OwnStreams,
+}
+
+impl Knob {
+    fn bit(self) -> u32 {
+        1 << (self as u32)
+    }
 }
 
 /// How a bare loop runs.
@@ -93,14 +109,29 @@ pub enum Knob {
 pub struct BareSettings {
     /// Event writes in flight per partition (0: [`IN_FLIGHT`]).
     pub in_flight: usize,
-    /// The experiment's difference, if any.
-    pub knob: Option<Knob>,
+    /// The experiment's differences, one bit per [`Knob`].
+    knobs: u32,
 }
 
 impl BareSettings {
+    /// The loop a user writes by hand, driven as `bareloop` is: [`Knob::OwnStreams`],
+    /// [`Knob::NoJetshardHeaders`], [`Knob::NoPause`]. Measured against the loop without them
+    /// (docs/PERFORMANCE.md), only the pause gate moved the server's CPU per command.
+    pub fn careful() -> Self {
+        Self::with(&[Knob::OwnStreams, Knob::NoJetshardHeaders, Knob::NoPause])
+    }
+
+    /// The default loop with `knobs` switched on.
+    pub fn with(knobs: &[Knob]) -> Self {
+        Self {
+            in_flight: 0,
+            knobs: knobs.iter().fold(0, |bits, knob| bits | knob.bit()),
+        }
+    }
+
     /// Whether `knob` is switched on.
     pub fn has(&self, knob: Knob) -> bool {
-        self.knob == Some(knob)
+        self.knobs & knob.bit() != 0
     }
 }
 
@@ -112,6 +143,9 @@ const WRITE_IN_FLIGHT: u64 = 10164;
 pub struct BareLoop {
     tasks: Vec<JoinHandle<anyhow::Result<()>>>,
     refused: Arc<AtomicU64>,
+    pulling: watch::Sender<bool>,
+    admin: Box<jetshard::admin::Admin>,
+    partitions: u32,
 }
 
 impl BareLoop {
@@ -149,7 +183,7 @@ impl BareLoop {
     ) -> anyhow::Result<Self> {
         let settings = BareSettings {
             in_flight,
-            knob: None,
+            knobs: 0,
         };
         Self::start_inner(client, entity_type, partitions, settings).await
     }
@@ -177,6 +211,8 @@ impl BareLoop {
             .with_context(|| format!("open stream {}", names.command_stream()))?;
         let mut tasks = Vec::new();
         let refused = Arc::new(AtomicU64::new(0));
+        let (pulling, pulls) = watch::channel(true);
+        let admin = Box::new(jetshard::admin::Admin::new(js.client(), entity_type));
         for partition in 0..partitions {
             let fence_seq = claim(&js, &names, partition).await?;
             let consumer: PullConsumer = commands
@@ -194,9 +230,31 @@ impl BareLoop {
                 refused: refused.clone(),
                 settings,
             };
-            tasks.push(tokio::spawn(Arc::new(writer).run(consumer)));
+            tasks.push(tokio::spawn(Arc::new(writer).run(consumer, pulls.clone())));
         }
-        Ok(Self { tasks, refused })
+        Ok(Self {
+            tasks,
+            refused,
+            pulling,
+            admin,
+            partitions,
+        })
+    }
+
+    /// With [`Knob::NoPause`], stops pulling (`pulling == false`: every partition drops its
+    /// pull stream and the pins are moved off, so that the next stream is pinned at its first
+    /// delivery) or starts it again.
+    pub async fn hold(&self, pulling: bool) -> anyhow::Result<()> {
+        self.pulling.send_replace(pulling);
+        if !pulling {
+            for partition in 0..self.partitions {
+                self.admin
+                    .unpin(partition)
+                    .await
+                    .with_context(|| format!("unpin partition {partition}"))?;
+            }
+        }
+        Ok(())
     }
 
     /// Event writes refused with 10164 (and sent again) so far.
@@ -226,6 +284,65 @@ impl BareLoop {
         }
         first_error.map_or(Ok(()), Err)
     }
+}
+
+/// Creates the streams and consumers a user writing this loop by hand would, with the names
+/// jetshard gives them (so the harness's pre-load, pause and drain work unchanged): the command
+/// stream as jetshard's (a work queue partitioned by the server's subject transform), one
+/// pinned pull consumer per partition with `max_ack_pending` [`MAX_ACK_PENDING`], and a
+/// journal of events and fence records only, with the server's defaults otherwise (a 2-minute
+/// duplicate window; no atomic batches, roll-ups or direct gets, which the loop does not use).
+pub async fn provision_own(
+    client: &async_nats::Client,
+    entity_type: &str,
+    partitions: u32,
+) -> anyhow::Result<()> {
+    use async_nats::jetstream::consumer::{AckPolicy, PriorityPolicy, pull};
+    use async_nats::jetstream::stream::{self, RetentionPolicy, StorageType, SubjectTransform};
+    let js = jetstream::new(client.clone());
+    let names = Names::new(entity_type);
+    let commands = js
+        .create_stream(stream::Config {
+            name: names.command_stream().to_owned(),
+            subjects: vec![names.command_subjects()],
+            subject_transform: Some(SubjectTransform {
+                source: names.command_subjects(),
+                destination: names.command_transform_dest(partitions),
+            }),
+            retention: RetentionPolicy::WorkQueue,
+            storage: StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .context("create the command stream")?;
+    js.create_stream(stream::Config {
+        name: names.journal_stream().to_owned(),
+        subjects: vec![
+            format!("{entity_type}.evt.*.*"),
+            format!("{entity_type}.fence.*"),
+        ],
+        retention: RetentionPolicy::Limits,
+        storage: StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .context("create the journal stream")?;
+    for partition in 0..partitions {
+        commands
+            .create_consumer(pull::Config {
+                durable_name: Some(names.consumer(partition)),
+                filter_subject: names.partition_commands(partition),
+                ack_policy: AckPolicy::Explicit,
+                max_ack_pending: i64::from(MAX_ACK_PENDING),
+                priority_policy: PriorityPolicy::PinnedClient,
+                priority_groups: vec![PRIORITY_GROUP.to_owned()],
+                priority_timeout: Duration::from_secs(2),
+                ..Default::default()
+            })
+            .await
+            .with_context(|| format!("create the consumer of partition {partition}"))?;
+    }
+    Ok(())
 }
 
 /// Writes generation 1's fence record of `partition`; returns its journal sequence.
@@ -258,20 +375,11 @@ struct PartitionWriter {
 }
 
 impl PartitionWriter {
-    async fn run(self: Arc<Self>, consumer: PullConsumer) -> anyhow::Result<()> {
-        let mut messages = consumer
-            .stream()
-            .max_messages_per_batch(if self.settings.has(Knob::PullBatch1000) {
-                1000
-            } else {
-                PULL_BATCH
-            })
-            .expires(PULL_EXPIRES)
-            .heartbeat(PULL_HEARTBEAT)
-            .group(PRIORITY_GROUP)
-            .messages()
-            .await
-            .context("start pulling")?;
+    async fn run(
+        self: Arc<Self>,
+        consumer: PullConsumer,
+        mut pulling: watch::Receiver<bool>,
+    ) -> anyhow::Result<()> {
         let permits = Arc::new(Semaphore::new(self.in_flight));
         let (written, mut to_ack) = mpsc::unbounded_channel::<(
             PublishAckFuture,
@@ -290,22 +398,50 @@ impl PartitionWriter {
             }
             Ok(())
         });
-        while let Some(message) = messages.next().await {
-            let message = match message {
-                Ok(message) => message,
-                Err(e) => {
-                    tracing::warn!(partition = self.partition, error = %e, "bare pull stream");
-                    continue;
-                }
-            };
-            let permit = permits
-                .clone()
-                .acquire_owned()
-                .await
-                .context("the write window")?;
-            let event_ack = self.write_event(&message).await?;
-            if written.send((event_ack, message, permit)).is_err() {
+        let held = self.settings.has(Knob::NoPause);
+        'pulls: loop {
+            if pulling.wait_for(|on| *on).await.is_err() {
                 break;
+            }
+            let mut messages = consumer
+                .stream()
+                .max_messages_per_batch(if self.settings.has(Knob::PullBatch1000) {
+                    1000
+                } else {
+                    PULL_BATCH
+                })
+                .expires(PULL_EXPIRES)
+                .heartbeat(PULL_HEARTBEAT)
+                .group(PRIORITY_GROUP)
+                .messages()
+                .await
+                .context("start pulling")?;
+            loop {
+                let next = if held {
+                    tokio::select! {
+                        next = messages.next() => next,
+                        _ = pulling.wait_for(|on| !*on) => continue 'pulls,
+                    }
+                } else {
+                    messages.next().await
+                };
+                let Some(message) = next else { break 'pulls };
+                let message = match message {
+                    Ok(message) => message,
+                    Err(e) => {
+                        tracing::warn!(partition = self.partition, error = %e, "bare pull stream");
+                        continue;
+                    }
+                };
+                let permit = permits
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .context("the write window")?;
+                let event_ack = self.write_event(&message).await?;
+                if written.send((event_ack, message, permit)).is_err() {
+                    break 'pulls;
+                }
             }
         }
         drop(written);

@@ -112,9 +112,14 @@ pub struct Options {
     #[arg(long, env = "BARELOOP_BIN")]
     pub bareloop: Option<PathBuf>,
     /// Throughput: instead of the scenario, an experiment on the bare loop alone: rounds
-    /// alternate it without and with this difference from the independent `bareloop`.
-    #[arg(long, value_enum)]
-    pub bare_knob: Option<bare::Knob>,
+    /// alternate it without and with these differences from the independent `bareloop`
+    /// (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub bare_knob: Vec<bare::Knob>,
+    /// Throughput: with `--bare-knob`, differences switched on in both sides of the experiment
+    /// (comma-separated), to bisect a set of them.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub bare_knob_base: Vec<bare::Knob>,
     /// Throughput: jetshard's `pull_batch` (default: jetshard's default, 256).
     #[arg(long)]
     pub pull_batch: Option<u32>,

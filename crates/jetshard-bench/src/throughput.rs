@@ -139,9 +139,10 @@ pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<DrainRun> {
     })
 }
 
-/// Drains through the bare loop in this process, on streams provisioned by jetshard.
+/// Drains through the bare loop in this process, as a user writing it by hand would run it
+/// ([`BareSettings::careful`]).
 pub async fn drain_bare(spec: DrainSpec) -> anyhow::Result<DrainRun> {
-    drain_bare_with(spec, BareSettings::default()).await
+    drain_bare_with(spec, BareSettings::careful()).await
 }
 
 /// [`drain_bare`] with an experiment's settings.
@@ -155,7 +156,11 @@ pub async fn drain_bare_with(spec: DrainSpec, settings: BareSettings) -> anyhow:
     if settings.has(Knob::DefaultDuplicateWindow) {
         config = config.duplicate_window(Duration::from_secs(120));
     }
-    load::provision(server.connect().await?, config.build()?).await?;
+    if settings.has(Knob::OwnStreams) {
+        crate::bare::provision_own(&control, ENTITY_TYPE, spec.partitions).await?;
+    } else {
+        load::provision(server.connect().await?, config.build()?).await?;
+    }
     if !settings.has(Knob::NoSeed) {
         load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
     }
@@ -170,7 +175,8 @@ pub async fn drain_bare_with(spec: DrainSpec, settings: BareSettings) -> anyhow:
     let poll = settings
         .has(Knob::SlowDrainPoll)
         .then_some(Duration::from_millis(500));
-    let passes = timed_passes_polling(&pids, &control, spec, poll, || bare.check()).await;
+    let hold = settings.has(Knob::NoPause).then_some(&bare);
+    let passes = timed_passes_with(&pids, &control, spec, poll, hold, || bare.check()).await;
     bare.stop().await?;
     Ok(DrainRun {
         passes: passes?,
@@ -196,11 +202,27 @@ pub async fn timed_passes_polling(
     poll: Option<Duration>,
     check: impl Fn() -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Pass>> {
+    timed_passes_with(server_pids, control, spec, poll, None, check).await
+}
+
+/// [`timed_passes_polling`]; with `hold`, the bare loop is held ([`BareLoop::hold`]) instead of
+/// the consumers paused while the commands are pre-loaded.
+async fn timed_passes_with(
+    server_pids: &[u32],
+    control: &async_nats::Client,
+    spec: DrainSpec,
+    poll: Option<Duration>,
+    hold: Option<&BareLoop>,
+    check: impl Fn() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Pass>> {
     let gate = Gate::new(control.clone(), ENTITY_TYPE, spec.partitions);
     let publisher = CommandPublisher::new(control.clone(), ENTITY_TYPE, spec.entities);
     let mut passes = Vec::new();
     for pass in 0..spec.passes {
-        gate.close().await?;
+        match hold {
+            Some(bare) => bare.hold(false).await?,
+            None => gate.close().await?,
+        }
         publisher
             .preload(spec.commands, &load::preload_command())
             .await?;
@@ -209,7 +231,10 @@ pub async fn timed_passes_polling(
         let cpu = CpuMeter::start(server_pids);
         let allocated = allocs::now();
         let started = Instant::now();
-        gate.open().await?;
+        match hold {
+            Some(bare) => bare.hold(true).await?,
+            None => gate.open().await?,
+        }
         if std::env::var_os("BENCH_DRAIN_DEBUG").is_some() {
             eprintln!("pass {pass} opened at {:?}", std::time::SystemTime::now());
         }
@@ -458,25 +483,25 @@ pub struct Measured {
 /// A figure of a pass: its name, how it is read, its unit and which way it gets worse.
 type Figure<'a> = (&'static str, &'a dyn Fn(&Pass) -> f64, &'static str, Worse);
 
-/// An experiment on the bare loop: rounds alternate it without and with `knob` (the order
-/// swapped every other round), in one run; reports each side's warm-pass rate and CPU per
-/// command, and the ratio with / without.
+/// An experiment on the bare loop: rounds alternate it without and with `knobs` (the order
+/// swapped every other round), in one run, both sides with `base` switched on; reports each
+/// side's rate and CPU per command, and the ratio with / without.
 async fn knob_experiment(
     options: &Options,
     spec: DrainSpec,
-    knob: Knob,
+    base: &[Knob],
+    knobs: &[Knob],
     report: &mut Report,
 ) -> anyhow::Result<()> {
+    let knob = format!("{knobs:?}");
+    let with_knobs: Vec<Knob> = base.iter().chain(knobs).copied().collect();
     let mut runs: [Vec<DrainRun>; 2] = [Vec::new(), Vec::new()];
     for round in 0..options.rounds {
         let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for side in order {
-            let settings = BareSettings {
-                in_flight: 0,
-                knob: (side == 1).then_some(knob),
-            };
+            let settings = BareSettings::with(if side == 1 { &with_knobs } else { base });
             eprintln!(
-                "bare-loop experiment {knob:?}, round {}/{}: knob {}",
+                "bare-loop experiment {knob} (base {base:?}), round {}/{}: knob {}",
                 round + 1,
                 options.rounds,
                 if side == 1 { "on" } else { "off" }
@@ -529,7 +554,7 @@ async fn knob_experiment(
             report.rows.push(
                 Row::over_rounds(
                     "bare-knob",
-                    format!("bare loop with {knob:?}, {name} pass, {what}"),
+                    format!("bare loop with {knob}, {name} pass, {what}"),
                     &pass_rounds(&runs[1], pass, f),
                     unit,
                     worse,
@@ -539,8 +564,8 @@ async fn knob_experiment(
         }
     }
     report.details.insert(
-        format!("bare_knob_{knob:?}").to_lowercase(),
-        json!({ "spec": spec, "knob": knob, "off": runs[0], "on": runs[1] }),
+        "bare_knob".to_owned(),
+        json!({ "spec": spec, "base": base, "knobs": knobs, "off": runs[0], "on": runs[1] }),
     );
     Ok(())
 }
@@ -556,8 +581,15 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
         pull_batch: options.pull_batch,
         max_ack_pending: options.max_ack_pending,
     };
-    if let Some(knob) = options.bare_knob {
-        knob_experiment(options, spec, knob, report).await?;
+    if !options.bare_knob.is_empty() {
+        knob_experiment(
+            options,
+            spec,
+            &options.bare_knob_base,
+            &options.bare_knob,
+            report,
+        )
+        .await?;
         return Ok(Measured { jetshard_warm: 0.0 });
     }
     let mut bare_runs = Vec::new();
@@ -575,12 +607,19 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
             let figure =
                 tokio::task::spawn_blocking(move || crate::bareloop::run_pinned(&binary, commands))
                     .await
-                    .context("the bareloop task")??;
-            eprintln!(
-                "  bareloop: {:.0} cmd/s, server {:.1} us/cmd, client {:.1} us/cmd",
-                figure.rate, figure.server_us, figure.client_us
-            );
-            bareloop_runs.push(figure);
+                    .context("the bareloop task")?;
+            // On a loaded machine `bareloop` can stop on a missed pull heartbeat: that round
+            // has no `bareloop` figure, and the other rounds' still count.
+            match figure {
+                Ok(figure) => {
+                    eprintln!(
+                        "  bareloop: {:.0} cmd/s, server {:.1} us/cmd, client {:.1} us/cmd",
+                        figure.rate, figure.server_us, figure.client_us
+                    );
+                    bareloop_runs.push(figure);
+                }
+                Err(e) => eprintln!("  bareloop failed, no figure this round: {e:#}"),
+            }
         }
         eprintln!(
             "throughput round {}/{}: bare loop, {} commands",
@@ -688,7 +727,11 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
             ));
         }
     }
-    if !bareloop_runs.is_empty() {
+    if bareloop_runs.is_empty() {
+        eprintln!(
+            "throughput: bareloop not run (--bareloop <path> or BARELOOP_BIN): issue 22's targets against it (bench bare loop within 10%; jetshard warm >= 0.8x, cold >= 0.7x, server CPU <= 1.2x, client CPU <= 2x) are not checked"
+        );
+    } else {
         against_bareloop(report, &bareloop_runs, &bare_runs, &jetshard_runs, commands);
     }
     let fresh = if options.fresh_entities > 0 && !options.jetshard_only && !options.bare_only {
