@@ -1,18 +1,20 @@
 //! Each owner's background compaction: every `compaction_interval`, a task of the owner plans
 //! what its partition's journal no longer needs (`journal::compact::plan`, the rules
-//! `Admin::compact` follows, plus dead letters past their retention) and purges it, in batches
-//! one [`TICK`] apart (`compaction_budget` purges each, more when the backlog needs it to be
-//! done within half an interval: [`batch_size`]), re-reading the partition's fence before each
-//! batch and ending once another generation holds it. One purge takes all of an entity's
-//! records behind its latest snapshot, so a sweep's purges grow with the entities snapshotted
-//! in an interval, not with the records written.
+//! `Admin::compact` follows, plus dead letters past their retention) and purges it one request
+//! at a time, paced ([`Pace`]): spread over half the interval, at most `compaction_budget` per
+//! [`TICK`], a pause of [`RELIEF`] times each purge's time after it, faster only when the sweep
+//! would not otherwise be done within the interval. It re-reads the partition's fence before
+//! the first purge and every [`FENCE_EVERY`] purges or [`FENCE_AFTER`], ending once another
+//! generation holds it. One purge takes all of an entity's records behind its latest
+//! snapshot, so a sweep's purges grow with the entities snapshotted in an interval, not with
+//! the records written. Partitions sweep at their own phases of the interval ([`phase`]).
 //!
 //! A sweep plans only the records written before the previous sweep (the journal's last
 //! sequence one interval before): each record stays at least one interval, so what copies or
 //! reads the journal (a mirror, a backup, a projection) has that long to see it.
 //!
 //! Off the command path: the task holds nothing the owner or its entity actors wait on, and
-//! the batches keep the server's purge work spread beside the commands' writes.
+//! the pacing keeps the server's purge work spread thinly beside the commands' writes.
 //!
 //! A stale sweep (the fence moved between its check and a purge) is harmless: every rule is
 //! monotone (a snapshot, a done record, a `fired` or `cancel` record, the ack floor and the
