@@ -123,11 +123,11 @@ impl Sweeper {
         let pace = Pace::new(self.interval, self.budget);
         let mut took = Duration::ZERO;
         let (mut checked, mut since_check) = (std::time::Instant::now(), 0);
-        for (index, purge) in plan.purges.iter().enumerate() {
+        let mut index = 0;
+        while index < plan.purges.len() {
             if index > 0 {
                 let remaining = plan.purges.len() - index;
                 tokio::time::sleep(pace.gap(started.elapsed(), remaining, took)).await;
-                since_check += 1;
                 if since_check >= FENCE_EVERY || checked.elapsed() >= FENCE_AFTER {
                     if !self.holds().await? {
                         return Ok(Swept::Fenced);
@@ -135,12 +135,24 @@ impl Sweeper {
                     (checked, since_check) = (std::time::Instant::now(), 0);
                 }
             }
-            // One at a time: a server slow to purge (busy with commands) slows the sweep, not
-            // the commands.
+            // One at a time while on schedule: a server slow to purge (busy with commands)
+            // slows the sweep, not the commands. A sweep past its interval is behind the
+            // snapshots: [`CATCH_UP`] at a time, so that compaction's capacity is not one
+            // purge per server round trip.
+            let behind = started.elapsed() >= self.interval;
+            let end = (index + if behind { CATCH_UP } else { 1 }).min(plan.purges.len());
             let one = std::time::Instant::now();
-            purged += compact::purge(&self.journal, purge).await?;
+            let done = futures::future::try_join_all(
+                plan.purges[index..end]
+                    .iter()
+                    .map(|purge| compact::purge(&self.journal, purge)),
+            )
+            .await?;
+            purged += done.iter().sum::<u64>();
             took = one.elapsed();
             slowest = slowest.max(took);
+            since_check += end - index;
+            index = end;
         }
         // Only once every snapshot read was acted on: a sweep cut short reads them again.
         *snapshots_from = plan.snapshots_next;
@@ -180,6 +192,9 @@ fn phase(partition: u32, interval: Duration) -> Duration {
 /// The fence is read again before the first purge, then after this many purges or this long.
 const FENCE_EVERY: usize = 32;
 const FENCE_AFTER: Duration = Duration::from_secs(1);
+
+/// Purges in flight at once in a sweep that is past its interval (behind the snapshots).
+const CATCH_UP: usize = 4;
 
 /// How long the server is left to the commands after a purge, in multiples of the time that
 /// purge took: a sweep's purges take at most about a fifth of the server's time while the
