@@ -3,11 +3,11 @@
 //! `Admin::compact` follows, plus dead letters past their retention) and purges it one request
 //! at a time, paced ([`Pace`]): spread over half the interval, at most `compaction_budget` per
 //! [`TICK`], a pause of [`RELIEF`] times each purge's time after it, faster only when the sweep
-//! would not otherwise be done within the interval. It re-reads the partition's fence before
-//! the first purge and every [`FENCE_EVERY`] purges or [`FENCE_AFTER`], ending once another
-//! generation holds it. One purge takes all of an entity's records behind its latest
-//! snapshot, so a sweep's purges grow with the entities snapshotted in an interval, not with
-//! the records written. Partitions sweep at their own phases of the interval ([`phase`]).
+//! would not otherwise be done within the interval, [`CATCH_UP`] at a time once past it. It
+//! re-reads the partition's fence before the first purge and every [`FENCE_EVERY`] purges or
+//! [`FENCE_AFTER`], ending once another generation holds it. One purge takes all of an
+//! entity's records behind its latest snapshot, so a sweep's purges grow with the entities
+//! snapshotted in an interval, not with the records written. Partitions sweep at their own phases of the interval ([`phase`]).
 //!
 //! A sweep plans only the records written before the previous sweep (the journal's last
 //! sequence one interval before): each record stays at least one interval, so what copies or
