@@ -292,6 +292,11 @@ impl Stamps {
         .await;
     }
 
+    /// What is received so far, shared: (scheduled send, ns; latency, ns), in arrival order.
+    pub(crate) fn recorded(&self) -> Arc<Mutex<Vec<(u64, u64)>>> {
+        self.recorded.clone()
+    }
+
     /// Stops listening; what was received.
     pub(crate) fn stop(self) -> Vec<(u64, u64)> {
         self.collector.abort();

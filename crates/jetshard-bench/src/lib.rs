@@ -144,6 +144,11 @@ pub struct Options {
     /// 0: none). Medians of the rounds are reported, with the worst beside them.
     #[arg(long, default_value_t = 1)]
     pub compaction_rounds: usize,
+    /// Whether each round of the compaction scenario's long runs starts with the baseline,
+    /// compaction off (false: only compaction on, for a long run whose journal would not fit
+    /// the disk without it; the latency target then has nothing to compare against).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub compaction_baseline: bool,
     /// Whether the compaction scenario measures the acquisition's timer read (false: only the
     /// long runs).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]

@@ -392,8 +392,10 @@ impl ShardConfigBuilder {
     /// and older snapshots its latest snapshot covers, the outbox records of confirmed
     /// messages, the timer records of timers no longer armed, dead letters past
     /// [`dead_letter_retention`]), by the rules of [`Admin::compact`], off the command path,
-    /// [`compaction_budget`] purges per 100 ms (more when a sweep would not otherwise be done
-    /// within half the interval). Each sweep reads the snapshots written since
+    /// its purges paced (spread over half the interval, at most [`compaction_budget`] per
+    /// 100 ms, a pause of 4 times each purge's time after it; faster only when a sweep would
+    /// not otherwise be done within the interval, 4 purges at a time once past it). Each partition sweeps at its own phase of
+    /// the interval. Each sweep reads the snapshots written since
     /// the last one, and the partition's outbox and timer records (bounded by what is live,
     /// once compacted). Must be at least 100 ms.
     ///
@@ -419,11 +421,12 @@ impl ShardConfigBuilder {
         self
     }
 
-    /// How many purge requests an owner's background compaction sends per 100 ms (default 8;
-    /// at least 1): the throttle that keeps it out of the commands' latency. A sweep with more
-    /// purges than this allows within half its interval sends more per 100 ms, so that the
-    /// journal stays bounded at any write rate (one purge per entity snapshotted since the
-    /// last sweep).
+    /// How many purge requests an owner's background compaction sends per 100 ms at most
+    /// (default 8; at least 1), one at a time: a sweep spreads its purges over half its
+    /// interval, so this caps only a sweep with more than the budget allows in that time. A
+    /// sweep that would not be done within its interval at this rate sends faster, so that
+    /// the journal stays bounded at any write rate (one purge per entity snapshotted since
+    /// the last sweep).
     pub fn compaction_budget(mut self, purges_per_tick: u32) -> Self {
         self.config.compaction_budget = purges_per_tick;
         self

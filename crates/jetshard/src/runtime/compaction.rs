@@ -1,18 +1,20 @@
 //! Each owner's background compaction: every `compaction_interval`, a task of the owner plans
 //! what its partition's journal no longer needs (`journal::compact::plan`, the rules
-//! `Admin::compact` follows, plus dead letters past their retention) and purges it, in batches
-//! one [`TICK`] apart (`compaction_budget` purges each, more when the backlog needs it to be
-//! done within half an interval: [`batch_size`]), re-reading the partition's fence before each
-//! batch and ending once another generation holds it. One purge takes all of an entity's
-//! records behind its latest snapshot, so a sweep's purges grow with the entities snapshotted
-//! in an interval, not with the records written.
+//! `Admin::compact` follows, plus dead letters past their retention) and purges it one request
+//! at a time, paced ([`Pace`]): spread over half the interval, at most `compaction_budget` per
+//! [`TICK`], a pause of [`RELIEF`] times each purge's time after it, faster only when the sweep
+//! would not otherwise be done within the interval, [`CATCH_UP`] at a time once past it. It
+//! re-reads the partition's fence before the first purge and every [`FENCE_EVERY`] purges or
+//! [`FENCE_AFTER`], ending once another generation holds it. One purge takes all of an
+//! entity's records behind its latest snapshot, so a sweep's purges grow with the entities
+//! snapshotted in an interval, not with the records written. Partitions sweep at their own phases of the interval ([`phase`]).
 //!
 //! A sweep plans only the records written before the previous sweep (the journal's last
 //! sequence one interval before): each record stays at least one interval, so what copies or
 //! reads the journal (a mirror, a backup, a projection) has that long to see it.
 //!
 //! Off the command path: the task holds nothing the owner or its entity actors wait on, and
-//! the batches keep the server's purge work spread beside the commands' writes.
+//! the pacing keeps the server's purge work spread thinly beside the commands' writes.
 //!
 //! A stale sweep (the fence moved between its check and a purge) is harmless: every rule is
 //! monotone (a snapshot, a done record, a `fired` or `cancel` record, the ack floor and the
@@ -28,7 +30,7 @@ use crate::journal::compact::{self, Rules};
 use crate::journal::fence::{self, Fence};
 use crate::wire::Names;
 
-/// The period of a sweep's purge batches.
+/// The unit of `compaction_budget` (purges per tick).
 pub(crate) const TICK: Duration = Duration::from_millis(100);
 
 /// What one owner's compaction needs.
@@ -61,6 +63,9 @@ impl Sweeper {
         // Each sweep plans the records written before the previous one (or before the task
         // started): every record stays at least one interval (see `Rules::horizon`).
         let mut horizon = self.last_sequence().await;
+        // Owners acquired together would sweep together, every interval, each sweep's plan and
+        // purges landing on the server at once: each partition starts at its own phase.
+        tokio::time::sleep(phase(self.partition, self.interval)).await;
         loop {
             tokio::time::sleep(self.interval).await;
             let next_horizon = self.last_sequence().await;
@@ -91,6 +96,7 @@ impl Sweeper {
     }
 
     async fn sweep(&self, snapshots_from: &mut u64, horizon: u64) -> Result<Swept, Error> {
+        let started = std::time::Instant::now();
         if !self.holds().await? {
             return Ok(Swept::Fenced);
         }
@@ -111,21 +117,42 @@ impl Sweeper {
             horizon,
         };
         let plan = compact::plan(&self.journal, &self.names, self.partition, &rules).await?;
+        let planned = started.elapsed();
+        let mut slowest = Duration::ZERO;
         let mut purged = 0;
-        let budget = batch_size(self.budget, plan.purges.len(), self.interval);
-        for (index, batch) in plan.purges.chunks(budget).enumerate() {
+        let pace = Pace::new(self.interval, self.budget);
+        let mut took = Duration::ZERO;
+        let (mut checked, mut since_check) = (std::time::Instant::now(), 0);
+        let mut index = 0;
+        while index < plan.purges.len() {
             if index > 0 {
-                tokio::time::sleep(TICK).await;
-                if !self.holds().await? {
-                    return Ok(Swept::Fenced);
+                let remaining = plan.purges.len() - index;
+                tokio::time::sleep(pace.gap(started.elapsed(), remaining, took)).await;
+                if since_check >= FENCE_EVERY || checked.elapsed() >= FENCE_AFTER {
+                    if !self.holds().await? {
+                        return Ok(Swept::Fenced);
+                    }
+                    (checked, since_check) = (std::time::Instant::now(), 0);
                 }
             }
-            // One at a time: a server slow to purge (busy with commands) slows the sweep, not
-            // the commands (with a batch sent side by side, p99 was 1.09-2.4x compaction off on
-            // a saturated machine: docs/PERFORMANCE.md "compaction").
-            for purge in batch {
-                purged += compact::purge(&self.journal, purge).await?;
-            }
+            // One at a time while on schedule: a server slow to purge (busy with commands)
+            // slows the sweep, not the commands. A sweep past its interval is behind the
+            // snapshots: [`CATCH_UP`] at a time, so that compaction's capacity is not one
+            // purge per server round trip.
+            let behind = started.elapsed() >= self.interval;
+            let end = (index + if behind { CATCH_UP } else { 1 }).min(plan.purges.len());
+            let one = std::time::Instant::now();
+            let done = futures::future::try_join_all(
+                plan.purges[index..end]
+                    .iter()
+                    .map(|purge| compact::purge(&self.journal, purge)),
+            )
+            .await?;
+            purged += done.iter().sum::<u64>();
+            took = one.elapsed();
+            slowest = slowest.max(took);
+            since_check += end - index;
+            index = end;
         }
         // Only once every snapshot read was acted on: a sweep cut short reads them again.
         *snapshots_from = plan.snapshots_next;
@@ -134,6 +161,9 @@ impl Sweeper {
             generation = self.fence.generation,
             purges = plan.purges.len(),
             purged,
+            plan_ms = planned.as_secs_f64() * 1e3,
+            total_ms = started.elapsed().as_secs_f64() * 1e3,
+            slowest_purge_ms = slowest.as_secs_f64() * 1e3,
             "compacted"
         );
         Ok(Swept::Done)
@@ -153,17 +183,56 @@ impl Sweeper {
     }
 }
 
-/// Purges per [`TICK`] for a sweep of `purges`: the configured `budget`, or more when the
-/// backlog needs it to be done within half the `interval`, so that compaction keeps up with
-/// whatever rate the partition is written at (a sweep's purges grow with the entities
-/// snapshotted in an interval, each purge taking all of an entity's records behind its
-/// snapshot) and sweeps never queue behind each other.
-fn batch_size(budget: u32, purges: usize, interval: Duration) -> usize {
-    let budget = usize::try_from(budget).unwrap_or(usize::MAX).max(1);
-    let ticks = usize::try_from((interval / 2).as_millis() / TICK.as_millis().max(1))
-        .unwrap_or(usize::MAX)
-        .max(1);
-    budget.max(purges.div_ceil(ticks))
+/// Where a partition's sweeps start within the interval: spread over it by the partition
+/// number (the golden ratio's fraction keeps any number of partitions apart).
+fn phase(partition: u32, interval: Duration) -> Duration {
+    interval.mul_f64((f64::from(partition) * 0.618_033_988_749_895).fract())
+}
+
+/// The fence is read again before the first purge, then after this many purges or this long.
+const FENCE_EVERY: usize = 32;
+const FENCE_AFTER: Duration = Duration::from_secs(1);
+
+/// Purges in flight at once in a sweep that is past its interval (behind the snapshots).
+const CATCH_UP: usize = 4;
+
+/// How long the server is left to the commands after a purge, in multiples of the time that
+/// purge took: a sweep's purges take at most about a fifth of the server's time while the
+/// schedule allows (a busy server answers slowly, so the sweep slows down with it).
+const RELIEF: u32 = 4;
+
+/// A sweep's pacing: its purges spread evenly over half the interval (not sent in bursts),
+/// never faster than `budget` per [`TICK`] and after each purge a pause of [`RELIEF`] times
+/// what it took, unless the sweep would then not be done within the interval: a backlog is
+/// purged as fast as it needs to be, so that the journal stays bounded at any write rate (a
+/// sweep's purges grow with the entities snapshotted in an interval, each purge taking all of
+/// an entity's records behind its snapshot) and sweeps never queue behind each other.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    interval: Duration,
+    /// The shortest gap the budget allows.
+    floor: Duration,
+}
+
+impl Pace {
+    fn new(interval: Duration, budget: u32) -> Self {
+        Self {
+            interval,
+            floor: TICK / budget.max(1),
+        }
+    }
+
+    /// The pause before the next purge, `elapsed` into the sweep, with `remaining` purges
+    /// (this one included) left, the last one having taken `took`.
+    fn gap(&self, elapsed: Duration, remaining: usize, took: Duration) -> Duration {
+        let remaining = u32::try_from(remaining).unwrap_or(u32::MAX).max(1);
+        let spread = (self.interval / 2).saturating_sub(elapsed) / remaining;
+        let latest = self.interval.saturating_sub(elapsed) / remaining;
+        spread
+            .max(self.floor)
+            .max(took.saturating_mul(RELIEF))
+            .min(latest)
+    }
 }
 
 #[cfg(test)]
@@ -171,15 +240,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_budget_grows_with_the_backlog_to_finish_within_half_the_interval() {
-        let interval = Duration::from_secs(30);
-        // 150 ticks in half an interval.
-        assert_eq!(batch_size(8, 0, interval), 8);
-        assert_eq!(batch_size(8, 1_200, interval), 8);
-        assert_eq!(batch_size(8, 1_201, interval), 9);
-        assert_eq!(batch_size(8, 15_000, interval), 100);
-        // An interval shorter than two ticks: everything at once.
-        assert_eq!(batch_size(8, 500, Duration::from_millis(150)), 500);
-        assert_eq!(batch_size(0, 0, interval), 1);
+    fn purges_are_spread_over_half_the_interval_and_hurried_only_by_a_backlog() {
+        let pace = Pace::new(Duration::from_secs(30), 8);
+        let ms = Duration::from_millis;
+        // 10 purges: one every 1.5 s, not 8 per 100 ms.
+        assert_eq!(pace.gap(ms(0), 10, ms(1)), ms(1_500));
+        // Late in the sweep: what is left of the half interval, spread.
+        assert_eq!(pace.gap(ms(14_000), 10, ms(1)), ms(100));
+        // Past half the interval: the budget's rate (8 per 100 ms).
+        assert_eq!(
+            pace.gap(ms(16_000), 10, ms(1)),
+            ms(12) + Duration::from_micros(500)
+        );
+        // A slow purge (a busy server): four times its time to the commands.
+        assert_eq!(pace.gap(ms(16_000), 10, ms(50)), ms(200));
+        // Unless the sweep would not end within the interval: a backlog goes as fast as it
+        // needs.
+        assert_eq!(pace.gap(ms(16_000), 1_000, ms(50)), ms(14));
+        assert_eq!(
+            pace.gap(ms(29_000), 100_000, ms(1)),
+            ms(0) + Duration::from_micros(10)
+        );
+        assert_eq!(pace.gap(ms(31_000), 5, ms(50)), Duration::ZERO);
+        // The budget's rate gives way to the end of the interval too.
+        assert_eq!(
+            Pace::new(ms(200), 1).gap(ms(0), 3, ms(1)),
+            ms(66) + Duration::from_nanos(666_666)
+        );
+    }
+
+    #[test]
+    fn partitions_sweep_at_phases_spread_over_the_interval() {
+        let interval = Duration::from_secs(10);
+        let mut phases: Vec<Duration> = (0..8).map(|p| phase(p, interval)).collect();
+        assert_eq!(phases[0], Duration::ZERO);
+        assert!(phases.iter().all(|p| *p < interval));
+        phases.sort();
+        // Eight partitions: no two within a twentieth of the interval.
+        assert!(
+            phases.windows(2).all(|w| w[1] - w[0] >= interval / 20),
+            "{phases:?}"
+        );
     }
 }
