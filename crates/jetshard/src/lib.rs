@@ -116,6 +116,7 @@ mod error;
 mod health;
 mod journal;
 pub mod journal_reader;
+pub mod probe;
 mod query;
 mod reply;
 mod retry;

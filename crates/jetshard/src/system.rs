@@ -116,7 +116,10 @@ impl ShardSystem {
             resident: Arc::default(),
             dormant: Arc::default(),
             loads: Arc::new(tokio::sync::Semaphore::new(
-                crate::runtime::entity_actor::MAX_LOADS,
+                std::env::var("MAX_LOADS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(crate::runtime::entity_actor::MAX_LOADS),
             )),
             incarnation: crate::wire::unique_token(),
             health: health.clone(),

@@ -53,6 +53,7 @@ pub(super) async fn process<E: Entity>(
         detail: wants_detail,
         timer: firing,
         origin,
+        created: _,
     } = work;
     let steps = async {
         load(state).await?;
@@ -100,6 +101,7 @@ pub(super) async fn process<E: Entity>(
         let context = &*state.context;
         let id = &state.id;
         let event_subject = &state.event_subject;
+        let deciding = std::time::Instant::now();
         let (events, effects) = decide(
             context,
             id,
@@ -111,6 +113,7 @@ pub(super) async fn process<E: Entity>(
             timer_reports,
         )
         .await?;
+        crate::probe::add(3, deciding.elapsed());
         let encoded = encode::<E>(context, &events)?;
         let written = write::<E>(
             context,
@@ -174,6 +177,8 @@ async fn load<E: Entity>(state: &mut EntityState<E>) -> Result<(), Verdict> {
     // command allocates (the actor boxes it); only a command that loads pays for them.
     let revived = Box::pin(revive::<E>(&state.id, &state.context)).await;
     drop(permit);
+    crate::probe::add(1, waited);
+    crate::probe::add(2, loading.elapsed().saturating_sub(waited));
     tracing::debug!(
         waited_ms = waited.as_millis() as u64,
         load_ms = loading.elapsed().saturating_sub(waited).as_millis() as u64,
@@ -430,6 +435,7 @@ async fn write<E: Entity>(
         )
         .await;
     telemetry::record(&metrics.write_seconds, writing.elapsed());
+    crate::probe::add(4, writing.elapsed());
     match written {
         Ok(journal_seq) => Ok(Written {
             journal_seq,

@@ -155,6 +155,7 @@ impl Pending {
             detail: self.respond_to.is_some(),
             timer: self.timer.clone(),
             origin: self.origin.clone(),
+            created: std::time::Instant::now(),
         }
     }
 }

@@ -66,7 +66,8 @@ impl<E: Entity> OwnerState<E> {
             partition,
             journal,
             journal_stream: self.shared.journal_stream.clone(),
-            direct_reads: self.shared.config.replicas == 1,
+            direct_reads: self.shared.config.replicas == 1
+                || std::env::var_os("DIRECT_R3").is_some(),
             client: self.shared.client.clone(),
             names: self.shared.names.clone(),
             codec: self.shared.config.codec,
