@@ -116,12 +116,7 @@ pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<ClusterRun> {
             .await
             .context("start the shard system")?,
     );
-    if std::env::var_os("NO_SEED").is_none() {
-        load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
-    }
-    if std::env::var_os("GET_PROBE").is_some() {
-        get_probe(&cluster, &pids, spec.partitions).await?;
-    }
+    load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
     // Samples the commits while the passes run.
     let done = Arc::new(AtomicBool::new(false));
     let sampler = {
@@ -144,52 +139,8 @@ pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<ClusterRun> {
             means
         })
     };
-    // TEMPORARY (issue 22): the command path's timings each second, and a probe of the
-    // stream leader's API get latency (one get at a time, a subject with no record).
-    let printer = {
-        let done = done.clone();
-        let js = async_nats::jetstream::new(cluster.connect().await?);
-        tokio::spawn(async move {
-            let stream = js.get_stream("BENCH_JOURNAL").await.ok();
-            let started = std::time::Instant::now();
-            let mut i = 0u64;
-            while !done.load(Ordering::Relaxed) {
-                let window = std::time::Instant::now();
-                let (mut gets, mut get_ns, mut get_max) = (0u64, 0u128, 0u128);
-                while window.elapsed() < Duration::from_secs(1) {
-                    if let Some(stream) = &stream {
-                        i += 1;
-                        let t = std::time::Instant::now();
-                        let _ = stream
-                            .get_last_raw_message_by_subject(&format!("bench.*.3.probe-{i}"))
-                            .await;
-                        let e = t.elapsed().as_nanos();
-                        gets += 1;
-                        get_ns += e;
-                        get_max = get_max.max(e);
-                    } else {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
-                let mut line = format!(
-                    "PROBE t={:.0}s api_get n={gets} avg={:.2}ms max={:.2}ms |",
-                    started.elapsed().as_secs_f64(),
-                    get_ns as f64 / gets.max(1) as f64 / 1e6,
-                    get_max as f64 / 1e6
-                );
-                for (name, n, ns) in jetshard::probe::take() {
-                    line += &format!(
-                        " {name} n={n} avg={:.2}ms;",
-                        ns as f64 / n.max(1) as f64 / 1e6
-                    );
-                }
-                eprintln!("{line}");
-            }
-        })
-    };
     let passes = timed_passes(&pids, &control, spec, || Ok(())).await;
     done.store(true, Ordering::Relaxed);
-    let _ = printer.await;
     let window_means = sampler.await.unwrap_or_default();
     let status = system.status().await.unwrap_or_default();
     let (commits, records) = commits_of(&status);
@@ -237,14 +188,6 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     let (mut serialized, mut pipelined, mut jetshard) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..options.cluster_rounds {
         let of = options.cluster_rounds;
-        if std::env::var_os("ONLY_JETSHARD").is_some() {
-            let run = drain_jetshard(spec).await?;
-            for p in &run.drain.passes {
-                eprintln!("PASS rate {:.0} cmd/s", p.rate);
-            }
-            eprintln!("WRITES {:?}", run.writes);
-            return Ok(());
-        }
         eprintln!("cluster round {}/{of}: bare loop, serialized", round + 1);
         serialized.push(drain_bare(spec, 1).await.context("serialized bare loop")?);
         eprintln!("cluster round {}/{of}: bare loop, pipelined", round + 1);
@@ -395,65 +338,5 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         "cluster".to_owned(),
         json!({ "spec": spec, "serialized": serialized, "pipelined": pipelined, "jetshard": jetshard }),
     );
-    Ok(())
-}
-
-/// TEMPORARY (issue 22): server CPU and latency of the reads of an entity load on R3.
-async fn get_probe(cluster: &NatsCluster, pids: &[u32], partitions: u32) -> anyhow::Result<()> {
-    use futures::StreamExt;
-    let js = async_nats::jetstream::new(cluster.connect().await?);
-    let stream = js.get_stream("BENCH_JOURNAL").await?;
-    const N: usize = 3000;
-    let server_cpu = || -> Duration { pids.iter().filter_map(|p| crate::cpu::cpu_time(*p)).sum() };
-    for kind in 0..6 {
-        let (t, c) = (std::time::Instant::now(), server_cpu());
-        let found = futures::stream::iter(0..N)
-            .map(|i| {
-                let mut stream = stream.clone();
-                async move {
-                    let id = format!("e{i}");
-                    let p = jetshard::fnv1a_32(id.as_bytes()) % partitions;
-                    let wild = format!("bench.*.{p}.{id}");
-                    let ok = match kind {
-                        0 => stream.get_last_raw_message_by_subject(&wild).await.is_ok(),
-                        1 => stream
-                            .raw_message_builder()
-                            .sequence(1)
-                            .next_by_subject(wild)
-                            .send()
-                            .await
-                            .is_ok(),
-                        2 => stream
-                            .get_last_raw_message_by_subject(&format!("bench.evt.{p}.{id}"))
-                            .await
-                            .is_ok(),
-                        3 => stream
-                            .get_last_raw_message_by_subject(&format!("bench.*.{p}.never{i}"))
-                            .await
-                            .is_ok(),
-                        4 => stream.direct_get_last_for_subject(&wild).await.is_ok(),
-                        _ => stream.info().await.is_ok(),
-                    };
-                    ok as usize
-                }
-            })
-            .buffer_unordered(32)
-            .fold(0, |a, b| async move { a + b })
-            .await;
-        let (wall, cpu) = (t.elapsed(), server_cpu().saturating_sub(c));
-        let name = [
-            "api last wildcard",
-            "api next-from-1 wildcard",
-            "api last literal evt",
-            "api last wildcard, no record",
-            "direct last wildcard",
-            "api stream info",
-        ][kind];
-        eprintln!(
-            "GETPROBE {name}: {N} reads, 32 in flight, found {found}: {:.0} reads/s, server CPU {:.1} us/read (3 servers)",
-            N as f64 / wall.as_secs_f64(),
-            cpu.as_secs_f64() * 1e6 / N as f64
-        );
-    }
     Ok(())
 }

@@ -116,7 +116,6 @@ mod error;
 mod health;
 mod journal;
 pub mod journal_reader;
-pub mod probe;
 mod query;
 mod reply;
 mod retry;

@@ -116,10 +116,7 @@ impl ShardSystem {
             resident: Arc::default(),
             dormant: Arc::default(),
             loads: Arc::new(tokio::sync::Semaphore::new(
-                std::env::var("MAX_LOADS")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(crate::runtime::entity_actor::MAX_LOADS),
+                crate::runtime::entity_actor::MAX_LOADS,
             )),
             incarnation: crate::wire::unique_token(),
             health: health.clone(),

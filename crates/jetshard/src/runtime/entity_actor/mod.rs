@@ -135,8 +135,6 @@ impl<E: Entity> Actor for EntityActor<E> {
             span_id = work.trace.as_ref().map(|t| tracing::field::display(t.span.parent_id())),
         );
         let seq = work.seq;
-        let created = work.created;
-        crate::probe::add(0, created.elapsed());
         let mut quarantine = None;
         let mut detail = None;
         let mut timers = Vec::new();
@@ -167,9 +165,7 @@ impl<E: Entity> Actor for EntityActor<E> {
             quarantine,
             detail,
             timers,
-            reported: std::time::Instant::now(),
         };
-        crate::probe::add(5, created.elapsed());
         (state.context.report)(EntityReport::Outcome(outcome));
         // After the report, so the command's acknowledgement does not wait for it.
         if let (Loaded::Yes(seed), false, Some(every)) =

@@ -53,7 +53,6 @@ pub(super) async fn process<E: Entity>(
         detail: wants_detail,
         timer: firing,
         origin,
-        created: _,
     } = work;
     let steps = async {
         load(state).await?;
@@ -101,7 +100,6 @@ pub(super) async fn process<E: Entity>(
         let context = &*state.context;
         let id = &state.id;
         let event_subject = &state.event_subject;
-        let deciding = std::time::Instant::now();
         let (events, effects) = decide(
             context,
             id,
@@ -113,7 +111,6 @@ pub(super) async fn process<E: Entity>(
             timer_reports,
         )
         .await?;
-        crate::probe::add(3, deciding.elapsed());
         let encoded = encode::<E>(context, &events)?;
         let written = write::<E>(
             context,
@@ -177,8 +174,6 @@ async fn load<E: Entity>(state: &mut EntityState<E>) -> Result<(), Verdict> {
     // command allocates (the actor boxes it); only a command that loads pays for them.
     let revived = Box::pin(revive::<E>(&state.id, &state.context)).await;
     drop(permit);
-    crate::probe::add(1, waited);
-    crate::probe::add(2, loading.elapsed().saturating_sub(waited));
     tracing::debug!(
         waited_ms = waited.as_millis() as u64,
         load_ms = loading.elapsed().saturating_sub(waited).as_millis() as u64,
@@ -435,7 +430,6 @@ async fn write<E: Entity>(
         )
         .await;
     telemetry::record(&metrics.write_seconds, writing.elapsed());
-    crate::probe::add(4, writing.elapsed());
     match written {
         Ok(journal_seq) => Ok(Written {
             journal_seq,

@@ -96,7 +96,6 @@ pub(crate) struct Work {
     /// Set when it is an outbox message: a duplicate if the entity remembers having applied
     /// a message of that origin; else its events carry the origin.
     pub(crate) origin: Option<Box<crate::data::origin::Origin>>,
-    pub(crate) created: std::time::Instant,
 }
 
 /// What became of one command.
@@ -145,7 +144,6 @@ pub(crate) struct Outcome {
     pub(crate) detail: Option<Detail>,
     /// What the command did to the entity's timers (durable), for the owner's table.
     pub(crate) timers: Vec<TimerReport>,
-    pub(crate) reported: std::time::Instant,
 }
 
 /// Where an entity actor's reports go.

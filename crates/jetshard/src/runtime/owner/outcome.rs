@@ -20,7 +20,6 @@ impl<E: Entity> OwnerState<E> {
         &mut self,
         mut outcome: Outcome,
     ) -> Result<(), ActorProcessingErr> {
-        crate::probe::add(7, outcome.reported.elapsed());
         let partition = self.partition;
         let policy = self.policy;
         let Some(o) = self.phase.owning() else {

@@ -155,7 +155,6 @@ impl Pending {
             detail: self.respond_to.is_some(),
             timer: self.timer.clone(),
             origin: self.origin.clone(),
-            created: std::time::Instant::now(),
         }
     }
 }

@@ -66,8 +66,7 @@ impl<E: Entity> OwnerState<E> {
             partition,
             journal,
             journal_stream: self.shared.journal_stream.clone(),
-            direct_reads: self.shared.config.replicas == 1
-                || std::env::var_os("DIRECT_R3").is_some(),
+            direct_reads: self.shared.config.replicas == 1,
             client: self.shared.client.clone(),
             names: self.shared.names.clone(),
             codec: self.shared.config.codec,
