@@ -323,9 +323,8 @@ pub fn ids_in_partition(
 /// Gives every bench entity `e0..e<entities>` one event in the journal, so that an acquiring
 /// owner rebuilds its state and its first command needs no journal read of its own.
 ///
-/// Without it, the first command of a never-seen entity makes jetshard replay that entity's
-/// (empty) history with an ordered consumer, and the server refuses more than 1000 consumers
-/// per stream (see the `fresh entities` figure of the throughput scenario).
+/// With it, each entity's first command loads one record: two reads (its last record, then its
+/// records from the start), where a never-seen entity costs one (docs/PERFORMANCE.md, cluster).
 pub async fn seed_entities(
     client: async_nats::Client,
     entity_type: &str,
