@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use jetshard::{Codec, Effects, Entity, JournalReader, ShardConfig, ShardSystem, Snapshots};
-use jetshard_testkit::NatsServer;
+use jetshard_testkit::{NatsCluster, NatsServer};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -177,6 +177,11 @@ async fn long_runs(
     report: &mut Report,
     details: &mut serde_json::Map<String, serde_json::Value>,
 ) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        matches!(options.compaction_replicas, 1 | 3),
+        "--compaction-replicas is 1 or 3, not {}",
+        options.compaction_replicas
+    );
     let mut runs = Vec::new();
     for round in 0..options.compaction_rounds {
         let sides: &[bool] = if options.compaction_baseline {
@@ -186,13 +191,14 @@ async fn long_runs(
         };
         for &compaction in sides {
             eprintln!(
-                "compaction round {}/{}: long run, compaction {}, {} commands at {} cmd/s over {} entities",
+                "compaction round {}/{}: long run, compaction {}, {} commands at {} cmd/s over {} entities, R{}",
                 round + 1,
                 options.compaction_rounds,
                 if compaction { "on" } else { "off" },
                 options.compaction_commands,
                 options.compaction_rate,
-                options.entities
+                options.entities,
+                options.compaction_replicas
             );
             runs.push(long_run(options, compaction).await?);
         }
@@ -200,11 +206,12 @@ async fn long_runs(
     let bound = options.entities as u64 * (u64::from(options.compaction_snapshot_every) + 2);
     let case = |what: &str| {
         format!(
-            "{what}, {} commands at {} cmd/s over {} entities, snapshot every {}",
+            "{what}, {} commands at {} cmd/s over {} entities, snapshot every {}, R{}",
             options.compaction_commands,
             options.compaction_rate,
             options.entities,
-            options.compaction_snapshot_every
+            options.compaction_snapshot_every,
+            options.compaction_replicas
         )
     };
     let side = |on: bool| runs.iter().filter(move |r| r.compaction == on);
@@ -262,9 +269,15 @@ async fn long_runs(
     Ok(())
 }
 
-fn config(partitions: u32, snapshot_every: u32, compaction: bool) -> anyhow::Result<ShardConfig> {
+fn config(
+    partitions: u32,
+    snapshot_every: u32,
+    compaction: bool,
+    replicas: usize,
+) -> anyhow::Result<ShardConfig> {
     let builder = ShardConfig::builder(ENTITY_TYPE)
         .partitions(partitions)
+        .replicas(replicas)
         .node_id("bench")
         .codec(Codec::Json)
         .snapshot_every(snapshot_every);
@@ -281,14 +294,43 @@ async fn journal_state(js: &async_nats::jetstream::Context) -> anyhow::Result<(u
     Ok((info.state.messages, info.state.bytes))
 }
 
+/// Where a long run writes: one server, or a 3-server cluster (`--compaction-replicas 3`).
+enum Servers {
+    One(Box<NatsServer>),
+    Three(NatsCluster),
+}
+
+impl Servers {
+    async fn start(replicas: usize) -> anyhow::Result<Self> {
+        Ok(match replicas {
+            1 => Self::One(Box::new(
+                NatsServer::start().await.context("start nats-server")?,
+            )),
+            _ => Self::Three(
+                NatsCluster::start(3)
+                    .await
+                    .context("start a 3-server cluster")?,
+            ),
+        })
+    }
+
+    async fn connect(&self) -> anyhow::Result<async_nats::Client> {
+        Ok(match self {
+            Self::One(server) => server.connect().await?,
+            Self::Three(cluster) => cluster.connect().await?,
+        })
+    }
+}
+
 async fn long_run(options: &Options, compaction: bool) -> anyhow::Result<LongRun> {
-    let server = NatsServer::start().await.context("start nats-server")?;
+    let server = Servers::start(options.compaction_replicas).await?;
     let control = server.connect().await?;
     let js = async_nats::jetstream::new(control.clone());
     let config = config(
         options.partitions,
         options.compaction_snapshot_every,
         compaction,
+        options.compaction_replicas,
     )?;
     let journal_name = config.names().journal_stream().to_owned();
     let system = ShardSystem::start::<CompactionEntity>(server.connect().await?, config)
@@ -413,7 +455,7 @@ async fn timer_read(churned: bool, compacted: bool) -> anyhow::Result<(usize, [f
     let control = server.connect().await?;
     let js = async_nats::jetstream::new(control.clone());
     let system =
-        ShardSystem::start::<CompactionEntity>(server.connect().await?, config(8, 100, false)?)
+        ShardSystem::start::<CompactionEntity>(server.connect().await?, config(8, 100, false, 1)?)
             .await
             .context("start the shard system")?;
     let ids: Vec<String> = (0..TIMER_ENTITIES).map(|i| format!("t{i}")).collect();

@@ -153,6 +153,10 @@ pub struct Options {
     /// long runs).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub compaction_timer_reads: bool,
+    /// Stream replicas of the compaction scenario's long runs: 1 (one server) or 3 (a
+    /// 3-server cluster with R3 streams).
+    #[arg(long, default_value_t = 1)]
+    pub compaction_replicas: usize,
     /// Commands per pass of the cluster scenario (3 servers, R3 streams).
     #[arg(long, default_value_t = 20_000)]
     pub cluster_commands: usize,
