@@ -178,6 +178,10 @@ async fn long_runs(
     details: &mut serde_json::Map<String, serde_json::Value>,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
+        options.compaction_interval_secs > 0,
+        "--compaction-interval-secs must be at least 1"
+    );
+    anyhow::ensure!(
         matches!(options.compaction_replicas, 1 | 3),
         "--compaction-replicas is 1 or 3, not {}",
         options.compaction_replicas
@@ -206,11 +210,12 @@ async fn long_runs(
     let bound = options.entities as u64 * (u64::from(options.compaction_snapshot_every) + 2);
     let case = |what: &str| {
         format!(
-            "{what}, {} commands at {} cmd/s over {} entities, snapshot every {}, R{}",
+            "{what}, {} commands at {} cmd/s over {} entities, snapshot every {}, sweep every {} s, R{}",
             options.compaction_commands,
             options.compaction_rate,
             options.entities,
             options.compaction_snapshot_every,
+            options.compaction_interval_secs,
             options.compaction_replicas
         )
     };
@@ -269,10 +274,11 @@ async fn long_runs(
     Ok(())
 }
 
+/// The long runs' configuration; `compaction`: background compaction every `interval`, or off.
 fn config(
     partitions: u32,
     snapshot_every: u32,
-    compaction: bool,
+    compaction: Option<Duration>,
     replicas: usize,
 ) -> anyhow::Result<ShardConfig> {
     let builder = ShardConfig::builder(ENTITY_TYPE)
@@ -282,8 +288,8 @@ fn config(
         .codec(Codec::Json)
         .snapshot_every(snapshot_every);
     let builder = match compaction {
-        true => builder.compaction_interval(Duration::from_secs(2)),
-        false => builder.compaction(false),
+        Some(interval) => builder.compaction_interval(interval),
+        None => builder.compaction(false),
     };
     Ok(builder.build()?)
 }
@@ -329,7 +335,7 @@ async fn long_run(options: &Options, compaction: bool) -> anyhow::Result<LongRun
     let config = config(
         options.partitions,
         options.compaction_snapshot_every,
-        compaction,
+        compaction.then(|| Duration::from_secs(options.compaction_interval_secs)),
         options.compaction_replicas,
     )?;
     let journal_name = config.names().journal_stream().to_owned();
@@ -455,7 +461,7 @@ async fn timer_read(churned: bool, compacted: bool) -> anyhow::Result<(usize, [f
     let control = server.connect().await?;
     let js = async_nats::jetstream::new(control.clone());
     let system =
-        ShardSystem::start::<CompactionEntity>(server.connect().await?, config(8, 100, false, 1)?)
+        ShardSystem::start::<CompactionEntity>(server.connect().await?, config(8, 100, None, 1)?)
             .await
             .context("start the shard system")?;
     let ids: Vec<String> = (0..TIMER_ENTITIES).map(|i| format!("t{i}")).collect();

@@ -153,6 +153,10 @@ pub struct Options {
     /// long runs).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub compaction_timer_reads: bool,
+    /// Background compaction's interval in the compaction scenario's long runs, seconds (the
+    /// library's default is 30; 2 compresses a long run in time).
+    #[arg(long, default_value_t = 2)]
+    pub compaction_interval_secs: u64,
     /// Stream replicas of the compaction scenario's long runs: 1 (one server) or 3 (a
     /// 3-server cluster with R3 streams).
     #[arg(long, default_value_t = 1)]
