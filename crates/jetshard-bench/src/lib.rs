@@ -30,6 +30,7 @@ pub mod bareloop;
 pub mod cluster;
 pub mod compaction;
 pub mod cpu;
+pub mod drain;
 pub mod entity;
 pub mod failover;
 pub mod latency;
