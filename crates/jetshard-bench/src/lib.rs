@@ -38,6 +38,7 @@ pub mod load;
 pub mod memory;
 pub mod node;
 pub mod probe;
+pub mod purge;
 pub mod rebuild;
 pub mod recovery;
 pub mod report;
@@ -154,6 +155,10 @@ pub struct Options {
     /// long runs).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub compaction_timer_reads: bool,
+    /// Whether the compaction scenario measures what one purge costs the server against the
+    /// span of an entity's records and by filter ([`purge`]; about a minute).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub compaction_purge_cost: bool,
     /// Commands per pass of the cluster scenario (3 servers, R3 streams).
     #[arg(long, default_value_t = 20_000)]
     pub cluster_commands: usize,
