@@ -24,13 +24,7 @@ async fn an_evicted_state_reloads_the_same() {
     let system = start(&client, &config).await;
     let ids: Vec<String> = (0..12).map(|i| format!("e{i}")).collect();
     for round in 0..3u32 {
-        for (i, id) in ids.iter().enumerate() {
-            let command = TallyCmd::Add {
-                key: round as u8,
-                by: i as u32 + round,
-            };
-            applied(&sender, id, &command).await;
-        }
+        add_to_each(&sender, &ids, round).await;
         // Every actor passivated; at most the budget kept.
         wait_until(Duration::from_secs(10), "all passivated", || async {
             let status = system.status().await.unwrap();
@@ -66,13 +60,7 @@ async fn the_dormant_budget_in_bytes_evicts() {
     const ENTITIES: usize = 30;
     let ids: Vec<String> = (0..ENTITIES).map(|i| format!("e{i}")).collect();
     for round in 0..3u32 {
-        for (i, id) in ids.iter().enumerate() {
-            let command = TallyCmd::Add {
-                key: round as u8,
-                by: i as u32 + round,
-            };
-            applied(&sender, id, &command).await;
-        }
+        add_to_each(&sender, &ids, round).await;
         // No actor left, and a state back (the resident count drops when the passivation is
         // asked for; each state arrives after, and is kept within the budget as it does).
         wait_until(Duration::from_secs(10), "all passivated", || async {
@@ -96,4 +84,15 @@ async fn the_dormant_budget_in_bytes_evicts() {
         assert_eq!(state_of(&sender, id).await, want[id], "{id}");
     }
     system.shutdown().await.unwrap();
+}
+
+/// Round `round` of commands: one `Add` to each of `ids`, each applied.
+async fn add_to_each(sender: &CommandSender<Tally>, ids: &[String], round: u32) {
+    for (i, id) in ids.iter().enumerate() {
+        let command = TallyCmd::Add {
+            key: round as u8,
+            by: i as u32 + round,
+        };
+        applied(sender, id, &command).await;
+    }
 }

@@ -121,14 +121,7 @@ async fn a_stale_owners_snapshot_is_rejected_and_a_current_one_rolls_up_the_last
     let journal = js.get_stream(names.journal_stream()).await.unwrap();
     // Rolled up: the first is gone.
     assert!(journal.get_raw_message(one).await.is_err());
-    assert_eq!(
-        journal
-            .get_last_raw_message_by_subject(&snapshot)
-            .await
-            .unwrap()
-            .sequence,
-        two
-    );
+    assert_eq!(last_sequence(&journal, &snapshot).await, two);
 
     // Generation 2 claims the partition: generation 1's snapshot is refused (10071).
     let (headers, body) = fence(2u64);
@@ -145,14 +138,7 @@ async fn a_stale_owners_snapshot_is_rejected_and_a_current_one_rolls_up_the_last
         "{error}"
     );
     // Nothing was rolled up by the refused write.
-    assert_eq!(
-        journal
-            .get_last_raw_message_by_subject(&snapshot)
-            .await
-            .unwrap()
-            .sequence,
-        two
-    );
+    assert_eq!(last_sequence(&journal, &snapshot).await, two);
 }
 
 /// A snapshot that does not read back (garbage, or another state version) is ignored: the
@@ -211,4 +197,13 @@ async fn a_corrupt_snapshot_falls_back_to_the_events() {
     let system = start(&client, &config).await;
     assert_eq!(state_of(&sender, "a").await, want);
     system.shutdown().await.unwrap();
+}
+
+/// The journal sequence of the last message on `subject`.
+async fn last_sequence(journal: &async_nats::jetstream::stream::Stream, subject: &str) -> u64 {
+    journal
+        .get_last_raw_message_by_subject(subject)
+        .await
+        .unwrap()
+        .sequence
 }
