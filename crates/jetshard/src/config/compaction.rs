@@ -19,7 +19,7 @@ impl ShardConfigBuilder {
     ///
     /// [`dead_letter_retention`]: Self::dead_letter_retention
     /// [`compaction_budget`]: Self::compaction_budget
-    /// [`Admin::compact`]: crate::Admin::compact
+    /// [`Admin::compact`]: crate::admin::Admin::compact
     pub fn compaction_interval(mut self, interval: Duration) -> Self {
         self.config.compaction_interval = Some(interval);
         self
@@ -27,7 +27,7 @@ impl ShardConfigBuilder {
 
     /// Whether owners compact their partitions in the background (default on, see
     /// [`compaction_interval`](Self::compaction_interval)). Off: the journal grows until an
-    /// operator runs [`Admin::compact`](crate::Admin::compact).
+    /// operator runs [`Admin::compact`](crate::admin::Admin::compact).
     pub fn compaction(mut self, on: bool) -> Self {
         self.config.compaction_interval = match on {
             true => self
@@ -52,14 +52,14 @@ impl ShardConfigBuilder {
 
     /// How long the background compaction keeps a dead letter (default 7 days; above zero).
     /// A dead letter whose command is above its partition's ack floor is kept whatever its
-    /// age (see [`Admin::purge_dead_letters`](crate::Admin::purge_dead_letters)).
+    /// age (see [`Admin::purge_dead_letters`](crate::admin::Admin::purge_dead_letters)).
     pub fn dead_letter_retention(mut self, retention: Duration) -> Self {
         self.config.dead_letter_retention = Some(retention);
         self
     }
 
     /// Keeps dead letters until an operator purges them
-    /// ([`Admin::purge_dead_letters`](crate::Admin::purge_dead_letters)).
+    /// ([`Admin::purge_dead_letters`](crate::admin::Admin::purge_dead_letters)).
     pub fn keep_dead_letters(mut self) -> Self {
         self.config.dead_letter_retention = None;
         self
