@@ -46,6 +46,7 @@
 //! | [`node`] | `ledger-node` child processes: SIGKILL, SIGSTOP, SIGTERM, ownership lines |
 //! | [`scenario`] | `Scenario`, `provision`, `wait_drained` |
 //! | [`stock`] | the `Stock` entity: the saga's second entity type, answering ledgers' orders |
+//! | [`tally`] | the `Tally` entity of the recovery, snapshot and dormant tests, and its full replay |
 
 /// Sends `tracing` output to the test harness, which shows it for failing tests only.
 ///
@@ -64,6 +65,7 @@ pub mod node;
 pub mod scenario;
 pub mod secure;
 pub mod stock;
+pub mod tally;
 
 pub use scenario::{Scenario, describe_consumers, provision, wait_drained};
 

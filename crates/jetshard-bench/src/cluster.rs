@@ -7,7 +7,7 @@
 //! the baseline. Beside it the **pipelined** bare loop, as fast as it is on one server (1024
 //! writes in flight per partition), whose refused writes are sent again: its 10164 count is the
 //! figure. jetshard group-commits (one atomic batch of every ready write per partition in
-//! flight). The protocol is the throughput scenario's ([`throughput::timed_passes`]): pause,
+//! flight). The protocol is the throughput scenario's ([`crate::drain::timed_passes`]): pause,
 //! pre-load, resume, time the drain; cold pass, then warm pass; each side on a fresh cluster.
 
 use std::sync::Arc;
@@ -22,11 +22,11 @@ use serde_json::json;
 
 use crate::Options;
 use crate::bare::{BareLoop, IN_FLIGHT, MAX_ACK_PENDING};
+use crate::drain::{DrainRun, DrainSpec, Pass, timed_passes};
 use crate::entity::BenchEntity;
 use crate::load;
 use crate::report::{Report, Row, Worse};
 use crate::stats::Summary;
-use crate::throughput::{DrainRun, DrainSpec, Pass, timed_passes};
 
 /// The entity type of the runs.
 const ENTITY_TYPE: &str = "bench";

@@ -12,6 +12,8 @@
 //! else, (ii) 100,000 timers set and cancelled before (compaction off), (iii) the same,
 //! compacted. Figures: the timer records left on `<t>.tmr.>` and the time to read them as a new
 //! owner's timer scan does (one ordered consumer over the filter).
+//!
+//! (c) With `--compaction-purge-cost true`, what one purge costs the server ([`crate::purge`]).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -158,6 +160,10 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         reads.push(json!({"case": case, "records": records, "read_ms": cold, "again_ms": warm}));
     }
     details.insert("timer_reads".to_owned(), json!(reads));
+    if options.compaction_purge_cost {
+        let costs = crate::purge::run(report).await?;
+        details.insert("purge_cost".to_owned(), json!(costs));
+    }
     report
         .details
         .insert("compaction".to_owned(), serde_json::Value::Object(details));

@@ -22,11 +22,12 @@ use serde_json::json;
 
 use crate::Options;
 use crate::bare::BareLoop;
+use crate::drain::DrainSpec;
 use crate::entity::{BenchCmd, BenchEntity, BenchEvt};
 use crate::load::{self, AckWindow, CommandPublisher};
 use crate::report::{Report, Row, Worse};
 use crate::stats::{Summary, now_ns};
-use crate::throughput::{self, DrainSpec, Measured};
+use crate::throughput::{self, Measured};
 
 const ENTITY_TYPE: &str = "lat";
 

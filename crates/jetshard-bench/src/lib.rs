@@ -30,6 +30,7 @@ pub mod bareloop;
 pub mod cluster;
 pub mod compaction;
 pub mod cpu;
+pub mod drain;
 pub mod entity;
 pub mod failover;
 pub mod latency;
@@ -37,6 +38,7 @@ pub mod load;
 pub mod memory;
 pub mod node;
 pub mod probe;
+pub mod purge;
 pub mod rebuild;
 pub mod recovery;
 pub mod report;
@@ -161,6 +163,10 @@ pub struct Options {
     /// 3-server cluster with R3 streams).
     #[arg(long, default_value_t = 1)]
     pub compaction_replicas: usize,
+    /// Whether the compaction scenario measures what one purge costs the server against the
+    /// span of an entity's records and by filter ([`purge`]; about a minute).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub compaction_purge_cost: bool,
     /// Commands per pass of the cluster scenario (3 servers, R3 streams).
     #[arg(long, default_value_t = 20_000)]
     pub cluster_commands: usize,

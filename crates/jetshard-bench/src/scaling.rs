@@ -1,4 +1,4 @@
-//! Scenario 6, scaling: the throughput protocol of [`crate::throughput`] at several partition
+//! Scenario 6, scaling: the throughput protocol of [`crate::drain`] at several partition
 //! counts (jetshard and the bare loop, each in this process), and with 1, 2 and 3 node
 //! processes sharing 8 partitions.
 //!
@@ -15,9 +15,10 @@ use jetshard_testkit::NatsServer;
 use serde_json::json;
 
 use crate::Options;
+use crate::drain::{self, DrainSpec, Pass};
 use crate::node::{NodeArgs, NodeProcess};
 use crate::report::{Report, Row};
-use crate::throughput::{self, DrainSpec};
+use crate::throughput;
 
 /// The longest one pass may take; a pass cut short reports the rate of what it drained.
 const PASS_TIME_BOX: Duration = Duration::from_secs(15);
@@ -39,7 +40,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             max_ack_pending: None,
         };
         eprintln!("scaling: {partitions} partitions, bare loop");
-        let bare = throughput::drain_bare(spec).await;
+        let bare = crate::bare::drain_bare(spec).await;
         eprintln!("scaling: {partitions} partitions, jetshard");
         let jetshard = throughput::drain_jetshard(spec).await;
         let (bare, jetshard) = match (bare, jetshard) {
@@ -150,7 +151,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
 /// The passes, acquisitions per node, releases (partition, reason) per node, and each
 /// acquisition (partition, rebuilt events, milliseconds) per node.
 type ProcessRun = (
-    Vec<throughput::Pass>,
+    Vec<Pass>,
     BTreeMap<String, usize>,
     BTreeMap<String, Vec<(u32, String)>>,
     BTreeMap<String, Vec<(u32, u64, u64)>>,
@@ -176,7 +177,7 @@ async fn drain_processes(spec: DrainSpec, processes: usize) -> anyhow::Result<Pr
     }
     crate::load::seed_entities(control.clone(), "bench", spec.partitions, spec.entities).await?;
     let pids: Vec<u32> = server.pid().into_iter().collect();
-    let passes = throughput::timed_passes(&pids, &control, spec, || Ok(())).await;
+    let passes = drain::timed_passes(&pids, &control, spec, || Ok(())).await;
     let split = nodes
         .iter()
         .map(|n| (n.id().to_owned(), n.acquisitions().len()))
@@ -204,6 +205,6 @@ async fn drain_processes(spec: DrainSpec, processes: usize) -> anyhow::Result<Pr
 }
 
 /// A note for a pass cut short by its time box.
-fn time_boxed(pass: &throughput::Pass) -> &'static str {
+fn time_boxed(pass: &Pass) -> &'static str {
     if pass.complete { "" } else { " (time-boxed)" }
 }

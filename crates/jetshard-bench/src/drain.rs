@@ -1,0 +1,230 @@
+//! The drain protocol the throughput, scaling, latency and cluster scenarios share: start the
+//! consumer side (a shard system, or the bare loop), pause every partition's consumer (or hold
+//! the bare loop), pre-load the commands round-robin over the entities, resume and time until
+//! the work-queue command stream is empty (every command acknowledged), pass after pass.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::allocs::{self, Allocated};
+use crate::bare::BareLoop;
+use crate::cpu::{CpuMeter, CpuSpent};
+use crate::load::{self, CommandPublisher, Gate};
+
+/// The entity type the throughput runs use.
+pub const ENTITY_TYPE: &str = "bench";
+
+/// What one drain run is given.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct DrainSpec {
+    /// Partitions.
+    pub partitions: u32,
+    /// Distinct entities the commands go to.
+    pub entities: usize,
+    /// Commands per pass.
+    pub commands: usize,
+    /// Passes (the first is cold).
+    pub passes: usize,
+    /// The longest a pass may take; a pass cut short reports the rate of what it drained.
+    pub time_box: Duration,
+    /// jetshard's `pull_batch` (default: jetshard's default).
+    pub pull_batch: Option<u32>,
+    /// jetshard's `max_ack_pending` (default: jetshard's default).
+    pub max_ack_pending: Option<u32>,
+}
+
+/// One timed drain.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Pass {
+    /// Commands acknowledged per second.
+    pub rate: f64,
+    /// Seconds from resume to empty (or to the end of the time box).
+    pub secs: f64,
+    /// Whether every command was acknowledged within the time box.
+    pub complete: bool,
+    /// Deliveries beyond one per command (the consumers' delivery counters): commands the
+    /// server delivered again because an acknowledgement did not come within the ack wait
+    /// (or a nak). Zero on a healthy run.
+    pub redeliveries: u64,
+    /// CPU spent meanwhile.
+    pub cpu: CpuSpent,
+    /// Heap allocations of this process (the client side) meanwhile.
+    pub allocated: Allocated,
+}
+
+impl Pass {
+    /// Client CPU microseconds per command.
+    pub fn client_us_per_command(&self, commands: usize) -> f64 {
+        self.cpu.client_secs * 1e6 / commands as f64
+    }
+
+    /// Client heap allocations per command.
+    pub fn allocs_per_command(&self, commands: usize) -> f64 {
+        self.allocated.allocs as f64 / commands as f64
+    }
+
+    /// Client bytes allocated per command.
+    pub fn alloc_bytes_per_command(&self, commands: usize) -> f64 {
+        self.allocated.bytes as f64 / commands as f64
+    }
+
+    /// Server CPU microseconds per command.
+    pub fn server_us_per_command(&self, commands: usize) -> f64 {
+        self.cpu.server_secs * 1e6 / commands as f64
+    }
+}
+
+/// The passes of one run, and how often partitions were acquired during it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DrainRun {
+    /// The passes in order (fewer than asked for if a backlog never cleared).
+    pub passes: Vec<Pass>,
+    /// Acquisitions (jetshard only): more than `partitions` means ownership moved mid-run.
+    pub acquisitions: Option<u64>,
+}
+
+/// One figure of each run's pass `pass` (a run that stopped before it has none).
+pub fn pass_rounds(runs: &[DrainRun], pass: usize, f: &dyn Fn(&Pass) -> f64) -> Vec<f64> {
+    runs.iter()
+        .filter_map(|r| r.passes.get(pass).map(f))
+        .collect()
+}
+
+/// Runs the passes of the protocol against whatever consumes `ENTITY_TYPE`'s partitions.
+pub async fn timed_passes(
+    server_pids: &[u32],
+    control: &async_nats::Client,
+    spec: DrainSpec,
+    check: impl Fn() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Pass>> {
+    timed_passes_polling(server_pids, control, spec, None, check).await
+}
+
+/// [`timed_passes`] with the drain polled every `poll` (`None`: [`load::drain`]'s).
+pub async fn timed_passes_polling(
+    server_pids: &[u32],
+    control: &async_nats::Client,
+    spec: DrainSpec,
+    poll: Option<Duration>,
+    check: impl Fn() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Pass>> {
+    timed_passes_with(server_pids, control, spec, poll, None, check).await
+}
+
+/// [`timed_passes_polling`]; with `hold`, the bare loop is held ([`BareLoop::hold`]) instead of
+/// the consumers paused while the commands are pre-loaded.
+pub async fn timed_passes_with(
+    server_pids: &[u32],
+    control: &async_nats::Client,
+    spec: DrainSpec,
+    poll: Option<Duration>,
+    hold: Option<&BareLoop>,
+    check: impl Fn() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Pass>> {
+    let gate = Gate::new(control.clone(), ENTITY_TYPE, spec.partitions);
+    let publisher = CommandPublisher::new(control.clone(), ENTITY_TYPE, spec.entities);
+    let mut passes = Vec::new();
+    for pass in 0..spec.passes {
+        match hold {
+            Some(bare) => bare.hold(false).await?,
+            None => gate.close().await?,
+        }
+        publisher
+            .preload(spec.commands, &load::preload_command())
+            .await?;
+        check()?;
+        let delivered_before = deliveries(control, spec.partitions).await?;
+        let cpu = CpuMeter::start(server_pids);
+        let allocated = allocs::now();
+        let started = Instant::now();
+        match hold {
+            Some(bare) => bare.hold(true).await?,
+            None => gate.open().await?,
+        }
+        if std::env::var_os("BENCH_DRAIN_DEBUG").is_some() {
+            eprintln!("pass {pass} opened at {:?}", std::time::SystemTime::now());
+        }
+        let drained = load::drain_polling(control, ENTITY_TYPE, spec.time_box, poll).await?;
+        let secs = drained.at.duration_since(started).as_secs_f64();
+        if std::env::var_os("BENCH_DRAIN_DEBUG").is_some() {
+            eprintln!(
+                "pass {pass} drained at {:?} after {secs:.2}s",
+                std::time::SystemTime::now()
+            );
+        }
+        let acknowledged = (spec.commands as u64).saturating_sub(drained.remaining);
+        let cpu = cpu.spent();
+        let allocated = allocs::now().since(allocated);
+        let delivered = deliveries(control, spec.partitions)
+            .await?
+            .saturating_sub(delivered_before);
+        let redeliveries = delivered.saturating_sub(spec.commands as u64);
+        if redeliveries > 0 {
+            eprintln!("  pass {pass}: {redeliveries} commands were delivered more than once");
+        }
+        let done = Pass {
+            rate: acknowledged as f64 / secs,
+            secs,
+            complete: drained.remaining == 0,
+            redeliveries,
+            cpu,
+            allocated,
+        };
+        let per_command = |n: u64| n as f64 / spec.commands as f64;
+        eprintln!(
+            "  pass {pass}: {:.0} cmd/s, server {:.1} us/cmd, client {:.1} us/cmd, {:.1} allocs / {:.0} B per cmd (by size <64 B, <256, <1K, <4K, <16K, more: {})",
+            done.rate,
+            done.server_us_per_command(spec.commands),
+            done.client_us_per_command(spec.commands),
+            done.allocs_per_command(spec.commands),
+            done.alloc_bytes_per_command(spec.commands),
+            allocated
+                .sizes
+                .map(|n| format!("{:.1}", per_command(n)))
+                .join(" / ")
+        );
+        passes.push(done);
+        if drained.remaining > 0 {
+            eprintln!(
+                "  pass {pass} did not drain within {:?}: {} commands left",
+                spec.time_box, drained.remaining
+            );
+            if pass + 1 < spec.passes {
+                // The next pass starts from an empty stream; if the backlog does not clear
+                // within another time box, the remaining passes are not run.
+                let rest = load::drain(control, ENTITY_TYPE, spec.time_box).await?;
+                if rest.remaining > 0 {
+                    eprintln!(
+                        "  the backlog did not clear ({} commands left); skipping the remaining passes",
+                        rest.remaining
+                    );
+                    break;
+                }
+            }
+        }
+        check()?;
+    }
+    Ok(passes)
+}
+
+/// Deliveries so far over every partition's consumer (their consumer sequences).
+async fn deliveries(control: &async_nats::Client, partitions: u32) -> anyhow::Result<u64> {
+    let names = jetshard::wire::Names::new(ENTITY_TYPE);
+    let js = async_nats::jetstream::new(control.clone());
+    let stream = js
+        .get_stream_no_info(names.command_stream())
+        .await
+        .context("open the command stream")?;
+    let mut total = 0;
+    for partition in 0..partitions {
+        let info = stream
+            .consumer_info(names.consumer(partition))
+            .await
+            .with_context(|| format!("read the consumer of partition {partition}"))?;
+        total += info.delivered.consumer_sequence;
+    }
+    Ok(total)
+}
