@@ -187,7 +187,16 @@ async fn a_standby_pinned_while_its_process_stops_gives_the_pin_back_at_once() {
         .subscribe(names.membership_subject())
         .await
         .expect("subscribe to heartbeats");
-    client.flush().await.expect("flush");
+    // The subscription must be registered at the server before the stop says "leaving", or
+    // the heartbeat goes to nobody. `flush` only writes it out (async-nats 0.51 sends no PING);
+    // the server handles a connection's operations in order, so the answer to a request sent
+    // after it (here "no responders") means it is in place. The full suite on a loaded machine
+    // once missed the heartbeat without this.
+    let synced = client.request("handover.sync", "".into()).await;
+    assert!(
+        synced.is_err_and(|e| e.kind() == async_nats::RequestErrorKind::NoResponders),
+        "a round trip through the server"
+    );
     let stopping = tokio::spawn(a.shutdown());
     // The stop says "leaving" just before it tells the owners to release.
     let leaving = tokio::time::timeout(Duration::from_secs(10), async {
