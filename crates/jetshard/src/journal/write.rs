@@ -12,6 +12,8 @@ use async_nats::header::HeaderName;
 use async_nats::jetstream::context::Context;
 use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::Either;
 
 use crate::data::OutboxMessage;
 use crate::data::origin::Origin;
@@ -105,8 +107,39 @@ impl JournalWriter {
     /// same all-or-none unit as its events.
     ///
     /// `event_subject` is the entity's [`Names::event_subject`], kept by its actor.
+    ///
+    /// Not an `async fn`: the records are built when it is called, so that the future (part of
+    /// every command's future) holds them and the write, not the arguments besides.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn append(
+    pub(crate) fn append<'a>(
+        &'a self,
+        entity: &EntityId,
+        event_subject: &Subject,
+        command_seq: u64,
+        events: Vec<Vec<u8>>,
+        version: u32,
+        trace: Option<&TraceParent>,
+        attached: Attached<'_>,
+    ) -> impl Future<Output = Result<Option<u64>, WriteError>> + Send + use<'a> {
+        let records = self.records(
+            entity,
+            event_subject,
+            command_seq,
+            events,
+            version,
+            trace,
+            attached,
+        );
+        match records {
+            Ok(Some(records)) => Either::Left(self.commit.write(records).map(|r| r.map(Some))),
+            Ok(None) => Either::Right(std::future::ready(Ok(None))),
+            Err(e) => Either::Right(std::future::ready(Err(e))),
+        }
+    }
+
+    /// The fenced records of [`Self::append`] (`None`: nothing to write).
+    #[allow(clippy::too_many_arguments)]
+    fn records(
         &self,
         entity: &EntityId,
         event_subject: &Subject,
@@ -115,7 +148,7 @@ impl JournalWriter {
         version: u32,
         trace: Option<&TraceParent>,
         attached: Attached<'_>,
-    ) -> Result<Option<u64>, WriteError> {
+    ) -> Result<Option<Vec<Outgoing>>, WriteError> {
         let Attached {
             outbox,
             timers,
@@ -195,7 +228,7 @@ impl JournalWriter {
             .chain(outbox_records)
             .chain(timer_records)
             .collect();
-        self.commit.write(records).await.map(Some)
+        Ok(Some(records))
     }
 
     /// Records that every outbox message of the command at `command_seq` was published.
