@@ -121,34 +121,6 @@ impl JournalWriter {
         trace: Option<&TraceParent>,
         attached: Attached<'_>,
     ) -> impl Future<Output = Result<Option<u64>, WriteError>> + Send + use<'a> {
-        let records = self.records(
-            entity,
-            event_subject,
-            command_seq,
-            events,
-            version,
-            trace,
-            attached,
-        );
-        match records {
-            Ok(Some(records)) => Either::Left(self.commit.write(records).map(|r| r.map(Some))),
-            Ok(None) => Either::Right(std::future::ready(Ok(None))),
-            Err(e) => Either::Right(std::future::ready(Err(e))),
-        }
-    }
-
-    /// The fenced records of [`Self::append`] (`None`: nothing to write).
-    #[allow(clippy::too_many_arguments)]
-    fn records(
-        &self,
-        entity: &EntityId,
-        event_subject: &Subject,
-        command_seq: u64,
-        events: Vec<Vec<u8>>,
-        version: u32,
-        trace: Option<&TraceParent>,
-        attached: Attached<'_>,
-    ) -> Result<Option<Vec<Outgoing>>, WriteError> {
         let Attached {
             outbox,
             timers,
@@ -157,10 +129,12 @@ impl JournalWriter {
         } = attached;
         let records = events.len() + outbox.len() + timers.len() + usize::from(fired.is_some());
         if records > MAX_EVENTS_PER_COMMAND {
-            return Err(WriteError::TooManyEvents { events: records });
+            return Either::Right(std::future::ready(Err(WriteError::TooManyEvents {
+                events: records,
+            })));
         }
         if records == 0 {
-            return Ok(None);
+            return Either::Right(std::future::ready(Ok(None)));
         }
         // Built only for a command that writes such records (most write events alone).
         let outbox_subject = if outbox.is_empty() {
@@ -228,7 +202,7 @@ impl JournalWriter {
             .chain(outbox_records)
             .chain(timer_records)
             .collect();
-        Ok(Some(records))
+        Either::Left(self.commit.write(records).map(|r| r.map(Some)))
     }
 
     /// Records that every outbox message of the command at `command_seq` was published.
