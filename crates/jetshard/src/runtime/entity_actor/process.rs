@@ -529,8 +529,8 @@ mod tests {
     /// The entity actor boxes every command's future. glibc serves a request of up to 1,000
     /// bytes from its small bins; a larger one first merges every free fast-bin chunk
     /// (`malloc_consolidate`), which cost 13% of the client's CPU when every command's future
-    /// was larger (issue 22). Measured in a debug build, whose futures are no smaller than a
-    /// release build's.
+    /// was larger (issue 22). Measured in the test build; before the publish was boxed apart,
+    /// the test and release builds gave the same size (1,424 bytes).
     #[test]
     #[allow(unreachable_code, clippy::diverging_sub_expression)]
     fn a_command_future_is_a_small_allocation() {
