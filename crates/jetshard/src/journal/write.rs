@@ -12,6 +12,8 @@ use async_nats::header::HeaderName;
 use async_nats::jetstream::context::Context;
 use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::Either;
 
 use crate::data::OutboxMessage;
 use crate::data::origin::Origin;
@@ -105,9 +107,12 @@ impl JournalWriter {
     /// same all-or-none unit as its events.
     ///
     /// `event_subject` is the entity's [`Names::event_subject`], kept by its actor.
+    ///
+    /// Not an `async fn`: the records are built when it is called, so that the future (part of
+    /// every command's future) holds them and the write, not the arguments besides.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn append(
-        &self,
+    pub(crate) fn append<'a>(
+        &'a self,
         entity: &EntityId,
         event_subject: &Subject,
         command_seq: u64,
@@ -115,7 +120,7 @@ impl JournalWriter {
         version: u32,
         trace: Option<&TraceParent>,
         attached: Attached<'_>,
-    ) -> Result<Option<u64>, WriteError> {
+    ) -> impl Future<Output = Result<Option<u64>, WriteError>> + Send + use<'a> {
         let Attached {
             outbox,
             timers,
@@ -124,10 +129,12 @@ impl JournalWriter {
         } = attached;
         let records = events.len() + outbox.len() + timers.len() + usize::from(fired.is_some());
         if records > MAX_EVENTS_PER_COMMAND {
-            return Err(WriteError::TooManyEvents { events: records });
+            return Either::Right(std::future::ready(Err(WriteError::TooManyEvents {
+                events: records,
+            })));
         }
         if records == 0 {
-            return Ok(None);
+            return Either::Right(std::future::ready(Ok(None)));
         }
         // Built only for a command that writes such records (most write events alone).
         let outbox_subject = if outbox.is_empty() {
@@ -195,7 +202,7 @@ impl JournalWriter {
             .chain(outbox_records)
             .chain(timer_records)
             .collect();
-        self.commit.write(records).await.map(Some)
+        Either::Left(self.commit.write(records).map(|r| r.map(Some)))
     }
 
     /// Records that every outbox message of the command at `command_seq` was published.

@@ -28,11 +28,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::context::{Context, PublishErrorKind};
+use async_nats::jetstream::context::{Context, PublishAckFuture, PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::future::Either;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
@@ -200,7 +201,13 @@ impl GroupCommit {
             bytes += len;
         }
         if let (Some(committer), [_]) = (&self.direct, records.as_slice()) {
-            return committer.write_single(records).await;
+            // Boxed apart: async-nats' publish future alone is 848 bytes (release). Within the
+            // command's future, which the entity actor boxes, it made that allocation 1.4 KB:
+            // over the largest request glibc serves from its small bins (1,000 bytes), so each
+            // one first merged the free fast-bin chunks (`malloc_consolidate`, 13% of the
+            // client's CPU). Two allocations under the limit cost less (issue 22,
+            // docs/PERFORMANCE.md).
+            return Box::pin(committer.write_single(records)).await;
         }
         let (answer, answered) = oneshot::channel();
         let unit = Unit {
@@ -291,19 +298,29 @@ impl Committer {
 
     /// Publishes the one record of `records` (none: nothing to store) and answers as
     /// [`GroupCommit::write`] does.
-    async fn write_single(&self, mut records: Vec<Outgoing>) -> Result<u64, WriteError> {
+    ///
+    /// Not an `async fn`, and built of combinators: on a single server this future is part of
+    /// every command's future, and an `async fn` would hold its argument (the record) beside the
+    /// publish it is moved into, and a future awaited in an `async` block beside the next one.
+    fn write_single(
+        &self,
+        mut records: Vec<Outgoing>,
+    ) -> impl Future<Output = Result<u64, WriteError>> + Send + use<'_> {
         let Some(record) = records.pop() else {
-            return Ok(0);
+            return Either::Left(std::future::ready(Ok(0)));
         };
-        match self.publish_one(record).await {
-            Ok(seq) => {
-                self.committed(1);
-                Ok(seq)
-            }
-            // Its message id is known: it was stored.
-            Err(Refusal::Duplicate) => Ok(0),
-            Err(refusal) => Err(self.error_of(&refusal)),
-        }
+        Either::Right(
+            self.publish_one(record)
+                .map(move |published| match published {
+                    Ok(seq) => {
+                        self.committed(1);
+                        Ok(seq)
+                    }
+                    // Its message id is known: it was stored.
+                    Err(Refusal::Duplicate) => Ok(0),
+                    Err(refusal) => Err(self.error_of(&refusal)),
+                }),
+        )
     }
 
     /// Counts a stored batch of `records` records.
@@ -460,18 +477,30 @@ impl Committer {
     /// Publishes one record on its own. Not retried here (its headers are moved into the
     /// publish): a refusal for a write in flight (10164, a clustered stream while the owner
     /// changes) is counted and reported unconfirmed, and its entity writes it again.
-    async fn publish_one(&self, record: Outgoing) -> Result<u64, Refusal> {
+    ///
+    /// Not an `async fn`, for the reasons given at [`Self::write_single`].
+    fn publish_one(
+        &self,
+        record: Outgoing,
+    ) -> impl Future<Output = Result<u64, Refusal>> + Send + use<'_> {
         let message = PublishMessage::build()
             .payload(record.payload)
             .headers(record.headers);
-        let ack = self
-            .js
+        // `then`: the publish and the wait for its answer, one after the other in one place.
+        self.js
             .send_publish(record.subject, message)
-            .await
-            .map_err(|e| match e.kind() {
-                PublishErrorKind::MaxPayloadExceeded => Refusal::Refused(e.to_string()),
-                _ => Refusal::Unconfirmed(e.to_string()),
-            })?;
+            .then(move |sent| self.acknowledged(sent))
+    }
+
+    /// The server's answer to a publish `sent` (the sequence it stored the record at).
+    async fn acknowledged(
+        &self,
+        sent: Result<PublishAckFuture, PublishError>,
+    ) -> Result<u64, Refusal> {
+        let ack = sent.map_err(|e| match e.kind() {
+            PublishErrorKind::MaxPayloadExceeded => Refusal::Refused(e.to_string()),
+            _ => Refusal::Unconfirmed(e.to_string()),
+        })?;
         match ack.await {
             Ok(ack) => Ok(ack.sequence),
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Err(Refusal::Fenced),

@@ -167,3 +167,20 @@ async fn pipelined_single_records_are_published_by_their_writer_and_still_fenced
     );
     assert_eq!(stored(&js).await, 5);
 }
+
+/// A single record's publish on a single server is boxed apart from its command's future
+/// (`GroupCommit::write`): it must stay a small allocation too (see the entity actor's
+/// `a_command_future_is_a_small_allocation`).
+#[test]
+#[allow(unreachable_code, clippy::diverging_sub_expression)]
+fn a_single_records_publish_is_a_small_allocation() {
+    fn future_size<F: std::future::Future>(_make: impl FnOnce() -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+    let size = future_size(|| Committer::write_single(unreachable!(), unreachable!()));
+    eprintln!("single publish future: {size} bytes");
+    assert!(
+        size <= 1000,
+        "a single record's publish future is {size} bytes"
+    );
+}

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::ack::{acknowledge, acknowledge_confirmed, respond};
 use super::settle;
-use super::settle::{Effect, Head, StepDown};
+use super::settle::{Effect, Head, Settled, StepDown};
 use super::slot::{Blocked, Pending};
 use super::state::OwnerState;
 use crate::data::CommandOutcome;
@@ -91,7 +91,7 @@ impl<E: Entity> OwnerState<E> {
         }
         let mut effects = settle::settle(&head, outcome.verdict, &policy, Instant::now());
         if let Some(q) = outcome.quarantine {
-            effects.insert(0, Effect::Quarantine(q));
+            effects = Settled::after(Effect::Quarantine(q), effects);
         }
         self.carry_out(&entity, outcome.seq, effects, outcome.detail)
             .await?;
@@ -113,7 +113,7 @@ impl<E: Entity> OwnerState<E> {
         &mut self,
         entity: &EntityId,
         seq: u64,
-        effects: Vec<Effect>,
+        effects: Settled,
         detail: Option<Detail>,
     ) -> Result<(), ActorProcessingErr> {
         let partition = self.partition;

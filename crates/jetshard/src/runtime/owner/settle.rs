@@ -124,6 +124,45 @@ pub(crate) enum Effect {
     StepDown(StepDown),
 }
 
+/// What a verdict comes to: up to three effects, carried out in order. Kept inline: the owner
+/// settles every command, and a `Vec` was an allocation each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Settled([Option<Effect>; 3]);
+
+impl Settled {
+    /// One effect.
+    pub(crate) fn one(effect: Effect) -> Self {
+        Self([Some(effect), None, None])
+    }
+
+    /// Two effects, `first` first.
+    fn two(first: Effect, second: Effect) -> Self {
+        Self([Some(first), Some(second), None])
+    }
+
+    /// `effect` first, then these (`settle` gives at most two: none is lost).
+    pub(crate) fn after(effect: Effect, then: Self) -> Self {
+        let [a, b, dropped] = then.0;
+        debug_assert!(dropped.is_none(), "settle gives at most two effects");
+        Self([Some(effect), a, b])
+    }
+}
+
+impl IntoIterator for Settled {
+    type Item = Effect;
+    type IntoIter = std::iter::Flatten<std::array::IntoIter<Option<Effect>, 3>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter().flatten()
+    }
+}
+
+impl PartialEq<Vec<Effect>> for Settled {
+    fn eq(&self, other: &Vec<Effect>) -> bool {
+        self.0.iter().flatten().eq(other.iter())
+    }
+}
+
 /// Local retries of unconfirmed writes back off up to this.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
@@ -148,9 +187,9 @@ pub(crate) fn suspect(runs: u32, deliveries: u64, policy: &Policy) -> Option<Str
 }
 
 /// Decides what becomes of the command `head` given its entity's `verdict`.
-pub(crate) fn settle(head: &Head, verdict: Verdict, policy: &Policy, now: Instant) -> Vec<Effect> {
+pub(crate) fn settle(head: &Head, verdict: Verdict, policy: &Policy, now: Instant) -> Settled {
     let seq = head.seq;
-    let finish = |terminate, answer| vec![Effect::Finish { terminate, answer }];
+    let finish = |terminate, answer| Settled::one(Effect::Finish { terminate, answer });
     match verdict {
         Verdict::Applied { events } => finish(
             false,
@@ -179,21 +218,21 @@ pub(crate) fn settle(head: &Head, verdict: Verdict, policy: &Policy, now: Instan
                 reason,
             },
         ),
-        Verdict::Fenced => vec![Effect::StepDown(StepDown::Fenced)],
+        Verdict::Fenced => Settled::one(Effect::StepDown(StepDown::Fenced)),
         Verdict::Failed(Failure::Unconfirmed(_)) => {
             let delay = backoff(
                 policy.retry_delay,
                 u64::from(head.attempts) + 1,
                 MAX_RETRY_DELAY,
             );
-            vec![Effect::RetryAt(now + delay)]
+            Settled::one(Effect::RetryAt(now + delay))
         }
-        Verdict::Failed(Failure::Refused(reason)) => vec![Effect::GiveUp {
+        Verdict::Failed(Failure::Refused(reason)) => Settled::one(Effect::GiveUp {
             reason: format!("can never be written: {reason}"),
-        }],
+        }),
         Verdict::Failed(Failure::Quarantined(quarantine)) => {
             let reason = quarantine.dead_letter_reason();
-            vec![Effect::Quarantine(quarantine), Effect::GiveUp { reason }]
+            Settled::two(Effect::Quarantine(quarantine), Effect::GiveUp { reason })
         }
         Verdict::Failed(Failure::Crashed(reason)) => {
             let next = if head.deliveries >= policy.max_deliver {
@@ -212,7 +251,7 @@ pub(crate) fn settle(head: &Head, verdict: Verdict, policy: &Policy, now: Instan
             } else {
                 Effect::AwaitRedelivery
             };
-            vec![Effect::CountCrash, next]
+            Settled::two(Effect::CountCrash, next)
         }
     }
 }
@@ -328,7 +367,9 @@ mod tests {
             settle(&head(2, false), crashed(), &POLICY, now),
             vec![Effect::CountCrash, Effect::AwaitRedelivery]
         );
-        let last = settle(&head(3, true), crashed(), &POLICY, now);
+        let last: Vec<Effect> = settle(&head(3, true), crashed(), &POLICY, now)
+            .into_iter()
+            .collect();
         assert!(
             matches!(&last[..], [Effect::CountCrash, Effect::GiveUp { reason }] if reason.contains("3 deliveries") && reason.contains("boom")),
             "{last:?}"
@@ -338,12 +379,14 @@ mod tests {
     #[test]
     fn writes_that_can_never_succeed_and_quarantined_entities_give_up_at_once() {
         let now = Instant::now();
-        let refused = settle(
+        let refused: Vec<Effect> = settle(
             &head(1, true),
             Verdict::Failed(Failure::Refused("too big".into())),
             &POLICY,
             now,
-        );
+        )
+        .into_iter()
+        .collect();
         assert!(
             matches!(&refused[..], [Effect::GiveUp { .. }]),
             "{refused:?}"
@@ -353,12 +396,14 @@ mod tests {
             reason: "event at journal seq 42 does not decode".into(),
             last_command_seq: 5,
         };
-        let effects = settle(
+        let effects: Vec<Effect> = settle(
             &head(1, true),
             Verdict::Failed(Failure::Quarantined(q.clone())),
             &POLICY,
             now,
-        );
+        )
+        .into_iter()
+        .collect();
         assert_eq!(effects[0], Effect::Quarantine(q));
         assert!(
             matches!(&effects[1], Effect::GiveUp { reason } if reason.contains("quarantined") && reason.contains("42"))

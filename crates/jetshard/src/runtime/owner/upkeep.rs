@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::ack::{acknowledge, unpin};
 use super::phase::Phase;
 use super::route;
-use super::settle::{Effect, StepDown};
+use super::settle::{Effect, Settled, StepDown};
 use super::slot::Blocked;
 use super::state::{OwnerMsg, OwnerState};
 use crate::entity::Entity;
@@ -176,7 +176,9 @@ impl<E: Entity> OwnerState<E> {
             let give_up = Effect::GiveUp {
                 reason: "failed, and not redelivered".to_owned(),
             };
-            let _ = self.carry_out(&entity, seq, vec![give_up], None).await;
+            let _ = self
+                .carry_out(&entity, seq, Settled::one(give_up), None)
+                .await;
         }
     }
 
