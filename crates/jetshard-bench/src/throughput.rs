@@ -127,11 +127,11 @@ pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<DrainRun> {
     load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
     let pids: Vec<u32> = server.pid().into_iter().collect();
     let passes = timed_passes(&pids, &control, spec, || Ok(())).await;
-    let acquisitions = system
-        .status()
-        .await
-        .map(|s| s.iter().map(|p| p.acquisitions).sum())
-        .ok();
+    let status = system.status().await;
+    if let Ok(status) = &status {
+        report_loads("jetshard passes", status);
+    }
+    let acquisitions = status.map(|s| s.iter().map(|p| p.acquisitions).sum()).ok();
     system.shutdown().await.context("shut the system down")?;
     Ok(DrainRun {
         passes: passes?,
@@ -340,6 +340,7 @@ pub async fn fresh_entities(partitions: u32, entities: usize) -> anyhow::Result<
     let drained = load::wait_drained(&control, ENTITY_TYPE, TIMEOUT).await;
     let secs = started.elapsed().as_secs_f64();
     let status = system.status().await.unwrap_or_default();
+    report_loads("never-seen entities", &status);
     system.shutdown().await.context("shut the system down")?;
     Ok(FreshRun {
         entities,
@@ -348,6 +349,21 @@ pub async fn fresh_entities(partitions: u32, entities: usize) -> anyhow::Result<
         applied: status.iter().map(|p| p.applied).sum(),
         dead_lettered: status.iter().map(|p| p.dead_lettered).sum(),
     })
+}
+
+/// Prints what a system's entity loads came to: loads, those read in batches, and the reads
+/// they made of the server (each batched read once).
+pub fn report_loads(what: &str, status: &[jetshard::PartitionStatus]) {
+    let sum = |f: fn(&jetshard::PartitionStatus) -> u64| status.iter().map(f).sum::<u64>();
+    let (loads, batched, reads) = (
+        sum(|p| p.entity_loads),
+        sum(|p| p.batched_loads),
+        sum(|p| p.load_reads),
+    );
+    eprintln!(
+        "  {what}: {loads} entity loads, {batched} from batched reads, {reads} reads ({:.2} a load)",
+        reads as f64 / loads.max(1) as f64
+    );
 }
 
 /// Deliveries so far over every partition's consumer (their consumer sequences).

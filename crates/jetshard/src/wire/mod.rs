@@ -445,6 +445,11 @@ pub(crate) fn pull_request_subject(stream: &str, consumer: &str) -> String {
     format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}")
 }
 
+/// The subject direct gets of `stream` are sent to (any replica answers).
+pub(crate) fn direct_get_subject(stream: &str) -> String {
+    format!("$JS.API.DIRECT.GET.{stream}")
+}
+
 /// Whether `s` is a valid entity type token: lowercase ASCII letters, digits, `-` and `_`,
 /// starting with a letter, at most 32 bytes.
 pub(crate) fn is_valid_entity_type(s: &str) -> bool {

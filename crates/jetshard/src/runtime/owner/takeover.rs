@@ -76,6 +76,7 @@ impl<E: Entity> OwnerState<E> {
                 on_passivation: self.shared.config.snapshot_on_passivation,
             },
             loads: Arc::clone(&self.shared.loads),
+            load_stats: Arc::clone(&self.load_stats),
             metrics: self.metrics.command.clone(),
         });
         let recovery = tokio::spawn(crate::runtime::outbox::recover(
@@ -125,6 +126,7 @@ impl<E: Entity> OwnerState<E> {
             held: acquired.claimed.held,
             isolation,
             suspect,
+            batch_loads: HashMap::new(),
         }));
         self.timers = Timers::default();
         self.find_timers(partition, fence.generation);
