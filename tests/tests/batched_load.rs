@@ -112,8 +112,8 @@ async fn loads(system: &ShardSystem) -> (u64, u64, u64) {
 /// (batched), then loads each alone (a state query, which is never batched) under a third and
 /// has it serve again; the journal is checked against everything sent.
 async fn batched_loads_equal_loads_alone(mut s: Scenario) {
-    let quiet = |node: &str| s.config(node).snapshot_on_passivation(false);
-    let writer = s.system_with(quiet("n1")).await;
+    let quiet = |s: &Scenario, node: &str| s.config(node).snapshot_on_passivation(false);
+    let writer = s.system_with(quiet(&s, "n1")).await;
     let histories = Histories::write(&mut s).await;
     jetshard_tests::wait_drained(&s.js, WITHIN)
         .await
@@ -122,7 +122,7 @@ async fn batched_loads_equal_loads_alone(mut s: Scenario) {
 
     // Every command waits for the next owner, which pulls them in bursts: batched loads.
     histories.send_next(&mut s).await;
-    let batched = s.system_with(quiet("n2")).await;
+    let batched = s.system_with(quiet(&s, "n2")).await;
     histories.wait_held(&s).await;
     let (loads_b, batched_b, reads_b) = loads(&batched).await;
     eprintln!(
@@ -140,9 +140,13 @@ async fn batched_loads_equal_loads_alone(mut s: Scenario) {
         .expect("shut down the batched system");
 
     // Each loaded alone, by its state query: the same lists.
-    let alone = s.system_with(quiet("n3")).await;
+    let alone = s.system_with(quiet(&s, "n3")).await;
     histories.wait_held(&s).await;
-    let (loads_a, batched_a, _) = loads(&alone).await;
+    let (loads_a, batched_a, reads_a) = loads(&alone).await;
+    eprintln!(
+        "alone: {loads_a} loads, {reads_a} reads ({:.2} a load)",
+        reads_a as f64 / loads_a.max(1) as f64
+    );
     assert_eq!(batched_a, 0, "queries load one entity at a time");
     assert!(
         loads_a >= histories.expected.len() as u64,

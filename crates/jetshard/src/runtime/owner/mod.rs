@@ -162,7 +162,11 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 let mut planned = false;
                 while !deliveries.is_empty() {
                     if !planned && let Phase::Owning(o) = &mut state.phase {
-                        route::plan_batch_loads(o, deliveries.iter());
+                        let named = deliveries
+                            .iter()
+                            .filter(|d| !d.wake)
+                            .filter_map(|d| Names::entity_of_subject(&d.subject));
+                        route::plan_batch_loads(o, named);
                         planned = true;
                     }
                     let Some(delivery) = deliveries.pop_front() else {

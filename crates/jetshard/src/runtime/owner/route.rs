@@ -11,8 +11,6 @@ use super::phase::Owning;
 use super::slot::{Blocked, Pending, Resident, Slot};
 use crate::entity::{Entity, EntityId};
 use crate::runtime::entity_actor::{BatchLoad, EntityActor, EntityMsg, Loaded, MAX_BATCH_LOAD};
-use crate::runtime::pin::Delivery;
-use crate::wire::Names;
 
 /// Queues a command for its entity. Returns whether the entity should be dispatched.
 pub(super) fn enqueue<E: Entity>(o: &mut Owning<E>, entity: &EntityId, pending: Pending) -> bool {
@@ -69,26 +67,21 @@ pub(super) fn dispatch<E: Entity>(
     }
 }
 
-/// Plans the batched loads of a pull burst's `deliveries`: each entity they are for that has
-/// neither an actor nor a dormant state (nor is quarantined) is to load from one batched read
-/// with up to [`MAX_BATCH_LOAD`] others ([`BatchLoad`]), which its actor is given when
-/// [`spawn`] starts it. Not while commands run one at a time (isolation): they load one by one.
+/// Plans the batched loads of the commands about to be routed, for the entities `named`
+/// (a pull burst's, or those recovered at a takeover): each that has neither an actor nor a
+/// dormant state (nor is quarantined) is to load from one batched read with up to
+/// [`MAX_BATCH_LOAD`] others ([`BatchLoad`]), which its actor is given when [`spawn`] starts it.
+/// Not while commands run one at a time (isolation): they load one by one.
 pub(super) fn plan_batch_loads<'a, E: Entity>(
     o: &mut Owning<E>,
-    deliveries: impl Iterator<Item = &'a Delivery>,
+    named: impl Iterator<Item = &'a str>,
 ) {
     if o.isolation.is_some() {
         return;
     }
     let mut new = Vec::new();
     let mut seen = HashSet::new();
-    for delivery in deliveries {
-        if delivery.wake {
-            continue;
-        }
-        let Some(named) = Names::entity_of_subject(&delivery.subject) else {
-            continue;
-        };
+    for named in named {
         let in_hand = o
             .entities
             .get(named)
