@@ -97,15 +97,21 @@ impl Histories {
     }
 }
 
-/// The load counters of `system`, summed over its partitions.
-async fn loads(system: &ShardSystem) -> (u64, u64, u64) {
+/// The load counters of `system` (loads, of them batched, reads), summed over its partitions,
+/// printed as `what`.
+async fn loads(system: &ShardSystem, what: &str) -> (u64, u64, u64) {
     let status = system.status().await.expect("status");
     let sum = |f: fn(&PartitionStatus) -> u64| status.iter().map(f).sum::<u64>();
-    (
+    let (loads, batched, reads) = (
         sum(|p| p.entity_loads),
         sum(|p| p.batched_loads),
         sum(|p| p.load_reads),
-    )
+    );
+    eprintln!(
+        "{what}: {loads} loads, {batched} batched, {reads} reads ({:.2} a load)",
+        reads as f64 / loads.max(1) as f64
+    );
+    (loads, batched, reads)
 }
 
 /// Writes the histories under one system, loads every entity in pull bursts under a second
@@ -124,11 +130,7 @@ async fn batched_loads_equal_loads_alone(mut s: Scenario) {
     histories.send_next(&mut s).await;
     let batched = s.system_with(quiet(&s, "n2")).await;
     histories.wait_held(&s).await;
-    let (loads_b, batched_b, reads_b) = loads(&batched).await;
-    eprintln!(
-        "batched pass: {loads_b} loads, {batched_b} batched, {reads_b} reads ({:.2} a load)",
-        reads_b as f64 / loads_b.max(1) as f64
-    );
+    let (loads_b, batched_b, _) = loads(&batched, "in pull bursts").await;
     assert!(
         loads_b >= histories.expected.len() as u64,
         "every entity loaded: {loads_b}"
@@ -142,11 +144,7 @@ async fn batched_loads_equal_loads_alone(mut s: Scenario) {
     // Each loaded alone, by its state query: the same lists.
     let alone = s.system_with(quiet(&s, "n3")).await;
     histories.wait_held(&s).await;
-    let (loads_a, batched_a, reads_a) = loads(&alone).await;
-    eprintln!(
-        "alone: {loads_a} loads, {reads_a} reads ({:.2} a load)",
-        reads_a as f64 / loads_a.max(1) as f64
-    );
+    let (loads_a, batched_a, _) = loads(&alone, "alone").await;
     assert_eq!(batched_a, 0, "queries load one entity at a time");
     assert!(
         loads_a >= histories.expected.len() as u64,

@@ -6,7 +6,8 @@
 //! its own stream (`Nats-UpTo-Sequence`) when the request names none: the answer is complete
 //! for every record at or below it. So an answer is taken only if that reaches the caller's
 //! watermark (a sequence every record it needs is at or below); otherwise it is asked again
-//! (another replica may answer) and at last given up.
+//! a little later (another replica may answer, or the same one have caught up) and at last
+//! given up.
 
 use std::time::Duration;
 
@@ -25,6 +26,9 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How often a request whose answer is short of the watermark is sent again.
 const ATTEMPTS: usize = 3;
+
+/// The wait before the second ask (twice as long before the third).
+const RETRY_AFTER: Duration = Duration::from_millis(20);
 
 /// `204 EOB`: the answer's last message, with its headers.
 const END_OF_BATCH: u16 = 204;
@@ -71,6 +75,11 @@ pub(crate) async fn last_records(
                 "multi_last answer from a replica behind the watermark; asked again"
             ),
             None => return Ok(None),
+        }
+        if attempt < ATTEMPTS {
+            // A replica behind is usually milliseconds behind, and the same one may answer
+            // again (a server prefers the replica it hosts): give it that time.
+            tokio::time::sleep(RETRY_AFTER * attempt as u32).await;
         }
     }
     Ok(None)
@@ -215,13 +224,19 @@ mod tests {
         .to_vec()
     }
 
-    #[tokio::test(flavor = "current_thread")]
-    async fn one_request_answers_the_last_record_of_every_subject_of_each_entity() {
+    /// A server whose journal holds [`HISTORY`]; a client; the last sequence.
+    async fn one_server_with_history() -> (NatsServer, async_nats::Client, u64) {
         let server = NatsServer::start().await.expect("start nats-server");
         let client = server.connect().await.expect("connect");
         let js = jetstream::new(client.clone());
         journal(&js, 1).await;
         let last = store(&js, &HISTORY).await;
+        (server, client, last)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn one_request_answers_the_last_record_of_every_subject_of_each_entity() {
+        let (_server, client, last) = one_server_with_history().await;
         let mut requests = 0;
         let answer = last_records(&client, "T", &filters(), last, &mut requests)
             .await
@@ -234,11 +249,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn an_answer_short_of_the_watermark_is_asked_again_and_then_refused() {
-        let server = NatsServer::start().await.expect("start nats-server");
-        let client = server.connect().await.expect("connect");
-        let js = jetstream::new(client.clone());
-        journal(&js, 1).await;
-        let last = store(&js, &HISTORY).await;
+        let (_server, client, last) = one_server_with_history().await;
         // As a replica that has not got the last record yet answers.
         let mut requests = 0;
         let answer = last_records(&client, "T", &filters(), last + 1, &mut requests)
