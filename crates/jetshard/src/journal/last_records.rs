@@ -16,7 +16,7 @@ use async_nats::jetstream::message::StreamMessage;
 use futures::StreamExt;
 
 use crate::error::Error;
-use crate::wire::direct_get_subject;
+use crate::wire::{HDR_NUM_PENDING, HDR_UPTO_SEQUENCE, direct_get_subject};
 
 /// The most messages a `multi_last` direct get answers with (the server's limit).
 pub(crate) const MAX_MESSAGES: usize = 1024;
@@ -34,8 +34,6 @@ const RETRY_AFTER: Duration = Duration::from_millis(20);
 const END_OF_BATCH: u16 = 204;
 /// `404 No Results`: nothing matched.
 const NO_RESULTS: u16 = 404;
-const UPTO_SEQUENCE: &str = "Nats-UpTo-Sequence";
-const NUM_PENDING: &str = "Nats-Num-Pending";
 
 /// The last record of each subject matching the filters, as of `upto`.
 #[derive(Debug)]
@@ -123,7 +121,8 @@ async fn ask(
                         .and_then(|h| h.get(name))
                         .and_then(|v| v.as_str().parse::<u64>().ok())
                 };
-                let (Some(upto), pending) = (header(UPTO_SEQUENCE), header(NUM_PENDING)) else {
+                let (Some(upto), pending) = (header(HDR_UPTO_SEQUENCE), header(HDR_NUM_PENDING))
+                else {
                     return Ok(None);
                 };
                 if pending.is_some_and(|p| p > 0) {
@@ -263,6 +262,27 @@ mod tests {
             .await
             .expect("read");
         assert!(answer.is_none(), "{answer:?}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_journal_without_direct_gets_fails_the_read_at_once() {
+        let server = NatsServer::start().await.expect("start nats-server");
+        let client = server.connect().await.expect("connect");
+        let js = jetstream::new(client.clone());
+        js.create_stream(stream::Config {
+            name: "T".to_owned(),
+            subjects: vec!["t.>".to_owned()],
+            ..Default::default()
+        })
+        .await
+        .expect("create the stream");
+        let last = store(&js, &HISTORY).await;
+        let started = std::time::Instant::now();
+        let mut requests = 0;
+        let answer = last_records(&client, "T", &filters(), last, &mut requests).await;
+        // No responders: each entity then loads alone, through the API.
+        assert!(answer.is_err(), "{answer:?}");
+        assert!(started.elapsed() < TIMEOUT, "{:?}", started.elapsed());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
