@@ -29,8 +29,8 @@ use crate::wire::Names;
 pub(crate) const MAX_ENTITIES: usize = 64;
 const _: () = assert!(MAX_ENTITIES * 4 < MAX_MESSAGES);
 
-/// Each entity's last records, by id.
-type Found = HashMap<Box<str>, Vec<StreamMessage>>;
+/// Each entity's last records, by id (shared, not copied, with the entity's actor).
+type Found = HashMap<Box<str>, Arc<[StreamMessage]>>;
 
 /// One batched read of the last records of some entities of one partition, made when the first
 /// of them loads, shared by all (`Arc`: each entity's actor holds it until it loads).
@@ -99,15 +99,20 @@ impl BatchLoad {
     /// The last record of each of `id`'s subjects (none: it has no history), as of a sequence
     /// past every record it had when the batch was planned; `None` if the batch was not read
     /// (then the entity is read on its own).
-    pub(crate) async fn records_of(&self, id: &EntityId) -> Option<Vec<StreamMessage>> {
+    pub(crate) async fn records_of(&self, id: &EntityId) -> Option<Arc<[StreamMessage]>> {
         let found = self.read.clone().await?;
-        Some(found.get(id.as_str()).cloned().unwrap_or_default())
+        Some(
+            found
+                .get(id.as_str())
+                .cloned()
+                .unwrap_or_else(|| Arc::new([])),
+        )
     }
 }
 
 /// The messages of a `multi_last` answer by entity, the fence record left out.
 fn by_entity(messages: Vec<StreamMessage>, fence: &str) -> Found {
-    let mut found = Found::new();
+    let mut found: HashMap<Box<str>, Vec<StreamMessage>> = HashMap::new();
     for message in messages {
         if message.subject.as_str() == fence {
             continue;
@@ -118,4 +123,7 @@ fn by_entity(messages: Vec<StreamMessage>, fence: &str) -> Found {
         found.entry(entity.into()).or_default().push(message);
     }
     found
+        .into_iter()
+        .map(|(entity, messages)| (entity, messages.into()))
+        .collect()
 }

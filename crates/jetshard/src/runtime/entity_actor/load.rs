@@ -87,13 +87,15 @@ async fn read_entity<E: Entity>(
         None => None,
     };
     reads.batched = known.is_some();
+    let read_alone;
     let last = match &known {
-        Some(known) => known.iter().max_by_key(|m| m.sequence).cloned(),
+        Some(known) => known.iter().max_by_key(|m| m.sequence),
         None => {
             reads.single += 1;
-            journal::last_record(journal_stream, &records, direct)
+            read_alone = journal::last_record(journal_stream, &records, direct)
                 .await
-                .map_err(unreadable)?
+                .map_err(unreadable)?;
+            read_alone.as_ref()
         }
     };
     let Some(last) = last else {
@@ -103,9 +105,7 @@ async fn read_entity<E: Entity>(
     let snapshots = E::snapshots();
     let latest = match (snapshots, &known) {
         (None, _) => None,
-        (Some(_), _) if Names::is_snapshot_subject(&last.subject) => {
-            journal::snapshot_record(&last)
-        }
+        (Some(_), _) if Names::is_snapshot_subject(&last.subject) => journal::snapshot_record(last),
         (Some(_), Some(known)) => known
             .iter()
             .find(|m| Names::is_snapshot_subject(&m.subject))
