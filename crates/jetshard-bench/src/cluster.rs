@@ -143,6 +143,7 @@ pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<ClusterRun> {
     done.store(true, Ordering::Relaxed);
     let window_means = sampler.await.unwrap_or_default();
     let status = system.status().await.unwrap_or_default();
+    crate::throughput::report_loads("jetshard passes", &status);
     let (commits, records) = commits_of(&status);
     let writes = WriteFigures {
         commits,

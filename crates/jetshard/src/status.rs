@@ -78,6 +78,17 @@ pub struct PartitionStatus {
     /// steady state.
     #[serde(default)]
     pub write_conflicts: u64,
+    /// Entities loaded from the journal (on their first command or query, with neither an
+    /// actor nor a dormant state).
+    #[serde(default)]
+    pub entity_loads: u64,
+    /// Of them, those whose last records were read in one request with other entities of a
+    /// pull burst (then each reads only the records after its snapshot, if any).
+    #[serde(default)]
+    pub batched_loads: u64,
+    /// Requests those loads made of the server: each batched read once, each single read.
+    #[serde(default)]
+    pub load_reads: u64,
     /// Entities of the partition whose journal cannot be read back, while this process owns it.
     #[serde(default)]
     pub quarantined: Vec<QuarantinedEntity>,

@@ -51,6 +51,7 @@ pub async fn fresh_entities(partitions: u32, entities: usize) -> anyhow::Result<
     let drained = load::wait_drained(&control, ENTITY_TYPE, TIMEOUT).await;
     let secs = started.elapsed().as_secs_f64();
     let status = system.status().await.unwrap_or_default();
+    super::report_loads("never-seen entities", &status);
     system.shutdown().await.context("shut the system down")?;
     Ok(FreshRun {
         entities,

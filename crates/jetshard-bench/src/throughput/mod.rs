@@ -60,11 +60,11 @@ pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<DrainRun> {
     load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
     let pids: Vec<u32> = server.pid().into_iter().collect();
     let passes = timed_passes(&pids, &control, spec, || Ok(())).await;
-    let acquisitions = system
-        .status()
-        .await
-        .map(|s| s.iter().map(|p| p.acquisitions).sum())
-        .ok();
+    let status = system.status().await;
+    if let Ok(status) = &status {
+        report_loads("jetshard passes", status);
+    }
+    let acquisitions = status.map(|s| s.iter().map(|p| p.acquisitions).sum()).ok();
     system.shutdown().await.context("shut the system down")?;
     Ok(DrainRun {
         passes: passes?,
@@ -179,4 +179,19 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
         json!({ "spec": spec, "bare": bare_runs, "jetshard": jetshard_runs, "bareloop": bareloop_runs, "fresh_entities": fresh }),
     );
     Ok(Measured { jetshard_warm })
+}
+
+/// Prints what a system's entity loads came to: loads, those read in batches, and the reads
+/// they made of the server (each batched read once).
+pub fn report_loads(what: &str, status: &[jetshard::PartitionStatus]) {
+    let sum = |f: fn(&jetshard::PartitionStatus) -> u64| status.iter().map(f).sum::<u64>();
+    let (loads, batched, reads) = (
+        sum(|p| p.entity_loads),
+        sum(|p| p.batched_loads),
+        sum(|p| p.load_reads),
+    );
+    eprintln!(
+        "  {what}: {loads} entity loads, {batched} from batched reads, {reads} reads ({:.2} a load)",
+        reads as f64 / loads.max(1) as f64
+    );
 }

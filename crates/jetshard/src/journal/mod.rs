@@ -10,12 +10,13 @@
 pub(crate) mod compact;
 pub(crate) mod fence;
 pub(crate) mod group_commit;
+pub(crate) mod last_records;
 pub(crate) mod read;
 pub(crate) mod server;
 pub(crate) mod write;
 
 pub(crate) use read::{
-    Record, Scan, SnapshotRecord, StoredEvent, TimerRecord, first_sequence, last_record,
+    Reads, Record, Scan, SnapshotRecord, StoredEvent, TimerRecord, first_sequence, last_record,
     last_sequence, latest_snapshot, replay, replay_with, scan, snapshot_record,
 };
 pub(crate) use server::{WriteError, server_error_code};

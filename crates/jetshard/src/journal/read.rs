@@ -140,32 +140,58 @@ pub(crate) async fn replay(
     end: u64,
     each: impl FnMut(StoredEvent<'_>) -> Result<(), Error>,
 ) -> Result<u64, Error> {
-    replay_with(journal, filter, from, end, false, each).await
+    Ok(replay_with(journal, filter, from, end, Reads::Leader, each)
+        .await?
+        .events)
 }
 
-/// [`replay`], its single-message reads direct gets when `direct` (see [`last_record`]).
+/// How a replay's single-message reads reach the journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reads {
+    /// Through the API: the stream leader answers.
+    Leader,
+    /// By direct get, its answer final: the journal has a single replica (see [`last_record`]).
+    Direct,
+    /// By direct get, which any replica answers (a quarter of the server's CPU of an API read):
+    /// a replica behind the leader holds a prefix of the stream, so it never answers a wrong
+    /// record, only "none" for one past its end. A "none" is asked again of the leader.
+    DirectConfirmed,
+}
+
+/// What a replay read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Replayed {
+    /// Events handed on.
+    pub(crate) events: u64,
+    /// Requests made of the server: single-message reads, and one for a consumer.
+    pub(crate) requests: u64,
+}
+
+/// [`replay`], its single-message reads made as `reads` says.
 pub(crate) async fn replay_with(
     journal: &Stream<()>,
     filter: String,
     from: u64,
     end: u64,
-    mut direct: bool,
+    mut reads: Reads,
     mut each: impl FnMut(StoredEvent<'_>) -> Result<(), Error>,
-) -> Result<u64, Error> {
+) -> Result<Replayed, Error> {
+    let mut done = Replayed::default();
     if end == 0 || end < from {
-        return Ok(0);
+        return Ok(done);
     }
     // Most loads read a short tail: single-message reads, no consumer to create and delete.
-    let (mut read, mut from) = (0, from);
+    let mut from = from;
     for _ in 0..DIRECT_READS {
         // Nothing more (removed since `end` was read: a compaction), or past the end.
-        let Some(message) = next_record(journal, &filter, from, &mut direct).await? else {
-            return Ok(read);
+        let next = next_record(journal, &filter, from, &mut reads, &mut done.requests).await?;
+        let Some(message) = next else {
+            return Ok(done);
         };
         if message.sequence > end {
-            return Ok(read);
+            return Ok(done);
         }
-        read += take_record(
+        done.events += take_record(
             &message.subject,
             Some(&message.headers),
             &message.payload,
@@ -173,10 +199,11 @@ pub(crate) async fn replay_with(
             &mut each,
         )?;
         if message.sequence == end {
-            return Ok(read);
+            return Ok(done);
         }
         from = message.sequence + 1;
     }
+    done.requests += 1;
     scan(
         journal,
         &filter,
@@ -184,7 +211,7 @@ pub(crate) async fn replay_with(
         end,
         Scan::default(),
         |message, seq, _| {
-            read += take_record(
+            done.events += take_record(
                 &message.subject,
                 message.headers.as_ref(),
                 &message.payload,
@@ -195,28 +222,35 @@ pub(crate) async fn replay_with(
         },
     )
     .await?;
-    Ok(read)
+    Ok(done)
 }
 
 /// The first record on `filter` at or after journal sequence `from`, `None` if there is none:
-/// by direct get while `direct` (a failure other than "none" turns it off: the API is asked
-/// from then on), else through the API.
+/// as `reads` says (a failure of a direct get other than "none" turns them off: the API is
+/// asked from then on).
 async fn next_record(
     journal: &Stream<()>,
     filter: &str,
     from: u64,
-    direct: &mut bool,
+    reads: &mut Reads,
+    requests: &mut u64,
 ) -> Result<Option<StreamMessage>, Error> {
-    if *direct {
+    *requests += 1;
+    if *reads != Reads::Leader {
         match journal
             .direct_get_next_for_subject(filter.to_owned(), Some(from))
             .await
         {
             Ok(message) => return Ok(Some(message)),
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(None),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound && *reads == Reads::Direct => {
+                return Ok(None);
+            }
+            // Perhaps past the end of a replica behind: the leader says.
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => *requests += 1,
             Err(e) => {
                 tracing::debug!(%filter, error = %e, "direct get failed; asking the API");
-                *direct = false;
+                *reads = Reads::Leader;
+                *requests += 1;
             }
         }
     }

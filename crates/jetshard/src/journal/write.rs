@@ -94,6 +94,14 @@ impl JournalWriter {
         self.partition
     }
 
+    /// A journal sequence every record of the partition's entities is at or below, as far as
+    /// this writer knows: its fence record's (every earlier owner's write is before it) or the
+    /// highest its own writes were acknowledged at. `None` when a write of its own may be
+    /// stored beyond that (see [`GroupCommit::acked`]).
+    pub(crate) fn watermark(&self) -> Option<u64> {
+        Some(self.commit.acked()?.max(self.fence.seq))
+    }
+
     /// Makes a command's events durable, fenced, de-duplicated by `<t>:<command seq>:<index>`,
     /// each marked with the event encoding's `version`. Returns the journal sequence of the last
     /// event (`None` for no events; 0 if the server answered that it had them already).

@@ -38,6 +38,13 @@ pub const HDR_PIN_ID: &str = "Nats-Pin-Id";
 /// Server header of a status that ends a pull request (`408`, `409`, `423`): how many of the
 /// messages it asked for it had not been given.
 pub const HDR_PENDING_MESSAGES: &str = "Nats-Pending-Messages";
+/// Server header of the status that ends a batched direct get (`204 EOB`): the last sequence of
+/// the answering replica's stream when the request named no `up_to_seq`, so the answer is
+/// complete for every record at or below it.
+pub const HDR_UPTO_SEQUENCE: &str = "Nats-UpTo-Sequence";
+/// Server header of the status that ends a batched direct get: how many matching messages the
+/// answer left out (its `batch` was too small).
+pub const HDR_NUM_PENDING: &str = "Nats-Num-Pending";
 /// Server header of the compare-and-set: the expected last sequence of a subject.
 pub const HDR_EXPECTED_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 /// Server header of the compare-and-set: the subject whose last sequence is checked.
@@ -443,6 +450,11 @@ pub(crate) const ACK_PREFIX: &str = "$JS.ACK.";
 /// The subject a pull request for `consumer` of `stream` is sent to.
 pub(crate) fn pull_request_subject(stream: &str, consumer: &str) -> String {
     format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}")
+}
+
+/// The subject direct gets of `stream` are sent to (any replica answers).
+pub(crate) fn direct_get_subject(stream: &str) -> String {
+    format!("$JS.API.DIRECT.GET.{stream}")
 }
 
 /// Whether `s` is a valid entity type token: lowercase ASCII letters, digits, `-` and `_`,

@@ -138,7 +138,14 @@ pub(crate) struct GroupCommit {
     /// (issue 22: the hop cost a channel send, a task wake-up, a boxed future and a oneshot
     /// per command).
     direct: Option<Arc<Committer>>,
+    /// The highest journal sequence a write of this generation was acknowledged at, or
+    /// [`UNKNOWN`] once a write may be stored at a sequence it was not told.
+    acked: Arc<AtomicU64>,
 }
+
+/// [`GroupCommit::acked`] is not known: a write was answered "stored before" (a duplicate: at
+/// an unknown sequence) or not confirmed (it may be stored).
+const UNKNOWN: u64 = u64::MAX;
 
 impl GroupCommit {
     /// Starts the group commit of `partition` under `generation`.
@@ -180,7 +187,32 @@ impl GroupCommit {
             units,
             client,
             direct,
+            acked: Arc::default(),
         }
+    }
+
+    /// The highest journal sequence a write of this generation was acknowledged at (0 before
+    /// the first); `None` if a write may be stored beyond it (answered as a duplicate, or not
+    /// confirmed): every record this writer stored is at or below it.
+    pub(crate) fn acked(&self) -> Option<u64> {
+        let acked = self.acked.load(Ordering::Acquire);
+        (acked != UNKNOWN).then_some(acked)
+    }
+
+    /// Makes `records` durable, all or none, as [`Self::write_unit`] does, and keeps
+    /// [`Self::acked`].
+    pub(crate) async fn write(&self, records: Vec<Outgoing>) -> Result<u64, WriteError> {
+        let written = self.write_unit(records).await;
+        match &written {
+            Ok(0) | Err(WriteError::Unconfirmed(_)) => self.acked.store(UNKNOWN, Ordering::Release),
+            Ok(seq) => {
+                // `UNKNOWN` is the largest value: a later write never clears it.
+                self.acked.fetch_max(*seq, Ordering::AcqRel);
+            }
+            // Not stored.
+            Err(_) => {}
+        }
+        written
     }
 
     /// Makes `records` durable, all or none; the journal sequence of the last (0 if the server
@@ -188,7 +220,7 @@ impl GroupCommit {
     ///
     /// A record over the server's `max_payload` is refused here: in a batch it would spoil the
     /// other commands' writes.
-    pub(crate) async fn write(&self, records: Vec<Outgoing>) -> Result<u64, WriteError> {
+    async fn write_unit(&self, records: Vec<Outgoing>) -> Result<u64, WriteError> {
         let max_payload = self.client.max_payload();
         let mut bytes = 0;
         for record in &records {

@@ -3,7 +3,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::Ordering;
 
+use super::batch::BatchLoad;
 use super::outcome_header::LastOutcome;
 use super::protocol::{EntityContext, Quarantine, panic_message};
 use super::replay::Seed;
@@ -11,7 +13,7 @@ use crate::codec::Codec;
 use crate::data::origin::Origins;
 use crate::entity::{Entity, EntityId, Snapshots};
 use crate::error::Error;
-use crate::journal::{self, Record, SnapshotRecord, TimerRecord};
+use crate::journal::{self, Reads, Record, SnapshotRecord, TimerRecord};
 use crate::wire::Names;
 
 /// Why an entity could not be revived.
@@ -27,10 +29,11 @@ pub(super) enum Revival {
 /// (`<t>.dlq.<p>.<id>`, which count as processed) and timer records (`<t>.tmr.<p>.<id>`: its
 /// armed timers). Reads only this entity's subjects, so it costs the same however long the
 /// partition's history is:
-/// - one read of its last record of any kind (`<t>.*.<p>.<id>`): an entity without history,
-///   and one whose last record is its snapshot, are loaded by it alone;
-/// - otherwise one read of its latest snapshot, then its records after the snapshot, in
-///   journal order, on the same filter (snapshots passed).
+/// - its last record of any kind (`<t>.*.<p>.<id>`), one read, or none when `batch` read the
+///   last record of each of its subjects together with other entities' ([`BatchLoad`]): an
+///   entity without history, and one whose last record is its snapshot, are loaded by it alone;
+/// - otherwise its latest snapshot (one read, or taken from the batch), then its records after
+///   the snapshot, in journal order, on the same filter (snapshots passed), by direct gets.
 ///
 /// A snapshot is never written while the entity has a timer armed (`write_snapshot`), so every
 /// armed timer's `set` record is after the latest snapshot, and read here.
@@ -41,6 +44,34 @@ pub(super) enum Revival {
 pub(super) async fn revive<E: Entity>(
     id: &EntityId,
     context: &EntityContext,
+    batch: Option<&BatchLoad>,
+) -> Result<Seed<E>, Revival> {
+    let mut reads = ReadsMade::default();
+    let revived = read_entity(id, context, batch, &mut reads).await;
+    let stats = &context.load_stats;
+    stats.loads.fetch_add(1, Ordering::Relaxed);
+    stats
+        .batched
+        .fetch_add(u64::from(reads.batched), Ordering::Relaxed);
+    stats.reads.fetch_add(reads.single, Ordering::Relaxed);
+    revived
+}
+
+/// The reads of one load, for [`LoadStats`](super::LoadStats).
+#[derive(Default)]
+struct ReadsMade {
+    /// Single reads (the batched read is counted by the batch).
+    single: u64,
+    /// Its last records came from a batched read.
+    batched: bool,
+}
+
+/// [`revive`], counting its reads in `reads`.
+async fn read_entity<E: Entity>(
+    id: &EntityId,
+    context: &EntityContext,
+    batch: Option<&BatchLoad>,
+    reads: &mut ReadsMade,
 ) -> Result<Seed<E>, Revival> {
     let unreadable =
         |e: Error| Revival::Unreadable(format!("cannot revive {id} from the journal: {e}"));
@@ -50,18 +81,37 @@ pub(super) async fn revive<E: Entity>(
     let records = context.names.entity_records(partition, id);
     let direct = context.direct_reads;
     let mut seed = Seed::<E>::default();
-    let Some(last) = journal::last_record(journal_stream, &records, direct)
-        .await
-        .map_err(unreadable)?
-    else {
+    // Its last record of each kind, if read in a batch with other entities.
+    let known = match batch {
+        Some(batch) => batch.records_of(id).await,
+        None => None,
+    };
+    reads.batched = known.is_some();
+    let read_alone;
+    let last = match &known {
+        Some(known) => known.iter().max_by_key(|m| m.sequence),
+        None => {
+            reads.single += 1;
+            read_alone = journal::last_record(journal_stream, &records, direct)
+                .await
+                .map_err(unreadable)?;
+            read_alone.as_ref()
+        }
+    };
+    let Some(last) = last else {
         return Ok(seed);
     };
     let end = last.sequence;
     let snapshots = E::snapshots();
-    let latest = match snapshots {
-        None => None,
-        Some(_) if Names::is_snapshot_subject(&last.subject) => journal::snapshot_record(&last),
-        Some(_) => {
+    let latest = match (snapshots, &known) {
+        (None, _) => None,
+        (Some(_), _) if Names::is_snapshot_subject(&last.subject) => journal::snapshot_record(last),
+        (Some(_), Some(known)) => known
+            .iter()
+            .find(|m| Names::is_snapshot_subject(&m.subject))
+            .and_then(journal::snapshot_record),
+        (Some(_), None) => {
+            reads.single += 1;
             let subject = context.names.snapshot_subject(partition, id);
             journal::latest_snapshot(journal_stream, &subject, direct)
                 .await
@@ -96,7 +146,14 @@ pub(super) async fn revive<E: Entity>(
     let mut quarantine = None;
     // Where each timer's `set` record was read (see below).
     let mut set_at: HashMap<Box<str>, u64> = HashMap::new();
-    journal::replay_with(journal_stream, records, from, end, direct, |stored| {
+    // Direct gets on a replicated journal too: its end is known, so a replica behind the
+    // leader that has not got a record yet says "none", which is asked again of the leader.
+    let how = if direct {
+        Reads::Direct
+    } else {
+        Reads::DirectConfirmed
+    };
+    let replayed = journal::replay_with(journal_stream, records, from, end, how, |stored| {
         if covered.is_some_and(|c| stored.command_seq <= c) || stored.entity != id.as_str() {
             return Ok(());
         }
@@ -111,7 +168,9 @@ pub(super) async fn revive<E: Entity>(
     })
     .await
     .map_err(unreadable)?;
+    reads.single += replayed.requests;
     if !seed.timers.is_empty() {
+        reads.single += 1;
         // A compaction may have purged, while they were read, timer records from the front of
         // the entity's subject: then a `set` could have been read without the `fired` or
         // `cancel` after it. Everything a compaction purges is of timers no longer armed, so a

@@ -15,13 +15,14 @@
 //! each is dead-lettered naming the journal record at fault. Other entities go on.
 //!
 //! Files: [`protocol`] (what the actor and its owner say), [`process`] (one command as named
-//! steps), [`load`] and [`replay`] (an entity's state rebuilt), [`snapshot`],
+//! steps), [`load`], [`batch`] and [`replay`] (an entity's state rebuilt), [`snapshot`],
 //! [`outcome_header`] (the `Jetshard-Last-Outcome` codec), [`queries`], [`state`].
 //!
 //! Passivation: an idle entity's actor hands its state back to the owner and stops. The state
 //! waits in the owner's dormant set, encoded (a few dozen bytes beyond its encoding), against
 //! some kilobytes for a live actor, until the entity's next command spawns a new actor with it.
 
+mod batch;
 mod duplicate;
 mod load;
 pub(crate) mod outcome_header;
@@ -43,10 +44,11 @@ use tracing::Instrument;
 
 use crate::entity::{Entity, EntityId};
 
+pub(crate) use batch::{BatchLoad, MAX_ENTITIES as MAX_BATCH_LOAD};
 use process::process;
 pub(crate) use protocol::{
-    EntityContext, EntityMsg, EntityReport, Failure, MAX_LOADS, Outcome, Passivated, Quarantine,
-    Reporter, SnapshotPolicy, Verdict, Work, panic_message,
+    EntityContext, EntityMsg, EntityReport, Failure, LoadStats, MAX_LOADS, Outcome, Passivated,
+    Quarantine, Reporter, SnapshotPolicy, Verdict, Work, panic_message,
 };
 use queries::answer_query;
 pub(crate) use replay::Seed;
@@ -65,12 +67,17 @@ impl<E> EntityActor<E> {
 impl<E: Entity> Actor for EntityActor<E> {
     type Msg = EntityMsg;
     type State = EntityState<E>;
-    type Arguments = (EntityId, Arc<EntityContext>, Loaded<E>);
+    type Arguments = (
+        EntityId,
+        Arc<EntityContext>,
+        Loaded<E>,
+        Option<Arc<BatchLoad>>,
+    );
 
     async fn pre_start(
         &self,
         _: ActorRef<EntityMsg>,
-        (id, context, seed): Self::Arguments,
+        (id, context, seed, batch): Self::Arguments,
     ) -> Result<EntityState<E>, ActorProcessingErr> {
         let event_subject = context.names.event_subject(context.partition, &id).into();
         Ok(EntityState {
@@ -78,6 +85,7 @@ impl<E: Entity> Actor for EntityActor<E> {
             event_subject,
             context,
             seed,
+            batch,
             broken: false,
         })
     }

@@ -188,7 +188,8 @@ async fn load<E: Entity>(state: &mut EntityState<E>) -> Result<(), Verdict> {
     let waited = loading.elapsed();
     // Boxed: the reads of a load are the largest part of a command's future, which every
     // command allocates (the actor boxes it); only a command that loads pays for them.
-    let revived = Box::pin(revive::<E>(&state.id, &state.context)).await;
+    let batch = state.batch.take();
+    let revived = Box::pin(revive::<E>(&state.id, &state.context, batch.as_deref())).await;
     drop(permit);
     tracing::debug!(
         waited_ms = waited.as_millis() as u64,

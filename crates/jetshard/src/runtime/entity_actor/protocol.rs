@@ -3,6 +3,7 @@
 
 use std::any::Any;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use async_nats::jetstream::stream::Stream;
 use bytes::Bytes;
@@ -170,6 +171,19 @@ pub(crate) struct EntityContext {
     /// Entity loads in flight in this process, at most [`MAX_LOADS`]: after a takeover every
     /// active entity loads at once, and unbounded, their reads swamp the server.
     pub(crate) loads: Arc<tokio::sync::Semaphore>,
+    /// What the partition's entity loads came to (the owner's status).
+    pub(crate) load_stats: Arc<LoadStats>,
+}
+
+/// What the entity loads of a partition came to in this process, over every generation.
+#[derive(Debug, Default)]
+pub(crate) struct LoadStats {
+    /// Entities loaded from the journal.
+    pub(crate) loads: AtomicU64,
+    /// Of them, those whose last records came from a batched read (`batch.rs`).
+    pub(crate) batched: AtomicU64,
+    /// Requests the loads made of the server: each batched read once, each single read.
+    pub(crate) reads: AtomicU64,
 }
 
 /// Entity loads one process runs side by side (each one or two reads, then its tail).

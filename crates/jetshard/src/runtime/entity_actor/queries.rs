@@ -33,7 +33,8 @@ pub(super) async fn answer_query<E: Entity>(state: &mut EntityState<E>, query: Q
             .await;
         }
         if matches!(state.seed, Loaded::No) {
-            state.seed = match revive::<E>(&state.id, &context).await {
+            let batch = state.batch.take();
+            state.seed = match revive::<E>(&state.id, &context, batch.as_deref()).await {
                 Ok(seed) => Loaded::Yes(seed),
                 Err(Revival::Quarantined(q)) => Loaded::Quarantined(q),
                 Err(Revival::Unreadable(reason)) => {

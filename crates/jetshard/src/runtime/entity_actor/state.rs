@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use super::batch::BatchLoad;
 use super::protocol::{EntityContext, Quarantine};
 use super::replay::Seed;
 use crate::entity::{Entity, EntityId};
@@ -20,6 +21,9 @@ pub(crate) struct EntityState<E: Entity> {
     pub(super) event_subject: async_nats::Subject,
     pub(super) context: Arc<EntityContext>,
     pub(super) seed: Loaded<E>,
+    /// The batched read of its last records, if it was spawned with other new entities of a
+    /// pull burst: taken by its load.
+    pub(super) batch: Option<Arc<BatchLoad>>,
     /// Set after a failure: later messages are ignored until the actor stops.
     pub(super) broken: bool,
 }

@@ -300,6 +300,11 @@ impl<E: Entity> Dormant<E> {
         self.totals.bytes.fetch_sub(bytes, Ordering::Relaxed);
     }
 
+    /// Whether `entity`'s state is kept.
+    pub(super) fn contains(&self, entity: &str) -> bool {
+        self.states.contains(entity)
+    }
+
     /// Takes `entity`'s state out, decoded (for its new actor); `None` if none is kept or it
     /// does not decode.
     pub(super) fn take(&mut self, entity: &str) -> Option<Seed<E>> {

@@ -144,6 +144,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
             policy,
             counters: Counters::default(),
             commits: Arc::default(),
+            load_stats: Arc::default(),
         })
     }
 
@@ -155,8 +156,27 @@ impl<E: Entity> Actor for OwnerActor<E> {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             OwnerMsg::Pin(PinSignal::Delivered(deliveries)) => {
-                for delivery in deliveries {
+                // The new entities of the burst load together (`route::plan_batch_loads`),
+                // planned once the owner owns the partition (a burst may begin by taking it).
+                let mut deliveries = std::collections::VecDeque::from(deliveries);
+                let mut planned = false;
+                while !deliveries.is_empty() {
+                    if !planned && let Phase::Owning(o) = &mut state.phase {
+                        let named = deliveries
+                            .iter()
+                            .filter(|d| !d.wake)
+                            .filter_map(|d| Names::entity_of_subject(&d.subject));
+                        route::plan_batch_loads(o, named);
+                        planned = true;
+                    }
+                    let Some(delivery) = deliveries.pop_front() else {
+                        break;
+                    };
                     state.on_delivery(delivery).await;
+                }
+                // Entities of the burst not started (their commands wait) load on their own.
+                if let Some(o) = state.phase.owning() {
+                    o.batch_loads.clear();
                 }
             }
             OwnerMsg::Pin(PinSignal::Lost { pin }) => {

@@ -25,7 +25,7 @@ use super::slot::Slot;
 use crate::entity::{Entity, EntityId};
 use crate::journal::fence::HeldRange;
 use crate::retry::RestartWindow;
-use crate::runtime::entity_actor::{EntityContext, Quarantine};
+use crate::runtime::entity_actor::{BatchLoad, EntityContext, Quarantine};
 
 /// Where an owner stands.
 pub(super) enum Phase<E: Entity> {
@@ -65,6 +65,10 @@ pub(super) struct Owning<E: Entity> {
     pub(super) isolation: Option<Isolation>,
     /// The command to give up before decoding when its turn comes in isolation, and why.
     pub(super) suspect: Option<(u64, String)>,
+    /// While a pull burst is routed: the batched read of the last records of each entity of
+    /// the burst that has neither an actor nor a dormant state (`route::plan_batch_loads`),
+    /// handed to its actor when it is spawned.
+    pub(super) batch_loads: HashMap<EntityId, Arc<BatchLoad>>,
 }
 
 /// A hand-over in progress.

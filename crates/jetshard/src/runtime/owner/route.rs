@@ -1,5 +1,6 @@
 //! Routing: each entity's commands in hand, in order, handed to the entity's actor.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
@@ -9,7 +10,7 @@ use tokio::time::Instant;
 use super::phase::Owning;
 use super::slot::{Blocked, Pending, Resident, Slot};
 use crate::entity::{Entity, EntityId};
-use crate::runtime::entity_actor::{EntityActor, EntityMsg, Loaded};
+use crate::runtime::entity_actor::{BatchLoad, EntityActor, EntityMsg, Loaded, MAX_BATCH_LOAD};
 
 /// Queues a command for its entity. Returns whether the entity should be dispatched.
 pub(super) fn enqueue<E: Entity>(o: &mut Owning<E>, entity: &EntityId, pending: Pending) -> bool {
@@ -66,6 +67,44 @@ pub(super) fn dispatch<E: Entity>(
     }
 }
 
+/// Plans the batched loads of the commands about to be routed, for the entities `named`
+/// (a pull burst's, or those recovered at a takeover): each that has neither an actor nor a
+/// dormant state (nor is quarantined) is to load from one batched read with up to
+/// [`MAX_BATCH_LOAD`] others ([`BatchLoad`]), which its actor is given when [`spawn`] starts it.
+/// Not while commands run one at a time (isolation): they load one by one.
+pub(super) fn plan_batch_loads<'a, E: Entity>(
+    o: &mut Owning<E>,
+    named: impl Iterator<Item = &'a str>,
+) {
+    if o.isolation.is_some() {
+        return;
+    }
+    let mut new = Vec::new();
+    let mut seen = HashSet::new();
+    for named in named {
+        let in_hand = o
+            .entities
+            .get(named)
+            .is_some_and(|s| s.actor.is_some() || s.returning.is_some());
+        if in_hand || o.dormant.contains(named) || o.batch_loads.contains_key(named) {
+            continue;
+        }
+        let Ok(entity) = EntityId::new(named) else {
+            continue;
+        };
+        if o.quarantined.contains_key(&entity) || !seen.insert(entity.clone()) {
+            continue;
+        }
+        new.push(entity);
+    }
+    for chunk in new.chunks(MAX_BATCH_LOAD) {
+        let batch = BatchLoad::new(&o.context, chunk);
+        for entity in chunk {
+            o.batch_loads.insert(entity.clone(), Arc::clone(&batch));
+        }
+    }
+}
+
 /// Starts the actor of `entity`, whose slot has none: with its dormant state if the owner
 /// keeps one, else to load it from the journal on its first message. Returns whether it runs.
 pub(super) fn spawn<E: Entity>(
@@ -74,13 +113,15 @@ pub(super) fn spawn<E: Entity>(
     supervisor: &ActorCell,
     resident: &Arc<AtomicUsize>,
 ) -> bool {
+    let batch = o.batch_loads.remove(entity);
     let loaded = if let Some(q) = o.quarantined.get(entity) {
         Loaded::Quarantined(q.clone())
     } else if let Some(seed) = o.dormant.take(entity.as_str()) {
         Loaded::Yes(seed)
     } else {
         // Never loaded under this generation, evicted, or lost with a failed actor: the
-        // actor loads it from the journal on its first message.
+        // actor loads it from the journal on its first message (from `batch`'s read if it
+        // came with others in a pull burst).
         Loaded::No
     };
     let context = Arc::clone(&o.context);
@@ -91,7 +132,7 @@ pub(super) fn spawn<E: Entity>(
     match ractor::ActorRuntime::spawn_linked_instant(
         None,
         EntityActor::<E>::new(),
-        (entity.clone(), context, loaded),
+        (entity.clone(), context, loaded, batch),
         supervisor.clone(),
     ) {
         Ok((actor, _)) => {

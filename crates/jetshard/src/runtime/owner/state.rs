@@ -12,7 +12,7 @@ use super::shared::Shared;
 use crate::config::ShardConfig;
 use crate::entity::{Entity, EntityId};
 use crate::journal::group_commit::CommitStats;
-use crate::runtime::entity_actor::EntityReport;
+use crate::runtime::entity_actor::{EntityReport, LoadStats};
 use crate::runtime::pin::{PinSignal, PullLoop};
 use crate::runtime::timer::Timers;
 use crate::status::PartitionStatus;
@@ -78,6 +78,8 @@ pub(crate) struct OwnerState<E: Entity> {
     pub(super) counters: Counters,
     /// What the partition's group commits came to, over every generation.
     pub(super) commits: Arc<CommitStats>,
+    /// What the partition's entity loads came to, over every generation.
+    pub(super) load_stats: Arc<LoadStats>,
     pub(super) metrics: PartitionMetrics,
     /// The pin of the last delivery (for `jetshard_pin_changes_total`).
     pub(super) last_pin: Option<Arc<str>>,

@@ -71,6 +71,9 @@ impl<E: Entity> OwnerState<E> {
             journal_commits: self.commits.batches.load(Ordering::Relaxed),
             journal_records: self.commits.records.load(Ordering::Relaxed),
             write_conflicts: self.commits.conflicts.load(Ordering::Relaxed),
+            entity_loads: self.load_stats.loads.load(Ordering::Relaxed),
+            batched_loads: self.load_stats.batched.load(Ordering::Relaxed),
+            load_reads: self.load_stats.reads.load(Ordering::Relaxed),
             quarantined,
         }
     }

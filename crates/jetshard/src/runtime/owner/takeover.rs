@@ -10,7 +10,7 @@ use super::dormant::Dormant;
 use super::isolate::Isolation;
 use super::phase::{Owning, Phase};
 use super::state::{OwnerMsg, OwnerState};
-use super::{acquire, settle};
+use super::{acquire, route, settle};
 use crate::entity::Entity;
 use crate::health::PartitionHealth;
 use crate::journal::JournalWriter;
@@ -21,6 +21,7 @@ use crate::runtime::pin::Delivery;
 use crate::runtime::timer::Timers;
 use crate::status::{OwnershipChange, OwnershipEvent};
 use crate::telemetry::{self};
+use crate::wire::Names;
 
 impl<E: Entity> OwnerState<E> {
     /// Takes the partition: a new generation, the state rebuilt, the previous owners'
@@ -76,6 +77,7 @@ impl<E: Entity> OwnerState<E> {
                 on_passivation: self.shared.config.snapshot_on_passivation,
             },
             loads: Arc::clone(&self.shared.loads),
+            load_stats: Arc::clone(&self.load_stats),
             metrics: self.metrics.command.clone(),
         });
         let recovery = tokio::spawn(crate::runtime::outbox::recover(
@@ -125,6 +127,7 @@ impl<E: Entity> OwnerState<E> {
             held: acquired.claimed.held,
             isolation,
             suspect,
+            batch_loads: HashMap::new(),
         }));
         self.timers = Timers::default();
         self.find_timers(partition, fence.generation);
@@ -157,7 +160,13 @@ impl<E: Entity> OwnerState<E> {
             // again, one at a time.
             return self.deliver(first).await;
         }
-        // The previous owners' unacknowledged commands, and the first delivery, in stream order.
+        // The previous owners' unacknowledged commands, and the first delivery, in stream order;
+        // their entities load together (the burst's other deliveries are planned after).
+        if let Phase::Owning(o) = &mut self.phase {
+            let recovered = acquired.recovered.iter().map(|(entity, _)| entity.as_str());
+            let first_named = Names::entity_of_subject(&first.subject).filter(|_| !first.wake);
+            route::plan_batch_loads(o, recovered.chain(first_named));
+        }
         let first_seq = first.seq;
         let mut first = Some(first);
         for (entity, pending) in acquired.recovered {
