@@ -536,19 +536,29 @@ mod nodes {
         let log_of = |id: &str| logs.path().join(format!("{id}.log"));
         let url = server.url();
         let mut started = 0;
-        let mut start = async || {
+        // Not waiting for it to be ready: the loop below must look at the nodes every 50 ms
+        // while the isolated owner runs the innocent command, and a start waited for can take
+        // longer than that on a loaded machine (it did in CI: the isolated owner was never seen).
+        let mut spawn = || {
             started += 1;
             let id = format!("n{started}");
             let options = NodeOptions {
                 args: vec!["--max-deliver".into(), "2".into()],
                 log_file: Some(log_of(&id)),
             };
-            Node::start_with(&url, &id, &spec(vec![]), &options).await
+            Node::spawn(&url, &id, &spec(vec![]), &options)
         };
-        let mut nodes = vec![start().await, start().await];
+        let mut nodes = vec![spawn(), spawn()];
+        for node in &nodes {
+            jetshard_testkit::wait_until(Duration::from_secs(20), "node ready", || async {
+                node.printed("READY")
+            })
+            .await
+            .expect("node did not start");
+        }
 
         let innocent = sender
-            .send("i", &LedgerCmd::Slow { n: 0, ms: 1500 })
+            .send("i", &LedgerCmd::Slow { n: 0, ms: 3000 })
             .await
             .unwrap();
         let killer = sender.send("k", &LedgerCmd::Abort).await.unwrap();
@@ -582,12 +592,14 @@ mod nodes {
             for node in &mut nodes {
                 if !node.is_running() {
                     crashes += 1;
-                    *node = start().await;
+                    *node = spawn();
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
-        let killed = killed_from_outside.expect("an isolated owner killed from outside");
+        let killed = killed_from_outside.unwrap_or_else(|| {
+            panic!("no isolated owner was seen running the innocent command to be killed from outside; {crashes} deaths; {letter:?}")
+        });
         eprintln!("{killed} killed from outside; {crashes} deaths in all; {letter:?}");
         assert!(
             letter.reason.contains("given up before decoding")
