@@ -201,6 +201,18 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
     // Some events may never come (a lost subscription message); the figures say how many.
     stamps.wait_for(total, SETTLE).await;
     let received = stamps.count();
+    if received < total {
+        // The command stream is a work queue and a command is acked only once its event is
+        // durable: an empty stream means the missing events were dropped on their way to the
+        // listener, not lost.
+        let acked = load::wait_drained(&control, ENTITY_TYPE, Duration::from_secs(1)).await;
+        eprintln!(
+            "latency: {}: {} events missing at the listener; every command acked: {}",
+            side.name(),
+            total - received,
+            acked.is_ok()
+        );
+    }
     let recorded = stamps.stop();
     consumer.stop().await?;
 
