@@ -185,6 +185,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         time_box: Duration::from_secs(120),
         pull_batch: None,
         max_ack_pending: None,
+        command_bytes: options.command_bytes,
     };
     let (mut serialized, mut pipelined, mut jetshard) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..options.cluster_rounds {

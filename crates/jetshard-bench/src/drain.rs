@@ -34,6 +34,9 @@ pub struct DrainSpec {
     pub pull_batch: Option<u32>,
     /// jetshard's `max_ack_pending` (default: jetshard's default).
     pub max_ack_pending: Option<u32>,
+    /// The encoded size of each command and of its event (`--command-bytes`; 0: the bare
+    /// stamp, about 10 bytes).
+    pub command_bytes: usize,
 }
 
 /// One timed drain.
@@ -133,7 +136,7 @@ pub async fn timed_passes_with(
             None => gate.close().await?,
         }
         publisher
-            .preload(spec.commands, &load::preload_command())
+            .preload(spec.commands, &load::preload_command(spec.command_bytes))
             .await?;
         check()?;
         let delivered_before = deliveries(control, spec.partitions).await?;

@@ -11,6 +11,9 @@ pub struct BenchEntity;
 pub enum BenchCmd {
     /// Emit one `Stamped` event carrying `at_ns` (the latency scenario's send time).
     Stamp { at_ns: u64 },
+    /// [`Stamp`](Self::Stamp) with `pad` bytes carried into its event (`Padded`), so that a
+    /// command and its event weigh what the scenario asks (`--command-bytes`).
+    Padded { at_ns: u64, pad: Vec<u8> },
     /// Emit no event: the command is applied and acknowledged without a journal write
     /// (the memory scenario activates entities with it).
     Touch,
@@ -21,6 +24,8 @@ pub enum BenchCmd {
 pub enum BenchEvt {
     /// A `Stamp` command was applied.
     Stamped { at_ns: u64 },
+    /// A `Padded` command was applied.
+    Padded { at_ns: u64, pad: Vec<u8> },
     /// Sets the entity's blob: the memory scenario's "small state".
     Filled { blob: Vec<u8> },
 }
@@ -45,6 +50,7 @@ impl Entity for BenchEntity {
     fn decide(_: &BenchState, command: BenchCmd) -> Result<Vec<BenchEvt>, String> {
         Ok(match command {
             BenchCmd::Stamp { at_ns } => vec![BenchEvt::Stamped { at_ns }],
+            BenchCmd::Padded { at_ns, pad } => vec![BenchEvt::Padded { at_ns, pad }],
             BenchCmd::Touch => Vec::new(),
         })
     }
@@ -52,7 +58,9 @@ impl Entity for BenchEntity {
     fn apply(state: &mut BenchState, event: &BenchEvt) {
         state.count += 1;
         match event {
-            BenchEvt::Stamped { at_ns } => state.last_at_ns = *at_ns,
+            BenchEvt::Stamped { at_ns } | BenchEvt::Padded { at_ns, .. } => {
+                state.last_at_ns = *at_ns
+            }
             BenchEvt::Filled { blob } => state.blob.clone_from(blob),
         }
     }
@@ -80,6 +88,19 @@ impl Entity for UnsnapshottedBenchEntity {
 
     fn snapshots() -> Option<Snapshots<BenchState>> {
         None
+    }
+}
+
+impl BenchCmd {
+    /// A stamp carrying `at_ns` whose encoding (bincode) is about `bytes` long: a
+    /// [`Padded`](Self::Padded) one, or the bare [`Stamp`](Self::Stamp) for 0.
+    pub fn stamp_of_size(at_ns: u64, bytes: usize) -> Self {
+        if bytes == 0 {
+            return BenchCmd::Stamp { at_ns };
+        }
+        // The variant, `at_ns` and the pad's length take at most 11 bytes.
+        let pad = vec![b'x'; bytes.saturating_sub(11)];
+        BenchCmd::Padded { at_ns, pad }
     }
 }
 

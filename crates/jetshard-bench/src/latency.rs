@@ -56,6 +56,7 @@ pub async fn run(
                 time_box: std::time::Duration::from_secs(60),
                 pull_batch: options.pull_batch,
                 max_ack_pending: options.max_ack_pending,
+                command_bytes: options.command_bytes,
             };
             let run = throughput::drain_jetshard(spec).await?;
             run.passes.last().map_or(1000.0, |p| p.rate) / 2.0
@@ -184,7 +185,10 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
     .await?;
     let publisher = CommandPublisher::new(control.clone(), ENTITY_TYPE, options.entities);
     publisher
-        .preload(options.entities, &load::preload_command())
+        .preload(
+            options.entities,
+            &load::preload_command(options.command_bytes),
+        )
         .await?;
     load::wait_drained(&control, ENTITY_TYPE, Duration::from_secs(120)).await?;
 
@@ -193,7 +197,9 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
     let total = (rate * total_secs) as usize;
     let mut window = AckWindow::default();
     let offered = offer(rate, total, async |i, at_ns| {
-        let ack = publisher.send_to(i, &BenchCmd::Stamp { at_ns }).await?;
+        let ack = publisher
+            .send_to(i, &BenchCmd::stamp_of_size(at_ns, options.command_bytes))
+            .await?;
         window.push(ack).await
     })
     .await?;
@@ -276,7 +282,9 @@ impl Stamps {
         let collector = tokio::spawn(async move {
             while let Some(message) = events.next().await {
                 let received = now_ns();
-                if let Ok(BenchEvt::Stamped { at_ns }) = codec.decode(&message.payload) {
+                if let Ok(BenchEvt::Stamped { at_ns } | BenchEvt::Padded { at_ns, .. }) =
+                    codec.decode(&message.payload)
+                {
                     sink.lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .push((at_ns, received.saturating_sub(at_ns)));

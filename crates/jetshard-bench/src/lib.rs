@@ -122,6 +122,12 @@ pub struct Options {
     /// (comma-separated), to bisect a set of them.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub bare_knob_base: Vec<bare::Knob>,
+    /// Throughput, cluster, scaling and latency: the encoded size of each command and of its
+    /// event, in bytes. The default, 128, is `bareloop`'s payload, so that both loops do the
+    /// same work; 0 sends the bare stamp (about 10 bytes). The size matters to the server: see
+    /// docs/PERFORMANCE.md "What the server's consumer lookup costs".
+    #[arg(long, default_value_t = 128)]
+    pub command_bytes: usize,
     /// Throughput: jetshard's `pull_batch` (default: jetshard's default, 256).
     #[arg(long)]
     pub pull_batch: Option<u32>,

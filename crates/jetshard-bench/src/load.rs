@@ -273,10 +273,8 @@ pub async fn wait_drained(
 }
 
 /// The `Stamp` command pre-loads carry: a realistic timestamp width, never read.
-pub fn preload_command() -> BenchCmd {
-    BenchCmd::Stamp {
-        at_ns: 1_700_000_000_000_000_000,
-    }
+pub fn preload_command(bytes: usize) -> BenchCmd {
+    BenchCmd::stamp_of_size(1_700_000_000_000_000_000, bytes)
 }
 
 /// Writes events straight into the journal of `entity_type`, as a previous owner would have

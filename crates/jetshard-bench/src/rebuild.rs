@@ -134,7 +134,7 @@ pub async fn run(
         let mut ownership = system.ownership_events();
         let published = Instant::now();
         publisher
-            .send_to(round, &load::preload_command())
+            .send_to(round, &load::preload_command(0))
             .await?
             .await
             .context("publish the triggering command")?;

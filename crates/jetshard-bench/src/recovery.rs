@@ -79,13 +79,14 @@ impl Entity for RecoveryEntity {
     fn decide(_: &RecoveryState, command: BenchCmd) -> Result<Vec<BenchEvt>, String> {
         Ok(match command {
             BenchCmd::Stamp { at_ns } => vec![BenchEvt::Stamped { at_ns }],
+            BenchCmd::Padded { at_ns, pad } => vec![BenchEvt::Padded { at_ns, pad }],
             BenchCmd::Touch => Vec::new(),
         })
     }
 
     fn apply(state: &mut RecoveryState, event: &BenchEvt) {
         state.count += 1;
-        if let BenchEvt::Stamped { at_ns } = event {
+        if let BenchEvt::Stamped { at_ns } | BenchEvt::Padded { at_ns, .. } = event {
             state.last_at_ns = *at_ns;
         }
     }
@@ -487,7 +488,7 @@ async fn snapshot_cost(server: &NatsServer, client: &async_nats::Client) -> anyh
             .collect();
         let publisher = CommandPublisher::for_ids(client.clone(), COST_TYPE, ids);
         publisher
-            .preload(COST_COMMANDS, &load::preload_command())
+            .preload(COST_COMMANDS, &load::preload_command(0))
             .await?;
         let config = if snapshots {
             base(&format!("cost-{round}")).snapshot_every(100)

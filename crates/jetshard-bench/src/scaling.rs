@@ -38,6 +38,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             time_box: PASS_TIME_BOX,
             pull_batch: None,
             max_ack_pending: None,
+            command_bytes: options.command_bytes,
         };
         eprintln!("scaling: {partitions} partitions, bare loop");
         let bare = crate::bare::drain_bare(spec).await;
@@ -99,6 +100,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             time_box: PASS_TIME_BOX,
             pull_batch: None,
             max_ack_pending: None,
+            command_bytes: options.command_bytes,
         };
         let (passes, split, releases, acquisitions) = match drain_processes(spec, processes).await {
             Ok(done) => done,

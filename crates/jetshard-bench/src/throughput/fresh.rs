@@ -29,7 +29,11 @@ pub struct FreshRun {
 
 /// One command to each of `entities` entities that have no event yet: each first command
 /// makes jetshard replay the entity's empty history from the journal.
-pub async fn fresh_entities(partitions: u32, entities: usize) -> anyhow::Result<FreshRun> {
+pub async fn fresh_entities(
+    partitions: u32,
+    entities: usize,
+    command_bytes: usize,
+) -> anyhow::Result<FreshRun> {
     const TIMEOUT: Duration = Duration::from_secs(90);
     let server = NatsServer::start().await.context("start nats-server")?;
     let control = server.connect().await?;
@@ -44,7 +48,7 @@ pub async fn fresh_entities(partitions: u32, entities: usize) -> anyhow::Result<
     gate.close().await?;
     let ids = (0..entities).map(|i| format!("fresh{i}")).collect();
     CommandPublisher::for_ids(control.clone(), ENTITY_TYPE, ids)
-        .preload(entities, &load::preload_command())
+        .preload(entities, &load::preload_command(command_bytes))
         .await?;
     let started = Instant::now();
     gate.open().await?;

@@ -89,6 +89,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
         time_box: Duration::from_secs(120),
         pull_batch: options.pull_batch,
         max_ack_pending: options.max_ack_pending,
+        command_bytes: options.command_bytes,
     };
     if !options.bare_knob.is_empty() {
         crate::bare::experiment::knob_experiment(
@@ -168,7 +169,8 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
             "throughput: first commands of {} never-seen entities",
             options.fresh_entities
         );
-        let fresh = fresh_entities(spec.partitions, options.fresh_entities).await?;
+        let fresh =
+            fresh_entities(spec.partitions, options.fresh_entities, spec.command_bytes).await?;
         rows::fresh(report, &fresh);
         Some(fresh)
     } else {
