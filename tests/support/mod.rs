@@ -59,6 +59,7 @@ pub fn init_tracing() {
         .try_init();
 }
 
+pub mod fragile;
 pub mod ledger;
 pub mod model;
 pub mod node;
