@@ -24,8 +24,7 @@ fn spec(env: Vec<(String, String)>) -> NodeSpec {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_command_that_kills_every_process_that_runs_it_is_dead_lettered_after_max_deliver_runs()
- {
+async fn a_command_that_kills_every_process_that_runs_it_is_dead_lettered_after_max_deliver_runs() {
     init_tracing();
     let (server, client, js) = jetshard_tests::served().await;
     let config = ledger_config(1, "test").max_deliver(2).build().unwrap();
@@ -205,9 +204,9 @@ async fn an_innocent_command_whose_isolated_owner_is_killed_from_outside_is_not_
         "the innocent command applied",
         || async {
             read_journal(&js, "ledger").await.is_ok_and(|journal| {
-                journal.iter().any(|r| {
-                matches!(r, Record::Event { command_seq, .. } if *command_seq == innocent)
-            })
+                journal.iter().any(
+                    |r| matches!(r, Record::Event { command_seq, .. } if *command_seq == innocent),
+                )
             })
         },
     )

@@ -229,7 +229,10 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         report.rows.push(piped.against(baseline));
         // Issue 22: warm and cold alike (a cold pass waits for each entity's first load).
         let ours = PassRows::new("cluster", &jetshard, pass, commands)
-            .row(format!("jetshard (group commit), {name} pass"), Figure::Rate)
+            .row(
+                format!("jetshard (group commit), {name} pass"),
+                Figure::Rate,
+            )
             .held_to(baseline, ">= 5 x serialized bare", |r| r >= 5.0);
         report.rows.push(ours);
     }

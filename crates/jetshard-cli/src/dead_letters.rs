@@ -84,4 +84,3 @@ pub(crate) async fn dead_letters(
         }
     })
 }
-

@@ -64,4 +64,3 @@ pub(crate) async fn describe(
         codec: info.config.metadata.get("jetshard.codec").cloned(),
     })
 }
-

@@ -200,7 +200,6 @@ pub async fn execute(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-
     #[test]
     fn dead_letters_lists_with_a_type_and_acts_with_a_subcommand() {
         let list = parse(["jetshard", "dead-letters", "order"]).unwrap();

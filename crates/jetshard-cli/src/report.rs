@@ -12,7 +12,11 @@ pub(crate) const STATUS_WAIT: Duration = Duration::from_millis(500);
 
 /// The report of a state query: the state as JSON when the entity type's codec is JSON; else
 /// its bytes, saying which codec they are in and that this tool cannot decode them.
-pub(crate) fn state_report(entity_type: &str, codec: Option<&str>, answer: jetshard::QueryAnswer) -> Report {
+pub(crate) fn state_report(
+    entity_type: &str,
+    codec: Option<&str>,
+    answer: jetshard::QueryAnswer,
+) -> Report {
     let hex: String = answer.state.iter().map(|b| format!("{b:02x}")).collect();
     let decoded = match codec {
         Some("json") | None => serde_json::from_slice::<Value>(&answer.state).ok(),

@@ -122,11 +122,13 @@ pub struct Loads {
 impl Loads {
     /// The loads of `partitions` (a [`ShardSystem::status`](crate::ShardSystem::status)), summed.
     pub fn of<'a>(partitions: impl IntoIterator<Item = &'a PartitionStatus>) -> Self {
-        partitions.into_iter().fold(Loads::default(), |sum, p| Loads {
-            entities: sum.entities + p.entity_loads,
-            batched: sum.batched + p.batched_loads,
-            reads: sum.reads + p.load_reads,
-        })
+        partitions
+            .into_iter()
+            .fold(Loads::default(), |sum, p| Loads {
+                entities: sum.entities + p.entity_loads,
+                batched: sum.batched + p.batched_loads,
+                reads: sum.reads + p.load_reads,
+            })
     }
 
     /// Requests per load (the reads over at least one load).
@@ -176,7 +178,12 @@ pub struct QuarantinedEntity {
 mod tests {
     use super::*;
 
-    fn loaded(partition: u32, entity_loads: u64, batched_loads: u64, load_reads: u64) -> PartitionStatus {
+    fn loaded(
+        partition: u32,
+        entity_loads: u64,
+        batched_loads: u64,
+        load_reads: u64,
+    ) -> PartitionStatus {
         PartitionStatus {
             partition,
             generation: Some(1),
@@ -206,10 +213,7 @@ mod tests {
     fn loads_sum_the_partitions_counters() {
         let status = [loaded(0, 64, 60, 5), loaded(1, 36, 0, 36)];
         let loads = Loads::of(&status);
-        assert_eq!(
-            (loads.entities, loads.batched, loads.reads),
-            (100, 60, 41)
-        );
+        assert_eq!((loads.entities, loads.batched, loads.reads), (100, 60, 41));
         assert_eq!(
             loads.to_string(),
             "100 entity loads, 60 from batched reads, 41 reads (0.41 a load)"

@@ -58,8 +58,11 @@ pub async fn knob_experiment(
             let base = without.value;
             report.rows.push(without);
             report.rows.push(
-                on.row(format!("bare loop with {knob}, {name} pass, {what}"), figure)
-                    .against(base),
+                on.row(
+                    format!("bare loop with {knob}, {name} pass, {what}"),
+                    figure,
+                )
+                .against(base),
             );
         }
     }

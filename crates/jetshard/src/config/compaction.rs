@@ -29,8 +29,11 @@ impl ShardConfigBuilder {
     /// [`compaction_interval`](Self::compaction_interval)). Off: the journal grows until an
     /// operator runs [`Admin::compact`](crate::admin::Admin::compact).
     pub fn compaction(mut self, on: bool) -> Self {
-        self.config.compaction_interval =
-            switched(self.config.compaction_interval, on, DEFAULT_COMPACTION_INTERVAL);
+        self.config.compaction_interval = switched(
+            self.config.compaction_interval,
+            on,
+            DEFAULT_COMPACTION_INTERVAL,
+        );
         self
     }
 

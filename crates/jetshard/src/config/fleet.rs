@@ -68,8 +68,11 @@ impl ShardConfigBuilder {
     /// [`crash_probe_interval`](Self::crash_probe_interval)). Off: a crashed owner's partitions
     /// move after the pin TTL, unless another process watches.
     pub fn crash_detection(mut self, on: bool) -> Self {
-        self.config.crash_probe_interval =
-            switched(self.config.crash_probe_interval, on, DEFAULT_CRASH_PROBE_INTERVAL);
+        self.config.crash_probe_interval = switched(
+            self.config.crash_probe_interval,
+            on,
+            DEFAULT_CRASH_PROBE_INTERVAL,
+        );
         self
     }
 }

@@ -203,15 +203,31 @@ mod tests {
     fn an_interval_switched_on_keeps_the_one_set_and_off_clears_it() {
         let set = Duration::from_millis(500);
         let built = |b: ShardConfigBuilder| b.build().unwrap();
-        let c = built(ShardConfig::builder("order").compaction_interval(set).compaction(true));
+        let c = built(
+            ShardConfig::builder("order")
+                .compaction_interval(set)
+                .compaction(true),
+        );
         assert_eq!(c.compaction_interval, Some(set));
         let c = built(ShardConfig::builder("order").compaction(false));
         assert_eq!(c.compaction_interval, None);
-        let c = built(ShardConfig::builder("order").compaction(false).compaction(true));
+        let c = built(
+            ShardConfig::builder("order")
+                .compaction(false)
+                .compaction(true),
+        );
         assert_eq!(c.compaction_interval, Some(DEFAULT_COMPACTION_INTERVAL));
-        let c = built(ShardConfig::builder("order").crash_probe_interval(set).crash_detection(true));
+        let c = built(
+            ShardConfig::builder("order")
+                .crash_probe_interval(set)
+                .crash_detection(true),
+        );
         assert_eq!(c.crash_probe_interval, Some(set));
-        let c = built(ShardConfig::builder("order").crash_detection(false).crash_detection(true));
+        let c = built(
+            ShardConfig::builder("order")
+                .crash_detection(false)
+                .crash_detection(true),
+        );
         assert_eq!(c.crash_probe_interval, Some(DEFAULT_CRASH_PROBE_INTERVAL));
         let c = built(ShardConfig::builder("order").crash_detection(false));
         assert_eq!(c.crash_probe_interval, None);
