@@ -41,6 +41,8 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`cli`] | the `jetshard` admin command run in-process: its text, its JSON, its error |
+//! | [`fragile`] | the `Fragile` test entity: handlers that fail on purpose |
 //! | [`ledger`] | the `Ledger` test entity: numbers appended in order, with injectable faults |
 //! | [`model`] | `Op` (a command and what it must leave), `LedgerModel`, `check_journal` |
 //! | [`node`] | `ledger-node` child processes: SIGKILL, SIGSTOP, SIGTERM, ownership lines |
@@ -59,6 +61,7 @@ pub fn init_tracing() {
         .try_init();
 }
 
+pub mod cli;
 pub mod fragile;
 pub mod ledger;
 pub mod model;
