@@ -158,6 +158,22 @@ pub struct Counts {
     pub commands_in_hand: usize,
 }
 
+/// What the server says of stream `name` now (its config, state and cluster).
+pub async fn stream_info(
+    js: &async_nats::jetstream::Context,
+    name: &str,
+) -> async_nats::jetstream::stream::Info {
+    let mut stream = js
+        .get_stream(name)
+        .await
+        .unwrap_or_else(|e| panic!("stream {name}: {e}"));
+    stream
+        .info()
+        .await
+        .unwrap_or_else(|e| panic!("stream {name}'s info: {e}"))
+        .clone()
+}
+
 /// `system`'s counters summed over its partitions.
 ///
 /// # Panics

@@ -280,13 +280,8 @@ async fn a_journal_stream_of_an_earlier_version_gains_the_new_subjects_and_roll_
     .unwrap();
     let config = ledger_config(1, "n1").build().unwrap();
     provision(client.clone(), &config).await;
-    let info = js
-        .get_stream("LEDGER_JOURNAL")
+    let info = jetshard_tests::stream_info(&js, "LEDGER_JOURNAL")
         .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
         .config
         .clone();
     for subject in ["ledger.dlq.*.*", "ledger.snap.*.*", "ledger.evt.*.*"] {
