@@ -315,7 +315,8 @@ fn bounded_rows(report: &mut Report, figures: &Figures, n: usize, name: &str) {
     let mb = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
     let (rss, heap) = (&figures.rss_by_tenth, &figures.heap_by_tenth);
     let (Some(&rss_first), Some(&rss_half), Some(&rss_last)) =
-        (rss.first(), rss.get(rss.len() / 2 - 1), rss.last())
+        // Fewer than two samples (a run of one wave) has no half-way point: no rows.
+        (rss.first(), (rss.len() / 2).checked_sub(1).and_then(|i| rss.get(i)), rss.last())
     else {
         return;
     };
