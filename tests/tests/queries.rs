@@ -68,16 +68,9 @@ async fn a_query_returns_the_state_after_the_acknowledged_commands() {
     assert!(matches!(error, Error::NoAnswer { .. }), "{error}");
 }
 
-/// A hand-off about to happen: `first` owns the one partition, where entity "h" holds one
-/// number, under generation `before`; `second` stands by.
-struct HandOff {
-    s: Scenario,
-    first: ShardSystem,
-    second: ShardSystem,
-    before: u64,
-}
-
-async fn hand_off() -> HandOff {
+/// A hand-off about to happen: `(s, first, second, before)`, where `first` owns the one
+/// partition, entity "h" holds one number under generation `before`, and `second` stands by.
+async fn hand_off() -> (Scenario, ShardSystem, ShardSystem, u64) {
     let s = Scenario::single(1).await;
     let first = s.system("n1").await;
     s.sender
@@ -86,24 +79,14 @@ async fn hand_off() -> HandOff {
         .unwrap();
     let before = s.sender.get("h", WITHIN).await.unwrap().generation;
     let second = s.system("n2").await;
-    HandOff {
-        s,
-        first,
-        second,
-        before,
-    }
+    (s, first, second, before)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queries_during_a_hand_off_never_see_a_stale_state() {
     init_tracing();
     // n1 owns the partition.
-    let HandOff {
-        s,
-        first,
-        second,
-        before,
-    } = hand_off().await;
+    let (s, first, second, before) = hand_off().await;
     let sender = s.sender.clone();
 
     // Hand the partition over while commands and queries go on.
@@ -149,12 +132,7 @@ async fn queries_during_a_hand_off_never_see_a_stale_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_query_during_a_hand_off_is_answered_or_told_the_partition_is_moving() {
     init_tracing();
-    let HandOff {
-        s,
-        first,
-        second,
-        before,
-    } = hand_off().await;
+    let (s, first, second, before) = hand_off().await;
     let sender = s.sender.clone();
 
     let stop = tokio::sync::watch::channel(false);
