@@ -41,6 +41,8 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`cli`] | the `jetshard` admin command run in-process: its text, its JSON, its error |
+//! | [`fragile`] | the `Fragile` test entity: handlers that fail on purpose |
 //! | [`ledger`] | the `Ledger` test entity: numbers appended in order, with injectable faults |
 //! | [`model`] | `Op` (a command and what it must leave), `LedgerModel`, `check_journal` |
 //! | [`node`] | `ledger-node` child processes: SIGKILL, SIGSTOP, SIGTERM, ownership lines |
@@ -59,6 +61,8 @@ pub fn init_tracing() {
         .try_init();
 }
 
+pub mod cli;
+pub mod fragile;
 pub mod ledger;
 pub mod model;
 pub mod node;
@@ -152,6 +156,22 @@ pub struct Counts {
     pub resident_entities: usize,
     /// Commands delivered and not yet acknowledged.
     pub commands_in_hand: usize,
+}
+
+/// What the server says of stream `name` now (its config, state and cluster).
+pub async fn stream_info(
+    js: &async_nats::jetstream::Context,
+    name: &str,
+) -> async_nats::jetstream::stream::Info {
+    let mut stream = js
+        .get_stream(name)
+        .await
+        .unwrap_or_else(|e| panic!("stream {name}: {e}"));
+    stream
+        .info()
+        .await
+        .unwrap_or_else(|e| panic!("stream {name}'s info: {e}"))
+        .clone()
 }
 
 /// `system`'s counters summed over its partitions.

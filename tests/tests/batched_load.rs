@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use jetshard::{PartitionStatus, ShardSystem};
+use jetshard::{Loads, ShardSystem};
 use jetshard_testkit::wait_until;
 use jetshard_tests::model::{Op, check_effects, read_ledger};
 use jetshard_tests::{Scenario, init_tracing};
@@ -97,21 +97,11 @@ impl Histories {
     }
 }
 
-/// The load counters of `system` (loads, of them batched, reads), summed over its partitions,
-/// printed as `what`.
-async fn loads(system: &ShardSystem, what: &str) -> (u64, u64, u64) {
-    let status = system.status().await.expect("status");
-    let sum = |f: fn(&PartitionStatus) -> u64| status.iter().map(f).sum::<u64>();
-    let (loads, batched, reads) = (
-        sum(|p| p.entity_loads),
-        sum(|p| p.batched_loads),
-        sum(|p| p.load_reads),
-    );
-    eprintln!(
-        "{what}: {loads} loads, {batched} batched, {reads} reads ({:.2} a load)",
-        reads as f64 / loads.max(1) as f64
-    );
-    (loads, batched, reads)
+/// The load counters of `system`, summed over its partitions, printed as `what`.
+async fn loads(system: &ShardSystem, what: &str) -> Loads {
+    let loads = Loads::of(&system.status().await.expect("status"));
+    eprintln!("{what}: {loads}");
+    loads
 }
 
 /// Writes the histories under one system, loads every entity in pull bursts under a second
@@ -130,7 +120,11 @@ async fn batched_loads_equal_loads_alone(mut s: Scenario) {
     histories.send_next(&mut s).await;
     let batched = s.system_with(quiet(&s, "n2")).await;
     histories.wait_held(&s).await;
-    let (loads_b, batched_b, _) = loads(&batched, "in pull bursts").await;
+    let Loads {
+        entities: loads_b,
+        batched: batched_b,
+        ..
+    } = loads(&batched, "in pull bursts").await;
     assert!(
         loads_b >= histories.expected.len() as u64,
         "every entity loaded: {loads_b}"
@@ -144,7 +138,11 @@ async fn batched_loads_equal_loads_alone(mut s: Scenario) {
     // Each loaded alone, by its state query: the same lists.
     let alone = s.system_with(quiet(&s, "n3")).await;
     histories.wait_held(&s).await;
-    let (loads_a, batched_a, _) = loads(&alone, "alone").await;
+    let Loads {
+        entities: loads_a,
+        batched: batched_a,
+        ..
+    } = loads(&alone, "alone").await;
     assert_eq!(batched_a, 0, "queries load one entity at a time");
     assert!(
         loads_a >= histories.expected.len() as u64,

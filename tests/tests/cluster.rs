@@ -336,13 +336,8 @@ async fn a_burst_through_a_journal_leader_kill_loses_nothing() {
     .await
     .unwrap();
     let (js, cluster) = (&s.js, s.cluster_servers());
-    let leader = js
-        .get_stream("LEDGER_JOURNAL")
+    let leader = jetshard_tests::stream_info(js, "LEDGER_JOURNAL")
         .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
         .cluster
         .clone()
         .and_then(|c| c.leader)

@@ -30,6 +30,24 @@ async fn stored(s: &Scenario) -> u64 {
     sink.cached_info().state.messages
 }
 
+/// Waits until the command forwarded to `dst` (`Push { n }`) is applied there and the sink holds
+/// one message.
+async fn forwarded_once(s: &Scenario, n: u64) {
+    wait_until(WITHIN, &format!("dst pushed {n}"), || async {
+        s.sender
+            .get("dst", Duration::from_secs(1))
+            .await
+            .is_ok_and(|snapshot| snapshot.state == vec![n])
+    })
+    .await
+    .unwrap();
+    wait_until(WITHIN, "the sink message", || async {
+        stored(s).await == 1
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_sends_its_outbox_after_its_events_are_durable() {
     init_tracing();
@@ -50,19 +68,7 @@ async fn a_command_sends_its_outbox_after_its_events_are_durable() {
         .unwrap();
     assert!(matches!(reply, Reply::Applied { .. }), "{reply:?}");
     // The command to another entity was applied, and the message stored, once.
-    wait_until(WITHIN, "dst pushed 7", || async {
-        s.sender
-            .get("dst", Duration::from_secs(1))
-            .await
-            .is_ok_and(|snapshot| snapshot.state == vec![7])
-    })
-    .await
-    .unwrap();
-    wait_until(WITHIN, "the sink message", || async {
-        stored(&s).await == 1
-    })
-    .await
-    .unwrap();
+    forwarded_once(&s, 7).await;
     let message = sink
         .get_last_raw_message_by_subject("sink.7")
         .await
@@ -126,19 +132,7 @@ async fn a_crash_between_the_event_write_and_the_publish_is_made_good_by_the_nex
     // The next owner publishes the outbox again; the forwarded command runs once.
     let heir = s.node("heir").await;
     s.wait_owns_all(&heir).await;
-    wait_until(WITHIN, "dst pushed 500", || async {
-        s.sender
-            .get("dst", Duration::from_secs(1))
-            .await
-            .is_ok_and(|snapshot| snapshot.state == vec![500])
-    })
-    .await
-    .unwrap();
-    wait_until(WITHIN, "the sink message", || async {
-        stored(&s).await == 1
-    })
-    .await
-    .unwrap();
+    forwarded_once(&s, 500).await;
     let first = tokio::time::timeout(WITHIN, published.next())
         .await
         .unwrap();

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use jetshard::admin::Admin;
-use jetshard::{Error, Reply, partition_of};
+use jetshard::{Error, Reply, ShardSystem, partition_of};
 use jetshard_tests::ledger::{Ledger, LedgerCmd};
 use jetshard_tests::{Scenario, id_in, init_tracing};
 
@@ -68,19 +68,26 @@ async fn a_query_returns_the_state_after_the_acknowledged_commands() {
     assert!(matches!(error, Error::NoAnswer { .. }), "{error}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn queries_during_a_hand_off_never_see_a_stale_state() {
-    init_tracing();
+/// A hand-off about to happen: `(s, first, second, before)`, where `first` owns the one
+/// partition, entity "h" holds one number under generation `before`, and `second` stands by.
+async fn hand_off() -> (Scenario, ShardSystem, ShardSystem, u64) {
     let s = Scenario::single(1).await;
     let first = s.system("n1").await;
-    let sender = s.sender.clone();
-    // n1 owns the partition.
-    sender
+    s.sender
         .request("h", &LedgerCmd::Append { n: 0 }, WITHIN)
         .await
         .unwrap();
-    let before = sender.get("h", WITHIN).await.unwrap().generation;
+    let before = s.sender.get("h", WITHIN).await.unwrap().generation;
     let second = s.system("n2").await;
+    (s, first, second, before)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_during_a_hand_off_never_see_a_stale_state() {
+    init_tracing();
+    // n1 owns the partition.
+    let (s, first, second, before) = hand_off().await;
+    let sender = s.sender.clone();
 
     // Hand the partition over while commands and queries go on.
     let handing_off = tokio::spawn(async move { first.shutdown().await });
@@ -125,15 +132,8 @@ async fn queries_during_a_hand_off_never_see_a_stale_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_query_during_a_hand_off_is_answered_or_told_the_partition_is_moving() {
     init_tracing();
-    let s = Scenario::single(1).await;
-    let first = s.system("n1").await;
+    let (s, first, second, before) = hand_off().await;
     let sender = s.sender.clone();
-    sender
-        .request("h", &LedgerCmd::Append { n: 0 }, WITHIN)
-        .await
-        .unwrap();
-    let before = sender.get("h", WITHIN).await.unwrap().generation;
-    let second = s.system("n2").await;
 
     let stop = tokio::sync::watch::channel(false);
     let (stopped, mut stopping) = stop;

@@ -512,13 +512,8 @@ async fn a_node_of_another_entity_type_cannot_touch_the_ledger_streams() {
     let ledger_client = user("ledger_client").connect(server.url()).await.unwrap();
     runs("ledger", ledger_node, ledger_client).await;
     let admin = jetstream::new(user("admin").connect(server.url()).await.unwrap());
-    let journal_before = admin
-        .get_stream("LEDGER_JOURNAL")
+    let journal_before = jetshard_tests::stream_info(&admin, "LEDGER_JOURNAL")
         .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
         .state
         .clone();
 
@@ -572,13 +567,8 @@ async fn a_node_of_another_entity_type_cannot_touch_the_ledger_streams() {
     assert!(commands.delete_consumer("ledger-p0").await.is_err());
 
     // The ledger's streams are as they were, and the server logged each refusal.
-    let journal_after = admin
-        .get_stream("LEDGER_JOURNAL")
+    let journal_after = jetshard_tests::stream_info(&admin, "LEDGER_JOURNAL")
         .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
         .state
         .clone();
     assert_eq!(journal_after.messages, journal_before.messages);

@@ -280,13 +280,8 @@ async fn a_journal_stream_of_an_earlier_version_gains_the_new_subjects_and_roll_
     .unwrap();
     let config = ledger_config(1, "n1").build().unwrap();
     provision(client.clone(), &config).await;
-    let info = js
-        .get_stream("LEDGER_JOURNAL")
+    let info = jetshard_tests::stream_info(&js, "LEDGER_JOURNAL")
         .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
         .config
         .clone();
     for subject in ["ledger.dlq.*.*", "ledger.snap.*.*", "ledger.evt.*.*"] {
@@ -302,23 +297,40 @@ async fn recorded_codec(js: &async_nats::jetstream::Context, stream: &str) -> Op
     info.config.metadata.get("jetshard.codec").cloned()
 }
 
-fn expect_codec_mismatch(error: &Error, stored: &str, configured: &str) {
-    match error {
+/// Both of the ledger's streams record the JSON codec.
+async fn both_record_json(js: &async_nats::jetstream::Context) {
+    for stream in ["LEDGER_CMD", "LEDGER_JOURNAL"] {
+        assert_eq!(recorded_codec(js, stream).await.as_deref(), Some("json"));
+    }
+}
+
+/// A node configured for bincode over the ledger's streams, written as JSON, is refused at
+/// start: the error names the setting and both codecs.
+async fn a_bincode_node_is_refused(client: &async_nats::Client) {
+    let bincode = ledger_config(2, "n2")
+        .codec(jetshard::Codec::Bincode)
+        .build()
+        .unwrap();
+    let error = ShardSystem::start::<Ledger>(client.clone(), bincode)
+        .await
+        .err()
+        .expect("started with bincode over streams written as JSON");
+    match &error {
         Error::StoredSettingMismatch {
             setting,
-            stored: s,
-            configured: c,
+            stored,
+            configured,
             ..
         } => {
             assert_eq!(*setting, "codec");
-            assert_eq!(s, stored);
-            assert_eq!(c, configured);
+            assert_eq!(stored, "json");
+            assert_eq!(configured, "bincode");
         }
         other => panic!("unexpected error: {other}"),
     }
     let text = error.to_string();
     assert!(
-        text.contains(&format!("codec {stored}, but {configured} is configured")),
+        text.contains("codec json, but bincode is configured"),
         "{text}"
     );
 }
@@ -330,18 +342,8 @@ async fn a_codec_mismatch_with_existing_streams_is_refused_at_start() {
     // The ledger's test config is JSON-encoded; a node configured for bincode must not start.
     provision(client.clone(), &ledger_config(2, "n1").build().unwrap()).await;
     let js = async_nats::jetstream::new(client.clone());
-    for stream in ["LEDGER_CMD", "LEDGER_JOURNAL"] {
-        assert_eq!(recorded_codec(&js, stream).await.as_deref(), Some("json"));
-    }
-    let bincode = ledger_config(2, "n2")
-        .codec(jetshard::Codec::Bincode)
-        .build()
-        .unwrap();
-    let error = ShardSystem::start::<Ledger>(client.clone(), bincode)
-        .await
-        .err()
-        .expect("started with bincode over streams written as JSON");
-    expect_codec_mismatch(&error, "json", "bincode");
+    both_record_json(&js).await;
+    a_bincode_node_is_refused(&client).await;
     // The streams are untouched: the recorded codec still starts.
     provision(client, &ledger_config(2, "n1").build().unwrap()).await;
 }
@@ -365,18 +367,8 @@ async fn streams_from_before_the_codec_record_get_it_at_first_start_and_are_then
         ShardSystem::start::<Ledger>(client.clone(), ledger_config(2, "n1").build().unwrap())
             .await
             .unwrap();
-    for stream in ["LEDGER_CMD", "LEDGER_JOURNAL"] {
-        assert_eq!(recorded_codec(&js, stream).await.as_deref(), Some("json"));
-    }
+    both_record_json(&js).await;
     // ... and a node with another codec is refused from then on, while the first one runs.
-    let bincode = ledger_config(2, "n2")
-        .codec(jetshard::Codec::Bincode)
-        .build()
-        .unwrap();
-    let error = ShardSystem::start::<Ledger>(client.clone(), bincode)
-        .await
-        .err()
-        .expect("started with bincode over streams written as JSON");
-    expect_codec_mismatch(&error, "json", "bincode");
+    a_bincode_node_is_refused(&client).await;
     system.shutdown().await.unwrap();
 }

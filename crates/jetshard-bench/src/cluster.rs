@@ -22,7 +22,7 @@ use serde_json::json;
 
 use crate::Options;
 use crate::bare::{BareLoop, IN_FLIGHT, MAX_ACK_PENDING};
-use crate::drain::{DrainRun, DrainSpec, Pass, timed_passes};
+use crate::drain::{DrainRun, DrainSpec, Figure, PassRows, timed_passes};
 use crate::entity::BenchEntity;
 use crate::load;
 use crate::report::{Report, Row, Worse};
@@ -61,6 +61,12 @@ pub struct ClusterRun {
     pub refused: Option<u64>,
     /// jetshard's write figures (jetshard only).
     pub writes: Option<WriteFigures>,
+}
+
+impl AsRef<DrainRun> for ClusterRun {
+    fn as_ref(&self) -> &DrainRun {
+        &self.drain
+    }
 }
 
 async fn start_cluster() -> anyhow::Result<(NatsCluster, async_nats::Client, Vec<u32>)> {
@@ -205,45 +211,31 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         "R3, 3 servers, {} partitions, {} entities, {} cmds",
         spec.partitions, spec.entities, spec.commands
     );
-    let rates = |runs: &[ClusterRun], pass: usize| -> Vec<f64> {
-        runs.iter()
-            .filter_map(|r| r.drain.passes.get(pass).map(|p: &Pass| p.rate))
-            .collect()
-    };
+    let commands = spec.commands;
     for (pass, name) in [(0, "cold"), (1, "warm")] {
-        let base = Row::over_rounds(
-            "cluster",
+        let base = PassRows::new("cluster", &serialized, pass, commands).row(
             format!(
                 "bare loop, serialized (1 write in flight per partition), {name} pass, {shape}"
             ),
-            &rates(&serialized, pass),
-            "cmd/s",
-            Worse::Lower,
+            Figure::Rate,
         );
         let baseline = base.value;
         report.rows.push(base);
-        let piped = Row::over_rounds(
-            "cluster",
+        let piped = PassRows::new("cluster", &pipelined, pass, commands).row(
             format!(
                 "bare loop, pipelined ({IN_FLIGHT} writes in flight per partition), {name} pass"
             ),
-            &rates(&pipelined, pass),
-            "cmd/s",
-            Worse::Lower,
-        )
-        .against(baseline);
-        report.rows.push(piped);
-        let ours = Row::over_rounds(
-            "cluster",
-            format!("jetshard (group commit), {name} pass"),
-            &rates(&jetshard, pass),
-            "cmd/s",
-            Worse::Lower,
-        )
-        .against(baseline);
+            Figure::Rate,
+        );
+        report.rows.push(piped.against(baseline));
         // Issue 22: warm and cold alike (a cold pass waits for each entity's first load).
-        let met = ours.ratio.is_some_and(|r| r >= 5.0);
-        report.rows.push(ours.target(">= 5 x serialized bare", met));
+        let ours = PassRows::new("cluster", &jetshard, pass, commands)
+            .row(
+                format!("jetshard (group commit), {name} pass"),
+                Figure::Rate,
+            )
+            .held_to(baseline, ">= 5 x serialized bare", |r| r >= 5.0);
+        report.rows.push(ours);
     }
     let commands_per_run = (spec.commands * spec.passes) as f64;
     let refused: Vec<f64> = pipelined
@@ -305,36 +297,22 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             "records",
         ));
     }
-    let commands = spec.commands;
     for (side, runs) in [
         ("bare loop, serialized", &serialized),
         ("bare loop, pipelined", &pipelined),
         ("jetshard", &jetshard),
     ] {
-        let server_us: Vec<f64> = runs
-            .iter()
-            .filter_map(|r| r.drain.passes.get(1))
-            .map(|p| p.server_us_per_command(commands))
-            .collect();
-        let client_us: Vec<f64> = runs
-            .iter()
-            .filter_map(|r| r.drain.passes.get(1))
-            .map(|p| p.client_us_per_command(commands))
-            .collect();
-        report.rows.push(Row::over_rounds(
-            "cluster",
-            format!("{side}, warm pass: server CPU per command (3 servers)"),
-            &server_us,
-            "us",
-            Worse::Higher,
-        ));
-        report.rows.push(Row::over_rounds(
-            "cluster",
-            format!("{side}, warm pass: client CPU per command"),
-            &client_us,
-            "us",
-            Worse::Higher,
-        ));
+        let warm = PassRows::new("cluster", runs, 1, commands);
+        report.rows.extend([
+            warm.row(
+                format!("{side}, warm pass: server CPU per command (3 servers)"),
+                Figure::ServerCpu,
+            ),
+            warm.row(
+                format!("{side}, warm pass: client CPU per command"),
+                Figure::ClientCpu,
+            ),
+        ]);
     }
     report.details.insert(
         "cluster".to_owned(),

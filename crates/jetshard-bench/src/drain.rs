@@ -13,6 +13,7 @@ use crate::allocs::{self, Allocated};
 use crate::bare::BareLoop;
 use crate::cpu::{CpuMeter, CpuSpent};
 use crate::load::{self, CommandPublisher, Gate};
+use crate::report::{Row, Worse};
 
 /// The entity type the throughput runs use.
 pub const ENTITY_TYPE: &str = "bench";
@@ -89,11 +90,97 @@ pub struct DrainRun {
     pub acquisitions: Option<u64>,
 }
 
-/// One figure of each run's pass `pass` (a run that stopped before it has none).
-pub fn pass_rounds(runs: &[DrainRun], pass: usize, f: &dyn Fn(&Pass) -> f64) -> Vec<f64> {
-    runs.iter()
-        .filter_map(|r| r.passes.get(pass).map(f))
-        .collect()
+impl AsRef<DrainRun> for DrainRun {
+    fn as_ref(&self) -> &DrainRun {
+        self
+    }
+}
+
+/// A figure of a pass as the drain scenarios report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Figure {
+    /// Commands acknowledged per second.
+    Rate,
+    /// Server CPU microseconds per command.
+    ServerCpu,
+    /// Client CPU microseconds per command.
+    ClientCpu,
+    /// Client heap allocations per command.
+    Allocs,
+    /// Client bytes allocated per command.
+    AllocBytes,
+}
+
+impl Figure {
+    /// Its value in `pass`, of `commands` commands.
+    pub fn of(self, pass: &Pass, commands: usize) -> f64 {
+        match self {
+            Figure::Rate => pass.rate,
+            Figure::ServerCpu => pass.server_us_per_command(commands),
+            Figure::ClientCpu => pass.client_us_per_command(commands),
+            Figure::Allocs => pass.allocs_per_command(commands),
+            Figure::AllocBytes => pass.alloc_bytes_per_command(commands),
+        }
+    }
+
+    /// Its unit.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Figure::Rate => "cmd/s",
+            Figure::ServerCpu | Figure::ClientCpu => "us",
+            Figure::Allocs => "allocs",
+            Figure::AllocBytes => "bytes",
+        }
+    }
+
+    /// Which way it gets worse: a rate lower, a cost higher.
+    pub fn worse(self) -> Worse {
+        match self {
+            Figure::Rate => Worse::Lower,
+            _ => Worse::Higher,
+        }
+    }
+}
+
+/// The rows of one side's pass over its rounds: each figure's median, its worst round beside
+/// it (the rows the throughput and cluster scenarios report per side and pass).
+pub struct PassRows<'a, R> {
+    scenario: &'static str,
+    runs: &'a [R],
+    pass: usize,
+    commands: usize,
+}
+
+impl<'a, R: AsRef<DrainRun>> PassRows<'a, R> {
+    /// Pass `pass` (0 is cold) of `runs`, each of `commands` commands per pass.
+    pub fn new(scenario: &'static str, runs: &'a [R], pass: usize, commands: usize) -> Self {
+        PassRows {
+            scenario,
+            runs,
+            pass,
+            commands,
+        }
+    }
+
+    /// The figure of each round that has the pass (a run that stopped before it has none).
+    pub fn rounds(&self, figure: Figure) -> Vec<f64> {
+        self.runs
+            .iter()
+            .filter_map(|r| r.as_ref().passes.get(self.pass))
+            .map(|p| figure.of(p, self.commands))
+            .collect()
+    }
+
+    /// The figure's row, named `case`.
+    pub fn row(&self, case: impl Into<String>, figure: Figure) -> Row {
+        Row::over_rounds(
+            self.scenario,
+            case,
+            &self.rounds(figure),
+            figure.unit(),
+            figure.worse(),
+        )
+    }
 }
 
 /// Runs the passes of the protocol against whatever consumes `ENTITY_TYPE`'s partitions.

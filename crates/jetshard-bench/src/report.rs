@@ -103,6 +103,19 @@ impl Row {
         self.met = Some(met);
         self
     }
+
+    /// Sets the row against `baseline` and holds its ratio to `target`: met where `holds` says
+    /// so of the ratio (never without a baseline).
+    pub fn held_to(
+        self,
+        baseline: f64,
+        target: impl Into<String>,
+        holds: impl FnOnce(f64) -> bool,
+    ) -> Self {
+        let row = self.against(baseline);
+        let met = row.ratio.is_some_and(holds);
+        row.target(target, met)
+    }
 }
 
 /// Everything one invocation measured.

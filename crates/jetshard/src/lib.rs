@@ -144,7 +144,9 @@ pub use query::{QueryAnswer, StateSnapshot};
 pub use reply::Reply;
 pub use runtime::balance::partition_standbys;
 pub use runtime::crash::crash_watchers;
-pub use status::{NodeStatus, OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity};
+pub use status::{
+    Loads, NodeStatus, OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity,
+};
 pub use system::ShardSystem;
 pub use trace::{SpanId, TraceId, TraceParent};
 pub use wire::partition::{fnv1a_32, partition_of};

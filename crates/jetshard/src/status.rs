@@ -1,5 +1,7 @@
 //! What a running shard system reports: ownership changes and per-partition status.
 
+use std::fmt;
+
 /// A partition changed hands in this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OwnershipEvent {
@@ -94,6 +96,60 @@ pub struct PartitionStatus {
     pub quarantined: Vec<QuarantinedEntity>,
 }
 
+/// The entity loads of some partitions, summed: [`PartitionStatus::entity_loads`],
+/// [`batched_loads`](PartitionStatus::batched_loads) and
+/// [`load_reads`](PartitionStatus::load_reads). Shown as `N entity loads, B from batched reads,
+/// R reads (R/N a load)`.
+///
+/// ```
+/// # async fn example(system: &jetshard::ShardSystem) -> Result<(), jetshard::Error> {
+/// let loads = jetshard::Loads::of(&system.status().await?);
+/// println!("{loads}");
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Loads {
+    /// Entities loaded from the journal.
+    pub entities: u64,
+    /// Of them, those whose last records were read with other entities of a pull burst.
+    pub batched: u64,
+    /// Requests those loads made of the server.
+    pub reads: u64,
+}
+
+impl Loads {
+    /// The loads of `partitions` (a [`ShardSystem::status`](crate::ShardSystem::status)), summed.
+    pub fn of<'a>(partitions: impl IntoIterator<Item = &'a PartitionStatus>) -> Self {
+        partitions
+            .into_iter()
+            .fold(Loads::default(), |sum, p| Loads {
+                entities: sum.entities + p.entity_loads,
+                batched: sum.batched + p.batched_loads,
+                reads: sum.reads + p.load_reads,
+            })
+    }
+
+    /// Requests per load (the reads over at least one load).
+    pub fn reads_per_load(&self) -> f64 {
+        self.reads as f64 / self.entities.max(1) as f64
+    }
+}
+
+impl fmt::Display for Loads {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} entity loads, {} from batched reads, {} reads ({:.2} a load)",
+            self.entities,
+            self.batched,
+            self.reads,
+            self.reads_per_load()
+        )
+    }
+}
+
 /// What one process running an entity type says of itself when asked on `<t>.status`
 /// ([`Admin::nodes`](crate::admin::Admin::nodes)).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -116,4 +172,52 @@ pub struct QuarantinedEntity {
     pub journal_seq: u64,
     /// What is wrong with it.
     pub reason: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loaded(
+        partition: u32,
+        entity_loads: u64,
+        batched_loads: u64,
+        load_reads: u64,
+    ) -> PartitionStatus {
+        PartitionStatus {
+            partition,
+            generation: Some(1),
+            resident_entities: 0,
+            dormant_entities: 0,
+            dormant_bytes: 0,
+            commands_in_hand: 0,
+            applied: 0,
+            events_written: 0,
+            rejected: 0,
+            duplicates: 0,
+            dead_lettered: 0,
+            acquisitions: 1,
+            failed_acquisitions: 0,
+            unconfirmed_writes: 0,
+            journal_commits: 0,
+            journal_records: 0,
+            write_conflicts: 0,
+            entity_loads,
+            batched_loads,
+            load_reads,
+            quarantined: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn loads_sum_the_partitions_counters() {
+        let status = [loaded(0, 64, 60, 5), loaded(1, 36, 0, 36)];
+        let loads = Loads::of(&status);
+        assert_eq!((loads.entities, loads.batched, loads.reads), (100, 60, 41));
+        assert_eq!(
+            loads.to_string(),
+            "100 entity loads, 60 from batched reads, 41 reads (0.41 a load)"
+        );
+        assert_eq!(Loads::of(&[]).reads_per_load(), 0.0);
+    }
 }

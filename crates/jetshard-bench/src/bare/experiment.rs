@@ -7,11 +7,8 @@ use serde_json::json;
 
 use super::{BareSettings, Knob, drain_bare_with};
 use crate::Options;
-use crate::drain::{DrainRun, DrainSpec, Pass, pass_rounds};
-use crate::report::{Report, Row, Worse};
-
-/// A figure of a pass: its name, how it is read, its unit and which way it gets worse.
-type Figure<'a> = (&'static str, &'a dyn Fn(&Pass) -> f64, &'static str, Worse);
+use crate::drain::{DrainRun, DrainSpec, Figure, PassRows};
+use crate::report::Report;
 
 /// An experiment on the bare loop: rounds alternate it without and with `knobs` (the order
 /// swapped every other round), in one run, both sides with `base` switched on; reports each
@@ -49,40 +46,21 @@ pub async fn knob_experiment(
             runs[side].push(run);
         }
     }
-    let commands = spec.commands;
     for (pass, name) in [(0, "cold"), (1, "warm")] {
-        let figures: [Figure<'_>; 3] = [
-            ("rate", &|p: &Pass| p.rate, "cmd/s", Worse::Lower),
-            (
-                "server CPU per command",
-                &|p: &Pass| p.server_us_per_command(commands),
-                "us",
-                Worse::Higher,
-            ),
-            (
-                "client CPU per command",
-                &|p: &Pass| p.client_us_per_command(commands),
-                "us",
-                Worse::Higher,
-            ),
-        ];
-        for (what, f, unit, worse) in figures {
-            let off = Row::over_rounds(
-                "bare-knob",
-                format!("bare loop, {name} pass, {what}"),
-                &pass_rounds(&runs[0], pass, f),
-                unit,
-                worse,
-            );
-            let base = off.value;
-            report.rows.push(off);
+        let off = PassRows::new("bare-knob", &runs[0], pass, spec.commands);
+        let on = PassRows::new("bare-knob", &runs[1], pass, spec.commands);
+        for (what, figure) in [
+            ("rate", Figure::Rate),
+            ("server CPU per command", Figure::ServerCpu),
+            ("client CPU per command", Figure::ClientCpu),
+        ] {
+            let without = off.row(format!("bare loop, {name} pass, {what}"), figure);
+            let base = without.value;
+            report.rows.push(without);
             report.rows.push(
-                Row::over_rounds(
-                    "bare-knob",
+                on.row(
                     format!("bare loop with {knob}, {name} pass, {what}"),
-                    &pass_rounds(&runs[1], pass, f),
-                    unit,
-                    worse,
+                    figure,
                 )
                 .against(base),
             );

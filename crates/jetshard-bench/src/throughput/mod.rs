@@ -186,14 +186,5 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
 /// Prints what a system's entity loads came to: loads, those read in batches, and the reads
 /// they made of the server (each batched read once).
 pub fn report_loads(what: &str, status: &[jetshard::PartitionStatus]) {
-    let sum = |f: fn(&jetshard::PartitionStatus) -> u64| status.iter().map(f).sum::<u64>();
-    let (loads, batched, reads) = (
-        sum(|p| p.entity_loads),
-        sum(|p| p.batched_loads),
-        sum(|p| p.load_reads),
-    );
-    eprintln!(
-        "  {what}: {loads} entity loads, {batched} from batched reads, {reads} reads ({:.2} a load)",
-        reads as f64 / loads.max(1) as f64
-    );
+    eprintln!("  {what}: {}", jetshard::Loads::of(status));
 }

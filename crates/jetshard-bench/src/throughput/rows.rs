@@ -2,7 +2,7 @@
 //! worst round against the median, jetshard against the bench's bare loop and both against the
 //! independent `bareloop` (issue 22's targets), and the never-seen entities.
 
-use crate::drain::{DrainRun, DrainSpec, Pass, pass_rounds};
+use crate::drain::{DrainRun, DrainSpec, Figure, PassRows};
 use crate::report::{Report, Row, Worse};
 
 use super::FreshRun;
@@ -14,44 +14,30 @@ pub(super) fn passes(
     bare_runs: &[DrainRun],
     jetshard_runs: &[DrainRun],
 ) -> f64 {
-    let commands = spec.commands;
-    let rate = |p: &Pass| p.rate;
-    let client_us = |p: &Pass| p.client_us_per_command(commands);
-    let server_us = |p: &Pass| p.server_us_per_command(commands);
     let shape = format!(
         "{} partitions, {} entities, {} cmds",
         spec.partitions, spec.entities, spec.commands
     );
     let mut jetshard_warm = 0.0;
     for (pass, name) in [(0, "cold"), (1, "warm")] {
-        let bare = Row::over_rounds(
-            "throughput",
-            format!("bare loop, {name} pass, {shape}"),
-            &pass_rounds(bare_runs, pass, &rate),
-            "cmd/s",
-            Worse::Lower,
-        );
-        let bare_median = bare.value;
-        report.rows.push(bare);
-        let row = Row::over_rounds(
-            "throughput",
-            format!("jetshard, {name} pass, {shape}"),
-            &pass_rounds(jetshard_runs, pass, &rate),
-            "cmd/s",
-            Worse::Lower,
-        )
-        .against(bare_median);
-        let met = row.ratio.is_some_and(|r| r >= 0.9);
+        let bare = PassRows::new("throughput", bare_runs, pass, spec.commands);
+        let jetshard = PassRows::new("throughput", jetshard_runs, pass, spec.commands);
+        let bare_row = bare.row(format!("bare loop, {name} pass, {shape}"), Figure::Rate);
+        let bare_median = bare_row.value;
+        report.rows.push(bare_row);
+        let row = jetshard
+            .row(format!("jetshard, {name} pass, {shape}"), Figure::Rate)
+            .against(bare_median);
         report.rows.push(if pass == 1 {
             jetshard_warm = row.value;
-            row.target(">= 0.9 x bare", met)
+            row.held_to(bare_median, ">= 0.9 x bare", |r| r >= 0.9)
         } else {
             row
         });
-        for (side, runs) in [("bare loop", bare_runs), ("jetshard", jetshard_runs)] {
+        for (side, rows) in [("bare loop", &bare), ("jetshard", &jetshard)] {
             // A round that stalls (a partition served far below the others) shows here
             // long before it moves a median: the warm pass of issue 11 took 7x its median.
-            let rates = pass_rounds(runs, pass, &rate);
+            let rates = rows.rounds(Figure::Rate);
             if rates.len() > 1 {
                 let median = crate::stats::median(&rates);
                 let worst = rates.iter().copied().fold(f64::INFINITY, f64::min);
@@ -66,34 +52,16 @@ pub(super) fn passes(
                     .target(">= 0.5 (no stalled round)", worst >= median * 0.5),
                 );
             }
-            report.rows.push(Row::over_rounds(
-                "throughput",
-                format!("{side}, {name} pass: client CPU per command"),
-                &pass_rounds(runs, pass, &client_us),
-                "us",
-                Worse::Higher,
-            ));
-            report.rows.push(Row::over_rounds(
-                "throughput",
-                format!("{side}, {name} pass: server CPU per command"),
-                &pass_rounds(runs, pass, &server_us),
-                "us",
-                Worse::Higher,
-            ));
-            report.rows.push(Row::over_rounds(
-                "throughput",
-                format!("{side}, {name} pass: client allocations per command"),
-                &pass_rounds(runs, pass, &|p: &Pass| p.allocs_per_command(commands)),
-                "allocs",
-                Worse::Higher,
-            ));
-            report.rows.push(Row::over_rounds(
-                "throughput",
-                format!("{side}, {name} pass: client bytes allocated per command"),
-                &pass_rounds(runs, pass, &|p: &Pass| p.alloc_bytes_per_command(commands)),
-                "bytes",
-                Worse::Higher,
-            ));
+            for (what, figure) in [
+                ("client CPU per command", Figure::ClientCpu),
+                ("server CPU per command", Figure::ServerCpu),
+                ("client allocations per command", Figure::Allocs),
+                ("client bytes allocated per command", Figure::AllocBytes),
+            ] {
+                report
+                    .rows
+                    .push(rows.row(format!("{side}, {name} pass: {what}"), figure));
+            }
         }
     }
     jetshard_warm
@@ -135,66 +103,42 @@ pub(super) fn against_bareloop(
     );
     let (rate_base, server_base, client_base) = (rate.value, server.value, client.value);
     report.rows.extend([rate, server, client]);
-    let rate_of = |p: &Pass| p.rate;
-    let server_of = |p: &Pass| p.server_us_per_command(commands);
-    let client_of = |p: &Pass| p.client_us_per_command(commands);
+    let within_10 = |r: f64| (0.9..=1.1).contains(&r);
     if !bare_runs.is_empty() {
-        let row = Row::over_rounds(
-            "throughput",
-            "bench bare loop, warm, against bareloop",
-            &pass_rounds(bare_runs, 1, &rate_of),
-            "cmd/s",
-            Worse::Lower,
-        )
-        .against(rate_base);
-        let met = row.ratio.is_some_and(|r| (0.9..=1.1).contains(&r));
-        report.rows.push(row.target("within 10% of bareloop", met));
-        let row = Row::over_rounds(
-            "throughput",
-            "bench bare loop, warm: server CPU per command against bareloop's",
-            &pass_rounds(bare_runs, 1, &server_of),
-            "us",
-            Worse::Higher,
-        )
-        .against(server_base);
-        let met = row.ratio.is_some_and(|r| (0.9..=1.1).contains(&r));
-        report.rows.push(row.target("within 10% of bareloop", met));
+        let warm = PassRows::new("throughput", bare_runs, 1, commands);
+        report.rows.extend([
+            warm.row("bench bare loop, warm, against bareloop", Figure::Rate)
+                .held_to(rate_base, "within 10% of bareloop", within_10),
+            warm.row(
+                "bench bare loop, warm: server CPU per command against bareloop's",
+                Figure::ServerCpu,
+            )
+            .held_to(server_base, "within 10% of bareloop", within_10),
+        ]);
     }
     if !jetshard_runs.is_empty() {
         for (pass, name, target) in [(1, "warm", 0.8), (0, "cold", 0.7)] {
-            let row = Row::over_rounds(
-                "throughput",
-                format!("jetshard, {name}, against bareloop"),
-                &pass_rounds(jetshard_runs, pass, &rate_of),
-                "cmd/s",
-                Worse::Lower,
-            )
-            .against(rate_base);
-            let met = row.ratio.is_some_and(|r| r >= target);
-            report
-                .rows
-                .push(row.target(format!(">= {target} x bareloop"), met));
+            let rows = PassRows::new("throughput", jetshard_runs, pass, commands);
+            report.rows.push(
+                rows.row(format!("jetshard, {name}, against bareloop"), Figure::Rate)
+                    .held_to(rate_base, format!(">= {target} x bareloop"), |r| {
+                        r >= target
+                    }),
+            );
         }
-        let row = Row::over_rounds(
-            "throughput",
-            "jetshard, warm: server CPU per command against bareloop's",
-            &pass_rounds(jetshard_runs, 1, &server_of),
-            "us",
-            Worse::Higher,
-        )
-        .against(server_base);
-        let met = row.ratio.is_some_and(|r| r <= 1.2);
-        report.rows.push(row.target("<= 1.2 x bareloop", met));
-        let row = Row::over_rounds(
-            "throughput",
-            "jetshard, warm: client CPU per command against bareloop's",
-            &pass_rounds(jetshard_runs, 1, &client_of),
-            "us",
-            Worse::Higher,
-        )
-        .against(client_base);
-        let met = row.ratio.is_some_and(|r| r <= 2.0);
-        report.rows.push(row.target("<= 2 x bareloop", met));
+        let warm = PassRows::new("throughput", jetshard_runs, 1, commands);
+        report.rows.extend([
+            warm.row(
+                "jetshard, warm: server CPU per command against bareloop's",
+                Figure::ServerCpu,
+            )
+            .held_to(server_base, "<= 1.2 x bareloop", |r| r <= 1.2),
+            warm.row(
+                "jetshard, warm: client CPU per command against bareloop's",
+                Figure::ClientCpu,
+            )
+            .held_to(client_base, "<= 2 x bareloop", |r| r <= 2.0),
+        ]);
     }
 }
 

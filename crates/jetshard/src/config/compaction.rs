@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::ShardConfigBuilder;
+use super::{DEFAULT_COMPACTION_INTERVAL, ShardConfigBuilder, switched};
 
 impl ShardConfigBuilder {
     /// How often each owner compacts its partition in the background (default 30 s): it
@@ -29,13 +29,11 @@ impl ShardConfigBuilder {
     /// [`compaction_interval`](Self::compaction_interval)). Off: the journal grows until an
     /// operator runs [`Admin::compact`](crate::admin::Admin::compact).
     pub fn compaction(mut self, on: bool) -> Self {
-        self.config.compaction_interval = match on {
-            true => self
-                .config
-                .compaction_interval
-                .or(Some(Duration::from_secs(30))),
-            false => None,
-        };
+        self.config.compaction_interval = switched(
+            self.config.compaction_interval,
+            on,
+            DEFAULT_COMPACTION_INTERVAL,
+        );
         self
     }
 

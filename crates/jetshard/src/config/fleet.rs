@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::ShardConfigBuilder;
+use super::{DEFAULT_CRASH_PROBE_INTERVAL, ShardConfigBuilder, switched};
 
 impl ShardConfigBuilder {
     /// `window`, the owner gives the partition up (default 20 in 10 s).
@@ -68,13 +68,11 @@ impl ShardConfigBuilder {
     /// [`crash_probe_interval`](Self::crash_probe_interval)). Off: a crashed owner's partitions
     /// move after the pin TTL, unless another process watches.
     pub fn crash_detection(mut self, on: bool) -> Self {
-        self.config.crash_probe_interval = match on {
-            true => self
-                .config
-                .crash_probe_interval
-                .or(Some(Duration::from_millis(20))),
-            false => None,
-        };
+        self.config.crash_probe_interval = switched(
+            self.config.crash_probe_interval,
+            on,
+            DEFAULT_CRASH_PROBE_INTERVAL,
+        );
         self
     }
 }
