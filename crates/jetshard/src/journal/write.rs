@@ -64,6 +64,7 @@ pub(crate) struct JournalWriter {
 impl JournalWriter {
     /// The writer of `partition` under `fence`; starts the partition's group commit, which
     /// ends when the last clone of the writer is dropped.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         js: Context,
         names: Arc<Names>,

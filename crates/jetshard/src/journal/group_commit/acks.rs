@@ -262,7 +262,10 @@ mod tests {
             Answer::Unconfirmed(_)
         ));
         assert!(matches!(answer_of(None, b"{}"), Answer::Unconfirmed(_)));
-        assert!(matches!(answer_of(None, b"not json"), Answer::Unconfirmed(_)));
+        assert!(matches!(
+            answer_of(None, b"not json"),
+            Answer::Unconfirmed(_)
+        ));
     }
 
     #[test]
@@ -273,12 +276,18 @@ mod tests {
             .map(|number| reply_subject(&mut buffer, b"_INBOX.abc.", number))
             .collect();
         for (reply, number) in replies.iter().zip([0, 9, 10, 99, 100, 12_345, u64::MAX]) {
-            assert_eq!(reply.as_str(), ["_INBOX.abc.", &number.to_string()].concat());
+            assert_eq!(
+                reply.as_str(),
+                ["_INBOX.abc.", &number.to_string()].concat()
+            );
         }
         // Many more than one buffer holds: each still whole.
         for number in 0..1_000u64 {
             let reply = reply_subject(&mut buffer, b"_INBOX.abc.", number);
-            assert_eq!(reply.as_str(), ["_INBOX.abc.", &number.to_string()].concat());
+            assert_eq!(
+                reply.as_str(),
+                ["_INBOX.abc.", &number.to_string()].concat()
+            );
         }
     }
 }

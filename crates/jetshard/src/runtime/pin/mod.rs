@@ -343,9 +343,11 @@ async fn run(
                     trace,
                 };
                 if delivered.capacity() == 0 {
-                    delivered.reserve(last_burst
-                        .load(Ordering::Relaxed)
-                        .clamp(1, MAX_DELIVERIES_PER_SIGNAL));
+                    delivered.reserve(
+                        last_burst
+                            .load(Ordering::Relaxed)
+                            .clamp(1, MAX_DELIVERIES_PER_SIGNAL),
+                    );
                 }
                 delivered.push(delivery);
             }
