@@ -134,32 +134,36 @@ impl Acks {
             waiting: &self.waiting,
             number,
         };
-        self.client
+        let timeout = self.timeout;
+        // The write timeout covers the publish too: a client whose command channel is full
+        // (its connection stalled) does not hold the write past it.
+        let publish = self
+            .client
             .publish_with_reply_and_headers(subject, reply, headers, payload)
-            .then(move |sent| self.answered(sent, wait, answer))
+            .then(move |sent| answered(sent, wait, answer));
+        tokio::time::timeout(timeout, publish).map(move |done| {
+            done.unwrap_or_else(|_| Answer::Unconfirmed(format!("no answer within {timeout:?}")))
+        })
     }
+}
 
-    /// The answer to a publish `sent`, once it comes (or the write timeout passes).
-    async fn answered(
-        &self,
-        sent: Result<(), async_nats::client::PublishError>,
-        _wait: Wait<'_>,
-        answer: oneshot::Receiver<Answer>,
-    ) -> Answer {
-        if let Err(e) = sent {
-            return match e.kind() {
-                async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
-                    Answer::TooLarge(e.to_string())
-                }
-                _ => Answer::Unconfirmed(e.to_string()),
-            };
-        }
-        match tokio::time::timeout(self.timeout, answer).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Answer::Unconfirmed("the reader of write answers stopped".to_owned()),
-            Err(_) => Answer::Unconfirmed(format!("no answer within {:?}", self.timeout)),
-        }
+/// The answer to a publish `sent`, once it comes.
+async fn answered(
+    sent: Result<(), async_nats::client::PublishError>,
+    _wait: Wait<'_>,
+    answer: oneshot::Receiver<Answer>,
+) -> Answer {
+    if let Err(e) = sent {
+        return match e.kind() {
+            async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
+                Answer::TooLarge(e.to_string())
+            }
+            _ => Answer::Unconfirmed(e.to_string()),
+        };
     }
+    answer
+        .await
+        .unwrap_or_else(|_| Answer::Unconfirmed("the reader of write answers stopped".to_owned()))
 }
 
 /// `<prefix><number>`, split off `buffer` (a new buffer when it has no room left).
