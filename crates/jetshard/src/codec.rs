@@ -3,6 +3,9 @@
 //! One enum, so the choice is plain configuration and a new codec is one more arm. bincode is
 //! pinned at 2.0.1 (its last real release) and used only here.
 
+use std::cell::RefCell;
+
+use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -48,6 +51,35 @@ impl Codec {
                 .map_err(|e| CodecError::Encode(e.to_string())),
             Codec::Json => serde_json::to_vec(value).map_err(|e| CodecError::Encode(e.to_string())),
         }
+    }
+
+    /// Encodes a value into [`Bytes`] of exactly its length, in one allocation: the encoding is
+    /// written into a buffer this thread keeps, then copied. [`encode`](Self::encode) grows a
+    /// `Vec` (bincode: twice for a small event), and a `Bytes` made of a `Vec` whose length is
+    /// not its capacity allocates once more (issue 22: every event written pays this).
+    ///
+    /// # Errors
+    /// [`CodecError`] if the value cannot be serialized.
+    pub(crate) fn encode_bytes<T: Serialize>(self, value: &T) -> Result<Bytes, CodecError> {
+        /// A buffer larger than this is not kept for the next encoding.
+        const KEPT: usize = 64 * 1024;
+        thread_local! {
+            static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+        }
+        SCRATCH.with(|scratch| {
+            // A `Serialize` impl that encodes again on this thread: no shared buffer for it.
+            let Ok(mut buffer) = scratch.try_borrow_mut() else {
+                return self.encode(value).map(Bytes::from);
+            };
+            buffer.clear();
+            let encoded = self
+                .encode_into(value, &mut buffer)
+                .map(|()| Bytes::copy_from_slice(&buffer));
+            if buffer.capacity() > KEPT {
+                *buffer = Vec::new();
+            }
+            encoded
+        })
     }
 
     /// Appends a value's encoding to `out` (a dormant state's allocation, built in one piece).

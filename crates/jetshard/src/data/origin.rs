@@ -91,7 +91,9 @@ impl fmt::Display for Origin {
 /// The origin of a delivered command, if it is an outbox message (`Jetshard-Origin`); boxed,
 /// so that a command without one carries a null pointer.
 pub(crate) fn origin_of(headers: Option<&HeaderMap>) -> Option<Box<Origin>> {
-    Origin::parse(headers?.get(HDR_ORIGIN)?.as_str()).map(Box::new)
+    // A static name: a `&str` name is copied at every lookup, and this runs for every delivery.
+    let name = async_nats::header::HeaderName::from_static(HDR_ORIGIN);
+    Origin::parse(headers?.get(name)?.as_str()).map(Box::new)
 }
 
 /// The origins an entity remembers, oldest first: nothing allocated until the first.

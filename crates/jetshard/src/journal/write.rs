@@ -64,6 +64,7 @@ pub(crate) struct JournalWriter {
 impl JournalWriter {
     /// The writer of `partition` under `fence`; starts the partition's group commit, which
     /// ends when the last clone of the writer is dropped.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         js: Context,
         names: Arc<Names>,
@@ -72,9 +73,18 @@ impl JournalWriter {
         mode: Mode,
         stats: Arc<CommitStats>,
         metrics: CommitMetrics,
+        write_timeout: std::time::Duration,
     ) -> Self {
         let fenced = fenced_headers(&fence, &names.fence_subject(partition));
-        let commit = GroupCommit::start(js, partition, fence.generation, mode, stats, metrics);
+        let commit = GroupCommit::start(
+            js,
+            partition,
+            fence.generation,
+            mode,
+            stats,
+            metrics,
+            write_timeout,
+        );
         Self {
             names,
             partition,
@@ -124,7 +134,7 @@ impl JournalWriter {
         entity: &EntityId,
         event_subject: &Subject,
         command_seq: u64,
-        events: Vec<Vec<u8>>,
+        events: Vec<Bytes>,
         version: u32,
         trace: Option<&TraceParent>,
         attached: Attached<'_>,
@@ -204,7 +214,7 @@ impl JournalWriter {
                 Outgoing {
                     subject: event_subject.clone(),
                     headers,
-                    payload: event.into(),
+                    payload: event,
                 }
             })
             .chain(outbox_records)

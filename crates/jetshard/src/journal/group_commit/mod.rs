@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::context::{Context, PublishAckFuture, PublishError, PublishErrorKind};
+use async_nats::jetstream::context::{Context, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
 use futures::future::Either;
@@ -42,6 +42,9 @@ use crate::retry::backoff;
 use crate::telemetry::CommitMetrics;
 use crate::wire::unique_token;
 use crate::wire::{HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE};
+use acks::{Acks, Answer};
+
+mod acks;
 
 /// At most this many bytes go into one batch (a unit larger than this goes alone): a batch is
 /// one entry of the stream's replication log, and a smaller one keeps a commit's latency low.
@@ -54,6 +57,8 @@ const BATCH_HEADERS_LEN: usize = 128;
 /// its writes are reported unconfirmed.
 const MAX_ATTEMPTS: u64 = 8;
 
+/// The fence moved: a newer generation's fence record is the partition's latest.
+const WRONG_LAST_SEQUENCE: u64 = 10071;
 /// The server's error codes a batch is retried on: nothing of it was stored.
 const WRONG_LAST_SEQUENCE_IN_FLIGHT: u64 = 10164;
 const BATCH_INCOMPLETE: u64 = 10176;
@@ -148,7 +153,8 @@ pub(crate) struct GroupCommit {
 const UNKNOWN: u64 = u64::MAX;
 
 impl GroupCommit {
-    /// Starts the group commit of `partition` under `generation`.
+    /// Starts the group commit of `partition` under `generation`. A single record's write is
+    /// reported unconfirmed when the server has not answered it within `write_timeout`.
     pub(crate) fn start(
         js: Context,
         partition: u32,
@@ -156,6 +162,7 @@ impl GroupCommit {
         mode: Mode,
         stats: Arc<CommitStats>,
         metrics: CommitMetrics,
+        write_timeout: Duration,
     ) -> Self {
         // Unbounded, yet bounded: every entity actor has at most one unit waiting, and the
         // entities with work are bounded by the commands in hand.
@@ -166,6 +173,8 @@ impl GroupCommit {
             generation,
             stats,
             metrics,
+            acks: tokio::sync::OnceCell::new(),
+            write_timeout,
         };
         let span = tracing::debug_span!("group_commit", partition, generation, ?mode);
         let committer = Arc::new(committer);
@@ -233,8 +242,9 @@ impl GroupCommit {
             bytes += len;
         }
         if let (Some(committer), [_]) = (&self.direct, records.as_slice()) {
-            // Boxed apart: async-nats' publish future alone is 848 bytes (release). Within the
-            // command's future, which the entity actor boxes, it made that allocation 1.4 KB:
+            // Boxed apart: async-nats' JetStream publish future alone was 848 bytes (release;
+            // the publish is now `Acks`', smaller). Within the command's future, which the
+            // entity actor boxes, it made that allocation 1.4 KB:
             // over the largest request glibc serves from its small bins (1,000 bytes), so each
             // one first merged the free fast-bin chunks (`malloc_consolidate`, 13% of the
             // client's CPU). Two allocations under the limit cost less (issue 22,
@@ -277,6 +287,11 @@ struct Committer {
     generation: u64,
     stats: Arc<CommitStats>,
     metrics: CommitMetrics,
+    /// The answers to single-record publishes ([`Self::publish_one`]), subscribed on the
+    /// first.
+    acks: tokio::sync::OnceCell<Acks>,
+    /// How long a single-record publish waits for its answer.
+    write_timeout: Duration,
 }
 
 /// Takes from `waiting` the units of the next batch, oldest first, within the batch limits.
@@ -332,8 +347,8 @@ impl Committer {
     /// [`GroupCommit::write`] does.
     ///
     /// Not an `async fn`, and built of combinators: on a single server this future is part of
-    /// every command's future, and an `async fn` would hold its argument (the record) beside the
-    /// publish it is moved into, and a future awaited in an `async` block beside the next one.
+    /// every command's (boxed apart), and an `async fn` would hold its argument (the records)
+    /// beside the publish.
     fn write_single(
         &self,
         mut records: Vec<Outgoing>,
@@ -506,42 +521,52 @@ impl Committer {
         }
     }
 
-    /// Publishes one record on its own. Not retried here (its headers are moved into the
-    /// publish): a refusal for a write in flight (10164, a clustered stream while the owner
-    /// changes) is counted and reported unconfirmed, and its entity writes it again.
+    /// Publishes one record on its own, answered on the writer's own reply subscription
+    /// ([`Acks`]: no request of async-nats's per record). Not retried here (its headers are
+    /// moved into the publish): a refusal for a write in flight (10164, a clustered stream while
+    /// the owner changes) is counted and reported unconfirmed, and its entity writes it again.
     ///
-    /// Not an `async fn`, for the reasons given at [`Self::write_single`].
+    /// Not an `async fn`, for the reasons given at [`Self::write_single`]; the first publish
+    /// of the writer, which subscribes, is boxed apart.
     fn publish_one(
         &self,
         record: Outgoing,
     ) -> impl Future<Output = Result<u64, Refusal>> + Send + use<'_> {
-        let message = PublishMessage::build()
-            .payload(record.payload)
-            .headers(record.headers);
-        // `then`: the publish and the wait for its answer, one after the other in one place.
-        self.js
-            .send_publish(record.subject, message)
-            .then(move |sent| self.acknowledged(sent))
+        let Some(acks) = self.acks.get() else {
+            return Either::Right(Box::pin(async move {
+                let acks = self
+                    .acks
+                    .get_or_try_init(|| Acks::start(self.js.client(), self.write_timeout))
+                    .await
+                    .map_err(Refusal::Unconfirmed)?;
+                let answer = acks
+                    .publish(record.subject, record.headers, record.payload)
+                    .await;
+                self.refusal_of(answer)
+            }));
+        };
+        Either::Left(
+            acks.publish(record.subject, record.headers, record.payload)
+                .map(|answer| self.refusal_of(answer)),
+        )
     }
 
-    /// The server's answer to a publish `sent` (the sequence it stored the record at).
-    async fn acknowledged(
-        &self,
-        sent: Result<PublishAckFuture, PublishError>,
-    ) -> Result<u64, Refusal> {
-        let ack = sent.map_err(|e| match e.kind() {
-            PublishErrorKind::MaxPayloadExceeded => Refusal::Refused(e.to_string()),
-            _ => Refusal::Unconfirmed(e.to_string()),
-        })?;
-        match ack.await {
-            Ok(ack) => Ok(ack.sequence),
-            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Err(Refusal::Fenced),
-            Err(e) => {
-                if server_error_code(&e) == Some(WRONG_LAST_SEQUENCE_IN_FLIGHT) {
+    /// What the server's answer to a single publish means.
+    fn refusal_of(&self, answer: Answer) -> Result<u64, Refusal> {
+        match answer {
+            Answer::Stored(seq) => Ok(seq),
+            Answer::Refused {
+                code: WRONG_LAST_SEQUENCE,
+                ..
+            } => Err(Refusal::Fenced),
+            Answer::Refused { code, description } => {
+                if code == WRONG_LAST_SEQUENCE_IN_FLIGHT {
                     self.conflict();
                 }
-                Err(Refusal::Unconfirmed(e.to_string()))
+                Err(Refusal::Unconfirmed(description))
             }
+            Answer::TooLarge(e) => Err(Refusal::Refused(e)),
+            Answer::Unconfirmed(e) => Err(Refusal::Unconfirmed(e)),
         }
     }
 

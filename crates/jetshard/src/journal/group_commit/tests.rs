@@ -52,7 +52,15 @@ fn start_in(js: &Context, stats: &Arc<CommitStats>, mode: Mode) -> GroupCommit {
         records: Histogram::noop(),
         conflicts: Counter::noop(),
     };
-    GroupCommit::start(js.clone(), 0, 1, mode, stats.clone(), metrics)
+    GroupCommit::start(
+        js.clone(),
+        0,
+        1,
+        mode,
+        stats.clone(),
+        metrics,
+        Duration::from_secs(5),
+    )
 }
 
 async fn stored(js: &Context) -> u64 {
@@ -158,6 +166,12 @@ async fn pipelined_single_records_are_published_by_their_writer_and_still_fenced
     assert_eq!(stored(&js).await, 4);
     // Counted as the server answered them: "a" twice (the second a duplicate), "b"'s two.
     assert_eq!(stats.records.load(Ordering::Relaxed), 4);
+
+    // A subject no stream stores: "no responders", at once, and never taken for stored.
+    let mut nowhere = record("d", "t:4:0", fence_seq);
+    nowhere.subject = "elsewhere.d".into();
+    let lost = commit.write(vec![nowhere]).await;
+    assert!(matches!(lost, Err(WriteError::Unconfirmed(_))), "{lost:?}");
 
     fence(&js).await;
     let late = commit.write(vec![record("c", "t:3:0", fence_seq)]).await;

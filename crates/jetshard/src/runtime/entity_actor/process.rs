@@ -392,13 +392,11 @@ struct Written {
 }
 
 /// The events encoded (before any write: a failure to encode crashes the command).
-fn encode<E: Entity>(
-    context: &EntityContext,
-    events: &[E::Event],
-) -> Result<Vec<Vec<u8>>, Verdict> {
+fn encode<E: Entity>(context: &EntityContext, events: &[E::Event]) -> Result<Vec<Bytes>, Verdict> {
     let mut encoded = Vec::with_capacity(events.len());
     for event in events {
-        match context.codec.encode(event) {
+        // One allocation per event, of its exact size (`Codec::encode_bytes`).
+        match context.codec.encode_bytes(event) {
             Ok(bytes) => encoded.push(bytes),
             Err(e) => return Err(Verdict::Failed(Failure::Crashed(e.to_string()))),
         }
@@ -410,7 +408,7 @@ fn encode<E: Entity>(
 /// (`encoded`, also the typed detail when a client waits).
 fn effects_to_write(
     effects: Effects,
-    encoded: &[Vec<u8>],
+    encoded: &[Bytes],
     detail: Option<&mut Option<Detail>>,
 ) -> Result<(Vec<OutboxMessage>, Vec<TimerChange>), Verdict> {
     let (outbox, mut timer_changes) = match effects.into_parts() {
@@ -418,7 +416,7 @@ fn effects_to_write(
         Err(e) => return Err(Verdict::Failed(Failure::Crashed(format!("effects: {e}")))),
     };
     if let Some(detail) = detail {
-        *detail = Some(Detail::Events(encoded.to_vec()));
+        *detail = Some(Detail::Events(encoded.iter().map(|e| e.to_vec()).collect()));
     }
     crate::data::timers::resolve(&mut timer_changes, std::time::SystemTime::now());
     Ok((outbox, timer_changes))

@@ -410,8 +410,8 @@ impl<E: Entity> OwnerState<E> {
             acknowledge(&self.shared.client, partition, delivery.reply, AckKind::Ack).await;
             return;
         }
-        let subject = delivery.subject.clone();
-        let mut pending = Pending::delivered(delivery);
+        // The subject is moved out, not cloned: a clone of a received subject allocates.
+        let (mut pending, subject) = Pending::delivered(delivery);
         pending.give_up = give_up.map(Into::into);
         let Some(o) = self.phase.owning() else { return };
         pending.deliveries = pending

@@ -104,8 +104,9 @@ pub(super) struct Pending {
 }
 
 impl Pending {
-    pub(super) fn delivered(delivery: Delivery) -> Self {
-        Pending {
+    /// A delivered command, and the subject it was delivered on (which `Pending` does not keep).
+    pub(super) fn delivered(delivery: Delivery) -> (Self, Subject) {
+        let pending = Pending {
             seq: delivery.seq,
             payload: delivery.payload,
             reply: Some(delivery.reply),
@@ -117,7 +118,8 @@ impl Pending {
             trace: delivery.trace,
             timer: delivery.timer,
             origin: delivery.origin,
-        }
+        };
+        (pending, delivery.subject)
     }
 
     /// A command read back from the stream on acquisition (its delivery count is set from the

@@ -55,6 +55,7 @@ impl<E: Entity> OwnerState<E> {
             Mode::for_replicas(self.shared.config.replicas),
             self.commits.clone(),
             self.metrics.commit.clone(),
+            self.shared.config.write_timeout,
         );
         let report: Reporter = {
             let owner = self.myself.clone();

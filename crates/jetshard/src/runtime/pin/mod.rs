@@ -171,8 +171,17 @@ async fn run(
     // ready (or the batch is full), and always before any other signal, so that the owner sees
     // everything in the order the server sent it.
     let mut delivered: Vec<Delivery> = Vec::new();
+    // How many the last burst held: the next burst's vector is allocated that large at its
+    // first delivery. Grown from empty, a burst of n reallocates about log2(n) times, each
+    // block larger (issue 22: `pin::run` under `malloc_consolidate`); none is kept while idle.
+    // (An atomic, not a `Cell`: the loop's future is sent between threads.)
+    let last_burst = std::sync::atomic::AtomicUsize::new(0);
     let flush = |delivered: &mut Vec<Delivery>| {
-        delivered.is_empty() || sink(PinSignal::Delivered(std::mem::take(delivered)))
+        if delivered.is_empty() {
+            return true;
+        }
+        last_burst.store(delivered.len(), Ordering::Relaxed);
+        sink(PinSignal::Delivered(std::mem::take(delivered)))
     };
 
     loop {
@@ -333,6 +342,13 @@ async fn run(
                     pending,
                     trace,
                 };
+                if delivered.capacity() == 0 {
+                    delivered.reserve(
+                        last_burst
+                            .load(Ordering::Relaxed)
+                            .clamp(1, MAX_DELIVERIES_PER_SIGNAL),
+                    );
+                }
                 delivered.push(delivery);
             }
             Some(StatusCode::IDLE_HEARTBEAT) => {}

@@ -1,0 +1,297 @@
+//! The server's answers to one writer's single-record publishes, read on a subscription of the
+//! writer's own.
+//!
+//! async-nats's JetStream publish makes a request of every message: a new inbox name (two
+//! strings), a reply subject built from it (two more, each made a `Subject` with one more
+//! allocation), an entry keyed by a `String` in the client's request map, and an answer parsed
+//! into a `PublishAck` that holds the stream's name: about seven allocations per command, on the
+//! command path of every single-record write (issue 22). Here the writer subscribes once to
+//! `<inbox>.*`, names each publish's reply `<inbox>.<n>` (cut from a shared buffer: no
+//! allocation of its own), and reads each answer in place: the sequence it was stored at, or the
+//! server's error code.
+//! The publish itself, its headers (the fence) and what the server checks are unchanged.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_nats::{Client, HeaderMap, StatusCode, Subject};
+use bytes::{Bytes, BytesMut};
+use futures::{FutureExt, StreamExt};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// What the server answered one publish.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Answer {
+    /// Stored at this journal sequence (or stored before, as a duplicate of its message id: the
+    /// sequence it was stored at then).
+    Stored(u64),
+    /// Refused by the server: its JetStream error code and what it said.
+    Refused { code: u64, description: String },
+    /// Over the server's `max_payload`: never sent.
+    TooLarge(String),
+    /// No answer that says whether it was stored (timeout, connection loss, no stream).
+    Unconfirmed(String),
+}
+
+/// The writers waiting for an answer, by the number their reply subject ends with, and the
+/// buffer reply subjects are cut from.
+#[derive(Default)]
+struct Inner {
+    waiting: HashMap<u64, oneshot::Sender<Answer>>,
+    /// Reply subjects are written here and split off, so that each is a share of one
+    /// allocation: async-nats clones a publish's reply subject (to validate it), and the first
+    /// clone of a subject that owns its bytes allocates.
+    replies: BytesMut,
+}
+
+type Waiting = Arc<Mutex<Inner>>;
+
+/// Room for this many bytes of reply subjects is allocated at a time.
+const REPLY_BUFFER: usize = 4096;
+
+/// One writer's answers: its reply subscription and who waits for what. The subscription and
+/// its reader end when this is dropped.
+pub(super) struct Acks {
+    client: Client,
+    /// `<inbox>.`: each publish's reply subject is this and its number.
+    prefix: Bytes,
+    next: AtomicU64,
+    /// Shared with the reader task only (the writer's own answers: no actor state).
+    waiting: Waiting,
+    timeout: Duration,
+    reader: JoinHandle<()>,
+}
+
+impl Drop for Acks {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// The map, even after a panic elsewhere while it was held (it holds senders and bytes only).
+fn lock(waiting: &Waiting) -> MutexGuard<'_, Inner> {
+    waiting.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A writer waiting for its answer: forgotten when it stops waiting (answered, timed out, or
+/// dropped), so an answer that never comes leaves nothing behind.
+struct Wait<'a> {
+    waiting: &'a Waiting,
+    number: u64,
+}
+
+impl Drop for Wait<'_> {
+    fn drop(&mut self) {
+        lock(self.waiting).waiting.remove(&self.number);
+    }
+}
+
+impl Acks {
+    /// Subscribes to the writer's reply subjects. Publishes made after this returns are
+    /// answered on the subscription (the client sends the subscription to the server first).
+    pub(super) async fn start(client: Client, timeout: Duration) -> Result<Self, String> {
+        let (answers, prefix) = crate::wire::write_answers(&client.new_inbox());
+        let subscription = client
+            .subscribe(answers)
+            .await
+            .map_err(|e| format!("cannot subscribe to the write answers: {e}"))?;
+        let waiting = Waiting::default();
+        let reader = tokio::spawn(read(subscription, Arc::clone(&waiting)));
+        Ok(Self {
+            client,
+            prefix: Bytes::from(prefix),
+            next: AtomicU64::new(0),
+            waiting,
+            timeout,
+            reader,
+        })
+    }
+
+    /// Publishes one record with a reply subject of this writer's and waits (at most the write
+    /// timeout) for the server's answer.
+    ///
+    /// Not an `async fn`: its future is part of every single write's, which is allocated per
+    /// command, and an `async fn` would hold its arguments beside the publish they are moved
+    /// into (this future must stay within glibc's small bins: `GroupCommit::write_unit`).
+    pub(super) fn publish(
+        &self,
+        subject: Subject,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> impl Future<Output = Answer> + Send + use<'_> {
+        let number = self.next.fetch_add(1, Ordering::Relaxed);
+        let (sender, answer) = oneshot::channel();
+        let reply = {
+            let mut inner = lock(&self.waiting);
+            inner.waiting.insert(number, sender);
+            reply_subject(&mut inner.replies, &self.prefix, number)
+        };
+        let wait = Wait {
+            waiting: &self.waiting,
+            number,
+        };
+        let timeout = self.timeout;
+        // The write timeout covers the publish too: a client whose command channel is full
+        // (its connection stalled) does not hold the write past it.
+        let publish = self
+            .client
+            .publish_with_reply_and_headers(subject, reply, headers, payload)
+            .then(move |sent| answered(sent, wait, answer));
+        tokio::time::timeout(timeout, publish).map(move |done| {
+            done.unwrap_or_else(|_| Answer::Unconfirmed(format!("no answer within {timeout:?}")))
+        })
+    }
+}
+
+/// The answer to a publish `sent`, once it comes.
+async fn answered(
+    sent: Result<(), async_nats::client::PublishError>,
+    _wait: Wait<'_>,
+    answer: oneshot::Receiver<Answer>,
+) -> Answer {
+    if let Err(e) = sent {
+        return match e.kind() {
+            async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
+                Answer::TooLarge(e.to_string())
+            }
+            _ => Answer::Unconfirmed(e.to_string()),
+        };
+    }
+    answer
+        .await
+        .unwrap_or_else(|_| Answer::Unconfirmed("the reader of write answers stopped".to_owned()))
+}
+
+/// `<prefix><number>`, split off `buffer` (a new buffer when it has no room left).
+fn reply_subject(buffer: &mut BytesMut, prefix: &[u8], number: u64) -> Subject {
+    // The prefix and up to 20 digits.
+    let needed = prefix.len() + 20;
+    if buffer.capacity() - buffer.len() < needed {
+        *buffer = BytesMut::with_capacity(REPLY_BUFFER.max(needed));
+    }
+    buffer.extend_from_slice(prefix);
+    let _ = write!(buffer, "{number}");
+    let reply = buffer.split().freeze();
+    // The inbox and the digits are ASCII.
+    Subject::from_utf8(reply).unwrap_or_else(|_| Subject::from_static(""))
+}
+
+/// Hands each answer to the writer waiting for it, until the subscription ends.
+async fn read(mut subscription: async_nats::Subscriber, waiting: Waiting) {
+    while let Some(message) = subscription.next().await {
+        let number = message
+            .subject
+            .rsplit('.')
+            .next()
+            .and_then(|n| n.parse::<u64>().ok());
+        // None: answered too late (the writer stopped waiting), or not an answer of ours.
+        let Some(sender) = number.and_then(|n| lock(&waiting).waiting.remove(&n)) else {
+            continue;
+        };
+        let _ = sender.send(answer_of(message.status, &message.payload));
+    }
+}
+
+/// What an answer says: a status (no stream listens: "no responders"), or the JetStream
+/// publish acknowledgement (its sequence) or error, read without copying the stream's name.
+fn answer_of(status: Option<StatusCode>, payload: &[u8]) -> Answer {
+    match status {
+        None | Some(StatusCode::OK) => {}
+        Some(StatusCode::NO_RESPONDERS) => {
+            return Answer::Unconfirmed("no responders: no stream stores the subject".to_owned());
+        }
+        Some(status) => return Answer::Unconfirmed(format!("answered with status {status}")),
+    }
+    #[derive(serde::Deserialize)]
+    struct PublishAck {
+        seq: Option<u64>,
+        error: Option<ApiError>,
+    }
+    #[derive(serde::Deserialize)]
+    struct ApiError {
+        #[serde(default)]
+        err_code: u64,
+        #[serde(default)]
+        description: String,
+    }
+    match serde_json::from_slice::<PublishAck>(payload) {
+        Ok(PublishAck {
+            error: Some(error), ..
+        }) => Answer::Refused {
+            code: error.err_code,
+            description: format!("{} (error code {})", error.description, error.err_code),
+        },
+        Ok(PublishAck {
+            seq: Some(seq),
+            error: None,
+        }) => Answer::Stored(seq),
+        Ok(PublishAck {
+            seq: None,
+            error: None,
+        }) => Answer::Unconfirmed("an answer without a sequence".to_owned()),
+        Err(e) => Answer::Unconfirmed(format!("an unreadable answer: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_read_as_the_server_writes_them() {
+        assert_eq!(
+            answer_of(None, br#"{"stream":"J","seq":42}"#),
+            Answer::Stored(42)
+        );
+        assert_eq!(
+            answer_of(None, br#"{"stream":"J","seq":7,"duplicate":true}"#),
+            Answer::Stored(7)
+        );
+        assert_eq!(
+            answer_of(
+                None,
+                br#"{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 5"}}"#
+            ),
+            Answer::Refused {
+                code: 10071,
+                description: "wrong last sequence: 5 (error code 10071)".to_owned()
+            }
+        );
+        assert!(matches!(
+            answer_of(Some(StatusCode::NO_RESPONDERS), b""),
+            Answer::Unconfirmed(_)
+        ));
+        assert!(matches!(answer_of(None, b"{}"), Answer::Unconfirmed(_)));
+        assert!(matches!(
+            answer_of(None, b"not json"),
+            Answer::Unconfirmed(_)
+        ));
+    }
+
+    #[test]
+    fn reply_subjects_are_cut_whole_from_a_shared_buffer() {
+        let mut buffer = BytesMut::new();
+        let replies: Vec<Subject> = [0, 9, 10, 99, 100, 12_345, u64::MAX]
+            .into_iter()
+            .map(|number| reply_subject(&mut buffer, b"_INBOX.abc.", number))
+            .collect();
+        for (reply, number) in replies.iter().zip([0, 9, 10, 99, 100, 12_345, u64::MAX]) {
+            assert_eq!(
+                reply.as_str(),
+                ["_INBOX.abc.", &number.to_string()].concat()
+            );
+        }
+        // Many more than one buffer holds: each still whole.
+        for number in 0..1_000u64 {
+            let reply = reply_subject(&mut buffer, b"_INBOX.abc.", number);
+            assert_eq!(
+                reply.as_str(),
+                ["_INBOX.abc.", &number.to_string()].concat()
+            );
+        }
+    }
+}
