@@ -10,8 +10,9 @@
 //! with the filter compaction sends (`pc.*.0.<id>`, every record kind of the entity) or the
 //! literal events subject. Of the last two cases, one purges the same share of every entity with one request
 //! on the partition's filter (`pc.evt.0.*`), what a purge by partition would do where it is
-//! safe; the other deletes the same records as the entity cases one by one by sequence
-//! (`no_erase`), what a compaction that knew its records' sequences could send. Figures:
+//! safe; the others delete the same records as the entity cases one by one by sequence, with
+//! `no_erase` (what a compaction by carried sequences would send: branch `seqdel`) at three journal
+//! sizes, and once with the server's default secure erase. Figures:
 //! requests/s (one at a time) and the server's CPU per request and per record removed,
 //! from `/proc` (the server's own CPU time over the requests).
 
@@ -43,8 +44,11 @@ pub enum Filter {
     /// `pc.evt.0.*`: every entity of the partition, one request.
     Partition,
     /// No purge: each record deleted by its sequence (`STREAM.MSG.DELETE` with `no_erase`),
-    /// what a compaction that knew its records' sequences could send.
+    /// what compaction sends for the records a snapshot carries.
     Delete,
+    /// The same deletes without `no_erase` (the server's default, and async-nats'
+    /// `delete_message`): each record's bytes overwritten in its block.
+    Erase,
 }
 
 /// One case: the stream's shape and the filter.
@@ -92,7 +96,7 @@ impl Cost {
 
 /// The cases: the cost against the span of an entity's records (the stream's size, for
 /// round-robin writes) and against the records each purge removes, by filter.
-pub const CASES: [Case; 7] = [
+pub const CASES: [Case; 10] = [
     Case {
         records: 100_000,
         entities: 100,
@@ -128,14 +132,29 @@ pub const CASES: [Case; 7] = [
         entities: 10_000,
         filter: Filter::Delete,
     },
+    Case {
+        records: 20_000,
+        entities: 2_000,
+        filter: Filter::Delete,
+    },
+    Case {
+        records: 200_000,
+        entities: 10_000,
+        filter: Filter::Delete,
+    },
+    Case {
+        records: 100_000,
+        entities: 10_000,
+        filter: Filter::Erase,
+    },
 ];
 
 /// One request of a case.
 enum Request {
     /// Purge `filter` below journal sequence `below`.
     Purge { filter: String, below: u64 },
-    /// Delete the message at this sequence.
-    Delete(u64),
+    /// Delete the message at this sequence (and overwrite its bytes, if `erase`).
+    Delete { seq: u64, erase: bool },
 }
 
 /// Runs one case on a fresh server.
@@ -181,9 +200,17 @@ pub async fn measure(case: Case) -> anyhow::Result<Cost> {
                 below: 1 + i + keep_from * case.entities,
             })
             .collect(),
-        Filter::Delete => purged_entities
-            .flat_map(|i| (0..keep_from).map(move |j| Request::Delete(1 + i + j * case.entities)))
-            .collect(),
+        Filter::Delete | Filter::Erase => {
+            let erase = case.filter == Filter::Erase;
+            purged_entities
+                .flat_map(|i| {
+                    (0..keep_from).map(move |j| Request::Delete {
+                        seq: 1 + i + j * case.entities,
+                        erase,
+                    })
+                })
+                .collect()
+        }
     };
     let pids: Vec<u32> = server.pid().into_iter().collect();
     let meter = CpuMeter::start(&pids);
@@ -200,11 +227,11 @@ pub async fn measure(case: Case) -> anyhow::Result<Cost> {
                     .with_context(|| format!("purge {filter} below {below}"))?
                     .purged
             }
-            Request::Delete(seq) => {
+            Request::Delete { seq, erase } => {
                 let answer: serde_json::Value = js
                     .request(
                         format!("STREAM.MSG.DELETE.{STREAM}"),
-                        &serde_json::json!({ "seq": seq, "no_erase": true }),
+                        &serde_json::json!({ "seq": seq, "no_erase": !erase }),
                     )
                     .await
                     .with_context(|| format!("delete {seq}"))?;
