@@ -20,10 +20,9 @@ use crate::data::origin::Origin;
 use crate::data::timers::{Firing, TimerChange};
 use crate::entity::EntityId;
 use crate::journal::fence::Fence;
-use crate::journal::group_commit::{CommitStats, GroupCommit, Mode, Outgoing};
+use crate::journal::group_commit::{self, GroupCommit, Outgoing};
 use crate::journal::read::SnapshotRecord;
 use crate::journal::server::{MAX_EVENTS_PER_COMMAND, WriteError};
-use crate::telemetry::CommitMetrics;
 use crate::trace::TraceParent;
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_EVENT_VERSION, HDR_EXPECTED_SUBJECT,
@@ -64,27 +63,15 @@ pub(crate) struct JournalWriter {
 impl JournalWriter {
     /// The writer of `partition` under `fence`; starts the partition's group commit, which
     /// ends when the last clone of the writer is dropped.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         js: Context,
         names: Arc<Names>,
         partition: u32,
         fence: Fence,
-        mode: Mode,
-        stats: Arc<CommitStats>,
-        metrics: CommitMetrics,
-        write_timeout: std::time::Duration,
+        commit: group_commit::Settings,
     ) -> Self {
         let fenced = fenced_headers(&fence, &names.fence_subject(partition));
-        let commit = GroupCommit::start(
-            js,
-            partition,
-            fence.generation,
-            mode,
-            stats,
-            metrics,
-            write_timeout,
-        );
+        let commit = GroupCommit::start(js, partition, fence.generation, commit);
         Self {
             names,
             partition,
