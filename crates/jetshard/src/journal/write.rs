@@ -288,9 +288,16 @@ impl JournalWriter {
         self.fenced.clone()
     }
 
-    /// A new event's headers: the fence's and the encoding's `version`. Cloned from a map built
-    /// once, whose capacity (4 headers: room for 7) takes the event's own without growing.
+    /// A new event's headers: the fence's and the encoding's `version`, which is left out when
+    /// it is 1 (readers take an event without it as version 1: the events written before
+    /// versions were recorded). Leaving it out saves the header's two allocations and ~27 bytes
+    /// per event (issue 22); the fence's map then grows once when the event's own go in.
+    /// Another version: cloned from a map built once, whose capacity (4 headers: room for 7)
+    /// takes the event's own without growing.
     fn event_headers(&self, version: u32) -> HeaderMap {
+        if version == UNRECORDED_EVENT_VERSION {
+            return self.fenced.clone();
+        }
         let (built, headers) = self.event_headers.get_or_init(|| {
             let mut headers = self.fenced.clone();
             headers.insert(name(HDR_EVENT_VERSION), version.to_string());
@@ -304,6 +311,9 @@ impl JournalWriter {
         headers
     }
 }
+
+/// The event version a reader assumes when an event has no `Jetshard-Event-Version`.
+const UNRECORDED_EVENT_VERSION: u32 = 1;
 
 /// A header name without an allocation (`&str` names are copied at every use).
 fn name(header: &'static str) -> HeaderName {

@@ -31,8 +31,8 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::context::{Context, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
-use futures::stream::FuturesUnordered;
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
