@@ -380,3 +380,50 @@ fn sanitize_header(value: &str) -> String {
         .take(512)
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use jetshard_testkit::NatsServer;
+    use metrics::{Counter, Histogram};
+
+    use super::*;
+    use crate::journal::group_commit::{CommitStats, Mode, Settings};
+    use crate::telemetry::CommitMetrics;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_event_at_version_one_carries_no_version_header_and_another_version_does() {
+        let server = NatsServer::start().await.expect("start nats-server");
+        let js = async_nats::jetstream::new(server.connect().await.expect("connect"));
+        let settings = Settings {
+            mode: Mode::Pipelined,
+            stats: Arc::new(CommitStats::default()),
+            metrics: CommitMetrics {
+                records: Histogram::noop(),
+                conflicts: Counter::noop(),
+            },
+            write_timeout: std::time::Duration::from_secs(5),
+        };
+        let fence = Fence {
+            generation: 3,
+            seq: 7,
+        };
+        let writer = JournalWriter::new(js, Arc::new(Names::new("t")), 0, fence, settings);
+        let fenced = |headers: &HeaderMap| {
+            headers.get(HDR_GENERATION).map(|v| v.as_str()) == Some("3")
+                && headers.get(HDR_EXPECTED_SUBJECT_SEQ).map(|v| v.as_str()) == Some("7")
+                && headers.get(HDR_EXPECTED_SUBJECT).is_some()
+        };
+        let first = writer.event_headers(UNRECORDED_EVENT_VERSION);
+        assert!(fenced(&first));
+        assert!(first.get(HDR_EVENT_VERSION).is_none());
+        for version in [2, 5, 2] {
+            let headers = writer.event_headers(version);
+            assert!(fenced(&headers));
+            let expected = version.to_string();
+            assert_eq!(
+                headers.get(HDR_EVENT_VERSION).map(|v| v.as_str()),
+                Some(expected.as_str())
+            );
+        }
+    }
+}
