@@ -127,7 +127,8 @@ pub trait Entity: Send + Sync + 'static {
     fn apply(state: &mut Self::State, event: &Self::Event);
 
     /// The version of [`Event`](Entity::Event)'s encoding that this code writes (default 1).
-    /// Every event is written with it (header `Jetshard-Event-Version`); raise it when a change
+    /// Every event of a version other than 1 is written with it (header
+    /// `Jetshard-Event-Version`; an event without it reads as version 1); raise it when a change
     /// of the event type changes its encoding, and read the older versions in
     /// [`upcast`](Entity::upcast).
     const EVENT_VERSION: u32 = 1;

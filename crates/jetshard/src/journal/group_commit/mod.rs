@@ -31,9 +31,8 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::context::{Context, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
-use futures::future::Either;
+use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
@@ -42,9 +41,10 @@ use crate::retry::backoff;
 use crate::telemetry::CommitMetrics;
 use crate::wire::unique_token;
 use crate::wire::{HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE};
-use acks::{Acks, Answer};
+use single::Committer;
 
 mod acks;
+mod single;
 
 /// At most this many bytes go into one batch (a unit larger than this goes alone): a batch is
 /// one entry of the stream's replication log, and a smaller one keeps a commit's latency low.
@@ -133,6 +133,19 @@ impl Mode {
     }
 }
 
+/// How a partition's group commits are run: the same for every generation of the partition.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    /// How its writes go to the server ([`Mode::for_replicas`]).
+    pub(crate) mode: Mode,
+    /// What its writes came to, kept across generations (the owner's status).
+    pub(crate) stats: Arc<CommitStats>,
+    pub(crate) metrics: CommitMetrics,
+    /// A single record's write is reported unconfirmed when the server has not answered it
+    /// within this.
+    pub(crate) write_timeout: Duration,
+}
+
 /// The handle to a partition's group commit; the task ends when every handle is dropped.
 #[derive(Clone)]
 pub(crate) struct GroupCommit {
@@ -153,17 +166,14 @@ pub(crate) struct GroupCommit {
 const UNKNOWN: u64 = u64::MAX;
 
 impl GroupCommit {
-    /// Starts the group commit of `partition` under `generation`. A single record's write is
-    /// reported unconfirmed when the server has not answered it within `write_timeout`.
-    pub(crate) fn start(
-        js: Context,
-        partition: u32,
-        generation: u64,
-        mode: Mode,
-        stats: Arc<CommitStats>,
-        metrics: CommitMetrics,
-        write_timeout: Duration,
-    ) -> Self {
+    /// Starts the group commit of `partition` under `generation`.
+    pub(crate) fn start(js: Context, partition: u32, generation: u64, settings: Settings) -> Self {
+        let Settings {
+            mode,
+            stats,
+            metrics,
+            write_timeout,
+        } = settings;
         // Unbounded, yet bounded: every entity actor has at most one unit waiting, and the
         // entities with work are bounded by the commands in hand.
         let (units, receiver) = mpsc::unbounded_channel();
@@ -223,51 +233,6 @@ impl GroupCommit {
         }
         written
     }
-
-    /// Makes `records` durable, all or none; the journal sequence of the last (0 if the server
-    /// had them already).
-    ///
-    /// A record over the server's `max_payload` is refused here: in a batch it would spoil the
-    /// other commands' writes.
-    async fn write_unit(&self, records: Vec<Outgoing>) -> Result<u64, WriteError> {
-        let max_payload = self.client.max_payload();
-        let mut bytes = 0;
-        for record in &records {
-            let len = record.wire_len();
-            if len > max_payload {
-                return Err(WriteError::Refused(format!(
-                    "a record of {len} bytes is over the server's max_payload of {max_payload}"
-                )));
-            }
-            bytes += len;
-        }
-        if let (Some(committer), [_]) = (&self.direct, records.as_slice()) {
-            // Boxed apart: async-nats' JetStream publish future alone was 848 bytes (release;
-            // the publish is now `Acks`', smaller). Within the command's future, which the
-            // entity actor boxes, it made that allocation 1.4 KB:
-            // over the largest request glibc serves from its small bins (1,000 bytes), so each
-            // one first merged the free fast-bin chunks (`malloc_consolidate`, 13% of the
-            // client's CPU). Two allocations under the limit cost less (issue 22,
-            // docs/PERFORMANCE.md).
-            return Box::pin(committer.write_single(records)).await;
-        }
-        let (answer, answered) = oneshot::channel();
-        let unit = Unit {
-            records,
-            bytes,
-            answer,
-        };
-        if self.units.send(unit).is_err() {
-            return Err(WriteError::Unconfirmed(
-                "the partition's writer stopped".into(),
-            ));
-        }
-        answered.await.unwrap_or_else(|_| {
-            Err(WriteError::Unconfirmed(
-                "the partition's writer stopped".into(),
-            ))
-        })
-    }
 }
 
 /// Why a batch was not stored.
@@ -280,18 +245,6 @@ enum Refusal {
     Unconfirmed(String),
     /// Can never be stored as it is.
     Refused(String),
-}
-
-struct Committer {
-    js: Context,
-    generation: u64,
-    stats: Arc<CommitStats>,
-    metrics: CommitMetrics,
-    /// The answers to single-record publishes ([`Self::publish_one`]), subscribed on the
-    /// first.
-    acks: tokio::sync::OnceCell<Acks>,
-    /// How long a single-record publish waits for its answer.
-    write_timeout: Duration,
 }
 
 /// Takes from `waiting` the units of the next batch, oldest first, within the batch limits.
@@ -335,60 +288,6 @@ impl Committer {
                 Some(()) = singles.next(), if !singles.is_empty() => {}
                 Some(()) = batch.next(), if !batch.is_empty() => {}
             }
-        }
-    }
-
-    /// Commits a unit of one record: a plain publish, its headers moved rather than copied.
-    async fn commit_single(&self, unit: Unit) {
-        let _ = unit.answer.send(self.write_single(unit.records).await);
-    }
-
-    /// Publishes the one record of `records` (none: nothing to store) and answers as
-    /// [`GroupCommit::write`] does.
-    ///
-    /// Not an `async fn`, and built of combinators: on a single server this future is part of
-    /// every command's (boxed apart), and an `async fn` would hold its argument (the records)
-    /// beside the publish.
-    fn write_single(
-        &self,
-        mut records: Vec<Outgoing>,
-    ) -> impl Future<Output = Result<u64, WriteError>> + Send + use<'_> {
-        let Some(record) = records.pop() else {
-            return Either::Left(std::future::ready(Ok(0)));
-        };
-        Either::Right(
-            self.publish_one(record)
-                .map(move |published| match published {
-                    Ok(seq) => {
-                        self.committed(1);
-                        Ok(seq)
-                    }
-                    // Its message id is known: it was stored.
-                    Err(Refusal::Duplicate) => Ok(0),
-                    Err(refusal) => Err(self.error_of(&refusal)),
-                }),
-        )
-    }
-
-    /// Counts a stored batch of `records` records.
-    fn committed(&self, records: usize) {
-        self.stats.batches.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .records
-            .fetch_add(records as u64, Ordering::Relaxed);
-        self.metrics.records.record(records as f64);
-    }
-
-    /// What a refusal means to a unit's submitter.
-    fn error_of(&self, refusal: &Refusal) -> WriteError {
-        match refusal {
-            Refusal::Fenced => WriteError::Fenced {
-                generation: self.generation,
-            },
-            Refusal::Unconfirmed(e) => WriteError::Unconfirmed(e.clone().into()),
-            Refusal::Refused(e) => WriteError::Refused(e.clone()),
-            // One unit, all or none: its message ids are known, so it was stored.
-            Refusal::Duplicate => unreachable!("a duplicate is answered as stored"),
         }
     }
 
@@ -519,61 +418,6 @@ impl Committer {
             );
             tokio::time::sleep(wait).await;
         }
-    }
-
-    /// Publishes one record on its own, answered on the writer's own reply subscription
-    /// ([`Acks`]: no request of async-nats's per record). Not retried here (its headers are
-    /// moved into the publish): a refusal for a write in flight (10164, a clustered stream while
-    /// the owner changes) is counted and reported unconfirmed, and its entity writes it again.
-    ///
-    /// Not an `async fn`, for the reasons given at [`Self::write_single`]; the first publish
-    /// of the writer, which subscribes, is boxed apart.
-    fn publish_one(
-        &self,
-        record: Outgoing,
-    ) -> impl Future<Output = Result<u64, Refusal>> + Send + use<'_> {
-        let Some(acks) = self.acks.get() else {
-            return Either::Right(Box::pin(async move {
-                let acks = self
-                    .acks
-                    .get_or_try_init(|| Acks::start(self.js.client(), self.write_timeout))
-                    .await
-                    .map_err(Refusal::Unconfirmed)?;
-                let answer = acks
-                    .publish(record.subject, record.headers, record.payload)
-                    .await;
-                self.refusal_of(answer)
-            }));
-        };
-        Either::Left(
-            acks.publish(record.subject, record.headers, record.payload)
-                .map(|answer| self.refusal_of(answer)),
-        )
-    }
-
-    /// What the server's answer to a single publish means.
-    fn refusal_of(&self, answer: Answer) -> Result<u64, Refusal> {
-        match answer {
-            Answer::Stored(seq) => Ok(seq),
-            Answer::Refused {
-                code: WRONG_LAST_SEQUENCE,
-                ..
-            } => Err(Refusal::Fenced),
-            Answer::Refused { code, description } => {
-                if code == WRONG_LAST_SEQUENCE_IN_FLIGHT {
-                    self.conflict();
-                }
-                Err(Refusal::Unconfirmed(description))
-            }
-            Answer::TooLarge(e) => Err(Refusal::Refused(e)),
-            Answer::Unconfirmed(e) => Err(Refusal::Unconfirmed(e)),
-        }
-    }
-
-    /// Counts a refusal for a fenced write already in flight (10164).
-    fn conflict(&self) {
-        self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
-        self.metrics.conflicts.increment(1);
     }
 
     /// One attempt: an atomic batch (of one command's records, or of several commands'). Every

@@ -52,15 +52,13 @@ fn start_in(js: &Context, stats: &Arc<CommitStats>, mode: Mode) -> GroupCommit {
         records: Histogram::noop(),
         conflicts: Counter::noop(),
     };
-    GroupCommit::start(
-        js.clone(),
-        0,
-        1,
+    let settings = Settings {
         mode,
-        stats.clone(),
+        stats: stats.clone(),
         metrics,
-        Duration::from_secs(5),
-    )
+        write_timeout: Duration::from_secs(5),
+    };
+    GroupCommit::start(js.clone(), 0, 1, settings)
 }
 
 async fn stored(js: &Context) -> u64 {

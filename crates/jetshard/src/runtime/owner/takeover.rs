@@ -14,7 +14,7 @@ use super::{acquire, route, settle};
 use crate::entity::Entity;
 use crate::health::PartitionHealth;
 use crate::journal::JournalWriter;
-use crate::journal::group_commit::Mode;
+use crate::journal::group_commit::{self, Mode};
 use crate::retry::RestartWindow;
 use crate::runtime::entity_actor::{EntityContext, Reporter, SnapshotPolicy};
 use crate::runtime::pin::Delivery;
@@ -52,10 +52,12 @@ impl<E: Entity> OwnerState<E> {
             self.shared.names.clone(),
             partition,
             fence,
-            Mode::for_replicas(self.shared.config.replicas),
-            self.commits.clone(),
-            self.metrics.commit.clone(),
-            self.shared.config.write_timeout,
+            group_commit::Settings {
+                mode: Mode::for_replicas(self.shared.config.replicas),
+                stats: self.commits.clone(),
+                metrics: self.metrics.commit.clone(),
+                write_timeout: self.shared.config.write_timeout,
+            },
         );
         let report: Reporter = {
             let owner = self.myself.clone();
