@@ -1,10 +1,39 @@
 //! The `Fragile` test entity: handlers that fail on purpose. `apply` panics on an event that
 //! is durable (`Poison`), an event's serialization panics (`BadEncode`), and `Check` shows the
 //! state. Used by the poison tests (`tests/tests/poison.rs`) and the retry and pin tests
-//! (`tests/tests/retries_and_pins.rs`).
+//! (`tests/tests/retries_and_pins.rs`), which start it with [`config`] or [`retrying`] and
+//! [`start`].
 
-use jetshard::Entity;
+use std::time::Duration;
+
+use jetshard::{CommandSender, Entity, ShardConfig, ShardConfigBuilder, ShardSystem};
 use serde::{Deserialize, Serialize};
+
+/// A `Fragile` system of `partitions` on one node, `n1`, with the tests' short pin and ack
+/// wait ([`crate::config`]).
+pub fn config(partitions: u32) -> ShardConfigBuilder {
+    crate::config("fragile", partitions, "n1")
+}
+
+/// [`config`], retrying a failed command after 50 ms and giving it up at its `max_deliver`th
+/// delivery.
+pub fn retrying(partitions: u32, max_deliver: u32) -> ShardConfigBuilder {
+    config(partitions)
+        .retry_delay(Duration::from_millis(50))
+        .max_deliver(max_deliver)
+}
+
+/// Starts a `Fragile` system on `client`, and a sender of commands to it.
+pub async fn start(
+    client: &async_nats::Client,
+    config: &ShardConfig,
+) -> (CommandSender<Fragile>, ShardSystem) {
+    let sender = CommandSender::<Fragile>::new(client.clone(), config);
+    let system = ShardSystem::start::<Fragile>(client.clone(), config.clone())
+        .await
+        .unwrap();
+    (sender, system)
+}
 
 /// A sum of numbers whose handlers fail on purpose.
 pub struct Fragile;

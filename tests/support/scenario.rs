@@ -306,12 +306,7 @@ impl Scenario {
     /// still judge the whole history ([`Scenario::check_mirrored`]).
     pub async fn mirror_journal(&self) {
         self.provision().await;
-        let journal = ShardConfig::builder("ledger")
-            .build()
-            .expect("config")
-            .names()
-            .journal_stream()
-            .to_owned();
+        let journal = ledger_journal();
         self.js
             .create_stream(jetstream::stream::Config {
                 name: MIRROR.to_owned(),
@@ -333,12 +328,7 @@ impl Scenario {
     pub async fn check_mirrored(&self) -> Report {
         let drained = wait_drained(&self.js, DRAIN_WITHIN).await;
         assert!(drained.is_ok(), "drained: {drained:?}");
-        let journal = ShardConfig::builder("ledger")
-            .build()
-            .expect("config")
-            .names()
-            .journal_stream()
-            .to_owned();
+        let journal = ledger_journal();
         let last = |name: String| {
             let js = self.js.clone();
             async move {
@@ -451,4 +441,14 @@ pub async fn describe_consumers(js: &Context) -> String {
         );
     }
     text
+}
+
+/// The name of the ledger's journal stream, as jetshard names it.
+fn ledger_journal() -> String {
+    ShardConfig::builder("ledger")
+        .build()
+        .expect("config")
+        .names()
+        .journal_stream()
+        .to_owned()
 }

@@ -1,7 +1,16 @@
-//! Secured servers for the tests: operator mode with JWTs and a creds file, TLS certificates.
+//! Secured servers for the tests: operator mode with JWTs and a creds file, TLS certificates;
+//! and the ledger run on them (`runs`).
 //! Everything is made at run time (nkeys, rcgen); nothing secret is checked in.
 
 use std::path::Path;
+use std::time::Duration;
+
+use async_nats::ConnectOptions;
+use jetshard::{CommandSender, ShardConfig, ShardSystem};
+use jetshard_testkit::{NatsServer, wait_until};
+
+use crate::ledger::{Ledger, LedgerCmd};
+use crate::{applied, counts};
 
 /// base64url without padding, as JWTs are written.
 pub fn base64url(bytes: &[u8]) -> String {
@@ -155,4 +164,52 @@ pub fn tls_config(dir: &Path, handshake_first: bool) -> String {
         path("server-key.pem").display(),
         path("ca.pem").display()
     )
+}
+
+/// The ledger's config for the security tests (`security.rs`, `permissions.rs`); `entity_type` lets one test run two types.
+pub fn config(entity_type: &str) -> ShardConfig {
+    crate::config(entity_type, 2, &format!("{entity_type}-node"))
+        .codec(jetshard::Codec::Json)
+        // A request the server refuses for want of permission is never answered: fail fast.
+        .write_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+/// Runs the entity type `entity_type` on `node`, sends it 30 commands through `client`, and
+/// waits until all are applied, in order.
+pub async fn runs(entity_type: &str, node: async_nats::Client, client: async_nats::Client) {
+    let config = config(entity_type);
+    let system = ShardSystem::start::<Ledger>(node, config.clone())
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "start {entity_type}: {e}: {:?}",
+                std::error::Error::source(&e)
+            )
+        });
+    let sender = CommandSender::<Ledger>::new(client, &config);
+    for n in 0..10 {
+        for entity in ["a", "b", "c"] {
+            sender.send(entity, &LedgerCmd::Append { n }).await.unwrap();
+        }
+    }
+    wait_until(Duration::from_secs(20), "30 commands applied", || async {
+        applied(&system).await == 30
+    })
+    .await
+    .unwrap();
+    let c = counts(&system).await;
+    assert_eq!(c.rejected, 0, "{c:?}");
+    system.shutdown().await.unwrap();
+}
+
+/// A server that requires authentication, with `options` for its readiness probe.
+pub async fn server(config: String, options: ConnectOptions) -> NatsServer {
+    NatsServer::builder()
+        .config(config)
+        .connect_options(options)
+        .start()
+        .await
+        .unwrap()
 }

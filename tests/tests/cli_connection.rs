@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_nats::ConnectOptions;
 use jetshard::{CommandSender, ShardSystem};
 use jetshard_testkit::{NatsServer, wait_until};
-use jetshard_tests::cli::jetshard_json;
+use jetshard_tests::cli::{jetshard_error, jetshard_json};
 use jetshard_tests::ledger::{Ledger, LedgerCmd};
 use jetshard_tests::secure::{certificates, operator_setup, tls_config};
 use jetshard_tests::{applied, init_tracing, ledger_config};
@@ -50,29 +50,26 @@ async fn the_admin_command_reaches_a_server_that_requires_creds_and_tls() {
     .await
     .unwrap();
 
-    // With flags.
+    // With flags: the creds or not, TLS first or not (the URL is the caller's).
     let (creds_path, ca, cert, key) = (
         path("admin.creds"),
         path("ca.pem"),
         path("client.pem"),
         path("client-key.pem"),
     );
-    let status = jetshard_json(&[
-        "--nats-url",
-        &url,
-        "--creds",
-        &creds_path,
-        "--tls-ca",
-        &ca,
-        "--tls-cert",
-        &cert,
-        "--tls-key",
-        &key,
-        "--tls-first",
-        "status",
-        "ledger",
-    ])
-    .await;
+    let flags = |creds: bool, tls_first: bool| {
+        let mut flags = vec!["--tls-ca", &ca, "--tls-cert", &cert, "--tls-key", &key];
+        if creds {
+            flags.extend(["--creds", creds_path.as_str()]);
+        }
+        if tls_first {
+            flags.push("--tls-first");
+        }
+        flags.extend(["status", "ledger"]);
+        flags
+    };
+    let status =
+        jetshard_json(&[vec!["--nats-url", url.as_str()], flags(true, true)].concat()).await;
     let partitions = status.as_array().unwrap();
     assert_eq!(partitions.len(), 2, "{status:#}");
     let owned = partitions.iter().find(|p| p["owner"] == "node-a");
@@ -109,49 +106,9 @@ async fn the_admin_command_reaches_a_server_that_requires_creds_and_tls() {
     );
 
     // Without --tls-first, the server does not answer (it waits for a TLS handshake).
-    let mut out = Vec::new();
-    let not_first = jetshard_cli::run(
-        [
-            "jetshard",
-            "--nats-url",
-            &url,
-            "--creds",
-            &creds_path,
-            "--tls-ca",
-            &ca,
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-            "status",
-            "ledger",
-        ],
-        &mut out,
-    )
-    .await;
-    assert!(not_first.is_err(), "connected without TLS first");
-
+    jetshard_error(&url, &flags(true, false)).await;
     // Without the creds, the server refuses.
-    let mut out = Vec::new();
-    let refused = jetshard_cli::run(
-        [
-            "jetshard",
-            "--nats-url",
-            &url,
-            "--tls-ca",
-            &ca,
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-            "--tls-first",
-            "status",
-            "ledger",
-        ],
-        &mut out,
-    )
-    .await;
-    assert!(refused.is_err(), "connected without creds");
+    jetshard_error(&url, &flags(false, true)).await;
     system.shutdown().await.unwrap();
 }
 
@@ -207,9 +164,6 @@ async fn the_admin_command_connects_with_a_token_or_an_nkey_seed_file() {
         let status = jetshard_json(&args).await;
         assert_eq!(status.as_array().unwrap().len(), 2, "{flags:?}: {status}");
         // Without the flags, the server refuses.
-        let mut out = Vec::new();
-        let anonymous = ["jetshard", "--nats-url", url.as_str(), "status", "ledger"];
-        let refused = jetshard_cli::run(anonymous, &mut out).await;
-        assert!(refused.is_err(), "{flags:?}: an anonymous client got in");
+        jetshard_error(&url, &["status", "ledger"]).await;
     }
 }

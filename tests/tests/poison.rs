@@ -17,14 +17,15 @@ use jetshard::{
     Codec, CodecError, CommandOutcome, CommandSender, Entity, ShardConfig, ShardSystem, Snapshots,
 };
 use jetshard_testkit::history::{Record, read_journal};
-use jetshard_tests::fragile::{Fragile, FragileCmd};
+use jetshard_tests::fragile::{self, Fragile, FragileCmd};
 use jetshard_tests::{assert_applied, init_tracing, start_owning};
 use serde::{Deserialize, Serialize};
 
 const ASK: Duration = Duration::from_secs(10);
 
-fn config(entity_type: &str, partitions: u32) -> ShardConfig {
-    jetshard_tests::config(entity_type, partitions, "n1")
+/// The notes' settings: one node, a quick retry, given up at the third delivery.
+fn config() -> ShardConfig {
+    jetshard_tests::config("note", 1, "n1")
         .retry_delay(Duration::from_millis(50))
         .max_deliver(3)
         .build()
@@ -133,7 +134,7 @@ async fn an_event_type_changed_without_an_upcast_quarantines_its_entities_only_a
  {
     init_tracing();
     let (_server, client, _) = jetshard_tests::served().await;
-    let config = config("note", 1);
+    let config = config();
     let write = |text: &str| NoteCmd::Write { text: text.into() };
 
     // Version 1 writes the history of "a".
@@ -221,11 +222,8 @@ async fn an_event_type_changed_without_an_upcast_quarantines_its_entities_only_a
 async fn an_apply_that_panics_on_durable_events_quarantines_its_entity_not_the_partition() {
     init_tracing();
     let (_server, client, _) = jetshard_tests::served().await;
-    let config = config("fragile", 1);
-    let sender = CommandSender::<Fragile>::new(client.clone(), &config);
-    let system = ShardSystem::start::<Fragile>(client.clone(), config.clone())
-        .await
-        .unwrap();
+    let config = fragile::retrying(1, 3).build().unwrap();
+    let (sender, system) = fragile::start(&client, &config).await;
     for entity in ["a", "b"] {
         sender.send(entity, &FragileCmd::Add(1)).await.unwrap();
     }
@@ -300,7 +298,7 @@ async fn an_apply_that_panics_on_durable_events_quarantines_its_entity_not_the_p
 async fn a_panic_outside_decide_and_apply_is_blamed_on_its_own_command() {
     init_tracing();
     let (_server, client, js) = jetshard_tests::served().await;
-    let config = config("fragile", 1);
+    let config = fragile::retrying(1, 3).build().unwrap();
     let sender = CommandSender::<Fragile>::new(client.clone(), &config);
     // The commands wait for an owner, so they reach the entity's actor back to back, and the
     // owner is busy with thirty other entities' commands: the panic comes while the verdicts of
@@ -325,9 +323,7 @@ async fn a_panic_outside_decide_and_apply_is_blamed_on_its_own_command() {
             adds.push(sender.send("a", &FragileCmd::Add(1)).await.unwrap());
         }
     }
-    let system = ShardSystem::start::<Fragile>(client.clone(), config.clone())
-        .await
-        .unwrap();
+    let (_, system) = fragile::start(&client, &config).await;
     let outcome = sender
         .request_outcome("a", &FragileCmd::Check(2), Duration::from_secs(30))
         .await

@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use async_nats::jetstream;
+use jetshard::CommandSender;
 use jetshard::admin::Admin;
-use jetshard::{CommandSender, ShardConfig, ShardSystem};
 use jetshard_testkit::{NatsServer, wait_until};
-use jetshard_tests::fragile::{Fragile, FragileCmd};
+use jetshard_tests::fragile::{self, Fragile, FragileCmd};
 use jetshard_tests::{assert_applied, id_in, init_tracing, start_owning};
 
 const ASK: Duration = Duration::from_secs(10);
@@ -17,15 +17,8 @@ const ASK: Duration = Duration::from_secs(10);
 async fn a_command_sent_twice_with_one_idempotency_key_is_one_command() {
     init_tracing();
     let (_server, client, _) = jetshard_tests::served().await;
-    let config = jetshard_tests::config("fragile", 1, "n1")
-        .retry_delay(Duration::from_millis(50))
-        .max_deliver(3)
-        .build()
-        .unwrap();
-    let sender = CommandSender::<Fragile>::new(client.clone(), &config);
-    let system = ShardSystem::start::<Fragile>(client.clone(), config.clone())
-        .await
-        .unwrap();
+    let config = fragile::retrying(1, 3).build().unwrap();
+    let (sender, system) = fragile::start(&client, &config).await;
     // A client that timed out and sends again.
     let first = sender
         .send_with_key("a", "deposit-1", &FragileCmd::Add(5))
@@ -63,10 +56,7 @@ async fn a_pull_loop_that_ends_releases_its_partition_and_escalates() {
     init_tracing();
     let (server, client, _) = jetshard_tests::served().await;
     let node = server.connect().await.unwrap();
-    let config = ShardConfig::builder("fragile")
-        .partitions(2)
-        .node_id("n1")
-        .pin_ttl(Duration::from_secs(1))
+    let config = fragile::config(2)
         .max_owner_restarts(2, Duration::from_secs(60))
         .build()
         .unwrap();
@@ -139,11 +129,7 @@ async fn a_refused_pin_moves_even_when_it_cannot_be_unpinned() {
         .connect(server.url())
         .await
         .unwrap();
-    let config = ShardConfig::builder("fragile")
-        .partitions(1)
-        .node_id("n1")
-        .pin_ttl(Duration::from_secs(1))
-        .ack_wait(Duration::from_secs(3))
+    let config = fragile::config(1)
         .write_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
@@ -194,19 +180,8 @@ async fn a_refused_pin_moves_even_when_it_cannot_be_unpinned() {
 async fn a_command_given_up_while_its_dead_letter_cannot_be_written_waits_until_it_can() {
     init_tracing();
     let (_server, client, js) = jetshard_tests::served().await;
-    let config = ShardConfig::builder("fragile")
-        .partitions(1)
-        .node_id("n1")
-        .pin_ttl(Duration::from_secs(1))
-        .ack_wait(Duration::from_secs(3))
-        .retry_delay(Duration::from_millis(50))
-        .max_deliver(1)
-        .build()
-        .unwrap();
-    let sender = CommandSender::<Fragile>::new(client.clone(), &config);
-    let system = ShardSystem::start::<Fragile>(client.clone(), config.clone())
-        .await
-        .unwrap();
+    let config = fragile::retrying(1, 1).build().unwrap();
+    let (sender, system) = fragile::start(&client, &config).await;
     let outcome = sender
         .request_outcome("a", &FragileCmd::Add(1), ASK)
         .await

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use jetshard::NodeStatus;
-use jetshard::admin::{DeadLetter, PartitionOverview, Replayed};
+use jetshard::admin::{self, DeadLetter, PartitionOverview, Replayed};
 use serde_json::{Value, json};
 
 /// How long `status` waits for running processes to answer.
@@ -134,35 +134,7 @@ impl Report {
                 overview,
                 running,
             } => {
-                writeln!(
-                    out,
-                    "{:>9}  {:<24} {:>10}  {:<6} {:>8} {:>11} {:>11} {:>7} {:>7}",
-                    "partition",
-                    "owner",
-                    "generation",
-                    "pinned",
-                    "pending",
-                    "ack pending",
-                    "redelivered",
-                    "waiting",
-                    "paused"
-                )?;
-                for p in overview {
-                    writeln!(
-                        out,
-                        "{:>9}  {:<24} {:>10}  {:<6} {:>8} {:>11} {:>11} {:>7} {:>7}",
-                        p.partition,
-                        p.owner.as_deref().unwrap_or("-"),
-                        p.generation,
-                        if p.pinned { "yes" } else { "no" },
-                        p.pending,
-                        p.ack_pending,
-                        p.redelivered,
-                        p.waiting,
-                        p.paused
-                            .map_or_else(|| "no".to_owned(), |d| format!("{}s", d.as_secs())),
-                    )?;
-                }
+                write!(out, "{}", admin::overview_table(overview))?;
                 if *running == 0 {
                     writeln!(
                         out,

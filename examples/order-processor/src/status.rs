@@ -5,11 +5,11 @@ use std::fmt::Write as _;
 
 use anyhow::Context as _;
 use async_nats::Client;
-use jetshard::admin::{Admin, PartitionOverview};
+use jetshard::admin::{Admin, overview_table};
 
 use crate::order::ENTITY_TYPE;
 
-/// Prints one row per partition, and the dead-letter count.
+/// Prints one row per partition (the table `jetshard status` prints), and the dead letters.
 ///
 /// # Errors
 /// If the streams or consumers cannot be read (no server, or no node has run yet).
@@ -21,7 +21,7 @@ pub async fn run(client: Client) -> anyhow::Result<String> {
         .await
         .context("reading the partitions (has a node run yet?)")?;
     let dead_letters = admin.dead_letters().await.context("reading dead letters")?;
-    let mut out = table(&overview);
+    let mut out = overview_table(&overview);
     let _ = writeln!(out, "dead letters: {}", dead_letters.len());
     for letter in dead_letters.iter().rev().take(5).rev() {
         let _ = writeln!(
@@ -35,41 +35,4 @@ pub async fn run(client: Client) -> anyhow::Result<String> {
         );
     }
     Ok(out)
-}
-
-/// The table of [`run`].
-pub fn table(overview: &[PartitionOverview]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:>9}  {:<16} {:>10}  {:<6} {:>8} {:>11} {:>11} {:>7}  paused",
-        "partition",
-        "owner",
-        "generation",
-        "pinned",
-        "pending",
-        "ack pending",
-        "redelivered",
-        "waiting",
-    );
-    for p in overview {
-        let paused = match p.paused {
-            Some(left) => format!("yes ({:.1} s left)", left.as_secs_f64()),
-            None => "no".to_owned(),
-        };
-        let _ = writeln!(
-            out,
-            "{:>9}  {:<16} {:>10}  {:<6} {:>8} {:>11} {:>11} {:>7}  {}",
-            p.partition,
-            p.owner.as_deref().unwrap_or("-"),
-            p.generation,
-            if p.pinned { "yes" } else { "no" },
-            p.pending,
-            p.ack_pending,
-            p.redelivered,
-            p.waiting,
-            paused
-        );
-    }
-    out
 }

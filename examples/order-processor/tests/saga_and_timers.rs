@@ -6,10 +6,8 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::BIN;
 use jetshard_testkit::NatsServer;
 use order_processor::demo::feature_args;
 use order_processor::rules::Features;
@@ -42,52 +40,20 @@ async fn the_saga_and_the_timers_hold_through_a_sigkill() {
     let mut nodes = common::start_three(&url, logs.path(), &flags).await;
 
     // About 2,000 commands over 8 s, besides the reservations, their answers and the timers.
-    let mut load = tokio::process::Command::new(BIN)
-        .args([
-            "load",
-            "--nats-url",
-            &url,
-            "--orders",
-            "400",
-            "--rate",
-            "250",
-            "--prefix",
-            "t",
-        ])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn load");
+    let load = common::start_load(&url, &["--orders", "400", "--rate", "250", "--prefix", "t"]);
 
     let (victim, killed_parts, survivors) = common::kill_the_busiest(&mut nodes).await;
 
-    let loaded = tokio::time::timeout(Duration::from_secs(60), load.wait())
-        .await
-        .expect("load finished in time")
-        .expect("load exit status");
-    assert!(loaded.success(), "load failed");
+    common::finish_load(load).await;
 
     let mut args = vec!["verify", "--nats-url", &url, "--settle-secs", "60"];
     args.extend(flags.iter().map(String::as_str));
-    let verify = tokio::time::timeout(
-        Duration::from_secs(120),
-        tokio::process::Command::new(BIN)
-            .args(&args)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("verify finished in time")
-    .expect("verify ran");
-    let report = String::from_utf8_lossy(&verify.stdout);
+    let (verified, report) = common::output(&args, Duration::from_secs(120)).await;
     eprintln!(
         "killed {} (partitions {killed_parts:?})\n{report}",
         nodes.0[victim].id
     );
-    assert!(
-        verify.status.success(),
-        "verify found violations:\n{report}"
-    );
+    assert!(verified.success(), "verify found violations:\n{report}");
     assert!(report.contains("violations: 0"), "{report}");
     assert!(report.contains("takeovers: "), "{report}");
     assert!(number(&report, "saga: ", "saga: ") > 0, "{report}");
@@ -96,18 +62,9 @@ async fn the_saga_and_the_timers_hold_through_a_sigkill() {
     assert!(number(&report, "timers: ", "set, ") > 0, "{report}");
 
     // A state query, answered by the order's owner.
-    let get = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::process::Command::new(BIN)
-            .args(["get", "--nats-url", &url, "t-0"])
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("get finished in time")
-    .expect("get ran");
-    let answer = String::from_utf8_lossy(&get.stdout);
-    assert!(get.status.success(), "get failed: {answer}");
+    let get = ["get", "--nats-url", &url, "t-0"];
+    let (got, answer) = common::output(&get, Duration::from_secs(30)).await;
+    assert!(got.success(), "get failed: {answer}");
     assert!(answer.starts_with("t-0 (partition "), "{answer}");
     assert!(answer.contains("phase: "), "{answer}");
 

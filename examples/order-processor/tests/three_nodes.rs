@@ -5,10 +5,8 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::BIN;
 use jetshard_testkit::{NatsServer, wait_until};
 use order_processor::nodes::unix_ms;
 
@@ -21,20 +19,7 @@ async fn verify_finds_no_violation_after_one_node_is_killed_and_another_frozen_p
     let mut nodes = common::start_three(&url, logs.path(), &[]).await;
 
     // About 2,500 commands over 10 s: the load outlasts both faults.
-    let mut load = tokio::process::Command::new(BIN)
-        .args([
-            "load",
-            "--nats-url",
-            &url,
-            "--orders",
-            "500",
-            "--rate",
-            "250",
-        ])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn load");
+    let load = common::start_load(&url, &["--orders", "500", "--rate", "250"]);
 
     let (victim, killed_parts, survivors) = common::kill_the_busiest(&mut nodes).await;
 
@@ -93,31 +78,15 @@ async fn verify_finds_no_violation_after_one_node_is_killed_and_another_frozen_p
     .await
     .expect("step down after the thaw");
 
-    let loaded = tokio::time::timeout(Duration::from_secs(60), load.wait())
-        .await
-        .expect("load finished in time")
-        .expect("load exit status");
-    assert!(loaded.success(), "load failed");
+    common::finish_load(load).await;
 
-    let verify = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new(BIN)
-            .args(["verify", "--nats-url", &url, "--settle-secs", "30"])
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("verify finished in time")
-    .expect("verify ran");
-    let report = String::from_utf8_lossy(&verify.stdout);
+    let verify = ["verify", "--nats-url", &url, "--settle-secs", "30"];
+    let (verified, report) = common::output(&verify, Duration::from_secs(60)).await;
     eprintln!(
         "killed {} (partitions {killed_parts:?}), froze {} for {stalled_for:?} (partitions {frozen_parts:?}), thawed at {thawed_at_ms}\n{report}",
         nodes.0[victim].id, nodes.0[frozen].id
     );
-    assert!(
-        verify.status.success(),
-        "verify found violations:\n{report}"
-    );
+    assert!(verified.success(), "verify found violations:\n{report}");
     assert!(report.contains("violations: 0"), "{report}");
     let takeovers: usize = report
         .lines()

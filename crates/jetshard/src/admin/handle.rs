@@ -39,6 +39,39 @@ pub struct PartitionOverview {
     pub paused: Option<Duration>,
 }
 
+/// `overview` as a text table, a header and a row per partition (a paused partition shows the
+/// whole seconds of its pause that are left): what `jetshard status` prints.
+pub fn overview_table(overview: &[PartitionOverview]) -> String {
+    let mut table = format!(
+        "{:>9}  {:<24} {:>10}  {:<6} {:>8} {:>11} {:>11} {:>7} {:>7}\n",
+        "partition",
+        "owner",
+        "generation",
+        "pinned",
+        "pending",
+        "ack pending",
+        "redelivered",
+        "waiting",
+        "paused"
+    );
+    for p in overview {
+        table += &format!(
+            "{:>9}  {:<24} {:>10}  {:<6} {:>8} {:>11} {:>11} {:>7} {:>7}\n",
+            p.partition,
+            p.owner.as_deref().unwrap_or("-"),
+            p.generation,
+            if p.pinned { "yes" } else { "no" },
+            p.pending,
+            p.ack_pending,
+            p.redelivered,
+            p.waiting,
+            p.paused
+                .map_or_else(|| "no".to_owned(), |d| format!("{}s", d.as_secs())),
+        );
+    }
+    table
+}
+
 /// Administration of one entity type.
 #[derive(Clone)]
 pub struct Admin {
@@ -240,5 +273,30 @@ mod tests {
             Some(12)
         );
         assert_eq!(partitions_of_transform("order.cmd.{{wildcard(1)}}"), None);
+    }
+
+    #[test]
+    fn the_overview_table_has_a_row_per_partition_and_shows_a_pause_in_seconds() {
+        let partition = |partition, paused| PartitionOverview {
+            partition,
+            generation: 3,
+            owner: Some("node-a".into()),
+            pinned: true,
+            pending: 7,
+            ack_pending: 2,
+            redelivered: 1,
+            waiting: 1,
+            paused,
+        };
+        let table = overview_table(&[
+            partition(0, None),
+            partition(1, Some(Duration::from_millis(59_900))),
+        ]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3, "{table}");
+        assert!(lines[0].starts_with("partition  owner"), "{table}");
+        let cells: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(cells, ["0", "node-a", "3", "yes", "7", "2", "1", "1", "no"]);
+        assert!(lines[2].ends_with(" 59s"), "{table}");
     }
 }

@@ -8,4 +8,4 @@ mod handle;
 
 pub use compact::Compacted;
 pub use dead_letters::{DeadLetter, DeadLetterPurge, NotADeadLetter, Purged, Replayed};
-pub use handle::{Admin, PartitionOverview};
+pub use handle::{Admin, PartitionOverview, overview_table};

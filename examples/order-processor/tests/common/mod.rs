@@ -1,9 +1,13 @@
 //! What the example's multi-node tests share: three `order-processor node` processes started
-//! and ready, every partition owned, and the busiest one SIGKILLed and taken over.
+//! and ready, every partition owned, and the busiest one SIGKILLed and taken over; the load
+//! beside them, and the example's other commands (`verify`, `get`) run to their end.
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
+
+use tokio::process::{Child, Command};
 
 use jetshard_testkit::{owned_by, wait_until};
 use order_processor::nodes::{NodeProcess, NodeSettings};
@@ -80,4 +84,38 @@ pub async fn kill_the_busiest(nodes: &mut Nodes) -> (usize, Vec<u32>, Vec<usize>
     .await
     .expect("takeover after the kill");
     (victim, killed_parts, survivors)
+}
+
+/// Starts `order-processor load --nats-url <url> <args>` beside the test (its output piped,
+/// killed if the test ends first).
+pub fn start_load(url: &str, args: &[&str]) -> Child {
+    Command::new(BIN)
+        .args(["load", "--nats-url", url])
+        .args(args)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn load")
+}
+
+/// Waits at most 60 s for the load to end, and asserts that it succeeded.
+pub async fn finish_load(mut load: Child) {
+    let loaded = tokio::time::timeout(Duration::from_secs(60), load.wait())
+        .await
+        .expect("load finished in time")
+        .expect("load exit status");
+    assert!(loaded.success(), "load failed");
+}
+
+/// Runs `order-processor <args>` to its end, at most `within`: how it exited, and its stdout.
+pub async fn output(args: &[&str], within: Duration) -> (ExitStatus, String) {
+    let output = tokio::time::timeout(
+        within,
+        Command::new(BIN).args(args).kill_on_drop(true).output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{} finished in time", args[0]))
+    .unwrap_or_else(|e| panic!("{} ran: {e}", args[0]));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    (output.status, stdout)
 }
