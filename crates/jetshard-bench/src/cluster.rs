@@ -117,8 +117,10 @@ pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<ClusterRun> {
         .replicas(REPLICAS)
         .node_id("bench")
         .build()?;
+    let client = cluster.connect().await?;
+    crate::messages::watch(&client);
     let system = Arc::new(
-        ShardSystem::start::<BenchEntity>(cluster.connect().await?, config)
+        ShardSystem::start::<BenchEntity>(client, config)
             .await
             .context("start the shard system")?,
     );
@@ -146,6 +148,7 @@ pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<ClusterRun> {
         })
     };
     let passes = timed_passes(&pids, &control, spec, || Ok(())).await;
+    crate::messages::unwatch();
     done.store(true, Ordering::Relaxed);
     let window_means = sampler.await.unwrap_or_default();
     let status = system.status().await.unwrap_or_default();

@@ -229,6 +229,7 @@ pub async fn timed_passes_with(
         let delivered_before = deliveries(control, spec.partitions).await?;
         let cpu = CpuMeter::start(server_pids);
         let allocated = allocs::now();
+        let messages = crate::messages::now();
         let started = Instant::now();
         match hold {
             Some(bare) => bare.hold(true).await?,
@@ -248,6 +249,9 @@ pub async fn timed_passes_with(
         let acknowledged = (spec.commands as u64).saturating_sub(drained.remaining);
         let cpu = cpu.spent();
         let allocated = allocs::now().since(allocated);
+        let messages = crate::messages::now()
+            .zip(messages)
+            .map(|(now, then)| now.since(then));
         let delivered = deliveries(control, spec.partitions)
             .await?
             .saturating_sub(delivered_before);
@@ -276,6 +280,13 @@ pub async fn timed_passes_with(
                 .map(|n| format!("{:.1}", per_command(n)))
                 .join(" / ")
         );
+        if let Some(messages) = messages {
+            eprintln!(
+                "  pass {pass}: the system's connection: {:.2} messages sent, {:.2} received per cmd",
+                per_command(messages.sent),
+                per_command(messages.received)
+            );
+        }
         passes.push(done);
         if drained.remaining > 0 {
             eprintln!(

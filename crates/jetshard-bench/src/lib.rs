@@ -36,6 +36,7 @@ pub mod failover;
 pub mod latency;
 pub mod load;
 pub mod memory;
+pub mod messages;
 pub mod node;
 pub mod probe;
 pub mod purge;

@@ -54,12 +54,15 @@ pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<DrainRun> {
         config = config.max_ack_pending(max_ack_pending);
     }
     let config = config.build()?;
-    let system = ShardSystem::start::<BenchEntity>(server.connect().await?, config)
+    let client = server.connect().await?;
+    crate::messages::watch(&client);
+    let system = ShardSystem::start::<BenchEntity>(client, config)
         .await
         .context("start the shard system")?;
     load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
     let pids: Vec<u32> = server.pid().into_iter().collect();
     let passes = timed_passes(&pids, &control, spec, || Ok(())).await;
+    crate::messages::unwatch();
     let status = system.status().await;
     if let Ok(status) = &status {
         report_loads("jetshard passes", status);
