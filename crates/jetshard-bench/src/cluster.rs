@@ -57,7 +57,7 @@ pub struct WriteFigures {
 pub struct ClusterRun {
     /// The timed passes.
     pub drain: DrainRun,
-    /// Event writes the bare loop had refused with 10164 (bare loops only).
+    /// Event writes the bare loop had refused with 10164 or 10158 (bare loops only).
     pub refused: Option<u64>,
     /// jetshard's write figures (jetshard only).
     pub writes: Option<WriteFigures>,

@@ -76,6 +76,12 @@ const ACKS_IN_FLIGHT: usize = 65_536;
 /// The server's code for a fenced write refused because another one naming the same subject
 /// is in flight (clustered streams only).
 const WRITE_IN_FLIGHT: u64 = 10164;
+/// A clustered stream's refusal of a message id whose first write is proposed and not yet
+/// applied (`duplicate message id is in process`): sent again once that write is applied, it is
+/// answered as the duplicate it is.
+const MSG_ID_IN_PROCESS: u64 = 10158;
+/// How long a write refused with [`MSG_ID_IN_PROCESS`] waits before it is sent again.
+const IN_PROCESS_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// A running bare loop over every partition of one entity type.
 pub struct BareLoop {
@@ -111,7 +117,8 @@ impl BareLoop {
     /// [`BareLoop::start`] with at most `in_flight` event writes in flight per partition: 1 is
     /// the serialized loop, the fastest naive loop that does not collide on a clustered journal.
     /// A write the server refuses because another fenced write of its partition is in flight
-    /// (10164, clustered journals only) is counted ([`BareLoop::refused`]) and sent again until
+    /// (10164, clustered journals only), or a resend that meets its first attempt still in process
+    /// (10158), is counted ([`BareLoop::refused`]) and sent again until
     /// it is stored, as a naive loop would.
     pub async fn start_with(
         client: async_nats::Client,
@@ -193,7 +200,7 @@ impl BareLoop {
         Ok(())
     }
 
-    /// Event writes refused with 10164 (and sent again) so far.
+    /// Event writes refused with 10164 or 10158 (and sent again) so far.
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
     }
@@ -385,7 +392,9 @@ impl PartitionWriter {
     }
 
     /// Waits for an event write's acknowledgement; a write refused for another in flight
-    /// (10164) is counted and sent again until it is stored.
+    /// (10164) is counted and sent again until it is stored, and so is one whose resend met
+    /// its first attempt still in process (10158, after a pause: the first is then applied and
+    /// the resend answered as its duplicate).
     async fn confirm(
         &self,
         mut event_ack: PublishAckFuture,
@@ -396,6 +405,11 @@ impl PartitionWriter {
                 Ok(_) => return Ok(()),
                 Err(e) if server_error_code(&e) == Some(WRITE_IN_FLIGHT) => {
                     self.refused.fetch_add(1, Ordering::Relaxed);
+                    event_ack = self.write_event(command).await?;
+                }
+                Err(e) if server_error_code(&e) == Some(MSG_ID_IN_PROCESS) => {
+                    self.refused.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(IN_PROCESS_PAUSE).await;
                     event_ack = self.write_event(command).await?;
                 }
                 Err(e) => return Err(e).context("event write not acknowledged"),
