@@ -43,9 +43,9 @@ pub(crate) struct Rules {
     /// Dead letters written before this instant go (`None`: kept).
     pub(crate) dead_letters_before: Option<SystemTime>,
     /// Only records up to this journal sequence are planned (`u64::MAX`: all). The background
-    /// sweep passes the journal's last sequence of one interval before, so that a record stays
-    /// at least one interval: what copies or reads the journal (a mirror, a backup, a
-    /// projection) has that long to see it.
+    /// sweep passes the journal's last sequence read shortly before it (an interval, at most
+    /// 2 s), so that a record stays at least that long: what copies or reads the journal (a
+    /// mirror, a backup, a projection) has that long to see it.
     pub(crate) horizon: u64,
 }
 
@@ -153,10 +153,16 @@ pub(crate) async fn plan(
         })
         .await?;
         if let Some(below) = outbox_below(&rows) {
-            plan.purges.push(Purge {
-                subject: outbox,
-                below,
-            });
+            // First: one request takes the partition's confirmed outbox records, two of the
+            // three records of a command with a message, while a paced sweep's entity purges
+            // spread over half its interval.
+            plan.purges.insert(
+                0,
+                Purge {
+                    subject: outbox,
+                    below,
+                },
+            );
         }
         let timers = names.partition_timers(partition);
         let end = crate::journal::last_sequence(journal, &timers)
