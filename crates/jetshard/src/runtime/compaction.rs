@@ -222,6 +222,7 @@ impl Sweeper {
                 .dead_letter_retention
                 .and_then(|r| SystemTime::now().checked_sub(r)),
             horizon,
+            defer_timers_of_snapshotted: true,
         };
         let plan = compact::plan(&self.journal, &self.names, self.partition, &rules).await?;
         log.snapshots = plan.snapshots;
