@@ -51,6 +51,15 @@ pub(crate) const PENDING_COMMANDS: &str = "jetshard_pending_commands";
 pub(crate) const ACK_PENDING_COMMANDS: &str = "jetshard_ack_pending_commands";
 /// Whether this process owns the partition (1) or not (0).
 pub(crate) const OWNED: &str = "jetshard_partition_owned";
+/// Background compaction sweeps of a partition, by `outcome`: `done`, `late` (past its
+/// interval), `failed`.
+pub(crate) const COMPACTION_SWEEPS: &str = "jetshard_compaction_sweeps_total";
+/// Purge requests background compaction sent.
+pub(crate) const COMPACTION_PURGES: &str = "jetshard_compaction_purges_total";
+/// Journal records those purges removed.
+pub(crate) const COMPACTION_REMOVED: &str = "jetshard_compaction_removed_records_total";
+/// The server's time for one purge request (request to answer).
+pub(crate) const COMPACTION_PURGE_SECONDS: &str = "jetshard_compaction_purge_seconds";
 
 /// The handles the entity actors of one partition share (through their `EntityContext`).
 #[derive(Clone)]

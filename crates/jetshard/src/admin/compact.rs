@@ -68,6 +68,7 @@ impl Admin {
                 snapshots_from: 1,
                 dead_letters_before: None,
                 horizon: u64::MAX,
+                defer_timers_of_snapshotted: false,
             };
             let plan = compact::plan(&journal, &self.names, partition, &rules).await?;
             done.snapshots += plan.snapshots;

@@ -13,7 +13,9 @@ impl ShardConfigBuilder {
     /// its purges paced (spread over half the interval, at most [`compaction_budget`] per
     /// 100 ms, a pause of 4 times each purge's time after it; faster only when a sweep would
     /// not otherwise be done within the interval, 4 purges at a time once past it). Each partition sweeps at its own phase of
-    /// the interval. Each sweep reads the snapshots written since
+    /// the interval, on a fixed schedule (a sweep past its interval delays the next), and plans
+    /// what was written up to 2 s (at most an interval) before it: between sweeps the journal
+    /// also holds about an interval of writes. Each sweep reads the snapshots written since
     /// the last one, and the partition's outbox and timer records (bounded by what is live,
     /// once compacted). Must be at least 100 ms.
     ///

@@ -43,10 +43,15 @@ pub(crate) struct Rules {
     /// Dead letters written before this instant go (`None`: kept).
     pub(crate) dead_letters_before: Option<SystemTime>,
     /// Only records up to this journal sequence are planned (`u64::MAX`: all). The background
-    /// sweep passes the journal's last sequence of one interval before, so that a record stays
-    /// at least one interval: what copies or reads the journal (a mirror, a backup, a
-    /// projection) has that long to see it.
+    /// sweep passes the journal's last sequence read shortly before it (an interval, at most
+    /// 2 s), so that a record stays at least that long: what copies or reads the journal (a
+    /// mirror, a backup, a projection) has that long to see it.
     pub(crate) horizon: u64,
+    /// Whether an entity purged to its snapshot in this plan keeps its timer records after
+    /// the snapshot until a later plan (the background sweep): they go with its next
+    /// snapshot's purge, or by themselves at the next plan without one, so that an active
+    /// entity costs one purge request a sweep, not two. `Admin::compact` takes them at once.
+    pub(crate) defer_timers_of_snapshotted: bool,
 }
 
 /// One purge: the messages on `subject` (a filter, wildcards allowed) below journal sequence
@@ -153,10 +158,16 @@ pub(crate) async fn plan(
         })
         .await?;
         if let Some(below) = outbox_below(&rows) {
-            plan.purges.push(Purge {
-                subject: outbox,
-                below,
-            });
+            // First: one request takes the partition's confirmed outbox records, two of the
+            // three records of a command with a message, while a paced sweep's entity purges
+            // spread over half its interval.
+            plan.purges.insert(
+                0,
+                Purge {
+                    subject: outbox,
+                    below,
+                },
+            );
         }
         let timers = names.partition_timers(partition);
         let end = crate::journal::last_sequence(journal, &timers)
@@ -179,7 +190,8 @@ pub(crate) async fn plan(
             // Records of an invalid id are never written (the writer takes an `EntityId`).
             if let Ok(entity) = EntityId::new(entity) {
                 let subject = names.timer_subject(partition, &entity);
-                if timers_covered.get(&subject).is_some_and(|c| *c >= below) {
+                let covered = timers_covered.get(&subject);
+                if covered.is_some_and(|c| *c >= below || rules.defer_timers_of_snapshotted) {
                     continue;
                 }
                 plan.purges.push(Purge { subject, below });

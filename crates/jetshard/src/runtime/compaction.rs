@@ -7,11 +7,18 @@
 //! re-reads the partition's fence before the first purge and every [`FENCE_EVERY`] purges or
 //! [`FENCE_AFTER`], ending once another generation holds it. One purge takes all of an
 //! entity's records behind its latest snapshot, so a sweep's purges grow with the entities
-//! snapshotted in an interval, not with the records written. Partitions sweep at their own phases of the interval ([`phase`]).
+//! snapshotted in an interval, not with the records written. Partitions sweep at their own
+//! phases of the interval ([`phase`]), on a fixed schedule: a sweep that runs past its interval
+//! delays the next, never doubles it.
 //!
-//! A sweep plans only the records written before the previous sweep (the journal's last
-//! sequence one interval before): each record stays at least one interval, so what copies or
-//! reads the journal (a mirror, a backup, a projection) has that long to see it.
+//! A sweep plans only the records written before its horizon, the journal's last sequence
+//! [`keep`] before it (an interval, at most 2 s): each record stays at least that long, so
+//! what copies or reads the journal (a mirror, a backup, a projection) has that long to see it,
+//! and a record waits at most an interval and `keep` to be planned. The partition's outbox
+//! purge, when there is one, goes first.
+//!
+//! Each sweep is logged (`compaction sweep`, debug; info when it ran past its interval: what it
+//! read, planned, sent, removed, the server's time) and counted (`jetshard_compaction_*`).
 //!
 //! Off the command path: the task holds nothing the owner or its entity actors wait on, and
 //! the pacing keeps the server's purge work spread thinly beside the commands' writes.
@@ -25,9 +32,13 @@ use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::stream::Stream;
 
+use metrics::{Counter, Histogram, Label, counter, histogram};
+use tokio::time::Instant;
+
 use crate::error::Error;
 use crate::journal::compact::{self, Rules};
 use crate::journal::fence::{self, Fence};
+use crate::telemetry;
 use crate::wire::Names;
 
 /// The unit of `compaction_budget` (purges per tick).
@@ -55,32 +66,123 @@ enum Swept {
     Fenced,
 }
 
+/// A partition's compaction metrics (`telemetry`), registered once per sweeper.
+struct SweepMetrics {
+    done: Counter,
+    late: Counter,
+    failed: Counter,
+    purges: Counter,
+    removed: Counter,
+    purge_seconds: Histogram,
+}
+
+impl SweepMetrics {
+    fn new(entity_type: &str, partition: u32) -> Self {
+        let labels = vec![
+            Label::new("entity_type", entity_type.to_owned()),
+            Label::new("partition", partition.to_string()),
+        ];
+        let outcome = |value: &'static str| {
+            let mut all = labels.clone();
+            all.push(Label::from_static_parts("outcome", value));
+            counter!(telemetry::COMPACTION_SWEEPS, all)
+        };
+        Self {
+            done: outcome("done"),
+            late: outcome("late"),
+            failed: outcome("failed"),
+            purges: counter!(telemetry::COMPACTION_PURGES, labels.clone()),
+            removed: counter!(telemetry::COMPACTION_REMOVED, labels.clone()),
+            purge_seconds: histogram!(telemetry::COMPACTION_PURGE_SECONDS, labels),
+        }
+    }
+}
+
+/// What one sweep did, logged (`jetshard::runtime::compaction` at debug, at info when the sweep
+/// ran past its interval) and counted (`SweepMetrics`).
+#[derive(Debug, Default)]
+struct SweepLog {
+    /// Snapshots read (written since the last sweep, up to the horizon).
+    snapshots: u64,
+    /// Purge requests planned and sent.
+    planned: usize,
+    sent: usize,
+    /// Records they removed.
+    removed: u64,
+    /// The server's time for them, summed, and the slowest.
+    server: Duration,
+    slowest: Duration,
+    /// Journal sequences written after the horizon when the sweep planned (all partitions'):
+    /// left to the next sweep.
+    above_horizon: u64,
+}
+
 impl Sweeper {
-    /// Sweeps every interval until the partition is claimed by another generation (or the
-    /// task is aborted by its owner). A sweep that fails is tried again at the next interval.
+    /// Sweeps every interval (at the partition's phase, [`phase`]) until the partition is
+    /// claimed by another generation (or the task is aborted by its owner). A sweep that fails
+    /// is tried again at the next interval; one that runs past its interval delays the next
+    /// (by [`keep`] after it ends), never two at once.
     pub(crate) async fn run(self) {
+        let metrics = SweepMetrics::new(self.names.entity_type(), self.partition);
+        let keep = keep(self.interval);
         let mut snapshots_from = 1;
-        // Each sweep plans the records written before the previous one (or before the task
-        // started): every record stays at least one interval (see `Rules::horizon`).
-        let mut horizon = self.last_sequence().await;
         // Owners acquired together would sweep together, every interval, each sweep's plan and
         // purges landing on the server at once: each partition starts at its own phase.
-        tokio::time::sleep(phase(self.partition, self.interval)).await;
+        let mut next = Instant::now() + phase(self.partition, self.interval) + self.interval;
         loop {
-            tokio::time::sleep(self.interval).await;
-            let next_horizon = self.last_sequence().await;
+            // Each sweep plans the records written `keep` before it (see `Rules::horizon`):
+            // sweeps follow a fixed schedule, so a record waits at most an interval and `keep`
+            // to be planned, whatever a sweep took.
+            tokio::time::sleep_until(next - keep).await;
+            let horizon = self.last_sequence().await;
+            tokio::time::sleep_until(next).await;
+            let mut log = SweepLog::default();
             let swept = match horizon {
-                Some(horizon) => self.sweep(&mut snapshots_from, horizon).await,
+                Some(horizon) => self.sweep(&mut snapshots_from, horizon, &mut log).await,
                 None => Ok(Swept::Done),
             };
-            horizon = next_horizon;
+            let took = next.elapsed();
+            let late = took >= self.interval;
+            metrics.purges.increment(log.sent as u64);
+            metrics.removed.increment(log.removed);
             match swept {
-                Ok(Swept::Done) => {}
+                Ok(Swept::Done) if late => metrics.late.increment(1),
+                Ok(Swept::Done) => metrics.done.increment(1),
                 Ok(Swept::Fenced) => return,
-                Err(e) => {
+                Err(ref e) => {
+                    metrics.failed.increment(1);
                     tracing::warn!(partition = self.partition, generation = self.fence.generation, error = %e, "compaction failed; trying again later");
                 }
             }
+            if log.sent > 0 {
+                metrics
+                    .purge_seconds
+                    .record(log.server.as_secs_f64() / log.sent as f64);
+            }
+            macro_rules! swept {
+                ($level:ident) => {
+                    tracing::$level!(
+                        partition = self.partition,
+                        generation = self.fence.generation,
+                        snapshots = log.snapshots,
+                        planned = log.planned,
+                        sent = log.sent,
+                        removed = log.removed,
+                        server_ms = log.server.as_secs_f64() * 1e3,
+                        slowest_ms = log.slowest.as_secs_f64() * 1e3,
+                        total_ms = took.as_secs_f64() * 1e3,
+                        above_horizon = log.above_horizon,
+                        late,
+                        "compaction sweep"
+                    )
+                };
+            }
+            if late {
+                swept!(info);
+            } else {
+                swept!(debug);
+            }
+            next = (next + self.interval).max(Instant::now() + keep);
         }
     }
 
@@ -95,7 +197,12 @@ impl Sweeper {
         }
     }
 
-    async fn sweep(&self, snapshots_from: &mut u64, horizon: u64) -> Result<Swept, Error> {
+    async fn sweep(
+        &self,
+        snapshots_from: &mut u64,
+        horizon: u64,
+        log: &mut SweepLog,
+    ) -> Result<Swept, Error> {
         let started = std::time::Instant::now();
         if !self.holds().await? {
             return Ok(Swept::Fenced);
@@ -115,11 +222,15 @@ impl Sweeper {
                 .dead_letter_retention
                 .and_then(|r| SystemTime::now().checked_sub(r)),
             horizon,
+            defer_timers_of_snapshotted: true,
         };
         let plan = compact::plan(&self.journal, &self.names, self.partition, &rules).await?;
-        let planned = started.elapsed();
-        let mut slowest = Duration::ZERO;
-        let mut purged = 0;
+        log.snapshots = plan.snapshots;
+        log.planned = plan.purges.len();
+        log.above_horizon = self
+            .last_sequence()
+            .await
+            .map_or(0, |last| last.saturating_sub(horizon));
         let pace = Pace::new(self.interval, self.budget);
         let mut took = Duration::ZERO;
         let (mut checked, mut since_check) = (std::time::Instant::now(), 0);
@@ -148,24 +259,16 @@ impl Sweeper {
                     .map(|purge| compact::purge(&self.journal, purge)),
             )
             .await?;
-            purged += done.iter().sum::<u64>();
             took = one.elapsed();
-            slowest = slowest.max(took);
+            log.removed += done.iter().sum::<u64>();
+            log.sent += end - index;
+            log.server += took;
+            log.slowest = log.slowest.max(took);
             since_check += end - index;
             index = end;
         }
         // Only once every snapshot read was acted on: a sweep cut short reads them again.
         *snapshots_from = plan.snapshots_next;
-        tracing::debug!(
-            partition = self.partition,
-            generation = self.fence.generation,
-            purges = plan.purges.len(),
-            purged,
-            plan_ms = planned.as_secs_f64() * 1e3,
-            total_ms = started.elapsed().as_secs_f64() * 1e3,
-            slowest_purge_ms = slowest.as_secs_f64() * 1e3,
-            "compacted"
-        );
         Ok(Swept::Done)
     }
 
@@ -188,6 +291,17 @@ impl Sweeper {
 fn phase(partition: u32, interval: Duration) -> Duration {
     interval.mul_f64((f64::from(partition) * 0.618_033_988_749_895).fract())
 }
+
+/// How long before a sweep its horizon is read: the records written in that time wait for the
+/// next sweep, so that every record stays at least this long (what copies or reads the
+/// journal, a mirror, a backup, a projection, has that long to see it). An interval, at most
+/// [`KEEP_AT_MOST`].
+fn keep(interval: Duration) -> Duration {
+    interval.min(KEEP_AT_MOST)
+}
+
+/// The longest a record is kept from compaction once written (see [`keep`]).
+const KEEP_AT_MOST: Duration = Duration::from_secs(2);
 
 /// The fence is read again before the first purge, then after this many purges or this long.
 const FENCE_EVERY: usize = 32;
@@ -267,6 +381,12 @@ mod tests {
             Pace::new(ms(200), 1).gap(ms(0), 3, ms(1)),
             ms(66) + Duration::from_nanos(666_666)
         );
+    }
+
+    #[test]
+    fn records_are_kept_an_interval_at_most_two_seconds() {
+        assert_eq!(keep(Duration::from_millis(200)), Duration::from_millis(200));
+        assert_eq!(keep(Duration::from_secs(30)), KEEP_AT_MOST);
     }
 
     #[test]
