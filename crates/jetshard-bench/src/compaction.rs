@@ -10,8 +10,9 @@
 //!
 //! (b) The acquisition's timer read: 1,000 entities, one timer armed each, after (i) nothing
 //! else, (ii) 100,000 timers set and cancelled before (compaction off), (iii) the same,
-//! compacted. Figures: the timer records left on `<t>.tmr.>` and the time to read them as a new
-//! owner's timer scan does (one ordered consumer over the filter).
+//! compacted; the three journals side by side, read in alternated rounds. Figures: the timer
+//! records left and the time to read them with a new owner's filter (`<t>.tmr.<p>.*`, one
+//! ordered consumer per partition, the 8 in turn) and with one consumer over `<t>.tmr.>`.
 //!
 //! (c) With `--compaction-purge-cost true`, what one purge costs the server ([`crate::purge`]).
 
@@ -133,32 +134,11 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     if options.compaction_rounds > 0 {
         long_runs(options, report, &mut details).await?;
     }
-    let mut reads = Vec::new();
-    let timer_cases = if options.compaction_timer_reads {
-        &TIMER_CASES[..]
+    let reads = if options.compaction_timer_reads {
+        timer_reads(report).await?
     } else {
-        &[]
+        Vec::new()
     };
-    for &(case, churned, compacted) in timer_cases {
-        eprintln!("compaction: timer read, {case}");
-        let (records, [cold, warm]) = timer_read(churned, compacted).await?;
-        eprintln!(
-            "compaction: timer read, {case}: {records} records, {cold:.1} ms, again {warm:.1} ms"
-        );
-        report.rows.push(Row::new(
-            "compaction",
-            format!("the acquisition's timer read, {case}: {records} records"),
-            cold,
-            "ms",
-        ));
-        report.rows.push(Row::new(
-            "compaction",
-            format!("the same read again, {case}"),
-            warm,
-            "ms",
-        ));
-        reads.push(json!({"case": case, "records": records, "read_ms": cold, "again_ms": warm}));
-    }
     details.insert("timer_reads".to_owned(), json!(reads));
     if options.compaction_purge_cost {
         let costs = crate::purge::run(report).await?;
@@ -459,17 +439,23 @@ async fn long_run(options: &Options, compaction: bool) -> anyhow::Result<LongRun
 const TIMER_ENTITIES: usize = 1_000;
 const CHURN_PER_COMMAND: u32 = 50;
 const CHURN_COMMANDS: u32 = 2;
+/// Partitions of (b)'s journal.
+const TIMER_PARTITIONS: u32 = 8;
 
-/// Sets up (b)'s journal and reads its timer records as a new owner's timer scan does: the
-/// records read and the time taken, ms.
-async fn timer_read(churned: bool, compacted: bool) -> anyhow::Result<(usize, [f64; 2])> {
+/// (b)'s journal on a fresh server: the server (stopped when dropped) and the journal.
+async fn timer_journal(
+    churned: bool,
+    compacted: bool,
+) -> anyhow::Result<(NatsServer, async_nats::jetstream::stream::Stream<()>)> {
     let server = NatsServer::start().await.context("start nats-server")?;
     let control = server.connect().await?;
     let js = async_nats::jetstream::new(control.clone());
-    let system =
-        ShardSystem::start::<CompactionEntity>(server.connect().await?, config(8, 100, None, 1)?)
-            .await
-            .context("start the shard system")?;
+    let system = ShardSystem::start::<CompactionEntity>(
+        server.connect().await?,
+        config(TIMER_PARTITIONS, 100, None, 1)?,
+    )
+    .await
+    .context("start the shard system")?;
     let ids: Vec<String> = (0..TIMER_ENTITIES).map(|i| format!("t{i}")).collect();
     let mut window = AckWindow::default();
     let mut send = async |id: &str, command: &CompactionCmd| -> anyhow::Result<()> {
@@ -508,18 +494,107 @@ async fn timer_read(churned: bool, compacted: bool) -> anyhow::Result<(usize, [f
         .get_stream_no_info(JOURNAL)
         .await
         .context("open the journal")?;
-    let reader = JournalReader::new(journal, ENTITY_TYPE);
-    // Read twice: the first read finds the server's caches cold, the second warm.
-    let mut times = [0.0; 2];
-    let mut records = 0;
-    for time in &mut times {
-        let started = tokio::time::Instant::now();
-        records = reader
-            .subject(&format!("{ENTITY_TYPE}.tmr.>"))
-            .await
-            .context("read the timer records")?
-            .len();
-        *time = started.elapsed().as_secs_f64() * 1e3;
+    Ok((server, journal))
+}
+
+/// Rounds of (b)'s reads, alternated over the cases.
+const TIMER_READ_ROUNDS: usize = 3;
+
+/// (b): the cases' journals set up side by side (each on its own server), then read in
+/// [`TIMER_READ_ROUNDS`] rounds alternated over the cases, two ways each: partition by
+/// partition (`<t>.tmr.<p>.*`, one ordered consumer each, in turn: the filter of a new owner's
+/// timer scan, `armed_in_partition`, summed over the 8 partitions) and with one consumer over
+/// the whole type (`<t>.tmr.>`, the read stop 29 measured). Rows: the medians.
+async fn timer_reads(report: &mut Report) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut cases = Vec::new();
+    for &(case, churned, compacted) in &TIMER_CASES {
+        eprintln!("compaction: timer read, {case}: setting up");
+        let (server, journal) = timer_journal(churned, compacted).await?;
+        // What the server's blocks hold on disk (interior deletes keep their bytes until the
+        // server compacts the block).
+        let disk: u64 = walk(server.store_dir())
+            .iter()
+            .filter(|path| path.extension().is_some_and(|e| e == "blk"))
+            .map(|path| std::fs::metadata(path).map_or(0, |m| m.len()))
+            .sum();
+        cases.push((case, server, journal, disk));
     }
-    Ok((records, times))
+    let mut times = vec![[Vec::new(), Vec::new()]; cases.len()];
+    let mut records = vec![[0; 2]; cases.len()];
+    for round in 0..TIMER_READ_ROUNDS {
+        for (c, (case, _, journal, _)) in cases.iter().enumerate() {
+            let reader = JournalReader::new(journal.clone(), ENTITY_TYPE);
+            let started = tokio::time::Instant::now();
+            let mut found = 0;
+            for partition in 0..TIMER_PARTITIONS {
+                found += reader
+                    .subject(&format!("{ENTITY_TYPE}.tmr.{partition}.*"))
+                    .await
+                    .context("read a partition's timer records")?
+                    .len();
+            }
+            let by_partition = started.elapsed().as_secs_f64() * 1e3;
+            records[c][0] = found;
+            let started = tokio::time::Instant::now();
+            records[c][1] = reader
+                .subject(&format!("{ENTITY_TYPE}.tmr.>"))
+                .await
+                .context("read the timer records")?
+                .len();
+            let whole = started.elapsed().as_secs_f64() * 1e3;
+            eprintln!(
+                "compaction: timer read {round}, {case}: {found} records by partition \
+                 {by_partition:.1} ms, {} over the type {whole:.1} ms",
+                records[c][1]
+            );
+            times[c][0].push(by_partition);
+            times[c][1].push(whole);
+        }
+    }
+    let mut reads = Vec::new();
+    for (c, (case, _, _, disk)) in cases.iter().enumerate() {
+        let [by_partition, whole] = [0, 1].map(|w| {
+            let mut t = times[c][w].clone();
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
+        });
+        let [found, _] = records[c];
+        eprintln!(
+            "compaction: timer read, {case}: {found} records, {disk} bytes of blocks on disk; \
+             medians: by partition {by_partition:.1} ms, over the type {whole:.1} ms"
+        );
+        report.rows.push(Row::new(
+            "compaction",
+            format!("the acquisition's timer read, 8 partitions in turn, {case}: {found} records"),
+            by_partition,
+            "ms",
+        ));
+        report.rows.push(Row::new(
+            "compaction",
+            format!("the timer read over the whole type (`<t>.tmr.>`), {case}"),
+            whole,
+            "ms",
+        ));
+        reads.push(json!({
+            "case": case, "records": found, "block_bytes_on_disk": disk,
+            "by_partition_ms": times[c][0], "whole_type_ms": times[c][1],
+        }));
+    }
+    Ok(reads)
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                out.extend(walk(&path));
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
 }
