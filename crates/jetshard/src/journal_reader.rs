@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::Context;
-use async_nats::jetstream::consumer::pull;
+use async_nats::jetstream::consumer::{Consumer, pull};
 use async_nats::jetstream::stream::Stream;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -333,6 +333,21 @@ impl JournalReader {
             .create_consumer(config)
             .await
             .map_err(|e| Error::jetstream(format!("read {what}"), e))?;
+        let name = consumer.cached_info().name.clone();
+        let read = self.read_from(consumer, &what).await;
+        // A reader called again and again (a dashboard polling dead letters) would otherwise
+        // leave a consumer per read on the stream until each expires, up to the stream's limit.
+        if let Err(e) = self.journal.delete_consumer(&name).await {
+            tracing::debug!(%what, error = %e, "read consumer not deleted; it expires");
+        }
+        read
+    }
+
+    async fn read_from(
+        &self,
+        consumer: Consumer<pull::OrderedConfig>,
+        what: &str,
+    ) -> Result<Vec<JournalRecord>, Error> {
         let mut records = Vec::new();
         if consumer.cached_info().num_pending == 0 {
             return Ok(records);
@@ -375,7 +390,42 @@ impl JournalReader {
 
 #[cfg(test)]
 mod tests {
+    use jetshard_testkit::NatsServer;
+
     use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_read_leaves_no_consumer_on_the_journal() {
+        let server = NatsServer::start().await.expect("start nats-server");
+        let js = async_nats::jetstream::new(server.connect().await.expect("connect"));
+        let names = Names::new("t");
+        let mut journal = js
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: names.journal_stream().to_owned(),
+                subjects: vec![names.all_subjects()],
+                ..Default::default()
+            })
+            .await
+            .expect("create the journal");
+        js.publish(
+            names.event_subject(0, &crate::EntityId::new("a").unwrap()),
+            "e".into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+        let reader = JournalReader::open(&js, "t").await.expect("open");
+        for _ in 0..3 {
+            assert_eq!(reader.all().await.expect("read").len(), 1);
+            assert!(reader.dead_letters().await.expect("read").is_empty());
+        }
+        let info = journal.info().await.expect("stream info");
+        assert_eq!(
+            info.state.consumer_count, 0,
+            "every read deleted its consumer"
+        );
+    }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut headers = HeaderMap::new();
