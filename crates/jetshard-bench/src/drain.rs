@@ -229,6 +229,9 @@ pub async fn timed_passes_with(
         let delivered_before = deliveries(control, spec.partitions).await?;
         let cpu = CpuMeter::start(server_pids);
         let allocated = allocs::now();
+        if pass == 1 && std::env::var_os("BENCH_LARGE_ALLOC_TRACE").is_some() {
+            allocs::TRACE.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let started = Instant::now();
         match hold {
             Some(bare) => bare.hold(true).await?,
@@ -248,6 +251,7 @@ pub async fn timed_passes_with(
         let acknowledged = (spec.commands as u64).saturating_sub(drained.remaining);
         let cpu = cpu.spent();
         let allocated = allocs::now().since(allocated);
+        allocs::TRACE.store(false, std::sync::atomic::Ordering::Relaxed);
         let delivered = deliveries(control, spec.partitions)
             .await?
             .saturating_sub(delivered_before);
@@ -265,7 +269,7 @@ pub async fn timed_passes_with(
         };
         let per_command = |n: u64| n as f64 / spec.commands as f64;
         eprintln!(
-            "  pass {pass}: {:.0} cmd/s, server {:.1} us/cmd, client {:.1} us/cmd, {:.1} allocs / {:.0} B per cmd (by size <64 B, <256, <1K, <4K, <16K, more: {})",
+            "  pass {pass}: {:.0} cmd/s, server {:.1} us/cmd, client {:.1} us/cmd, {:.1} allocs / {:.0} B per cmd (by size <64 B, <256, <1K, <4K, <16K, more: {}; over {} B: {:.3}; reallocs {:.2})",
             done.rate,
             done.server_us_per_command(spec.commands),
             done.client_us_per_command(spec.commands),
@@ -274,7 +278,10 @@ pub async fn timed_passes_with(
             allocated
                 .sizes
                 .map(|n| format!("{:.1}", per_command(n)))
-                .join(" / ")
+                .join(" / "),
+            allocs::SMALL_BIN_LIMIT,
+            per_command(allocated.large),
+            per_command(allocated.reallocs),
         );
         passes.push(done);
         if drained.remaining > 0 {

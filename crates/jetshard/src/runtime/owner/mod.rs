@@ -54,7 +54,7 @@ use crate::entity::{Entity, EntityId};
 use crate::health::PartitionHealth;
 use crate::journal::fence;
 use crate::runtime::entity_actor::EntityReport;
-use crate::runtime::pin::{self, Delivery, PinSignal, PullSettings};
+use crate::runtime::pin::{self, Burst, Delivery, PinSignal, PullSettings};
 use crate::runtime::timer::Timers;
 use crate::telemetry::PartitionMetrics;
 use crate::wire::Names;
@@ -155,7 +155,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
         state: &mut OwnerState<E>,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            OwnerMsg::Pin(PinSignal::Delivered(deliveries)) => {
+            OwnerMsg::Pin(PinSignal::Delivered(Burst { deliveries, spare })) => {
                 // The new entities of the burst load together (`route::plan_batch_loads`),
                 // planned once the owner owns the partition (a burst may begin by taking it).
                 let mut deliveries = std::collections::VecDeque::from(deliveries);
@@ -178,6 +178,8 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 if let Some(o) = state.phase.owning() {
                     o.batch_loads.clear();
                 }
+                // Empty: its room serves the pull loop's next burst.
+                spare.give_back(Vec::from(deliveries));
             }
             OwnerMsg::Pin(PinSignal::Lost { pin }) => {
                 state.step_down_under(&pin, StepDown::PinLost).await

@@ -43,7 +43,7 @@ pub(crate) enum PinSignal {
     /// Commands were delivered, in the order the server sent them: every delivery that had
     /// arrived by the time the loop looked (one message to the owner per burst, not per
     /// command; at most [`MAX_DELIVERIES_PER_SIGNAL`]).
-    Delivered(Vec<Delivery>),
+    Delivered(Burst),
     /// The server refused a pull carrying `pin`: another process holds the partition now.
     Lost { pin: Arc<str> },
     /// A delivery under `pin` never arrived (the consumer's delivery counter jumped): later
@@ -56,6 +56,45 @@ pub(crate) enum PinSignal {
     /// The loop has ended (its subscription closed, or the client failed): nothing more will be
     /// delivered here until a new loop is started.
     Ended { reason: String },
+}
+
+/// One burst of deliveries, and where the owner hands the emptied vector back.
+pub(crate) struct Burst {
+    /// In the order the server sent them.
+    pub(crate) deliveries: Vec<Delivery>,
+    /// Give the emptied `deliveries` back here: the loop's next burst fills it again.
+    pub(crate) spare: Spare,
+}
+
+/// The emptied vector of a burst, handed back by the owner for the pull loop's next burst. A new
+/// vector per burst (a delivery is ~200 bytes, so any burst of five or more) was a request over
+/// glibc's small-bin limit, each a `malloc_consolidate` (issue 22). One vector of at most
+/// [`MAX_DELIVERIES_PER_SIGNAL`] deliveries is kept per pull loop.
+#[derive(Clone, Default)]
+pub(crate) struct Spare(Arc<std::sync::Mutex<Vec<Delivery>>>);
+
+impl Spare {
+    /// Keeps `emptied`'s room for the next burst, if it is larger than the room kept already.
+    pub(crate) fn give_back(&self, mut emptied: Vec<Delivery>) {
+        emptied.clear();
+        let mut spare = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if spare.capacity() < emptied.capacity() {
+            *spare = emptied;
+        }
+    }
+
+    /// The room kept (an empty vector, perhaps without room).
+    fn take(&self) -> Vec<Delivery> {
+        std::mem::take(
+            &mut *self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
 }
 
 /// At most this many deliveries go to the owner in one [`PinSignal::Delivered`].
@@ -176,12 +215,17 @@ async fn run(
     // block larger (issue 22: `pin::run` under `malloc_consolidate`); none is kept while idle.
     // (An atomic, not a `Cell`: the loop's future is sent between threads.)
     let last_burst = std::sync::atomic::AtomicUsize::new(0);
+    // The owner gives each burst's vector back here, so that bursts reuse one.
+    let spare = Spare::default();
     let flush = |delivered: &mut Vec<Delivery>| {
         if delivered.is_empty() {
             return true;
         }
         last_burst.store(delivered.len(), Ordering::Relaxed);
-        sink(PinSignal::Delivered(std::mem::take(delivered)))
+        sink(PinSignal::Delivered(Burst {
+            deliveries: std::mem::take(delivered),
+            spare: spare.clone(),
+        }))
     };
 
     loop {
@@ -343,6 +387,7 @@ async fn run(
                     trace,
                 };
                 if delivered.capacity() == 0 {
+                    delivered = spare.take();
                     delivered.reserve(
                         last_burst
                             .load(Ordering::Relaxed)
@@ -398,5 +443,22 @@ mod tests {
                 .unwrap();
         assert_eq!(pinned["id"], "abc");
         assert_eq!(pinned["batch"], 10);
+    }
+
+    /// The owner's emptied burst comes back to the pull loop with its room: the next burst
+    /// allocates nothing (a new vector per burst was a large allocation: issue 22).
+    #[test]
+    fn a_bursts_vector_is_reused_by_the_next() {
+        let spare = Spare::default();
+        assert_eq!(spare.take().capacity(), 0);
+        let burst: Vec<Delivery> = Vec::with_capacity(MAX_DELIVERIES_PER_SIGNAL);
+        let room = burst.as_ptr();
+        spare.give_back(burst);
+        // A smaller vector does not replace the larger room.
+        spare.give_back(Vec::with_capacity(4));
+        let next = spare.take();
+        assert_eq!(next.as_ptr(), room);
+        assert!(next.capacity() >= MAX_DELIVERIES_PER_SIGNAL);
+        assert_eq!(spare.take().capacity(), 0, "taken once");
     }
 }
