@@ -20,30 +20,11 @@ static REALLOCS: AtomicU64 = AtomicU64::new(0);
 /// (`malloc_consolidate`), a cost per request that grows with the heap's churn (issue 22).
 pub const SMALL_BIN_LIMIT: usize = 1000;
 
-/// TEMPORARY: print a backtrace of every 53rd large allocation while set.
-pub static TRACE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-thread_local! {
-    static IN_TRACE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-fn trace(size: usize) {
-    let Ok(false) = IN_TRACE.try_with(|t| t.replace(true)) else {
-        return;
-    };
-    let bt = std::backtrace::Backtrace::force_capture();
-    eprintln!("LARGE-ALLOC {size}\n{bt}\nEND-LARGE-ALLOC");
-    let _ = IN_TRACE.try_with(|t| t.set(false));
-}
-
 fn count(size: usize) {
     ALLOCS.fetch_add(1, Ordering::Relaxed);
     BYTES.fetch_add(size as u64, Ordering::Relaxed);
     if size > SMALL_BIN_LIMIT {
-        let n = LARGE.fetch_add(1, Ordering::Relaxed);
-        if TRACE.load(Ordering::Relaxed) && n % 53 == 0 {
-            trace(size);
-        }
+        LARGE.fetch_add(1, Ordering::Relaxed);
     }
     let bucket = match size {
         0..64 => 0,

@@ -229,9 +229,6 @@ pub async fn timed_passes_with(
         let delivered_before = deliveries(control, spec.partitions).await?;
         let cpu = CpuMeter::start(server_pids);
         let allocated = allocs::now();
-        if pass == 1 && std::env::var_os("BENCH_LARGE_ALLOC_TRACE").is_some() {
-            allocs::TRACE.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
         let started = Instant::now();
         match hold {
             Some(bare) => bare.hold(true).await?,
@@ -251,7 +248,6 @@ pub async fn timed_passes_with(
         let acknowledged = (spec.commands as u64).saturating_sub(drained.remaining);
         let cpu = cpu.spent();
         let allocated = allocs::now().since(allocated);
-        allocs::TRACE.store(false, std::sync::atomic::Ordering::Relaxed);
         let delivered = deliveries(control, spec.partitions)
             .await?
             .saturating_sub(delivered_before);

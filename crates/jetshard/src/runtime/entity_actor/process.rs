@@ -544,5 +544,20 @@ mod tests {
         });
         eprintln!("process future: {size} bytes");
         assert!(size <= 1000, "a command's future is {size} bytes");
+        // What the actor boxes is that future in its tracing span.
+        let boxed = future_size(|| {
+            tracing::Instrument::instrument(
+                process::<Counter>(
+                    unreachable!(),
+                    unreachable!(),
+                    unreachable!(),
+                    unreachable!(),
+                    unreachable!(),
+                ),
+                tracing::Span::none(),
+            )
+        });
+        eprintln!("boxed command future: {boxed} bytes");
+        assert!(boxed <= 1000, "a command's boxed future is {boxed} bytes");
     }
 }

@@ -66,34 +66,37 @@ pub(crate) struct Burst {
     pub(crate) spare: Spare,
 }
 
-/// The emptied vector of a burst, handed back by the owner for the pull loop's next burst. A new
-/// vector per burst (a delivery is ~200 bytes, so any burst of five or more) was a request over
-/// glibc's small-bin limit, each a `malloc_consolidate` (issue 22). One vector of at most
-/// [`MAX_DELIVERIES_PER_SIGNAL`] deliveries is kept per pull loop.
+/// The emptied vectors of bursts, handed back by the owner for the pull loop's next bursts. A
+/// new vector per burst (a delivery is ~200 bytes, so any burst of five or more) was a request
+/// over glibc's small-bin limit, each a `malloc_consolidate` (issue 22). At most
+/// [`SPARE_BURSTS`] vectors of at most [`MAX_DELIVERIES_PER_SIGNAL`] deliveries are kept per
+/// pull loop (the owner may hold a burst or two while the loop fills the next).
 #[derive(Clone, Default)]
-pub(crate) struct Spare(Arc<std::sync::Mutex<Vec<Delivery>>>);
+pub(crate) struct Spare(Arc<std::sync::Mutex<Vec<Vec<Delivery>>>>);
+
+/// How many emptied burst vectors a pull loop keeps.
+const SPARE_BURSTS: usize = 3;
 
 impl Spare {
-    /// Keeps `emptied`'s room for the next burst, if it is larger than the room kept already.
+    /// Keeps `emptied`'s room for a next burst, unless enough is kept already.
     pub(crate) fn give_back(&self, mut emptied: Vec<Delivery>) {
         emptied.clear();
         let mut spare = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if spare.capacity() < emptied.capacity() {
-            *spare = emptied;
+        if spare.len() < SPARE_BURSTS && emptied.capacity() > 0 {
+            spare.push(emptied);
         }
     }
 
-    /// The room kept (an empty vector, perhaps without room).
+    /// Room kept (an empty vector, perhaps without room).
     fn take(&self) -> Vec<Delivery> {
-        std::mem::take(
-            &mut *self
-                .0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
+        let mut spare = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        spare.pop().unwrap_or_default()
     }
 }
 
@@ -454,11 +457,15 @@ mod tests {
         let burst: Vec<Delivery> = Vec::with_capacity(MAX_DELIVERIES_PER_SIGNAL);
         let room = burst.as_ptr();
         spare.give_back(burst);
-        // A smaller vector does not replace the larger room.
-        spare.give_back(Vec::with_capacity(4));
         let next = spare.take();
         assert_eq!(next.as_ptr(), room);
         assert!(next.capacity() >= MAX_DELIVERIES_PER_SIGNAL);
         assert_eq!(spare.take().capacity(), 0, "taken once");
+        // No more than `SPARE_BURSTS` are kept.
+        for _ in 0..SPARE_BURSTS + 2 {
+            spare.give_back(Vec::with_capacity(8));
+        }
+        let kept = std::iter::from_fn(|| Some(spare.take()).filter(|v| v.capacity() > 0));
+        assert_eq!(kept.count(), SPARE_BURSTS);
     }
 }
