@@ -10,10 +10,22 @@ static ALLOCS: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
 /// Allocations by size: under 64 B, 256 B, 1 KiB, 4 KiB, 16 KiB, and larger.
 static SIZES: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+/// Allocations (and reallocations) of more than [`SMALL_BIN_LIMIT`] bytes.
+static LARGE: AtomicU64 = AtomicU64::new(0);
+/// Reallocations.
+static REALLOCS: AtomicU64 = AtomicU64::new(0);
+
+/// The largest request glibc serves from its small bins on x86-64 (a chunk under 1,024 bytes):
+/// a larger one, when its tcache is empty, first merges every free fast-bin chunk
+/// (`malloc_consolidate`), a cost per request that grows with the heap's churn (issue 22).
+pub const SMALL_BIN_LIMIT: usize = 1000;
 
 fn count(size: usize) {
     ALLOCS.fetch_add(1, Ordering::Relaxed);
     BYTES.fetch_add(size as u64, Ordering::Relaxed);
+    if size > SMALL_BIN_LIMIT {
+        LARGE.fetch_add(1, Ordering::Relaxed);
+    }
     let bucket = match size {
         0..64 => 0,
         64..256 => 1,
@@ -49,6 +61,7 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count(new_size);
+        REALLOCS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: as above.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -64,6 +77,10 @@ pub struct Allocated {
     pub bytes: u64,
     /// Allocations by size: under 64 B, 256 B, 1 KiB, 4 KiB, 16 KiB, and larger.
     pub sizes: [u64; 6],
+    /// Allocations (and reallocations) of more than [`SMALL_BIN_LIMIT`] bytes.
+    pub large: u64,
+    /// Reallocations (also counted in `allocs`).
+    pub reallocs: u64,
 }
 
 /// The counters now.
@@ -72,6 +89,8 @@ pub fn now() -> Allocated {
         allocs: ALLOCS.load(Ordering::Relaxed),
         bytes: BYTES.load(Ordering::Relaxed),
         sizes: std::array::from_fn(|i| SIZES[i].load(Ordering::Relaxed)),
+        large: LARGE.load(Ordering::Relaxed),
+        reallocs: REALLOCS.load(Ordering::Relaxed),
     }
 }
 
@@ -82,6 +101,8 @@ impl Allocated {
             allocs: self.allocs.saturating_sub(earlier.allocs),
             bytes: self.bytes.saturating_sub(earlier.bytes),
             sizes: std::array::from_fn(|i| self.sizes[i].saturating_sub(earlier.sizes[i])),
+            large: self.large.saturating_sub(earlier.large),
+            reallocs: self.reallocs.saturating_sub(earlier.reallocs),
         }
     }
 }

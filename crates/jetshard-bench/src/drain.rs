@@ -269,7 +269,7 @@ pub async fn timed_passes_with(
         };
         let per_command = |n: u64| n as f64 / spec.commands as f64;
         eprintln!(
-            "  pass {pass}: {:.0} cmd/s, server {:.1} us/cmd, client {:.1} us/cmd, {:.1} allocs / {:.0} B per cmd (by size <64 B, <256, <1K, <4K, <16K, more: {})",
+            "  pass {pass}: {:.0} cmd/s, server {:.1} us/cmd, client {:.1} us/cmd, {:.1} allocs / {:.0} B per cmd (by size <64 B, <256, <1K, <4K, <16K, more: {}; over {} B: {:.3}; reallocs {:.2})",
             done.rate,
             done.server_us_per_command(spec.commands),
             done.client_us_per_command(spec.commands),
@@ -278,7 +278,10 @@ pub async fn timed_passes_with(
             allocated
                 .sizes
                 .map(|n| format!("{:.1}", per_command(n)))
-                .join(" / ")
+                .join(" / "),
+            allocs::SMALL_BIN_LIMIT,
+            per_command(allocated.large),
+            per_command(allocated.reallocs),
         );
         if let Some(messages) = messages {
             eprintln!(

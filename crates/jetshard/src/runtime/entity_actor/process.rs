@@ -533,7 +533,7 @@ mod tests {
     #[test]
     #[allow(unreachable_code, clippy::diverging_sub_expression)]
     fn a_command_future_is_a_small_allocation() {
-        let size = future_size(|| {
+        let make = || {
             process::<Counter>(
                 unreachable!(),
                 unreachable!(),
@@ -541,8 +541,13 @@ mod tests {
                 unreachable!(),
                 unreachable!(),
             )
-        });
+        };
+        let size = future_size(make);
         eprintln!("process future: {size} bytes");
         assert!(size <= 1000, "a command's future is {size} bytes");
+        // What the actor boxes is that future in its tracing span.
+        let boxed = future_size(|| tracing::Instrument::instrument(make(), tracing::Span::none()));
+        eprintln!("boxed command future: {boxed} bytes");
+        assert!(boxed <= 1000, "a command's boxed future is {boxed} bytes");
     }
 }
