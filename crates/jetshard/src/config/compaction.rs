@@ -10,7 +10,7 @@ impl ShardConfigBuilder {
     /// and older snapshots its latest snapshot covers, the outbox records of confirmed
     /// messages, the timer records of timers no longer armed, dead letters past
     /// [`dead_letter_retention`]), by the rules of [`Admin::compact`], off the command path,
-    /// its purges paced (spread over half the interval, at most [`compaction_budget`] per
+    /// its purges paced (spread over 80% of the interval, at most [`compaction_budget`] per
     /// 100 ms, a pause of 4 times each purge's time after it; faster only when a sweep would
     /// not otherwise be done within the interval, 4 purges at a time once past it). Each partition sweeps at its own phase of
     /// the interval, on a fixed schedule (a sweep past its interval delays the next), and plans
@@ -40,7 +40,7 @@ impl ShardConfigBuilder {
     }
 
     /// How many purge requests an owner's background compaction sends per 100 ms at most
-    /// (default 8; at least 1), one at a time: a sweep spreads its purges over half its
+    /// (default 8; at least 1), one at a time: a sweep spreads its purges over 80% of its
     /// interval, so this caps only a sweep with more than the budget allows in that time. A
     /// sweep that would not be done within its interval at this rate sends faster, so that
     /// the journal stays bounded at any write rate (one purge per entity snapshotted since

@@ -1,7 +1,7 @@
 //! Each owner's background compaction: every `compaction_interval`, a task of the owner plans
 //! what its partition's journal no longer needs (`journal::compact::plan`, the rules
 //! `Admin::compact` follows, plus dead letters past their retention) and purges it one request
-//! at a time, paced ([`Pace`]): spread over half the interval, at most `compaction_budget` per
+//! at a time, paced ([`Pace`]): spread over [`SPREAD_PERCENT`] of the interval, at most `compaction_budget` per
 //! [`TICK`], a pause of [`RELIEF`] times each purge's time after it, faster only when the sweep
 //! would not otherwise be done within the interval, [`CATCH_UP`] at a time once past it. It
 //! re-reads the partition's fence before the first purge and every [`FENCE_EVERY`] purges or
@@ -315,12 +315,17 @@ const CATCH_UP: usize = 4;
 /// schedule allows (a busy server answers slowly, so the sweep slows down with it).
 const RELIEF: u32 = 4;
 
-/// A sweep's pacing: its purges spread evenly over half the interval (not sent in bursts),
+/// A sweep's pacing: its purges spread evenly over [`SPREAD_PERCENT`] of the interval (not sent in bursts),
 /// never faster than `budget` per [`TICK`] and after each purge a pause of [`RELIEF`] times
 /// what it took, unless the sweep would then not be done within the interval: a backlog is
 /// purged as fast as it needs to be, so that the journal stays bounded at any write rate (a
 /// sweep's purges grow with the entities snapshotted in an interval, each purge taking all of
 /// an entity's records behind its snapshot) and sweeps never queue behind each other.
+/// The share of the interval a sweep's purges are spread over: the thinner, the fewer commands
+/// meet a purge on the server (R3 at 300 cmd/s, one run each: command p99 1.22x compaction off
+/// over 80%, 1.71x over half), with a fifth of the interval left for a slow server.
+const SPREAD_PERCENT: u32 = 80;
+
 #[derive(Debug, Clone, Copy)]
 struct Pace {
     interval: Duration,
@@ -340,7 +345,7 @@ impl Pace {
     /// (this one included) left, the last one having taken `took`.
     fn gap(&self, elapsed: Duration, remaining: usize, took: Duration) -> Duration {
         let remaining = u32::try_from(remaining).unwrap_or(u32::MAX).max(1);
-        let spread = (self.interval / 2).saturating_sub(elapsed) / remaining;
+        let spread = (self.interval * SPREAD_PERCENT / 100).saturating_sub(elapsed) / remaining;
         let latest = self.interval.saturating_sub(elapsed) / remaining;
         spread
             .max(self.floor)
@@ -354,23 +359,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn purges_are_spread_over_half_the_interval_and_hurried_only_by_a_backlog() {
+    fn purges_are_spread_over_most_of_the_interval_and_hurried_only_by_a_backlog() {
         let pace = Pace::new(Duration::from_secs(30), 8);
         let ms = Duration::from_millis;
-        // 10 purges: one every 1.5 s, not 8 per 100 ms.
-        assert_eq!(pace.gap(ms(0), 10, ms(1)), ms(1_500));
-        // Late in the sweep: what is left of the half interval, spread.
-        assert_eq!(pace.gap(ms(14_000), 10, ms(1)), ms(100));
-        // Past half the interval: the budget's rate (8 per 100 ms).
+        // 10 purges: one every 2.4 s (80% of the interval), not 8 per 100 ms.
+        assert_eq!(pace.gap(ms(0), 10, ms(1)), ms(2_400));
+        // Late in the sweep: what is left of the 24 s, spread.
+        assert_eq!(pace.gap(ms(23_000), 10, ms(1)), ms(100));
+        // Past the 24 s: the budget's rate (8 per 100 ms).
         assert_eq!(
-            pace.gap(ms(16_000), 10, ms(1)),
+            pace.gap(ms(25_000), 10, ms(1)),
             ms(12) + Duration::from_micros(500)
         );
         // A slow purge (a busy server): four times its time to the commands.
-        assert_eq!(pace.gap(ms(16_000), 10, ms(50)), ms(200));
+        assert_eq!(pace.gap(ms(25_000), 10, ms(50)), ms(200));
         // Unless the sweep would not end within the interval: a backlog goes as fast as it
         // needs.
-        assert_eq!(pace.gap(ms(16_000), 1_000, ms(50)), ms(14));
+        assert_eq!(pace.gap(ms(25_000), 1_000, ms(50)), ms(5));
         assert_eq!(
             pace.gap(ms(29_000), 100_000, ms(1)),
             ms(0) + Duration::from_micros(10)
