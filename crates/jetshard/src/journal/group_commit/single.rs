@@ -1,84 +1,17 @@
-//! The single-record write: a command's one record published on its own and answered on the
-//! writer's reply subscription ([`Acks`]), on a single server straight from the submitter's
-//! task ([`GroupCommit::write_unit`]), and the [`Committer`] both paths share.
+//! The [`Committer`]'s single-record write: a command's one record published on its own and
+//! answered on the writer's reply subscription ([`Acks`]), on a single server straight from the
+//! submitter's task ([`GroupCommit::write_unit`](super::GroupCommit::write_unit)).
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use async_nats::jetstream::context::Context;
 use futures::FutureExt;
 use futures::future::Either;
-use tokio::sync::oneshot;
 
 use super::acks::{Acks, Answer};
-use super::{
-    CommitStats, GroupCommit, Outgoing, Refusal, Unit, WRONG_LAST_SEQUENCE,
-    WRONG_LAST_SEQUENCE_IN_FLIGHT,
+use super::committer::{
+    Committer, Outgoing, Refusal, Unit, WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_IN_FLIGHT,
 };
 use crate::journal::server::WriteError;
-use crate::telemetry::CommitMetrics;
-
-impl GroupCommit {
-    /// Makes `records` durable, all or none; the journal sequence of the last (0 if the server
-    /// had them already).
-    ///
-    /// A record over the server's `max_payload` is refused here: in a batch it would spoil the
-    /// other commands' writes.
-    pub(super) async fn write_unit(&self, records: Vec<Outgoing>) -> Result<u64, WriteError> {
-        let max_payload = self.client.max_payload();
-        let mut bytes = 0;
-        for record in &records {
-            let len = record.wire_len();
-            if len > max_payload {
-                return Err(WriteError::Refused(format!(
-                    "a record of {len} bytes is over the server's max_payload of {max_payload}"
-                )));
-            }
-            bytes += len;
-        }
-        if let (Some(committer), [_]) = (&self.direct, records.as_slice()) {
-            // Boxed apart: async-nats' JetStream publish future alone was 848 bytes (release;
-            // the publish is now `Acks`', smaller). Within the command's future, which the
-            // entity actor boxes, it made that allocation 1.4 KB:
-            // over the largest request glibc serves from its small bins (1,000 bytes), so each
-            // one first merged the free fast-bin chunks (`malloc_consolidate`, 13% of the
-            // client's CPU). Two allocations under the limit cost less (issue 22,
-            // docs/PERFORMANCE.md).
-            return Box::pin(committer.write_single(records)).await;
-        }
-        let (answer, answered) = oneshot::channel();
-        let unit = Unit {
-            records,
-            bytes,
-            answer,
-        };
-        if self.units.send(unit).is_err() {
-            return Err(WriteError::Unconfirmed(
-                "the partition's writer stopped".into(),
-            ));
-        }
-        answered.await.unwrap_or_else(|_| {
-            Err(WriteError::Unconfirmed(
-                "the partition's writer stopped".into(),
-            ))
-        })
-    }
-}
-
-/// What a partition's writes go through: its writer task's, and on a single server each
-/// submitter's own single-record publish.
-pub(super) struct Committer {
-    pub(super) js: Context,
-    pub(super) generation: u64,
-    pub(super) stats: Arc<CommitStats>,
-    pub(super) metrics: CommitMetrics,
-    /// The answers to single-record publishes ([`Self::publish_one`]), subscribed on the
-    /// first.
-    pub(super) acks: tokio::sync::OnceCell<Acks>,
-    /// How long a single-record publish waits for its answer.
-    pub(super) write_timeout: Duration,
-}
 
 impl Committer {
     /// Commits a unit of one record: a plain publish, its headers moved rather than copied.

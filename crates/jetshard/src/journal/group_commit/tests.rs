@@ -1,6 +1,8 @@
 //! The group commit against a real server: batches, pipelining, the server's refusals.
 
+use async_nats::HeaderMap;
 use async_nats::jetstream::stream;
+use bytes::Bytes;
 use jetshard_testkit::NatsServer;
 use metrics::{Counter, Histogram};
 
