@@ -105,6 +105,7 @@ fn operator_permissions(entity_type: &str, inbox: &str) -> String {
         format!("$JS.API.CONSUMER.CREATE.{journal}"),
         format!("$JS.API.CONSUMER.CREATE.{journal}.>"),
         format!("$JS.API.CONSUMER.MSG.NEXT.{journal}.*"),
+        format!("$JS.API.CONSUMER.DELETE.{journal}.*"),
         format!("{t}.cmd.*"),
         format!("$JS.API.STREAM.PURGE.{journal}"),
         format!("{t}.status"),
