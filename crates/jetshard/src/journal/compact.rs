@@ -681,8 +681,7 @@ mod tests {
     }
 
     #[test]
-    fn a_snapshotted_entity_s_events_go_by_their_literal_subject_and_the_partition_s_timers_in_one_request()
-     {
+    fn events_go_by_their_literal_subject_and_the_partition_s_timers_in_one_request() {
         let names = Names::new("t");
         // Two entities, each a timer set and fired, both snapshotted after.
         let rows = [
@@ -708,8 +707,7 @@ mod tests {
     }
 
     #[test]
-    fn an_armed_timer_holds_the_partition_s_timers_back_and_entities_fall_back_to_their_own_requests()
-     {
+    fn an_armed_timer_holds_the_partition_s_timers_back_and_entities_fall_back() {
         let names = Names::new("t");
         let rows = [
             timer(1, "a", 1, set("x")),
