@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use async_nats::jetstream::context::PublishMessage;
+use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
 use jetshard_testkit::NatsCluster;
