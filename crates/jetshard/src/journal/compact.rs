@@ -801,11 +801,12 @@ mod tests {
             }
             let ack_floor = random.below(records + 2);
             let defer = random.below(2) == 0;
-            let snaps: Vec<(Covered, u64)> = entities
-                .iter()
-                .filter(|_| random.below(2) == 0)
-                .map(|e| snapshotted(&names, e, 1 + random.below(records + 1)))
-                .collect();
+            let mut snaps: Vec<(Covered, u64)> = Vec::new();
+            for entity in entities {
+                if random.below(2) == 0 {
+                    snaps.push(snapshotted(&names, entity, 1 + random.below(records + 1)));
+                }
+            }
             let snapshot_of = |entity: &str| {
                 snaps
                     .iter()
