@@ -327,7 +327,7 @@ fn entity_purges(
             continue;
         }
         let from = snapshot.unwrap_or(0).max(partition_below);
-        if !timers_in(*entity, from, *below) {
+        if !timers_in(entity, from, *below) {
             continue;
         }
         // Records of an invalid id are never written (the writer takes an `EntityId`).
