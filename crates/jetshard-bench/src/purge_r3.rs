@@ -32,7 +32,7 @@ use serde::Serialize;
 
 use crate::cpu::CpuMeter;
 use crate::load::AckWindow;
-use crate::report::{Report, Row};
+use crate::report::Report;
 use crate::stats::Summary;
 
 /// Each record's payload, about an event's.
@@ -477,28 +477,25 @@ pub async fn run(report: &mut Report) -> anyhow::Result<Vec<Cost>> {
             if case.compacted { "compacted" } else { "fresh" },
             case.form
         );
-        for (what, value, unit) in [
-            ("servers' CPU per entity", cost.server_us_per_entity(), "us"),
-            (
-                "servers' CPU per request",
-                cost.server_us_per_request(),
-                "us",
-            ),
-            ("request round trip p99", cost.round_trip.p99, "ms"),
-            ("probe write p99 alone", cost.probe_alone.p99, "ms"),
-            (
-                "probe write p99 while purging",
-                cost.probe_purging.p99,
-                "ms",
-            ),
-        ] {
-            report.rows.push(Row::new(
-                "compaction",
-                format!("purge cost, {shape}: {what}"),
-                value,
-                unit,
-            ));
-        }
+        crate::purge::push_rows(
+            report,
+            &shape,
+            [
+                ("servers' CPU per entity", cost.server_us_per_entity(), "us"),
+                (
+                    "servers' CPU per request",
+                    cost.server_us_per_request(),
+                    "us",
+                ),
+                ("request round trip p99", cost.round_trip.p99, "ms"),
+                ("probe write p99 alone", cost.probe_alone.p99, "ms"),
+                (
+                    "probe write p99 while purging",
+                    cost.probe_purging.p99,
+                    "ms",
+                ),
+            ],
+        );
         costs.push(cost);
     }
     Ok(costs)

@@ -670,6 +670,13 @@ mod tests {
         (covered, below)
     }
 
+    fn purge(subject: &str, below: u64) -> Purge {
+        Purge {
+            subject: subject.to_owned(),
+            below,
+        }
+    }
+
     fn rules(ack_floor: u64, defer: bool) -> Rules {
         Rules {
             ack_floor,
@@ -692,10 +699,6 @@ mod tests {
         ];
         let snaps = vec![snapshotted(&names, "a", 10), snapshotted(&names, "b", 12)];
         let purges = entity_purges(&names, 3, snaps, &rows, &HashMap::new(), &rules(100, true));
-        let purge = |subject: &str, below| Purge {
-            subject: subject.to_owned(),
-            below,
-        };
         assert_eq!(
             purges,
             [
@@ -723,10 +726,6 @@ mod tests {
         // d has a dead letter behind its snapshot.
         dead_letters.insert("t.dlq.3.d".to_owned(), 8);
         let snaps = vec![snapshotted(&names, "c", 9), snapshotted(&names, "d", 10)];
-        let purge = |subject: &str, below| Purge {
-            subject: subject.to_owned(),
-            below,
-        };
         let purges = entity_purges(
             &names,
             3,
