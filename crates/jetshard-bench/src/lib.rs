@@ -40,6 +40,7 @@ pub mod messages;
 pub mod node;
 pub mod probe;
 pub mod purge;
+pub mod purge_r3;
 pub mod rebuild;
 pub mod recovery;
 pub mod report;
@@ -166,12 +167,14 @@ pub struct Options {
     /// library's default is 30; 2 compresses a long run in time).
     #[arg(long, default_value_t = 2)]
     pub compaction_interval_secs: u64,
-    /// Stream replicas of the compaction scenario's long runs: 1 (one server) or 3 (a
-    /// 3-server cluster with R3 streams).
+    /// Stream replicas of the compaction scenario's long runs and purge cost: 1 (one server)
+    /// or 3 (a 3-server cluster with R3 streams).
     #[arg(long, default_value_t = 1)]
     pub compaction_replicas: usize,
     /// Whether the compaction scenario measures what one purge costs the server against the
-    /// span of an entity's records and by filter ([`purge`]; about a minute).
+    /// span of an entity's records and by filter ([`purge`]; about a minute); with
+    /// `--compaction-replicas 3`, on a cluster beside a probe writer, by request form and
+    /// journal state ([`purge_r3`]; a few minutes).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub compaction_purge_cost: bool,
     /// Commands per pass of the cluster scenario (3 servers, R3 streams).

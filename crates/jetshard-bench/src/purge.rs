@@ -273,23 +273,36 @@ pub async fn run(report: &mut Report) -> anyhow::Result<Vec<Cost>> {
             "{} records over {} entities, {:?} filter",
             case.records, case.entities, case.filter
         );
-        for (what, value, unit) in [
-            ("requests/s, one at a time", cost.requests_per_sec(), "/s"),
-            ("server CPU per request", cost.server_us_per_request(), "us"),
-            (
-                "server CPU per record purged",
-                cost.server_us_per_record(),
-                "us",
-            ),
-        ] {
-            report.rows.push(Row::new(
-                "compaction",
-                format!("purge cost, {shape}: {what}"),
-                value,
-                unit,
-            ));
-        }
+        push_rows(
+            report,
+            &shape,
+            [
+                ("requests/s, one at a time", cost.requests_per_sec(), "/s"),
+                ("server CPU per request", cost.server_us_per_request(), "us"),
+                (
+                    "server CPU per record purged",
+                    cost.server_us_per_record(),
+                    "us",
+                ),
+            ],
+        );
         costs.push(cost);
     }
     Ok(costs)
+}
+
+/// Adds a case's figures to `report`, as `purge cost, <shape>: <what>` rows.
+pub(crate) fn push_rows<const N: usize>(
+    report: &mut Report,
+    shape: &str,
+    figures: [(&str, f64, &'static str); N],
+) {
+    for (what, value, unit) in figures {
+        report.rows.push(Row::new(
+            "compaction",
+            format!("purge cost, {shape}: {what}"),
+            value,
+            unit,
+        ));
+    }
 }

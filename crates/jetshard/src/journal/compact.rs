@@ -15,6 +15,11 @@
 //! - a partition's dead letters older than the retention, below the first one that is not
 //!   (or whose command is above the ack floor).
 //!
+//! What the requests look like is chosen for what they cost the server ([`entity_purges`]): a
+//! purge steps over every journal message between the first and last record it matches, so
+//! the partition's timer records go in one request, each snapshotted entity's events in one
+//! on their literal subject.
+//!
 //! Each rule is monotone: what shows a record unneeded (a snapshot, a done record, a `fired`
 //! or `cancel` record, the ack floor, the clock) is never undone, so a purge planned by a
 //! process that has since lost the partition removes nothing a newer owner needs. The sweep
@@ -123,27 +128,6 @@ pub(crate) async fn plan(
         dead_letter_rows.push(DeadLetterRow::of(&row));
     })
     .await?;
-    // How far each entity's timer records go already with its snapshot's purge.
-    let mut timers_covered: HashMap<String, u64> = HashMap::new();
-    for (covered, below) in covered_to.into_values() {
-        let [events, timers, snapshots] = covered.each;
-        timers_covered.insert(timers.clone(), below);
-        let dead_letter_below = dead_letter_first
-            .get(&covered.dead_letters)
-            .is_some_and(|first| *first < below);
-        if dead_letter_below {
-            // Rare: a dead letter lies behind the snapshot; it stays for its retention.
-            for subject in [events, timers, snapshots] {
-                plan.purges.push(Purge { subject, below });
-            }
-        } else {
-            // One request for the entity's events, timer records and older snapshots.
-            plan.purges.push(Purge {
-                subject: covered.records,
-                below,
-            });
-        }
-    }
     {
         let outbox = names.outbox_subject(partition);
         let mut rows = Vec::new();
@@ -186,17 +170,14 @@ pub(crate) async fn plan(
             Ok(())
         })
         .await?;
-        for (entity, below) in timer_below(&rows, rules.ack_floor) {
-            // Records of an invalid id are never written (the writer takes an `EntityId`).
-            if let Ok(entity) = EntityId::new(entity) {
-                let subject = names.timer_subject(partition, &entity);
-                let covered = timers_covered.get(&subject);
-                if covered.is_some_and(|c| *c >= below || rules.defer_timers_of_snapshotted) {
-                    continue;
-                }
-                plan.purges.push(Purge { subject, below });
-            }
-        }
+        plan.purges.extend(entity_purges(
+            names,
+            partition,
+            covered_to.into_values().collect(),
+            &rows,
+            &dead_letter_first,
+            rules,
+        ));
     }
     if let Some(before) = rules.dead_letters_before {
         if let Some(below) = dead_letters_below(&dead_letter_rows, before, rules.ack_floor) {
@@ -233,6 +214,131 @@ pub(crate) async fn purge(journal: &Stream<()>, purge: &Purge) -> Result<u64, Er
         .await
         .map_err(|e| Error::jetstream(format!("purge {}", purge.subject), e))?;
     Ok(done.purged)
+}
+
+/// The purges of a partition's entity records: the events each snapshot covers, and the
+/// timer records no longer needed (`rows`, the partition's, read up to the horizon).
+///
+/// The requests are chosen for what they cost the server, not only for what they remove: a
+/// filtered purge steps over every journal message between the first and the last record it
+/// matches (nats-server's `PurgeEx`), comparing each one's subject with the filter, so its
+/// cost is the span of the records, not their number; a literal subject is compared as a
+/// string, a wildcard token by token (docs/PERFORMANCE.md, "compaction"). So:
+/// - the partition's timer records below the first one any of its entities still needs go in
+///   one request on `<t>.tmr.<p>.*` (one walk over the partition's timer records, where one
+///   request per entity walked each entity's span);
+/// - a snapshotted entity's events up to the snapshot go in one request on its literal
+///   `<t>.evt.<p>.<id>`, unless it has timer records below the snapshot that the partition's
+///   request leaves: then one request on `<t>.*.<p>.<id>` takes both (three literal ones
+///   when a dead letter of the entity lies behind the snapshot). Its older snapshots are
+///   gone already: each snapshot rolls up the previous one when it is written;
+/// - an entity's timer records left above the partition's bound go in a request of their own
+///   on `<t>.tmr.<p>.<id>`, deferred to a later plan for an entity purged to its snapshot
+///   here when `rules.defer_timers_of_snapshotted` (its next snapshot's purge takes them).
+///
+/// `snapshotted`: per entity, what its latest snapshot covers and the journal sequence its
+/// records go below (the snapshot's `Upto` + 1). `dead_letter_first`: per entity dead-letter
+/// subject, its first dead letter.
+fn entity_purges(
+    names: &Names,
+    partition: u32,
+    snapshotted: Vec<(Covered, u64)>,
+    rows: &[TimerRow],
+    dead_letter_first: &HashMap<String, u64>,
+    rules: &Rules,
+) -> Vec<Purge> {
+    let mut purges = Vec::new();
+    // Per entity, the journal sequences of its timer records, and how far its snapshot covers
+    // its records.
+    let mut timer_seqs: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for row in rows {
+        timer_seqs.entry(&row.entity).or_default().push(row.seq);
+    }
+    let snapshot_below: HashMap<&str, u64> = snapshotted
+        .iter()
+        .filter_map(|(covered, below)| Some((Names::entity_of_subject(&covered.each[1])?, *below)))
+        .collect();
+    // Per entity, its timer records go below `bound`: those its snapshot covers, and those
+    // the timer rule lets go (`timer_keep_from`).
+    let keep_from = timer_keep_from(rows, rules.ack_floor);
+    let bounds: BTreeMap<&str, u64> = keep_from
+        .iter()
+        .map(|(entity, keep)| {
+            let snapshot = snapshot_below.get(entity).copied().unwrap_or(0);
+            (*entity, (*keep).max(snapshot))
+        })
+        .collect();
+    // The partition's bound: its first timer record still needed (past the last read if
+    // none is).
+    let partition_below = timer_seqs
+        .iter()
+        .filter_map(|(entity, seqs)| {
+            let bound = bounds.get(entity).copied().unwrap_or(0);
+            seqs.iter().copied().filter(|s| *s >= bound).min()
+        })
+        .min()
+        .unwrap_or_else(|| rows.iter().map(|r| r.seq + 1).max().unwrap_or(0));
+    if rows.iter().any(|r| r.seq < partition_below) {
+        purges.push(Purge {
+            subject: names.partition_timers(partition),
+            below: partition_below,
+        });
+    }
+    // Whether `entity` has timer records in [from, below).
+    let timers_in = |entity: &str, from: u64, below: u64| {
+        timer_seqs
+            .get(entity)
+            .is_some_and(|seqs| seqs.iter().any(|s| *s >= from && *s < below))
+    };
+    for (covered, below) in &snapshotted {
+        let [events, timers, snapshots] = &covered.each;
+        let entity = Names::entity_of_subject(timers).unwrap_or_default();
+        if !timers_in(entity, partition_below, *below) {
+            // The common case: one literal request for the entity's events.
+            purges.push(Purge {
+                subject: events.clone(),
+                below: *below,
+            });
+            continue;
+        }
+        let dead_letter_below = dead_letter_first
+            .get(&covered.dead_letters)
+            .is_some_and(|first| first < below);
+        if dead_letter_below {
+            // Rare: a dead letter lies behind the snapshot; it stays for its retention.
+            for subject in [events, timers, snapshots] {
+                purges.push(Purge {
+                    subject: subject.clone(),
+                    below: *below,
+                });
+            }
+        } else {
+            // One request for the entity's events, timer records and older snapshots.
+            purges.push(Purge {
+                subject: covered.records.clone(),
+                below: *below,
+            });
+        }
+    }
+    for (entity, below) in &bounds {
+        let snapshot = snapshot_below.get(*entity).copied();
+        if snapshot.is_some_and(|s| s >= *below || rules.defer_timers_of_snapshotted) {
+            // Its snapshot's purge takes them, or a later plan does.
+            continue;
+        }
+        let from = snapshot.unwrap_or(0).max(partition_below);
+        if !timers_in(entity, from, *below) {
+            continue;
+        }
+        // Records of an invalid id are never written (the writer takes an `EntityId`).
+        if let Ok(id) = EntityId::new(*entity) {
+            purges.push(Purge {
+                subject: names.timer_subject(partition, &id),
+                below: *below,
+            });
+        }
+    }
+    purges
 }
 
 /// One outbox record or done record, as compaction sees it.
@@ -295,19 +401,20 @@ struct TimerRow {
     op: TimerOp,
 }
 
-/// Per entity, where its timer records can be purged to: below the first record still needed
-/// (the `set` of a timer still armed, or a record of a command above the ack floor, which may
-/// be redelivered and must find itself handled), or all of them if none is.
+/// Per entity with timer records, the journal sequence its timer records are needed from:
+/// the first record still needed (the `set` of a timer still armed, or a record of a command
+/// above the ack floor, which may be redelivered and must find itself handled), or past its
+/// last record if none is. Every record below it can go.
 ///
 /// Why the entity's timers fold the same without them: a purged `set` was overridden by a later
 /// `set` of its name, or disarmed by a `cancel` or `fired` after it (its timer is not armed),
 /// and a purged `cancel` or `fired` follows the `set` it disarmed, purged with it or before.
-fn timer_below(rows: &[TimerRow], ack_floor: u64) -> Vec<(String, u64)> {
+fn timer_keep_from(rows: &[TimerRow], ack_floor: u64) -> BTreeMap<&str, u64> {
     let mut by_entity: BTreeMap<&str, Vec<&TimerRow>> = BTreeMap::new();
     for row in rows {
         by_entity.entry(&row.entity).or_default().push(row);
     }
-    let mut below = Vec::new();
+    let mut keep = BTreeMap::new();
     for (entity, mut rows) in by_entity {
         rows.sort_by_key(|r| r.seq);
         // name -> (set record's journal seq, set seq)
@@ -338,11 +445,9 @@ fn timer_below(rows: &[TimerRow], ack_floor: u64) -> Vec<(String, u64)> {
             .flatten()
             .min()
             .unwrap_or(last + 1);
-        if rows.first().is_some_and(|r| r.seq < keep_from) {
-            below.push((entity.to_owned(), keep_from));
-        }
+        keep.insert(entity, keep_from);
     }
-    below
+    keep
 }
 
 /// One dead letter, as compaction sees it.
@@ -454,6 +559,15 @@ mod tests {
         assert_eq!(outbox_below(&rows), None);
     }
 
+    /// The entities whose timer records can go, and below where.
+    fn timer_below(rows: &[TimerRow], ack_floor: u64) -> Vec<(String, u64)> {
+        timer_keep_from(rows, ack_floor)
+            .into_iter()
+            .filter(|(e, keep)| rows.iter().any(|r| r.entity == *e && r.seq < *keep))
+            .map(|(e, keep)| (e.to_owned(), keep))
+            .collect()
+    }
+
     fn timer(seq: u64, entity: &str, command_seq: u64, op: TimerOp) -> TimerRow {
         TimerRow {
             seq,
@@ -539,5 +653,218 @@ mod tests {
             dead_letters_below(&rows, t0 + Duration::from_secs(99), 10),
             Some(8)
         );
+    }
+
+    /// Whether `subject` matches `filter` (`*` matches one token).
+    fn matches(filter: &str, subject: &str) -> bool {
+        let (f, s): (Vec<&str>, Vec<&str>) =
+            (filter.split('.').collect(), subject.split('.').collect());
+        f.len() == s.len() && f.iter().zip(&s).all(|(f, s)| *f == "*" || f == s)
+    }
+
+    fn snapshotted(names: &Names, entity: &str, below: u64) -> (Covered, u64) {
+        let id = EntityId::new(entity).unwrap();
+        let covered = names
+            .covered_by_snapshot(&names.snapshot_subject(3, &id))
+            .unwrap();
+        (covered, below)
+    }
+
+    fn purge(subject: &str, below: u64) -> Purge {
+        Purge {
+            subject: subject.to_owned(),
+            below,
+        }
+    }
+
+    fn rules(ack_floor: u64, defer: bool) -> Rules {
+        Rules {
+            ack_floor,
+            snapshots_from: 1,
+            dead_letters_before: None,
+            horizon: u64::MAX,
+            defer_timers_of_snapshotted: defer,
+        }
+    }
+
+    #[test]
+    fn events_go_by_their_literal_subject_and_the_partition_s_timers_in_one_request() {
+        let names = Names::new("t");
+        // Two entities, each a timer set and fired, both snapshotted after.
+        let rows = [
+            timer(1, "a", 1, set("x")),
+            timer(2, "b", 2, set("x")),
+            timer(3, "a", 3, fired("x", 1)),
+            timer(4, "b", 4, fired("x", 2)),
+        ];
+        let snaps = vec![snapshotted(&names, "a", 10), snapshotted(&names, "b", 12)];
+        let purges = entity_purges(&names, 3, snaps, &rows, &HashMap::new(), &rules(100, true));
+        assert_eq!(
+            purges,
+            [
+                purge("t.tmr.3.*", 5),
+                purge("t.evt.3.a", 10),
+                purge("t.evt.3.b", 12)
+            ]
+        );
+    }
+
+    #[test]
+    fn an_armed_timer_holds_the_partition_s_timers_back_and_entities_fall_back() {
+        let names = Names::new("t");
+        let rows = [
+            timer(1, "a", 1, set("x")),
+            // b's timer stays armed: the partition's records go below it only.
+            timer(2, "b", 2, set("x")),
+            timer(3, "a", 3, fired("x", 1)),
+            timer(4, "c", 4, set("x")),
+            timer(5, "c", 5, fired("x", 4)),
+            timer(6, "d", 6, set("x")),
+            timer(7, "d", 7, fired("x", 6)),
+        ];
+        let mut dead_letters = HashMap::new();
+        // d has a dead letter behind its snapshot.
+        dead_letters.insert("t.dlq.3.d".to_owned(), 8);
+        let snaps = vec![snapshotted(&names, "c", 9), snapshotted(&names, "d", 10)];
+        let purges = entity_purges(
+            &names,
+            3,
+            snaps.clone(),
+            &rows,
+            &dead_letters,
+            &rules(100, true),
+        );
+        assert_eq!(
+            purges,
+            [
+                purge("t.tmr.3.*", 2),
+                // c's timer records above the bound: its events and timers in one request.
+                purge("t.*.3.c", 9),
+                purge("t.evt.3.d", 10),
+                purge("t.tmr.3.d", 10),
+                purge("t.snap.3.d", 10),
+                // a is not snapshotted: its own request.
+                purge("t.tmr.3.a", 4),
+            ]
+        );
+    }
+
+    /// A small deterministic generator (no dependency): a linear congruential one.
+    struct Lcg(u64);
+
+    impl Lcg {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            (self.0 >> 33) % n
+        }
+    }
+
+    #[test]
+    fn entity_purges_remove_every_record_no_longer_needed_and_nothing_else() {
+        let names = Names::new("t");
+        let entities = ["a", "b", "c", "d", "e"];
+        let mut random = Lcg(7);
+        for round in 0..2_000 {
+            // A journal: each entity's events and timer records, interleaved.
+            let mut events: Vec<(u64, &str)> = Vec::new();
+            let mut rows = Vec::new();
+            let mut sets: HashMap<(&str, &str), Vec<u64>> = HashMap::new();
+            let records = 5 + random.below(40);
+            for seq in 1..=records {
+                let entity = entities[random.below(entities.len() as u64) as usize];
+                let name = ["x", "y"][random.below(2) as usize];
+                match random.below(5) {
+                    0 | 1 => events.push((seq, entity)),
+                    2 => {
+                        sets.entry((entity, name)).or_default().push(seq);
+                        rows.push(timer(seq, entity, seq, set(name)));
+                    }
+                    3 => rows.push(timer(
+                        seq,
+                        entity,
+                        seq,
+                        TimerOp::Cancel { name: name.into() },
+                    )),
+                    _ => {
+                        // A fired record of the latest set, or of an older one.
+                        let Some(set_seqs) = sets.get(&(entity, name)) else {
+                            continue;
+                        };
+                        let set_seq = set_seqs[random.below(set_seqs.len() as u64) as usize];
+                        rows.push(timer(seq, entity, seq, fired(name, set_seq)));
+                    }
+                }
+            }
+            let ack_floor = random.below(records + 2);
+            let defer = random.below(2) == 0;
+            let mut snaps: Vec<(Covered, u64)> = Vec::new();
+            for entity in entities {
+                if random.below(2) == 0 {
+                    snaps.push(snapshotted(&names, entity, 1 + random.below(records + 1)));
+                }
+            }
+            let snapshot_of = |entity: &str| {
+                snaps
+                    .iter()
+                    .find(|(c, _)| c.each[0] == format!("t.evt.3.{entity}"))
+                    .map(|(_, below)| *below)
+            };
+            let keep = timer_keep_from(&rows, ack_floor);
+            let purges = entity_purges(
+                &names,
+                3,
+                snaps.clone(),
+                &rows,
+                &HashMap::new(),
+                &rules(ack_floor, defer),
+            );
+            let removed = |seq: u64, subject: &str| {
+                purges
+                    .iter()
+                    .any(|p| seq < p.below && matches(&p.subject, subject))
+            };
+            for (seq, entity) in &events {
+                let covered = snapshot_of(entity).is_some_and(|below| *seq < below);
+                assert_eq!(
+                    removed(*seq, &format!("t.evt.3.{entity}")),
+                    covered,
+                    "round {round}: event {seq} of {entity}, {purges:?}"
+                );
+            }
+            for row in &rows {
+                let snapshot = snapshot_of(&row.entity);
+                let unneeded = row.seq < keep[row.entity.as_str()].max(snapshot.unwrap_or(0));
+                let gone = removed(row.seq, &format!("t.tmr.3.{}", row.entity));
+                // Nothing still needed goes.
+                assert!(
+                    !gone || unneeded,
+                    "round {round}: {row:?} needed, {purges:?}"
+                );
+                // What is not needed goes, but for a snapshotted entity's records above its
+                // snapshot when they are deferred.
+                let deferred = defer && snapshot.is_some_and(|s| row.seq >= s);
+                assert!(
+                    gone || !unneeded || deferred,
+                    "round {round}: {row:?} left, {purges:?}"
+                );
+            }
+            // Never more requests than one per entity as before, and the partition's one.
+            let before = snaps.len()
+                + keep
+                    .iter()
+                    .filter(|(e, k)| {
+                        let s = snapshot_of(e);
+                        let from = s.unwrap_or(0);
+                        !(s.is_some() && (from >= **k || defer))
+                            && rows
+                                .iter()
+                                .any(|r| r.entity == **e && r.seq >= from && r.seq < **k)
+                    })
+                    .count();
+            assert!(purges.len() <= before + 1, "round {round}: {purges:?}");
+        }
     }
 }

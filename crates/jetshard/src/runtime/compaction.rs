@@ -5,9 +5,10 @@
 //! [`TICK`], a pause of [`RELIEF`] times each purge's time after it, faster only when the sweep
 //! would not otherwise be done within the interval, [`CATCH_UP`] at a time once past it. It
 //! re-reads the partition's fence before the first purge and every [`FENCE_EVERY`] purges or
-//! [`FENCE_AFTER`], ending once another generation holds it. One purge takes all of an
-//! entity's records behind its latest snapshot, so a sweep's purges grow with the entities
-//! snapshotted in an interval, not with the records written. Partitions sweep at their own
+//! [`FENCE_AFTER`], ending once another generation holds it. One purge takes an entity's
+//! events behind its latest snapshot, one the partition's timer records done with, so a
+//! sweep's purges grow with the entities snapshotted in an interval, not with the records
+//! written. Partitions sweep at their own
 //! phases of the interval ([`phase`]), on a fixed schedule: a sweep that runs past its interval
 //! delays the next, never doubles it.
 //!
