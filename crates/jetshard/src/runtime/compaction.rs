@@ -117,6 +117,48 @@ struct SweepLog {
     above_horizon: u64,
 }
 
+impl SweepLog {
+    /// Logs the sweep as `compaction sweep`, at info when it ran past its interval (`late`),
+    /// else at debug: a tracing event's level is fixed where it is written, hence two. Called
+    /// from this module, so that the event's target stays `jetshard::runtime::compaction`.
+    fn emit(&self, partition: u32, generation: u64, took: Duration, late: bool) {
+        let server_ms = self.server.as_secs_f64() * 1e3;
+        let slowest_ms = self.slowest.as_secs_f64() * 1e3;
+        let total_ms = took.as_secs_f64() * 1e3;
+        if late {
+            tracing::info!(
+                partition,
+                generation,
+                snapshots = self.snapshots,
+                planned = self.planned,
+                sent = self.sent,
+                removed = self.removed,
+                server_ms,
+                slowest_ms,
+                total_ms,
+                above_horizon = self.above_horizon,
+                late,
+                "compaction sweep"
+            );
+        } else {
+            tracing::debug!(
+                partition,
+                generation,
+                snapshots = self.snapshots,
+                planned = self.planned,
+                sent = self.sent,
+                removed = self.removed,
+                server_ms,
+                slowest_ms,
+                total_ms,
+                above_horizon = self.above_horizon,
+                late,
+                "compaction sweep"
+            );
+        }
+    }
+}
+
 impl Sweeper {
     /// Sweeps every interval (at the partition's phase, [`phase`]) until the partition is
     /// claimed by another generation (or the task is aborted by its owner). A sweep that fails
@@ -159,29 +201,7 @@ impl Sweeper {
                     .purge_seconds
                     .record(log.server.as_secs_f64() / log.sent as f64);
             }
-            macro_rules! swept {
-                ($level:ident) => {
-                    tracing::$level!(
-                        partition = self.partition,
-                        generation = self.fence.generation,
-                        snapshots = log.snapshots,
-                        planned = log.planned,
-                        sent = log.sent,
-                        removed = log.removed,
-                        server_ms = log.server.as_secs_f64() * 1e3,
-                        slowest_ms = log.slowest.as_secs_f64() * 1e3,
-                        total_ms = took.as_secs_f64() * 1e3,
-                        above_horizon = log.above_horizon,
-                        late,
-                        "compaction sweep"
-                    )
-                };
-            }
-            if late {
-                swept!(info);
-            } else {
-                swept!(debug);
-            }
+            log.emit(self.partition, self.fence.generation, took, late);
             next = (next + self.interval).max(Instant::now() + keep);
         }
     }
