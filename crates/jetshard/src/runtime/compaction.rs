@@ -377,6 +377,55 @@ impl Pace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_events::{Event, Recorder};
+
+    #[test]
+    fn a_sweep_is_logged_at_info_when_late_else_at_debug_with_its_figures() {
+        let log = SweepLog {
+            snapshots: 2,
+            planned: 3,
+            sent: 3,
+            removed: 40,
+            server: Duration::from_millis(500),
+            slowest: Duration::from_millis(250),
+            above_horizon: 5,
+        };
+        let recorder = Recorder::default();
+        tracing::subscriber::with_default(recorder.clone(), || {
+            log.emit(3, 7, Duration::from_millis(1_500), true);
+            log.emit(3, 7, Duration::from_millis(1_500), false);
+        });
+        let fields = |late: &str| -> Vec<(String, String)> {
+            [
+                ("partition", "3"),
+                ("generation", "7"),
+                ("snapshots", "2"),
+                ("planned", "3"),
+                ("sent", "3"),
+                ("removed", "40"),
+                ("server_ms", "500.0"),
+                ("slowest_ms", "250.0"),
+                ("total_ms", "1500.0"),
+                ("above_horizon", "5"),
+                ("late", late),
+            ]
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .to_vec()
+        };
+        let event = |level, late| Event {
+            level,
+            target: "jetshard::runtime::compaction".to_owned(),
+            message: "compaction sweep".to_owned(),
+            fields: fields(late),
+        };
+        assert_eq!(
+            recorder.events(),
+            vec![
+                event(tracing::Level::INFO, "true"),
+                event(tracing::Level::DEBUG, "false")
+            ]
+        );
+    }
 
     #[test]
     fn purges_are_spread_over_most_of_the_interval_and_hurried_only_by_a_backlog() {
