@@ -1,13 +1,15 @@
 //! The wire contract (docs/WIRE.md): stream, subject, consumer and header names, for tools and
 //! tests that read what jetshard writes.
 //!
-//! Architecture Invariant: every name jetshard puts on the wire is spelled here and nowhere else.
+//! Architecture Invariant: every name jetshard puts on the wire is spelled in `wire/` and
+//! nowhere else (`scripts/check-layers` fails on one spelled elsewhere).
 //!
 //! By domain: [`Names`] the subjects, streams and consumers of one entity type (`names`), its
 //! message ids (`msg_id`) and what a snapshot covers (`covered`); header names and typed header
 //! values (`header`); JetStream's own API subjects (`jetstream`); made-up tokens and
 //! rendezvous keys (`token`); [`EntityId`](id::EntityId) (`id`) and the partition of an id
-//! (`partition`). Everything is re-exported here: callers name `crate::wire::…`.
+//! (`partition`). All but `id` and `partition` are re-exported here: callers name
+//! `crate::wire::…`.
 
 mod covered;
 mod header;
