@@ -7,7 +7,7 @@
 //! By domain: [`Names`] the subjects, streams and consumers of one entity type (`names`), its
 //! message ids (`msg_id`) and what a snapshot covers (`covered`); header names and typed header
 //! values (`header`); JetStream's own API subjects (`jetstream`); made-up tokens and
-//! rendezvous keys (`token`); [`EntityId`](id::EntityId) (`id`) and the partition of an id
+//! rendezvous keys (`token`); [`EntityId`](crate::EntityId) (`id`) and the partition of an id
 //! (`partition`). All but `id` and `partition` are re-exported here: callers name
 //! `crate::wire::…`.
 
