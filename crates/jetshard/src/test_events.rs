@@ -22,7 +22,10 @@ pub(crate) struct Recorder(Arc<Mutex<Vec<Event>>>);
 impl Recorder {
     /// The events recorded so far, in order.
     pub(crate) fn events(&self) -> Vec<Event> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 

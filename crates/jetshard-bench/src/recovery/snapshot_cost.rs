@@ -25,7 +25,10 @@ pub(super) struct Cost {
 
 /// Commands/s draining a preloaded backlog, snapshots every 100 events against off, on an entity
 /// type of its own; rounds alternate.
-pub(super) async fn snapshot_cost(server: &NatsServer, client: &async_nats::Client) -> anyhow::Result<Cost> {
+pub(super) async fn snapshot_cost(
+    server: &NatsServer,
+    client: &async_nats::Client,
+) -> anyhow::Result<Cost> {
     const COST_TYPE: &str = "snapcost";
     let base = |node: &str| {
         ShardConfig::builder(COST_TYPE)

@@ -198,5 +198,4 @@ mod tests {
         assert!(next.len() <= MAX_HELD_RANGES);
         assert!(next.iter().all(|r| r.claims >= 3), "{next:?}");
     }
-
 }

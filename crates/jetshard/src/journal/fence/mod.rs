@@ -17,8 +17,8 @@ use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 use crate::error::{BoxError, Error};
 use crate::wire::{HDR_GENERATION, Names};
 
-use in_hand::{hold, trial};
 pub(crate) use in_hand::{InHand, claims_holding};
+use in_hand::{hold, trial};
 pub use record::{FenceRecord, FenceRecordError, HeldRange, Trial};
 
 /// The fence an owner holds: its generation and the journal sequence of its fence record.
