@@ -127,6 +127,8 @@ mod telemetry;
 mod test_alloc;
 #[cfg(test)]
 mod test_entity;
+#[cfg(test)]
+mod test_events;
 mod trace;
 pub mod wire;
 

@@ -118,6 +118,48 @@ struct SweepLog {
     above_horizon: u64,
 }
 
+impl SweepLog {
+    /// Logs the sweep as `compaction sweep`, at info when it ran past its interval (`late`),
+    /// else at debug: a tracing event's level is fixed where it is written, hence two. Called
+    /// from this module, so that the event's target stays `jetshard::runtime::compaction`.
+    fn emit(&self, partition: u32, generation: u64, took: Duration, late: bool) {
+        let server_ms = self.server.as_secs_f64() * 1e3;
+        let slowest_ms = self.slowest.as_secs_f64() * 1e3;
+        let total_ms = took.as_secs_f64() * 1e3;
+        if late {
+            tracing::info!(
+                partition,
+                generation,
+                snapshots = self.snapshots,
+                planned = self.planned,
+                sent = self.sent,
+                removed = self.removed,
+                server_ms,
+                slowest_ms,
+                total_ms,
+                above_horizon = self.above_horizon,
+                late,
+                "compaction sweep"
+            );
+        } else {
+            tracing::debug!(
+                partition,
+                generation,
+                snapshots = self.snapshots,
+                planned = self.planned,
+                sent = self.sent,
+                removed = self.removed,
+                server_ms,
+                slowest_ms,
+                total_ms,
+                above_horizon = self.above_horizon,
+                late,
+                "compaction sweep"
+            );
+        }
+    }
+}
+
 impl Sweeper {
     /// Sweeps every interval (at the partition's phase, [`phase`]) until the partition is
     /// claimed by another generation (or the task is aborted by its owner). A sweep that fails
@@ -160,29 +202,7 @@ impl Sweeper {
                     .purge_seconds
                     .record(log.server.as_secs_f64() / log.sent as f64);
             }
-            macro_rules! swept {
-                ($level:ident) => {
-                    tracing::$level!(
-                        partition = self.partition,
-                        generation = self.fence.generation,
-                        snapshots = log.snapshots,
-                        planned = log.planned,
-                        sent = log.sent,
-                        removed = log.removed,
-                        server_ms = log.server.as_secs_f64() * 1e3,
-                        slowest_ms = log.slowest.as_secs_f64() * 1e3,
-                        total_ms = took.as_secs_f64() * 1e3,
-                        above_horizon = log.above_horizon,
-                        late,
-                        "compaction sweep"
-                    )
-                };
-            }
-            if late {
-                swept!(info);
-            } else {
-                swept!(debug);
-            }
+            log.emit(self.partition, self.fence.generation, took, late);
             next = (next + self.interval).max(Instant::now() + keep);
         }
     }
@@ -358,6 +378,55 @@ impl Pace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_events::{Event, Recorder};
+
+    #[test]
+    fn a_sweep_is_logged_at_info_when_late_else_at_debug_with_its_figures() {
+        let log = SweepLog {
+            snapshots: 2,
+            planned: 3,
+            sent: 3,
+            removed: 40,
+            server: Duration::from_millis(500),
+            slowest: Duration::from_millis(250),
+            above_horizon: 5,
+        };
+        let recorder = Recorder::default();
+        tracing::subscriber::with_default(recorder.clone(), || {
+            log.emit(3, 7, Duration::from_millis(1_500), true);
+            log.emit(3, 7, Duration::from_millis(1_500), false);
+        });
+        let fields = |late: &str| -> Vec<(String, String)> {
+            [
+                ("partition", "3"),
+                ("generation", "7"),
+                ("snapshots", "2"),
+                ("planned", "3"),
+                ("sent", "3"),
+                ("removed", "40"),
+                ("server_ms", "500.0"),
+                ("slowest_ms", "250.0"),
+                ("total_ms", "1500.0"),
+                ("above_horizon", "5"),
+                ("late", late),
+            ]
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .to_vec()
+        };
+        let event = |level, late| Event {
+            level,
+            target: "jetshard::runtime::compaction".to_owned(),
+            message: "compaction sweep".to_owned(),
+            fields: fields(late),
+        };
+        assert_eq!(
+            recorder.events(),
+            vec![
+                event(tracing::Level::INFO, "true"),
+                event(tracing::Level::DEBUG, "false")
+            ]
+        );
+    }
 
     #[test]
     fn purges_are_spread_over_most_of_the_interval_and_hurried_only_by_a_backlog() {

@@ -20,6 +20,10 @@
 //! - **snapshot cost**: commands/s draining a preloaded backlog with snapshots every 100 events
 //!   against snapshots off (rounds off, on, on, off, twice; means).
 
+mod entity;
+mod memory;
+mod snapshot_cost;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -28,77 +32,30 @@ use async_nats::jetstream::consumer::pull;
 use async_nats::jetstream::{self, Context};
 use bytes::Bytes;
 use futures::StreamExt;
-use jetshard::{Codec, CommandOutcome, CommandSender, Entity, ShardConfig, ShardSystem};
+use jetshard::{Codec, CommandOutcome, CommandSender, Entity, ShardSystem};
 use jetshard_testkit::NatsServer;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::time::Instant;
 
 use crate::Options;
 use crate::entity::{BenchCmd, BenchEvt};
-use crate::load::{self, CommandPublisher};
+use crate::load;
 use crate::probe::AcquisitionLog;
 use crate::report::{Report, Row};
 use crate::stats::{Summary, median};
 
-const ENTITY_TYPE: &str = "recovery";
-const PARTITIONS: u32 = 8;
+use entity::{ENTITY_TYPE, PARTITIONS, config};
+pub use entity::{RecoveryEntity, RecoveryState};
+use memory::{DORMANT_BUDGET, MEMORY_ENTITIES, memory_passes};
+use snapshot_cost::{COST_COMMANDS, COST_ENTITIES, snapshot_cost};
+
 /// The partition with the long history.
 const PARTITION: u32 = 0;
 /// Events of the hot entity.
 const HOT_EVENTS: usize = 1_000;
 /// Entities given their first command after an acquisition, per round.
 const FIRST_TOUCHES: usize = 300;
-/// Entities touched in the memory passes.
-const MEMORY_ENTITIES: usize = 5_000;
-/// The dormant budget of the bounded memory pass.
-const DORMANT_BUDGET: usize = 500;
-/// Commands per snapshot-cost pass, and the entities they go to.
-const COST_COMMANDS: usize = 20_000;
-const COST_ENTITIES: usize = 200;
 const ASK: Duration = Duration::from_secs(30);
-
-/// The bench entity (snapshots on, jetshard's default): the same commands and events as [`crate::entity`].
-pub struct RecoveryEntity;
-
-/// Its state.
-#[derive(Debug, Default, Serialize, Deserialize)]
-pub struct RecoveryState {
-    /// Events applied.
-    pub count: u64,
-    /// The last `Stamped` value.
-    pub last_at_ns: u64,
-}
-
-impl Entity for RecoveryEntity {
-    type Command = BenchCmd;
-    type Event = BenchEvt;
-    type State = RecoveryState;
-    type Rejection = String;
-
-    fn decide(_: &RecoveryState, command: BenchCmd) -> Result<Vec<BenchEvt>, String> {
-        Ok(match command {
-            BenchCmd::Stamp { at_ns } => vec![BenchEvt::Stamped { at_ns }],
-            BenchCmd::Padded { at_ns, pad } => vec![BenchEvt::Padded { at_ns, pad }],
-            BenchCmd::Touch => Vec::new(),
-        })
-    }
-
-    fn apply(state: &mut RecoveryState, event: &BenchEvt) {
-        state.count += 1;
-        if let BenchEvt::Stamped { at_ns } | BenchEvt::Padded { at_ns, .. } = event {
-            state.last_at_ns = *at_ns;
-        }
-    }
-}
-
-fn config(node: &str) -> jetshard::ShardConfigBuilder {
-    ShardConfig::builder(ENTITY_TYPE)
-        .partitions(PARTITIONS)
-        .node_id(node)
-        // Entities with ~10 events get a snapshot at their first command after a load.
-        .snapshot_every(8)
-}
 
 /// Scenario `recovery`.
 pub async fn run(
@@ -193,7 +150,7 @@ pub async fn run(
     );
     system.shutdown().await?;
 
-    let memory = memory_passes(&control, &ids).await?;
+    let memory = memory_passes(&control, &ids, 2 * FIRST_TOUCHES).await?;
     let cost = snapshot_cost(&server, &control).await?;
 
     let shape = format!(
@@ -378,143 +335,4 @@ async fn full_replay(js: &Context) -> anyhow::Result<(u64, f64)> {
         }
     }
     Ok((read, started.elapsed().as_secs_f64()))
-}
-
-struct Memory {
-    bounded_dormant: usize,
-    unbounded_dormant: usize,
-    bounded_rss_kb: u64,
-    unbounded_rss_kb: u64,
-}
-
-/// Touches [`MEMORY_ENTITIES`] known entities (each loaded from the journal), passivated at once,
-/// with a dormant budget and without one (other entities each pass).
-async fn memory_passes(client: &async_nats::Client, ids: &[String]) -> anyhow::Result<Memory> {
-    let mut dormant = [0usize; 2];
-    let mut rss = [0u64; 2];
-    for (pass, budget) in [Some(DORMANT_BUDGET), None].into_iter().enumerate() {
-        let base = 2 * FIRST_TOUCHES + pass * MEMORY_ENTITIES;
-        let touched: Vec<String> = ids
-            .iter()
-            .cycle()
-            .skip(base)
-            .take(MEMORY_ENTITIES)
-            .cloned()
-            .collect();
-        let mut builder = config(&format!("memory-{pass}"))
-            .snapshot_every(0)
-            .passivate_after(Duration::from_millis(200));
-        builder = match budget {
-            Some(budget) => builder.max_dormant_entities(budget),
-            None => builder.unbounded_dormant_entities(),
-        };
-        let system = ShardSystem::start::<RecoveryEntity>(client.clone(), builder.build()?).await?;
-        let before = rss_kb();
-        let publisher = CommandPublisher::for_ids(client.clone(), ENTITY_TYPE, touched.clone());
-        let mut window = load::AckWindow::default();
-        for i in 0..touched.len() {
-            window
-                .push(publisher.send_to(i, &BenchCmd::Touch).await?)
-                .await?;
-        }
-        window.drain().await?;
-        load::wait_drained(client, ENTITY_TYPE, Duration::from_secs(300)).await?;
-        // Every actor passivated.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let status = system.status().await?;
-            let resident: usize = status.iter().map(|p| p.resident_entities).sum();
-            if resident == 0 || Instant::now() > deadline {
-                dormant[pass] = status.iter().map(|p| p.dormant_entities).sum();
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        rss[pass] = rss_kb().saturating_sub(before);
-        eprintln!(
-            "recovery memory, budget {budget:?}: {} dormant states, RSS +{} KB",
-            dormant[pass], rss[pass]
-        );
-        system.shutdown().await?;
-    }
-    Ok(Memory {
-        bounded_dormant: dormant[0],
-        unbounded_dormant: dormant[1],
-        bounded_rss_kb: rss[0],
-        unbounded_rss_kb: rss[1],
-    })
-}
-
-/// This process's resident set, KB (0 where /proc is not there).
-fn rss_kb() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
-}
-
-struct Cost {
-    on: f64,
-    off: f64,
-    on_rounds: Vec<f64>,
-    off_rounds: Vec<f64>,
-}
-
-/// Commands/s draining a preloaded backlog, snapshots every 100 events against off, on an entity
-/// type of its own; rounds alternate.
-async fn snapshot_cost(server: &NatsServer, client: &async_nats::Client) -> anyhow::Result<Cost> {
-    const COST_TYPE: &str = "snapcost";
-    let base = |node: &str| {
-        ShardConfig::builder(COST_TYPE)
-            .partitions(PARTITIONS)
-            .node_id(node)
-    };
-    load::provision(client.clone(), base("provision").build()?).await?;
-    let (mut on, mut off) = (Vec::new(), Vec::new());
-    // Off, on, on, off, twice: a drift of the machine over the rounds (other tenants, the
-    // streams growing) weighs on both sides alike; the means of each side are compared.
-    for (round, snapshots) in [false, true, true, false, false, true, true, false]
-        .into_iter()
-        .enumerate()
-    {
-        // Entities of their own each round: every round loads never-seen entities (three
-        // empty reads each), so the sides differ by the snapshot writes alone.
-        let ids: Vec<String> = (0..COST_ENTITIES)
-            .map(|i| format!("c{round}-{i}"))
-            .collect();
-        let publisher = CommandPublisher::for_ids(client.clone(), COST_TYPE, ids);
-        publisher
-            .preload(COST_COMMANDS, &load::preload_command(0))
-            .await?;
-        let config = if snapshots {
-            base(&format!("cost-{round}")).snapshot_every(100)
-        } else {
-            base(&format!("cost-{round}"))
-                .snapshot_every(0)
-                .snapshot_on_passivation(false)
-        };
-        let started = Instant::now();
-        let system =
-            ShardSystem::start::<RecoveryEntity>(server.connect().await?, config.build()?).await?;
-        let drained = load::wait_drained(client, COST_TYPE, Duration::from_secs(300)).await?;
-        let rate = COST_COMMANDS as f64 / drained.duration_since(started).as_secs_f64();
-        eprintln!("recovery snapshot cost round {round}: snapshots {snapshots}: {rate:.0} cmd/s");
-        if snapshots {
-            on.push(rate)
-        } else {
-            off.push(rate)
-        }
-        system.shutdown().await?;
-    }
-    let mean = |rates: &[f64]| rates.iter().sum::<f64>() / rates.len().max(1) as f64;
-    Ok(Cost {
-        on: mean(&on),
-        off: mean(&off),
-        on_rounds: on,
-        off_rounds: off,
-    })
 }

@@ -1,0 +1,197 @@
+//! Part (a) of the scenario: one long run, compaction off or on, on a fresh server (or a
+//! 3-server cluster), its journal sampled every [`SAMPLE_EVERY`] and each command's latency
+//! recorded.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use jetshard::{Codec, ShardSystem};
+use jetshard_testkit::{NatsCluster, NatsServer};
+use serde::Serialize;
+
+use crate::Options;
+use crate::entity::entity_id;
+use crate::latency::{Stamps, offer};
+use crate::load::AckWindow;
+use crate::stats::Summary;
+
+use super::entity::{CompactionCmd, CompactionEntity, ENTITY_TYPE, JOURNAL, config};
+
+/// How often the journal is sampled.
+const SAMPLE_EVERY: Duration = Duration::from_secs(2);
+
+/// One sample of the journal.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(super) struct Sample {
+    pub(super) secs: f64,
+    pub(super) messages: u64,
+    pub(super) bytes: u64,
+}
+
+/// What one side of (a) measured.
+#[derive(Debug, Serialize)]
+pub(super) struct LongRun {
+    pub(super) compaction: bool,
+    pub(super) commands: usize,
+    pub(super) received: usize,
+    pub(super) offered_rate: f64,
+    pub(super) latency: Summary,
+    pub(super) samples: Vec<Sample>,
+}
+
+/// The journal's messages and bytes now.
+async fn journal_state(js: &async_nats::jetstream::Context) -> anyhow::Result<(u64, u64)> {
+    let mut journal = js.get_stream(JOURNAL).await.context("open the journal")?;
+    let info = journal.info().await.context("journal info")?;
+    Ok((info.state.messages, info.state.bytes))
+}
+
+/// Where a long run writes: one server, or a 3-server cluster (`--compaction-replicas 3`).
+enum Servers {
+    One(Box<NatsServer>),
+    Three(NatsCluster),
+}
+
+impl Servers {
+    async fn start(replicas: usize) -> anyhow::Result<Self> {
+        Ok(match replicas {
+            1 => Self::One(Box::new(
+                NatsServer::start().await.context("start nats-server")?,
+            )),
+            _ => Self::Three(
+                NatsCluster::start(3)
+                    .await
+                    .context("start a 3-server cluster")?,
+            ),
+        })
+    }
+
+    async fn connect(&self) -> anyhow::Result<async_nats::Client> {
+        Ok(match self {
+            Self::One(server) => server.connect().await?,
+            Self::Three(cluster) => cluster.connect().await?,
+        })
+    }
+}
+
+pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Result<LongRun> {
+    let server = Servers::start(options.compaction_replicas).await?;
+    let control = server.connect().await?;
+    let js = async_nats::jetstream::new(control.clone());
+    let config = config(
+        options.partitions,
+        options.compaction_snapshot_every,
+        compaction.then(|| Duration::from_secs(options.compaction_interval_secs)),
+        options.compaction_replicas,
+    )?;
+    let journal_name = config.names().journal_stream().to_owned();
+    let system = ShardSystem::start::<CompactionEntity>(server.connect().await?, config)
+        .await
+        .context("start the shard system")?;
+
+    let stamps = Stamps::listen(&server.connect().await?, ENTITY_TYPE, Codec::Json).await?;
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let sampler = {
+        let recorded = stamps.recorded();
+        let samples = samples.clone();
+        let js = js.clone();
+        let journal_name = journal_name.clone();
+        let label = if compaction { "on" } else { "off" };
+        tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let mut seen = 0;
+            loop {
+                // The commands whose events came since the last sample: where the tail is.
+                let window: Vec<f64> = {
+                    let recorded = recorded.lock().unwrap_or_else(PoisonError::into_inner);
+                    let from = seen.min(recorded.len());
+                    seen = recorded.len();
+                    recorded[from..]
+                        .iter()
+                        .map(|(_, ns)| *ns as f64 / 1e6)
+                        .collect()
+                };
+                let window = Summary::of(&window);
+                if let Ok(mut journal) = js.get_stream(&journal_name).await
+                    && let Ok(info) = journal.info().await
+                {
+                    let sample = Sample {
+                        secs: started.elapsed().as_secs_f64(),
+                        messages: info.state.messages,
+                        bytes: info.state.bytes,
+                    };
+                    eprintln!(
+                        "compaction {label}: {:>6.0} s  journal {:>9} msgs {:>12} bytes  commands {:>6} p50 {:>6.1} p99 {:>6.1} max {:>6.1} ms",
+                        sample.secs,
+                        sample.messages,
+                        sample.bytes,
+                        window.count,
+                        window.p50,
+                        window.p99,
+                        window.max
+                    );
+                    samples
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(sample);
+                }
+                tokio::time::sleep(SAMPLE_EVERY).await;
+            }
+        })
+    };
+
+    let ids: Vec<String> = (0..options.entities).map(entity_id).collect();
+    let total = options.compaction_commands;
+    let started = tokio::time::Instant::now();
+    let mut window = AckWindow::default();
+    let offered = offer(options.compaction_rate, total, async |i, at_ns| {
+        let entity = i % ids.len();
+        // Every tenth command of an entity arms a timer.
+        let timer = (i / ids.len()).is_multiple_of(10);
+        let command = CompactionCmd::Work { at_ns, timer };
+        let payload = Codec::Json.encode(&command).context("encode a command")?;
+        let ack = js
+            .publish(format!("{ENTITY_TYPE}.cmd.{}", ids[entity]), payload.into())
+            .await
+            .context("publish a command")?;
+        window.push(ack).await
+    })
+    .await?;
+    window.drain().await?;
+    stamps.wait_for(total, Duration::from_secs(120)).await;
+    // Two more sweeps after the load: the last samples show where the journal settles.
+    tokio::time::sleep(SAMPLE_EVERY * 3).await;
+    sampler.abort();
+    let received = stamps.count();
+    let recorded = stamps.stop();
+    let (messages, bytes) = journal_state(&js).await?;
+    system.shutdown().await.context("shut the system down")?;
+    let mut samples = samples
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    samples.push(Sample {
+        secs: started.elapsed().as_secs_f64(),
+        messages,
+        bytes,
+    });
+    let latencies: Vec<f64> = recorded.iter().map(|(_, ns)| *ns as f64 / 1e6).collect();
+    let run = LongRun {
+        compaction,
+        commands: total,
+        received,
+        offered_rate: total as f64 / offered.secs,
+        latency: Summary::of(&latencies),
+        samples,
+    };
+    eprintln!(
+        "compaction {}: p50 {:.1} ms, p99 {:.1} ms, {} of {} events, journal at the end {messages} msgs {bytes} bytes",
+        if compaction { "on" } else { "off" },
+        run.latency.p50,
+        run.latency.p99,
+        run.received,
+        run.commands
+    );
+    Ok(run)
+}

@@ -1,0 +1,303 @@
+//! Subject, stream and consumer names of one entity type (`Names`), and the entity type token.
+
+use crate::wire::id::EntityId;
+use crate::wire::partition::fnv1a_32;
+
+/// The priority group every partition consumer uses.
+pub const PRIORITY_GROUP: &str = "owners";
+
+/// All names of one entity type, computed once.
+#[derive(Debug, Clone)]
+pub struct Names {
+    /// `<t>`: the lowercase entity type token.
+    pub(crate) entity_type: String,
+    /// `<T>_CMD`.
+    pub(crate) command_stream: String,
+    /// `<T>_JOURNAL`.
+    pub(crate) journal_stream: String,
+}
+
+impl Names {
+    /// The names of entity type `entity_type` (not validated here: see
+    /// [`ShardConfig::builder`](crate::ShardConfig::builder)).
+    pub fn new(entity_type: &str) -> Self {
+        let upper = entity_type.to_ascii_uppercase().replace('-', "_");
+        Self {
+            entity_type: entity_type.to_owned(),
+            command_stream: format!("{upper}_CMD"),
+            journal_stream: format!("{upper}_JOURNAL"),
+        }
+    }
+
+    /// The entity type token, `<t>`.
+    pub fn entity_type(&self) -> &str {
+        &self.entity_type
+    }
+
+    /// The command stream, `<T>_CMD`.
+    pub fn command_stream(&self) -> &str {
+        &self.command_stream
+    }
+
+    /// The journal stream, `<T>_JOURNAL`.
+    pub fn journal_stream(&self) -> &str {
+        &self.journal_stream
+    }
+
+    /// Where clients publish a command: `<t>.cmd.<id>`.
+    pub fn command_subject(&self, id: &EntityId) -> String {
+        format!("{}.cmd.{id}", self.entity_type)
+    }
+
+    /// The command stream's subjects: `<t>.cmd.*`.
+    pub fn command_subjects(&self) -> String {
+        format!("{}.cmd.*", self.entity_type)
+    }
+
+    /// The subject transform's destination for `n` partitions.
+    pub fn command_transform_dest(&self, partitions: u32) -> String {
+        format!(
+            "{}.cmd.{{{{partition({partitions},1)}}}}.{{{{wildcard(1)}}}}",
+            self.entity_type
+        )
+    }
+
+    /// A partition's stored commands: `<t>.cmd.<p>.*`.
+    pub fn partition_commands(&self, partition: u32) -> String {
+        format!("{}.cmd.{partition}.*", self.entity_type)
+    }
+
+    /// Where a reader asks the owner for an entity's state (core NATS request/reply, see
+    /// docs/WIRE.md): `<t>.query.<p>.<id>`.
+    pub fn query_subject(&self, partition: u32, id: &EntityId) -> String {
+        format!("{}.query.{partition}.{id}", self.entity_type)
+    }
+
+    /// Where a partition's owners listen for state queries: `<t>.query.<p>.*`.
+    pub fn partition_queries(&self, partition: u32) -> String {
+        format!("{}.query.{partition}.*", self.entity_type)
+    }
+
+    /// A partition's durable consumer: `<t>-p<p>`.
+    pub fn consumer(&self, partition: u32) -> String {
+        format!("{}-p{partition}", self.entity_type)
+    }
+
+    /// Every subject of the entity type (`<t>.>`): the whole journal, to a reader.
+    pub fn all_subjects(&self) -> String {
+        format!("{}.>", self.entity_type)
+    }
+
+    /// The subjects of one partition's journal records, of every kind (`<t>.*.<p>` and
+    /// `<t>.*.<p>.*`).
+    pub fn partition_subjects(&self, partition: u32) -> Vec<String> {
+        let t = &self.entity_type;
+        vec![format!("{t}.*.{partition}"), format!("{t}.*.{partition}.*")]
+    }
+
+    /// The journal stream's subjects.
+    pub fn journal_subjects(&self) -> Vec<String> {
+        let t = &self.entity_type;
+        vec![
+            format!("{t}.evt.*.*"),
+            format!("{t}.fence.*"),
+            format!("{t}.dlq.*"),
+            format!("{t}.dlq.*.*"),
+            format!("{t}.snap.*.*"),
+            format!("{t}.out.*"),
+            format!("{t}.tmr.*.*"),
+            format!("{t}.unpin.*"),
+        ]
+    }
+
+    /// An entity's events: `<t>.evt.<p>.<id>`.
+    pub fn event_subject(&self, partition: u32, id: &EntityId) -> String {
+        format!("{}.evt.{partition}.{id}", self.entity_type)
+    }
+
+    /// All events of a partition: `<t>.evt.<p>.*`.
+    pub fn partition_events(&self, partition: u32) -> String {
+        format!("{}.evt.{partition}.*", self.entity_type)
+    }
+
+    /// A partition's fence records: `<t>.fence.<p>`.
+    pub fn fence_subject(&self, partition: u32) -> String {
+        format!("{}.fence.{partition}", self.entity_type)
+    }
+
+    /// Every partition's fence records: `<t>.fence.*` (a core subscription there sees each
+    /// claim as it is published, whether it wins or not).
+    pub fn fence_subjects(&self) -> String {
+        format!("{}.fence.*", self.entity_type)
+    }
+
+    /// Where a dead letter of `entity` goes: `<t>.dlq.<p>.<id>` when `entity` is a valid id
+    /// (so that loading one entity reads its own dead letters only), else `<t>.dlq.<p>` (a
+    /// command whose subject held no valid id; dead letters written before per-entity subjects
+    /// are there too).
+    pub fn dead_letter_subject(&self, partition: u32, entity: &str) -> String {
+        match EntityId::new(entity) {
+            Ok(id) => self.entity_dead_letters(partition, &id),
+            Err(_) => self.partition_dead_letters(partition),
+        }
+    }
+
+    /// The dead letters of one entity: `<t>.dlq.<p>.<id>`.
+    pub fn entity_dead_letters(&self, partition: u32, id: &EntityId) -> String {
+        format!("{}.dlq.{partition}.{id}", self.entity_type)
+    }
+
+    /// A partition's dead letters that name no valid entity (and those written before
+    /// per-entity subjects): `<t>.dlq.<p>`.
+    pub fn partition_dead_letters(&self, partition: u32) -> String {
+        format!("{}.dlq.{partition}", self.entity_type)
+    }
+
+    /// Every dead letter of the entity type: `<t>.dlq.>`.
+    pub fn all_dead_letters(&self) -> String {
+        format!("{}.dlq.>", self.entity_type)
+    }
+
+    /// The partition of a dead letter's subject (`<t>.dlq.<p>` or `<t>.dlq.<p>.<id>`).
+    pub fn partition_of_dead_letter(subject: &str) -> Option<u32> {
+        subject.split('.').nth(2)?.parse().ok()
+    }
+
+    /// The latest snapshot of an entity's state: `<t>.snap.<p>.<id>` (one message per
+    /// subject: each snapshot rolls the previous one up).
+    pub fn snapshot_subject(&self, partition: u32, id: &EntityId) -> String {
+        format!("{}.snap.{partition}.{id}", self.entity_type)
+    }
+
+    /// All snapshots of a partition: `<t>.snap.<p>.*`.
+    pub fn partition_snapshots(&self, partition: u32) -> String {
+        format!("{}.snap.{partition}.*", self.entity_type)
+    }
+
+    /// An entity's timer records (set, cancel, fired): `<t>.tmr.<p>.<id>`. Apart from its events,
+    /// so that a new owner finds the partition's armed timers without reading its events.
+    pub fn timer_subject(&self, partition: u32, id: &EntityId) -> String {
+        format!("{}.tmr.{partition}.{id}", self.entity_type)
+    }
+
+    /// All timer records of a partition: `<t>.tmr.<p>.*`.
+    pub fn partition_timers(&self, partition: u32) -> String {
+        format!("{}.tmr.{partition}.*", self.entity_type)
+    }
+
+    /// A partition's outbox records and their done records: `<t>.out.<p>`.
+    pub fn outbox_subject(&self, partition: u32) -> String {
+        format!("{}.out.{partition}", self.entity_type)
+    }
+
+    /// Where the processes of the entity type say how many partitions they own: `<t>.nodes`.
+    pub fn membership_subject(&self) -> String {
+        format!("{}.nodes", self.entity_type)
+    }
+
+    /// Where the processes of the entity type answer status requests (core NATS request/reply,
+    /// one answer per process: a `NodeStatus`, JSON): `<t>.status`.
+    pub fn status_subject(&self) -> String {
+        format!("{}.status", self.entity_type)
+    }
+
+    /// Where the process of `incarnation` answers while it runs (core NATS request/reply, an
+    /// empty answer): `<t>.alive.<incarnation>`.
+    pub fn alive_subject(&self, incarnation: &str) -> String {
+        format!("{}.alive.{incarnation}", self.entity_type)
+    }
+
+    /// The command subject of a wake-up of `partition` (of `partitions`): `<t>.cmd.<id>`, for
+    /// the first id `jetshard-wake-<k>` that hashes to the partition. Its header
+    /// ([`HDR_WAKE`](crate::wire::HDR_WAKE)) tells the owner to acknowledge it and route it
+    /// nowhere.
+    pub fn wake_subject(&self, partition: u32, partitions: u32) -> String {
+        let id = (0u64..)
+            .map(|k| format!("jetshard-wake-{k}"))
+            .find(|id| fnv1a_32(id.as_bytes()) % partitions.max(1) == partition)
+            .unwrap_or_default();
+        format!("{}.cmd.{id}", self.entity_type)
+    }
+
+    /// Where a crash watch records that it unpins a dead owner's partition: `<t>.unpin.<p>`
+    /// (one record per fence record found dead, deduplicated by [`Names::unpin_msg_id`], rolled
+    /// up: only the latest is kept).
+    pub fn unpin_subject(&self, partition: u32) -> String {
+        format!("{}.unpin.{partition}", self.entity_type)
+    }
+
+    /// Whether `subject` is one of this type's dead-letter subjects (`<t>.dlq.…`).
+    pub(crate) fn is_dead_letter(&self, subject: &str) -> bool {
+        subject
+            .strip_prefix(self.entity_type.as_str())
+            .is_some_and(|rest| rest.starts_with(".dlq."))
+    }
+
+    /// The dead letters of a partition's entities (each on `<t>.dlq.<p>.<id>`).
+    pub(crate) fn partition_entities_dead_letters(&self, partition: u32) -> String {
+        format!("{}.dlq.{partition}.*", self.entity_type)
+    }
+
+    /// Every record of one entity (`<t>.*.<p>.<id>`: its events, dead letters, timer records
+    /// and snapshots, the journal's only four-token subjects).
+    pub(crate) fn entity_records(&self, partition: u32, id: &EntityId) -> String {
+        format!("{}.*.{partition}.{id}", self.entity_type)
+    }
+
+    /// Whether `subject` is a snapshot's (`<t>.snap.<p>.<id>`), of any entity type.
+    pub(crate) fn is_snapshot_subject(subject: &str) -> bool {
+        subject.split('.').nth(1) == Some("snap")
+    }
+
+    /// The entity id at the end of a stored command or event subject.
+    pub fn entity_of_subject(subject: &str) -> Option<&str> {
+        subject.rsplit('.').next()
+    }
+}
+
+/// Whether `s` is a valid entity type token: lowercase ASCII letters, digits, `-` and `_`,
+/// starting with a letter, at most 32 bytes.
+pub(crate) fn is_valid_entity_type(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase())
+        && s.len() <= 32
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_wire_contract() {
+        let n = Names::new("order");
+        let id = EntityId::new("o-1").unwrap();
+        assert_eq!(n.command_stream, "ORDER_CMD");
+        assert_eq!(n.journal_stream, "ORDER_JOURNAL");
+        assert_eq!(n.command_subject(&id), "order.cmd.o-1");
+        assert_eq!(
+            n.command_transform_dest(8),
+            "order.cmd.{{partition(8,1)}}.{{wildcard(1)}}"
+        );
+        assert_eq!(n.partition_commands(3), "order.cmd.3.*");
+        assert_eq!(n.consumer(3), "order-p3");
+        assert_eq!(n.event_subject(3, &id), "order.evt.3.o-1");
+        assert_eq!(n.fence_subject(3), "order.fence.3");
+        assert_eq!(n.dead_letter_subject(3, "o-1"), "order.dlq.3.o-1");
+        assert_eq!(n.dead_letter_subject(3, "a.b"), "order.dlq.3");
+        assert_eq!(Names::partition_of_dead_letter("order.dlq.3.o-1"), Some(3));
+        assert_eq!(Names::partition_of_dead_letter("order.dlq.3"), Some(3));
+        assert_eq!(n.snapshot_subject(3, &id), "order.snap.3.o-1");
+        assert_eq!(n.event_msg_id(42, 1), "order:42:1");
+        assert_eq!(Names::entity_of_subject("order.evt.3.o-1"), Some("o-1"));
+    }
+
+    #[test]
+    fn entity_types_are_lowercase_tokens() {
+        assert!(is_valid_entity_type("order"));
+        assert!(is_valid_entity_type("sensor-2_b"));
+        for bad in ["", "Order", "2x", "a.b", "a b", "a*"] {
+            assert!(!is_valid_entity_type(bad), "{bad:?}");
+        }
+    }
+}
