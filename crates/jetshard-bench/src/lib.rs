@@ -17,6 +17,7 @@
 //! | `scale` | idle messages and CPU per process and per partition as the fleet grows; time to an even spread | the same figure at the smallest fleet |
 //! | `recovery` | acquisition -> first command with a long history; first-command latency; dormant memory; snapshot cost | the full replay of the partition; loaded entities; snapshots off |
 //! | `compaction` | journal messages and bytes over a long run; command p99; the acquisition's timer read after 100k timers | compaction off; 1k timers ever set |
+//! | `overload` | a SIGSTOP of the server at a sustainable rate: seconds until the backlog drains, the completed rate after the stall | the offered rate; the latency before the stall |
 //!
 //! Figures are printed as a table and written as JSON; targets are reported, never asserted.
 //! A figure measured over rounds is their median, with the worst round beside it (`worst`,
@@ -38,6 +39,7 @@ pub mod load;
 pub mod memory;
 pub mod messages;
 pub mod node;
+pub mod overload;
 pub mod probe;
 pub mod purge;
 pub mod purge_r3;
@@ -84,6 +86,9 @@ pub enum Scenario {
     /// The journal bounded by background compaction: size over a long run, command latency
     /// with compaction on and off, the acquisition's timer read after many timers.
     Compaction,
+    /// A stall (SIGSTOP of the server) at a sustainable rate: whether and when the backlog
+    /// drains and the completed rate comes back to the offered rate.
+    Overload,
 }
 
 /// The sizes and settings of a run.
@@ -177,6 +182,21 @@ pub struct Options {
     /// journal state ([`purge_r3`]; a few minutes).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub compaction_purge_cost: bool,
+    /// Offered rate of the overload scenario, commands/s (one that the machine sustains).
+    #[arg(long, default_value_t = 800.0)]
+    pub overload_rate: f64,
+    /// Seconds the overload scenario offers its rate.
+    #[arg(long, default_value_t = 150)]
+    pub overload_secs: u64,
+    /// When the overload scenario freezes the server (SIGSTOP), seconds into the load.
+    #[arg(long, default_value_t = 40)]
+    pub overload_stall_at: u64,
+    /// How long the overload scenario keeps the server frozen, seconds.
+    #[arg(long, default_value_t = 15)]
+    pub overload_stall_secs: u64,
+    /// Background compaction's interval in the overload scenario, seconds (0: off).
+    #[arg(long, default_value_t = 30)]
+    pub overload_compaction_interval_secs: u64,
     /// Commands per pass of the cluster scenario (3 servers, R3 streams).
     #[arg(long, default_value_t = 20_000)]
     pub cluster_commands: usize,
@@ -368,6 +388,7 @@ async fn run(
             Scenario::Recovery => recovery::run(&options, &acquisitions, &mut report).await,
             Scenario::Scale => scale::run(&options, &mut report).await,
             Scenario::Compaction => compaction::run(&options, &mut report).await,
+            Scenario::Overload => overload::run(&options, &mut report).await,
         };
         if let Err(e) = result {
             // One failed scenario does not cost the figures of the others.
