@@ -167,7 +167,11 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
                     w.ack_pending,
                     w.redelivered,
                     w.journal_messages,
-                    if server_view { "" } else { "  (server not answering)" }
+                    if server_view {
+                        ""
+                    } else {
+                        "  (server not answering)"
+                    }
                 );
                 windows
                     .lock()
