@@ -202,7 +202,10 @@ mod perf {
         if running == 0 || running >= enabled {
             return Some((value, false));
         }
-        Some(((value as u128 * enabled as u128 / running as u128) as u64, true))
+        Some((
+            (value as u128 * enabled as u128 / running as u128) as u64,
+            true,
+        ))
     }
 }
 

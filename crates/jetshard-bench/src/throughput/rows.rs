@@ -64,7 +64,10 @@ pub(super) fn passes(
             }
             // Counted only where the kernel gives hardware counters (or under callgrind).
             for (what, figure) in [
-                ("client user-space instructions per command", Figure::Instructions),
+                (
+                    "client user-space instructions per command",
+                    Figure::Instructions,
+                ),
                 ("client user-space cycles per command", Figure::Cycles),
             ] {
                 let rounds = rows.rounds(figure);
