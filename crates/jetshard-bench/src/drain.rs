@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use crate::allocs::{self, Allocated};
 use crate::bare::BareLoop;
 use crate::cpu::{CpuMeter, CpuSpent};
+use crate::instructions::{self, Counted};
 use crate::load::{self, CommandPublisher, Gate};
 use crate::report::{Row, Worse};
 
@@ -57,6 +58,12 @@ pub struct Pass {
     pub cpu: CpuSpent,
     /// Heap allocations of this process (the client side) meanwhile.
     pub allocated: Allocated,
+    /// User-space instructions and cycles of this process meanwhile, from its hardware
+    /// counters; `None` where the kernel refused them ([`instructions`]).
+    pub counted: Option<Counted>,
+    /// This process's instructions meanwhile as callgrind counted them, when the harness runs
+    /// under it ([`instructions::callgrind`]).
+    pub callgrind_instructions: Option<u64>,
 }
 
 impl Pass {
@@ -78,6 +85,21 @@ impl Pass {
     /// Server CPU microseconds per command.
     pub fn server_us_per_command(&self, commands: usize) -> f64 {
         self.cpu.server_secs * 1e6 / commands as f64
+    }
+
+    /// Client user-space instructions per command: the hardware's count, else callgrind's;
+    /// `None` when neither counted.
+    pub fn instructions_per_command(&self, commands: usize) -> Option<f64> {
+        let instructions = match self.counted {
+            Some(counted) => counted.instructions,
+            None => self.callgrind_instructions?,
+        };
+        Some(instructions as f64 / commands as f64)
+    }
+
+    /// Client user-space cycles per command; `None` when not counted.
+    pub fn cycles_per_command(&self, commands: usize) -> Option<f64> {
+        Some(self.counted?.cycles? as f64 / commands as f64)
     }
 }
 
@@ -109,6 +131,10 @@ pub enum Figure {
     Allocs,
     /// Client bytes allocated per command.
     AllocBytes,
+    /// Client user-space instructions per command (NaN where not counted).
+    Instructions,
+    /// Client user-space cycles per command (NaN where not counted).
+    Cycles,
 }
 
 impl Figure {
@@ -120,6 +146,8 @@ impl Figure {
             Figure::ClientCpu => pass.client_us_per_command(commands),
             Figure::Allocs => pass.allocs_per_command(commands),
             Figure::AllocBytes => pass.alloc_bytes_per_command(commands),
+            Figure::Instructions => pass.instructions_per_command(commands).unwrap_or(f64::NAN),
+            Figure::Cycles => pass.cycles_per_command(commands).unwrap_or(f64::NAN),
         }
     }
 
@@ -130,6 +158,8 @@ impl Figure {
             Figure::ServerCpu | Figure::ClientCpu => "us",
             Figure::Allocs => "allocs",
             Figure::AllocBytes => "bytes",
+            Figure::Instructions => "instructions",
+            Figure::Cycles => "cycles",
         }
     }
 
@@ -229,6 +259,10 @@ pub async fn timed_passes_with(
         let delivered_before = deliveries(control, spec.partitions).await?;
         let cpu = CpuMeter::start(server_pids);
         let allocated = allocs::now();
+        let counted = instructions::now();
+        if instructions::callgrind::running() {
+            instructions::callgrind::pass_started();
+        }
         let messages = crate::messages::now();
         let started = Instant::now();
         match hold {
@@ -249,6 +283,12 @@ pub async fn timed_passes_with(
         let acknowledged = (spec.commands as u64).saturating_sub(drained.remaining);
         let cpu = cpu.spent();
         let allocated = allocs::now().since(allocated);
+        let counted = instructions::now()
+            .zip(counted)
+            .map(|(now, then)| now.since(then));
+        let callgrind_instructions = instructions::callgrind::running()
+            .then(|| instructions::callgrind::pass_ended(&format!("pass {pass}")))
+            .flatten();
         let messages = crate::messages::now()
             .zip(messages)
             .map(|(now, then)| now.since(then));
@@ -266,6 +306,8 @@ pub async fn timed_passes_with(
             redeliveries,
             cpu,
             allocated,
+            counted,
+            callgrind_instructions,
         };
         let per_command = |n: u64| n as f64 / spec.commands as f64;
         eprintln!(
@@ -282,6 +324,10 @@ pub async fn timed_passes_with(
             allocs::SMALL_BIN_LIMIT,
             per_command(allocated.large),
             per_command(allocated.reallocs),
+        );
+        eprintln!(
+            "  pass {pass}: client user-space instructions per cmd: {}",
+            instructions_line(&done, spec.commands)
         );
         if let Some(messages) = messages {
             eprintln!(
@@ -331,4 +377,34 @@ async fn deliveries(control: &async_nats::Client, partitions: u32) -> anyhow::Re
         total += info.delivered.consumer_sequence;
     }
     Ok(total)
+}
+
+/// A pass's instructions and cycles per command as printed: the hardware's, callgrind's, or
+/// "n/a" and why.
+fn instructions_line(pass: &Pass, commands: usize) -> String {
+    let per_command = |n: u64| n as f64 / commands as f64;
+    let mut line = match pass.counted {
+        Some(counted) => format!(
+            "{:.0}, cycles {} (perf counters{})",
+            per_command(counted.instructions),
+            counted
+                .cycles
+                .map_or("n/a".to_owned(), |c| format!("{:.0}", per_command(c))),
+            if counted.scaled {
+                ", multiplexed: scaled estimates"
+            } else {
+                ""
+            }
+        ),
+        None => format!(
+            "n/a (perf_event_open: {})",
+            instructions::refused().unwrap_or_else(|| "no counted thread".to_owned())
+        ),
+    };
+    if let Some(instructions) = pass.callgrind_instructions {
+        line.push_str(&format!("; callgrind: {:.0}", per_command(instructions)));
+    } else if instructions::callgrind::running() {
+        line.push_str("; callgrind: its dump not found in the working directory");
+    }
+    line
 }

@@ -34,6 +34,7 @@ pub mod cpu;
 pub mod drain;
 pub mod entity;
 pub mod failover;
+pub mod instructions;
 pub mod latency;
 pub mod load;
 pub mod memory;
@@ -315,8 +316,12 @@ enum ChildRole {
 pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> anyhow::Result<()> {
     let args: Vec<OsString> = args.into_iter().collect();
     let cli = Cli::parse_from(&args);
+    // Every thread that runs the harness's work counts its own instructions (an inherited
+    // counter would see a thread's only once it exits).
+    instructions::count_this_thread();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .on_thread_start(instructions::count_this_thread)
         .enable_all()
         .build()
         .context("start the tokio runtime")?;

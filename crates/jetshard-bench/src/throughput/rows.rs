@@ -62,6 +62,21 @@ pub(super) fn passes(
                     .rows
                     .push(rows.row(format!("{side}, {name} pass: {what}"), figure));
             }
+            // Counted only where the kernel gives hardware counters (or under callgrind).
+            for (what, figure) in [
+                (
+                    "client user-space instructions per command",
+                    Figure::Instructions,
+                ),
+                ("client user-space cycles per command", Figure::Cycles),
+            ] {
+                let rounds = rows.rounds(figure);
+                if !rounds.is_empty() && rounds.iter().all(|v| v.is_finite()) {
+                    report
+                        .rows
+                        .push(rows.row(format!("{side}, {name} pass: {what}"), figure));
+                }
+            }
         }
     }
     jetshard_warm

@@ -418,7 +418,10 @@ fn effects_to_write(
     if let Some(detail) = detail {
         *detail = Some(Detail::Events(encoded.iter().map(|e| e.to_vec()).collect()));
     }
-    crate::data::timers::resolve(&mut timer_changes, std::time::SystemTime::now());
+    // The clock is read only for a command that changes timers (most do not).
+    if !timer_changes.is_empty() {
+        crate::data::timers::resolve(&mut timer_changes, std::time::SystemTime::now());
+    }
     Ok((outbox, timer_changes))
 }
 

@@ -8,7 +8,7 @@ use async_nats::header::HeaderName;
 use bytes::Bytes;
 
 use crate::trace::CommandTrace;
-use crate::wire::{HDR_REPLY_TO, HDR_TRACEPARENT};
+use crate::wire::{HDR_PIN_ID, HDR_REPLY_TO, HDR_TRACEPARENT};
 
 /// A command delivered to this process, with the pin it came under.
 #[derive(Debug)]
@@ -35,6 +35,49 @@ pub(crate) struct Delivery {
     pub(crate) wake: bool,
     /// Where it came from, if it is an outbox message (`Jetshard-Origin`).
     pub(crate) origin: Option<Box<crate::data::origin::Origin>>,
+}
+
+/// What one pass over a delivery's headers finds: the pin id it came under, and whether it
+/// carries any header of jetshard's own that the readers below look for (a reply subject, a
+/// trace context, a timer, a wake-up, an origin).
+///
+/// Each reader looks its header up in the map, hashing the name (SipHash) per lookup: six
+/// lookups per command, where most commands carry only the pin id and a message id. The pass
+/// lets them skip the map when none of their headers is there (issue 22).
+pub(crate) struct Scanned<'a> {
+    /// `Nats-Pin-Id`'s value.
+    pub(crate) pin: Option<&'a str>,
+    /// The headers, when one of jetshard's command headers is among them; `None` otherwise
+    /// (every reader would find nothing).
+    pub(crate) command_headers: Option<&'a async_nats::HeaderMap>,
+}
+
+/// Reads `headers` once (see [`Scanned`]).
+pub(crate) fn scan(headers: Option<&async_nats::HeaderMap>) -> Scanned<'_> {
+    let mut scanned = Scanned {
+        pin: None,
+        command_headers: None,
+    };
+    let Some(headers) = headers else {
+        return scanned;
+    };
+    for (name, values) in headers.iter() {
+        let name: &str = name.as_ref();
+        if name == HDR_PIN_ID {
+            scanned.pin = values.first().map(|v| v.as_str());
+        } else if [
+            HDR_REPLY_TO,
+            HDR_TRACEPARENT,
+            crate::wire::HDR_TIMER,
+            crate::wire::HDR_WAKE,
+            crate::wire::HDR_ORIGIN,
+        ]
+        .contains(&name)
+        {
+            scanned.command_headers = Some(headers);
+        }
+    }
+    scanned
 }
 
 /// Whether a stored command is a wake-up (see [`wake`]).
@@ -148,6 +191,38 @@ pub(super) struct AckInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scan_finds_the_pin_and_passes_the_headers_only_when_a_reader_wants_them() {
+        let mut plain = async_nats::HeaderMap::new();
+        plain.insert(HDR_PIN_ID, "pin-1");
+        plain.insert("Nats-Msg-Id", "m-1");
+        let scanned = scan(Some(&plain));
+        assert_eq!(scanned.pin, Some("pin-1"));
+        assert!(scanned.command_headers.is_none());
+        assert!(scan(None).pin.is_none());
+        for header in [
+            HDR_REPLY_TO,
+            HDR_TRACEPARENT,
+            crate::wire::HDR_TIMER,
+            crate::wire::HDR_WAKE,
+            crate::wire::HDR_ORIGIN,
+        ] {
+            let mut headers = plain.clone();
+            headers.insert(header, "x");
+            let scanned = scan(Some(&headers));
+            assert_eq!(scanned.pin, Some("pin-1"), "{header}");
+            assert!(scanned.command_headers.is_some(), "{header}");
+        }
+        let mut reply = async_nats::HeaderMap::new();
+        reply.insert(HDR_REPLY_TO, "_INBOX.a");
+        let scanned = scan(Some(&reply));
+        assert_eq!(scanned.pin, None);
+        assert_eq!(
+            respond_to(scanned.command_headers).as_deref(),
+            Some("_INBOX.a")
+        );
+    }
 
     #[test]
     fn ack_subjects_of_both_layouts_are_read() {

@@ -24,7 +24,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use async_nats::header::HeaderName;
 use async_nats::jetstream::Context;
 use async_nats::{Client, StatusCode};
 use futures::{FutureExt, StreamExt};
@@ -32,7 +31,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::wire::{HDR_PIN_ID, PRIORITY_GROUP};
+use crate::wire::PRIORITY_GROUP;
 
 use delivery::{AckInfo, ack_info};
 pub(crate) use delivery::{Delivery, is_wake, respond_to, trace_of, try_wake, wake};
@@ -289,11 +288,12 @@ async fn run(
         match message.status {
             None | Some(StatusCode::OK) => {
                 requested.delivered();
-                let delivered_pin = message
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get(HeaderName::from_static(HDR_PIN_ID)))
-                    .map(|v| v.as_str());
+                // One pass over the headers; the readers below look up only a command that
+                // carries one of theirs.
+                let delivery::Scanned {
+                    pin: delivered_pin,
+                    command_headers,
+                } = delivery::scan(message.headers.as_ref());
                 if let Some(delivered_pin) = delivered_pin
                     && pin.as_deref() != Some(delivered_pin)
                 {
@@ -325,13 +325,13 @@ async fn run(
                 }
                 last_consumer_seq =
                     Some(last_consumer_seq.map_or(consumer_seq, |l| l.max(consumer_seq)));
-                let respond_to = respond_to(message.headers.as_ref());
-                let trace = trace_of(message.headers.as_ref());
-                let timer = crate::data::timers::firing_of(message.headers.as_ref());
+                let respond_to = respond_to(command_headers);
+                let trace = trace_of(command_headers);
+                let timer = crate::data::timers::firing_of(command_headers);
                 let delivery = Delivery {
-                    origin: crate::data::origin::origin_of(message.headers.as_ref()),
+                    origin: crate::data::origin::origin_of(command_headers),
                     timer,
-                    wake: is_wake(message.headers.as_ref()),
+                    wake: is_wake(command_headers),
                     respond_to,
                     pin: pin.clone().unwrap_or_else(|| Arc::from("")),
                     subject: message.subject,
