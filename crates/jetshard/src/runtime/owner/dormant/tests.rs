@@ -143,6 +143,7 @@ fn a_seed_comes_back_as_it_was_kept() {
             last_outcome,
             journal_seq: 1 << 40,
             unsnapshotted: u32::MAX,
+            tail: [None, Some(0), Some(1 << 40), Some(u64::MAX - 1)][n],
             timers: if n % 2 == 0 {
                 timers.clone()
             } else {
@@ -165,6 +166,7 @@ fn a_seed_comes_back_as_it_was_kept() {
         assert_eq!(back.origins.to_header(), kept.origins.to_header());
         assert_eq!(back.journal_seq, kept.journal_seq);
         assert_eq!(back.unsnapshotted, kept.unsnapshotted);
+        assert_eq!(back.tail, kept.tail);
         assert_eq!(back.timers, kept.timers);
     }
     assert_eq!(totals(&total), (0, 0));
