@@ -288,17 +288,9 @@ pub async fn write_events(
     write_records(client, entity_type, events, false).await
 }
 
-/// [`write_events`], each event its entity's first record: as jetshard writes an entity's
-/// first record, it says that none is before it (`Jetshard-Previous: 0`), so that a load takes
-/// it from the batched read alone.
-async fn write_first_events(
-    client: async_nats::Client,
-    entity_type: &str,
-    events: impl IntoIterator<Item = (u32, String, Bytes)>,
-) -> anyhow::Result<usize> {
-    write_records(client, entity_type, events, true).await
-}
-
+/// [`write_events`]; with `first`, each event its entity's first record: as jetshard writes an
+/// entity's first record, it says that none is before it (`Jetshard-Previous: 0`), so that a
+/// load takes it from the batched read alone.
 async fn write_records(
     client: async_nats::Client,
     entity_type: &str,
@@ -363,5 +355,5 @@ pub async fn seed_entities(
         let partition = jetshard::fnv1a_32(id.as_bytes()) % partitions;
         (partition, id, payload.clone())
     });
-    write_first_events(client, entity_type, events).await
+    write_records(client, entity_type, events, true).await
 }

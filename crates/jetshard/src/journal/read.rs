@@ -191,20 +191,15 @@ pub(crate) async fn replay_with(
         if message.sequence > end {
             return Ok(done);
         }
-        done.events += take_record(
-            &message.subject,
-            Some(&message.headers),
-            &message.payload,
-            message.sequence,
-            &mut each,
-        )?;
+        done.events += take_message(&message, &mut each)?;
         if message.sequence == end {
             return Ok(done);
         }
         from = message.sequence + 1;
     }
     done.requests += 1;
-    scan(
+    // Boxed: the ordered consumer's future is large, and only a long tail gets here.
+    Box::pin(scan(
         journal,
         &filter,
         from,
@@ -220,7 +215,7 @@ pub(crate) async fn replay_with(
             )?;
             Ok(())
         },
-    )
+    ))
     .await?;
     Ok(done)
 }
@@ -310,13 +305,7 @@ pub(crate) fn replay_known(
     let mut next = from;
     // At most one record per subject of the entity: no need to sort.
     while let Some(message) = in_range(known, next, end).min_by_key(|m| m.sequence) {
-        events += take_record(
-            &message.subject,
-            Some(&message.headers),
-            &message.payload,
-            message.sequence,
-            &mut each,
-        )?;
+        events += take_message(message, &mut each)?;
         next = message.sequence + 1;
     }
     Ok(events)
@@ -418,6 +407,20 @@ pub(crate) async fn scan(
 
 /// Records read one request each before a replay opens a consumer for the rest.
 const DIRECT_READS: usize = 16;
+
+/// [`take_record`] of a message read by itself (a direct get, a `multi_last` answer).
+fn take_message(
+    message: &StreamMessage,
+    each: &mut impl FnMut(StoredEvent<'_>) -> Result<(), Error>,
+) -> Result<u64, Error> {
+    take_record(
+        &message.subject,
+        Some(&message.headers),
+        &message.payload,
+        message.sequence,
+        each,
+    )
+}
 
 /// Hands one stored record to `each`; whether it was an event (1) or not (0).
 fn take_record(

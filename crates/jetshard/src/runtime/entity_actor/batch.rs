@@ -44,7 +44,7 @@ pub(crate) struct Known {
 impl Known {
     /// The last record of each of the entity's subjects (empty: it has no history).
     pub(crate) fn records(&self) -> &[StreamMessage] {
-        self.found.get(&self.id).map_or(&[], Vec::as_slice)
+        self.found.get(&self.id).map(Vec::as_slice).unwrap_or(&[])
     }
 }
 

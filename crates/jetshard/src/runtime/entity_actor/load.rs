@@ -70,7 +70,9 @@ struct ReadsMade {
     batched: bool,
 }
 
-/// [`revive`], counting its reads in `reads`.
+/// [`revive`], counting its reads in `reads`. Each read's future is boxed apart: every load
+/// allocates this one's (its actor boxes it), and a load that takes everything from a batched
+/// read makes none of them.
 async fn read_entity<E: Entity>(
     id: &EntityId,
     context: &EntityContext,
@@ -98,7 +100,7 @@ async fn read_entity<E: Entity>(
         Some(known) => known.iter().max_by_key(|m| m.sequence),
         None => {
             reads.single += 1;
-            read_alone = journal::last_record(journal_stream, &records(), direct)
+            read_alone = Box::pin(journal::last_record(journal_stream, &records(), direct))
                 .await
                 .map_err(unreadable)?;
             read_alone.as_ref()
@@ -122,7 +124,7 @@ async fn read_entity<E: Entity>(
         (Some(_), None) => {
             reads.single += 1;
             let subject = context.names.snapshot_subject(partition, id);
-            journal::latest_snapshot(journal_stream, &subject, direct)
+            Box::pin(journal::latest_snapshot(journal_stream, &subject, direct))
                 .await
                 .map_err(unreadable)?
         }
@@ -166,7 +168,7 @@ async fn read_entity<E: Entity>(
     } else {
         Reads::DirectConfirmed
     };
-    let each = |stored: StoredEvent<'_>| {
+    let each = |stored: StoredEvent<'_>| -> Result<(), Error> {
         if covered.is_some_and(|c| stored.command_seq <= c) || stored.entity != id.as_str() {
             return Ok(());
         }
@@ -184,9 +186,16 @@ async fn read_entity<E: Entity>(
     if journal::tail_is_known(lasts, skipped + 1, end) {
         journal::replay_known(lasts, skipped + 1, end, each).map_err(unreadable)?;
     } else {
-        let replayed = journal::replay_with(journal_stream, records(), from, end, how, each)
-            .await
-            .map_err(unreadable)?;
+        let replayed = Box::pin(journal::replay_with(
+            journal_stream,
+            records(),
+            from,
+            end,
+            how,
+            each,
+        ))
+        .await
+        .map_err(unreadable)?;
         reads.single += replayed.requests;
     }
     seed.tail = Some(end);
@@ -197,7 +206,7 @@ async fn read_entity<E: Entity>(
         // `cancel` after it. Everything a compaction purges is of timers no longer armed, so a
         // timer whose `set` lies before the first record left is not armed.
         let timers = context.names.timer_subject(partition, id);
-        let first = journal::first_sequence(journal_stream, &timers)
+        let first = Box::pin(journal::first_sequence(journal_stream, &timers))
             .await
             .map_err(unreadable)?
             .unwrap_or(u64::MAX);
