@@ -210,9 +210,9 @@ async fn an_entity_with_one_event_since_its_snapshot_needs_no_read_of_its_own() 
     };
     // The ledger snapshots every 3 events: `one` has 1 event, `after` a snapshot and 1 event
     // after it, `two` a snapshot and 2 events after it; with the reads each load makes beside
-    // its share of the batched read (`two`: one read finds its first event after the
-    // snapshot, one more its last).
-    let entities = [("one", 1, 0), ("after", 4, 0), ("two", 5, 2)]
+    // its share of the batched read (`two`: one read after the snapshot's `upto` finds the
+    // snapshot itself, one its first event after it, one its last).
+    let entities = [("one", 1, 0), ("after", 4, 0), ("two", 5, 3)]
         .into_iter()
         .enumerate()
         .map(|(p, (prefix, events, reads))| (in_partition(p as u32, prefix), events, reads))

@@ -17,8 +17,8 @@ use crate::error::Error;
 use crate::wire::header_u64;
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_ENTITY, HDR_EVENT_VERSION, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_ORIGIN,
-    HDR_ORIGINS, HDR_PREVIOUS, HDR_REASON, HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE,
-    HDR_TIMER_OP, HDR_TIMER_SET, Names,
+    HDR_ORIGINS, HDR_PREVIOUS, HDR_REASON, HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TIMER,
+    HDR_TIMER_DUE, HDR_TIMER_OP, HDR_TIMER_SET, Names,
 };
 
 /// A snapshot of one entity's state, as written to or read from `<t>.snap.<p>.<id>`.

@@ -28,9 +28,8 @@ use crate::wire::{
     HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_EVENT_VERSION, HDR_EXPECTED_SUBJECT,
     HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_MSG_ID, HDR_ORIGIN,
     HDR_ORIGINS, HDR_OUTBOX_DONE, HDR_OUTBOX_INDEX, HDR_OUTBOX_TARGET, HDR_PREVIOUS, HDR_REASON,
-    HDR_ROLLUP,
-    HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE, HDR_TIMER_OP, HDR_TIMER_SET,
-    HDR_TRACEPARENT, Names,
+    HDR_ROLLUP, HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE, HDR_TIMER_OP,
+    HDR_TIMER_SET, HDR_TRACEPARENT, Names,
 };
 
 /// The records a command writes beside its events, in the same unit.
@@ -215,7 +214,9 @@ impl JournalWriter {
             .chain(timer_records)
             .collect();
         if let (true, Some(previous), [record]) = (single, previous, records.as_mut_slice()) {
-            record.headers.insert(name(HDR_PREVIOUS), previous.to_string());
+            record
+                .headers
+                .insert(name(HDR_PREVIOUS), previous.to_string());
         }
         Either::Left(self.commit.write(records).map(|r| r.map(Some)))
     }

@@ -77,7 +77,10 @@ impl Packed {
         put(&mut out, seed.journal_seq);
         put(&mut out, u64::from(seed.unsnapshotted));
         // 0: not known; else one past it.
-        put(&mut out, seed.tail.and_then(|tail| tail.checked_add(1)).unwrap_or(0));
+        put(
+            &mut out,
+            seed.tail.and_then(|tail| tail.checked_add(1)).unwrap_or(0),
+        );
         match &seed.last_outcome {
             None => out.push(0),
             Some(LastOutcome::Applied { events }) => {
