@@ -190,3 +190,73 @@ async fn on_a_cluster_entities_loaded_in_a_batch_from_any_replica_hold_what_they
     init_tracing();
     batched_loads_equal_loads_alone(Scenario::cluster(2).await).await;
 }
+
+/// An entity with one event in all, or one since its snapshot, written by jetshard, loads from
+/// its share of the batched read and nothing else: that event is its command's only record and
+/// names (`Jetshard-Previous`) a sequence every earlier record of the entity is at or below, so
+/// the entity's last records are its whole tail. One with two events since its snapshot reads
+/// them as before; every entity holds what it should either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entity_with_one_event_since_its_snapshot_needs_no_read_of_its_own() {
+    init_tracing();
+    // One entity per partition, so that each partition's load counters are one entity's.
+    const PARTITIONS: u32 = 3;
+    let mut s = Scenario::single(PARTITIONS).await;
+    let in_partition = |partition: u32, prefix: &str| {
+        (0..)
+            .map(|k| format!("{prefix}{k}"))
+            .find(|id| jetshard::fnv1a_32(id.as_bytes()) % PARTITIONS == partition)
+            .expect("an id in each partition")
+    };
+    // The ledger snapshots every 3 events: `one` has 1 event, `after` a snapshot and 1 event
+    // after it, `two` a snapshot and 2 events after it; with the reads each load makes beside
+    // its share of the batched read (`two`: one read after the snapshot's `upto` finds the
+    // snapshot itself, one its first event after it, one its last).
+    let entities = [("one", 1, 0), ("after", 4, 0), ("two", 5, 3)]
+        .into_iter()
+        .enumerate()
+        .map(|(p, (prefix, events, reads))| (in_partition(p as u32, prefix), events, reads))
+        .collect::<Vec<(String, u64, u64)>>();
+    let histories = Histories {
+        expected: entities
+            .iter()
+            .map(|(id, events, _)| (id.clone(), (0..=*events).collect()))
+            .collect(),
+    };
+    let quiet = |s: &Scenario, node: &str| s.config(node).snapshot_on_passivation(false);
+    let writer = s.system_with(quiet(&s, "n1")).await;
+    for (id, events, _) in &entities {
+        for n in 0..*events {
+            s.send(id, Op::Append(n)).await;
+        }
+    }
+    jetshard_tests::wait_drained(&s.js, WITHIN)
+        .await
+        .expect("the histories written");
+    writer.shutdown().await.expect("shut down the writer");
+
+    // Their next commands wait for the next owner, which loads each from its pull burst; no
+    // state query before they are done (a query loads alone).
+    histories.send_next(&mut s).await;
+    let next = s.system_with(quiet(&s, "n2")).await;
+    jetshard_tests::wait_drained(&s.js, WITHIN)
+        .await
+        .expect("the next commands done");
+    let status = next.status().await.expect("status");
+    for (partition, (id, _, reads)) in entities.iter().enumerate() {
+        let p = status
+            .iter()
+            .find(|p| p.partition == partition as u32)
+            .expect("every partition owned");
+        let what = format!(
+            "{id}: {} loads, {} batched, {} reads",
+            p.entity_loads, p.batched_loads, p.load_reads
+        );
+        eprintln!("{what}");
+        assert_eq!((p.entity_loads, p.batched_loads), (1, 1), "{what}");
+        assert_eq!(p.load_reads, 1 + reads, "{what}");
+    }
+    histories.wait_held(&s).await;
+    s.check().await;
+    next.shutdown().await.expect("shut down");
+}

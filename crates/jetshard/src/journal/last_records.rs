@@ -35,6 +35,14 @@ const END_OF_BATCH: u16 = 204;
 /// `404 No Results`: nothing matched.
 const NO_RESULTS: u16 = 404;
 
+/// The request's body: serialized straight from the filters (a `serde_json::Value` would copy
+/// each of them first).
+#[derive(serde::Serialize)]
+struct MultiLast<'a> {
+    multi_last: &'a [String],
+    batch: usize,
+}
+
 /// The last record of each subject matching the filters, as of `upto`.
 #[derive(Debug)]
 pub(crate) struct LastRecords {
@@ -58,8 +66,12 @@ pub(crate) async fn last_records(
     watermark: u64,
     requests: &mut u64,
 ) -> Result<Option<LastRecords>, Error> {
-    let request = serde_json::json!({ "multi_last": filters, "batch": MAX_MESSAGES });
-    let body = bytes::Bytes::from(request.to_string());
+    let body = serde_json::to_vec(&MultiLast {
+        multi_last: filters,
+        batch: MAX_MESSAGES,
+    })
+    .map_err(|e| Error::jetstream(format!("read the last records of {stream}"), e))?;
+    let body = bytes::Bytes::from(body);
     for attempt in 1..=ATTEMPTS {
         *requests += 1;
         let answer = ask(client, stream, body.clone()).await?;

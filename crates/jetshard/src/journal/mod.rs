@@ -17,7 +17,8 @@ pub(crate) mod write;
 
 pub(crate) use read::{
     Reads, Record, Scan, SnapshotRecord, StoredEvent, TimerRecord, first_sequence, last_record,
-    last_sequence, latest_snapshot, replay, replay_with, scan, snapshot_record,
+    last_sequence, latest_snapshot, replay, replay_known, replay_with, scan, snapshot_record,
+    tail_is_known,
 };
 pub(crate) use server::{WriteError, server_error_code};
 pub(crate) use write::{Attached, JournalWriter};

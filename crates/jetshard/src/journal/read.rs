@@ -17,8 +17,8 @@ use crate::error::Error;
 use crate::wire::header_u64;
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_ENTITY, HDR_EVENT_VERSION, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_ORIGIN,
-    HDR_ORIGINS, HDR_REASON, HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE,
-    HDR_TIMER_OP, HDR_TIMER_SET, Names,
+    HDR_ORIGINS, HDR_PREVIOUS, HDR_REASON, HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TIMER,
+    HDR_TIMER_DUE, HDR_TIMER_OP, HDR_TIMER_SET, Names,
 };
 
 /// A snapshot of one entity's state, as written to or read from `<t>.snap.<p>.<id>`.
@@ -191,20 +191,15 @@ pub(crate) async fn replay_with(
         if message.sequence > end {
             return Ok(done);
         }
-        done.events += take_record(
-            &message.subject,
-            Some(&message.headers),
-            &message.payload,
-            message.sequence,
-            &mut each,
-        )?;
+        done.events += take_message(&message, &mut each)?;
         if message.sequence == end {
             return Ok(done);
         }
         from = message.sequence + 1;
     }
     done.requests += 1;
-    scan(
+    // Boxed: the ordered consumer's future is large, and only a long tail gets here.
+    Box::pin(scan(
         journal,
         &filter,
         from,
@@ -220,7 +215,7 @@ pub(crate) async fn replay_with(
             )?;
             Ok(())
         },
-    )
+    ))
     .await?;
     Ok(done)
 }
@@ -265,6 +260,62 @@ async fn next_record(
         Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
         Err(e) => Err(Error::jetstream(format!("read {filter} from {from}"), e)),
     }
+}
+
+/// Whether `known`, the last record of each of an entity's subjects (a `multi_last` answer,
+/// complete up to `end`, the last of them), holds every record of the entity from journal
+/// sequence `from` to `end`: the record at `end` names a sequence every earlier record of the
+/// entity is at or below (`Jetshard-Previous`, written by the entity's actor on a command's
+/// only record), that sequence is another known record naming one in turn, and so on down to
+/// one below `from`; and no known record in the range is off that chain. Then the entity's
+/// tail is [`replay_known`]'s, with no read. Not when the chain breaks: a record without the
+/// header (written before it existed, or one of a command's several records), or one a
+/// compaction purged.
+pub(crate) fn tail_is_known(known: &[StreamMessage], from: u64, end: u64) -> bool {
+    let record = |seq: u64| {
+        known
+            .iter()
+            .find(|m| m.sequence == seq && !Names::is_snapshot_subject(&m.subject))
+    };
+    let mut chained = 0;
+    let mut at = end;
+    while at >= from {
+        let Some(previous) = record(at).and_then(|r| header_u64(&r.headers, PREVIOUS)) else {
+            return false;
+        };
+        if previous >= at {
+            return false;
+        }
+        chained += 1;
+        at = previous;
+    }
+    chained == in_range(known, from, end).count()
+}
+
+/// Hands the records of `known` from `from` to `end` to `each`, in journal order, as [`replay`]
+/// would read them (snapshots passed); how many were events. For a tail that
+/// [`tail_is_known`].
+pub(crate) fn replay_known(
+    known: &[StreamMessage],
+    from: u64,
+    end: u64,
+    mut each: impl FnMut(StoredEvent<'_>) -> Result<(), Error>,
+) -> Result<u64, Error> {
+    let mut events = 0;
+    let mut next = from;
+    // At most one record per subject of the entity: no need to sort.
+    while let Some(message) = in_range(known, next, end).min_by_key(|m| m.sequence) {
+        events += take_message(message, &mut each)?;
+        next = message.sequence + 1;
+    }
+    Ok(events)
+}
+
+/// The records of `known` (snapshots aside) from `from` to `end`.
+fn in_range(known: &[StreamMessage], from: u64, end: u64) -> impl Iterator<Item = &StreamMessage> {
+    known.iter().filter(move |m| {
+        (from..=end).contains(&m.sequence) && !Names::is_snapshot_subject(&m.subject)
+    })
 }
 
 /// How [`scan`] reads.
@@ -356,6 +407,20 @@ pub(crate) async fn scan(
 
 /// Records read one request each before a replay opens a consumer for the rest.
 const DIRECT_READS: usize = 16;
+
+/// [`take_record`] of a message read by itself (a direct get, a `multi_last` answer).
+fn take_message(
+    message: &StreamMessage,
+    each: &mut impl FnMut(StoredEvent<'_>) -> Result<(), Error>,
+) -> Result<u64, Error> {
+    take_record(
+        &message.subject,
+        Some(&message.headers),
+        &message.payload,
+        message.sequence,
+        each,
+    )
+}
 
 /// Hands one stored record to `each`; whether it was an event (1) or not (0).
 fn take_record(
@@ -456,6 +521,7 @@ const SNAPSHOT_UPTO: HeaderName = HeaderName::from_static(HDR_SNAPSHOT_UPTO);
 const LAST_OUTCOME: HeaderName = HeaderName::from_static(HDR_LAST_OUTCOME);
 const ORIGIN: HeaderName = HeaderName::from_static(HDR_ORIGIN);
 const ORIGINS: HeaderName = HeaderName::from_static(HDR_ORIGINS);
+const PREVIOUS: HeaderName = HeaderName::from_static(HDR_PREVIOUS);
 const TIMER_OP: HeaderName = HeaderName::from_static(HDR_TIMER_OP);
 const TIMER: HeaderName = HeaderName::from_static(HDR_TIMER);
 const TIMER_DUE: HeaderName = HeaderName::from_static(HDR_TIMER_DUE);
@@ -514,5 +580,85 @@ fn stored_record<'a>(
             },
         }),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record of entity `a` of partition 0 as a `multi_last` answer holds it: `kind`
+    /// (`evt`, `tmr`, `dlq`, `snap`) at `seq`, naming `previous` if given.
+    fn record(kind: &str, seq: u64, previous: Option<u64>) -> StreamMessage {
+        let mut headers = HeaderMap::new();
+        headers.insert(HDR_GENERATION, "1");
+        headers.insert(HDR_COMMAND_SEQ, (seq * 10).to_string());
+        match kind {
+            "tmr" => {
+                headers.insert(HDR_TIMER_OP, "cancel");
+                headers.insert(HDR_TIMER, "t");
+            }
+            "dlq" => headers.insert(HDR_ENTITY, "a"),
+            _ => {}
+        }
+        if let Some(previous) = previous {
+            headers.insert(HDR_PREVIOUS, previous.to_string());
+        }
+        StreamMessage {
+            subject: format!("t.{kind}.0.a").into(),
+            sequence: seq,
+            headers,
+            payload: Bytes::from_static(b"e"),
+            time: time::OffsetDateTime::UNIX_EPOCH,
+        }
+    }
+
+    /// The sequences `replay_known` hands on.
+    fn replayed(known: &[StreamMessage], from: u64, end: u64) -> Vec<u64> {
+        let mut seen = Vec::new();
+        replay_known(known, from, end, |stored| {
+            seen.push(stored.seq);
+            Ok(())
+        })
+        .unwrap();
+        seen
+    }
+
+    #[test]
+    fn an_only_record_naming_nothing_before_it_is_the_whole_tail() {
+        let known = [record("evt", 7, Some(0))];
+        assert!(tail_is_known(&known, 1, 7));
+        assert_eq!(replayed(&known, 1, 7), [7]);
+    }
+
+    #[test]
+    fn a_chain_across_subjects_down_past_the_snapshot_is_the_whole_tail() {
+        // A snapshot at 5 (records up to it covered), then a dead letter at 9 and an event at 12
+        // naming it.
+        let known = [
+            record("snap", 5, None),
+            record("evt", 12, Some(9)),
+            record("dlq", 9, Some(5)),
+        ];
+        assert!(tail_is_known(&known, 6, 12));
+        assert_eq!(replayed(&known, 6, 12), [9, 12]);
+        // Without the snapshot, what lies at or below 5 is not known.
+        assert!(!tail_is_known(&known, 1, 12));
+    }
+
+    #[test]
+    fn a_broken_chain_means_the_tail_is_read() {
+        // No header: written before it existed, or one of a command's several records.
+        assert!(!tail_is_known(&[record("evt", 7, None)], 1, 7));
+        // An earlier record of the entity, not among its last ones.
+        assert!(!tail_is_known(&[record("evt", 7, Some(4))], 1, 7));
+        // A header that names the record itself or a later one proves nothing.
+        assert!(!tail_is_known(&[record("evt", 7, Some(7))], 1, 7));
+        // A known record in the range that the chain passes by.
+        let known = [record("evt", 12, Some(0)), record("tmr", 9, Some(0))];
+        assert!(!tail_is_known(&known, 1, 12));
+        // The last record a snapshot (one that does not read back): read.
+        let known = [record("snap", 12, None), record("evt", 9, Some(0))];
+        assert!(!tail_is_known(&known, 1, 12));
     }
 }

@@ -27,9 +27,9 @@ use crate::trace::TraceParent;
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_EVENT_VERSION, HDR_EXPECTED_SUBJECT,
     HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_MSG_ID, HDR_ORIGIN,
-    HDR_ORIGINS, HDR_OUTBOX_DONE, HDR_OUTBOX_INDEX, HDR_OUTBOX_TARGET, HDR_REASON, HDR_ROLLUP,
-    HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE, HDR_TIMER_OP, HDR_TIMER_SET,
-    HDR_TRACEPARENT, Names,
+    HDR_ORIGINS, HDR_OUTBOX_DONE, HDR_OUTBOX_INDEX, HDR_OUTBOX_TARGET, HDR_PREVIOUS, HDR_REASON,
+    HDR_ROLLUP, HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE, HDR_TIMER_OP,
+    HDR_TIMER_SET, HDR_TRACEPARENT, Names,
 };
 
 /// The records a command writes beside its events, in the same unit.
@@ -113,6 +113,10 @@ impl JournalWriter {
     ///
     /// `event_subject` is the entity's [`Names::event_subject`], kept by its actor.
     ///
+    /// `previous`: a journal sequence every earlier record of the entity is at or below, if the
+    /// caller knows one and wants it recorded (`Jetshard-Previous`); written only when the unit
+    /// is a single record of the entity (one event, or one timer record) with no outbox record.
+    ///
     /// Not an `async fn`: the records are built when it is called, so that the future (part of
     /// every command's future) holds them and the write, not the arguments besides.
     #[allow(clippy::too_many_arguments)]
@@ -125,6 +129,7 @@ impl JournalWriter {
         version: u32,
         trace: Option<&TraceParent>,
         attached: Attached<'_>,
+        previous: Option<u64>,
     ) -> impl Future<Output = Result<Option<u64>, WriteError>> + Send + use<'a> {
         let Attached {
             outbox,
@@ -182,7 +187,8 @@ impl JournalWriter {
                 }
             })
             .collect::<Vec<_>>();
-        let records = events
+        let single = records == 1 && outbox.is_empty();
+        let mut records: Vec<Outgoing> = events
             .into_iter()
             .enumerate()
             .map(|(index, event)| {
@@ -207,6 +213,11 @@ impl JournalWriter {
             .chain(outbox_records)
             .chain(timer_records)
             .collect();
+        if let (true, Some(previous), [record]) = (single, previous, records.as_mut_slice()) {
+            record
+                .headers
+                .insert(name(HDR_PREVIOUS), previous.to_string());
+        }
         Either::Left(self.commit.write(records).map(|r| r.map(Some)))
     }
 
@@ -230,7 +241,9 @@ impl JournalWriter {
     }
 
     /// Records a command that was given up (undecodable, or failing at every delivery), so an
-    /// operator can see it and replay it: `<t>.dlq.<p>`, the command's payload as body.
+    /// operator can see it and replay it: `<t>.dlq.<p>`, the command's payload as body. Returns
+    /// its journal sequence (0 if the server had it already). `previous` as for
+    /// [`Self::append`] (the record is on the entity's subject when `entity` is a valid id).
     pub(crate) async fn dead_letter(
         &self,
         entity: &str,
@@ -238,13 +251,17 @@ impl JournalWriter {
         deliveries: u64,
         reason: &str,
         payload: Bytes,
-    ) -> Result<(), WriteError> {
+        previous: Option<u64>,
+    ) -> Result<u64, WriteError> {
         let mut headers = self.fenced_headers();
         headers.insert(name(HDR_COMMAND_SEQ), command_seq.to_string());
         headers.insert(name(HDR_ENTITY), entity);
         headers.insert(name(HDR_DELIVERIES), deliveries.to_string());
         headers.insert(name(HDR_REASON), sanitize_header(reason));
         headers.insert(name(HDR_MSG_ID), self.names.dead_letter_msg_id(command_seq));
+        if let Some(previous) = previous {
+            headers.insert(name(HDR_PREVIOUS), previous.to_string());
+        }
         let record = Outgoing {
             subject: self
                 .names
@@ -253,7 +270,7 @@ impl JournalWriter {
             headers,
             payload,
         };
-        self.commit.write(vec![record]).await.map(drop)
+        self.commit.write(vec![record]).await
     }
 
     /// Writes a snapshot of an entity's state on `<t>.snap.<p>.<id>`, fenced like an event (a

@@ -53,6 +53,12 @@ pub const HDR_ROLLUP: &str = "Nats-Rollup";
 pub const HDR_STATE_VERSION: &str = "Jetshard-State-Version";
 /// Header on a snapshot: the journal sequence of the last record of the entity it covers.
 pub const HDR_SNAPSHOT_UPTO: &str = "Jetshard-Snapshot-Upto";
+/// Header on an entity's record (event, timer record, dead letter) that is its command's only
+/// record: a journal sequence every earlier record of the entity (snapshots aside) is at or
+/// below. So the records between it and this one are none, and an entity whose last records
+/// (`multi_last`) chain down this way past its snapshot loads without reading its tail. Only the
+/// entity's actor writes on its subjects, and only while it knows (its `Seed::tail`).
+pub const HDR_PREVIOUS: &str = "Jetshard-Previous";
 /// Header on a snapshot: what the entity's last command came to (`applied <events>`,
 /// `rejected <reason>`, `dead_lettered <reason>`), told again to a redelivery of it.
 pub const HDR_LAST_OUTCOME: &str = "Jetshard-Last-Outcome";

@@ -29,8 +29,24 @@ use crate::wire::Names;
 pub(crate) const MAX_ENTITIES: usize = 64;
 const _: () = assert!(MAX_ENTITIES * 4 < MAX_MESSAGES);
 
-/// Each entity's last records, by id (shared, not copied, with the entity's actor).
-type Found = HashMap<Box<str>, Arc<[StreamMessage]>>;
+/// Each entity's last records, by id: the whole map shared (`Arc`), not copied, with the
+/// entities' actors. Keyed by the batch's own ids (a clone of an [`EntityId`] is a reference
+/// count), each entity's records left in the `Vec` they were gathered in: per entity, one
+/// allocation (none without records).
+type Found = HashMap<EntityId, Vec<StreamMessage>>;
+
+/// An entity's last records, as a batch read them: a share of the batch's answer.
+pub(crate) struct Known {
+    found: Arc<Found>,
+    id: EntityId,
+}
+
+impl Known {
+    /// The last record of each of the entity's subjects (empty: it has no history).
+    pub(crate) fn records(&self) -> &[StreamMessage] {
+        self.found.get(&self.id).map(Vec::as_slice).unwrap_or(&[])
+    }
+}
 
 /// One batched read of the last records of some entities of one partition, made when the first
 /// of them loads, shared by all (`Arc`: each entity's actor holds it until it loads).
@@ -54,6 +70,7 @@ impl BatchLoad {
         // results") carries no last sequence, so it would prove nothing.
         filters.push(fence.clone());
         let count = entities.len();
+        let entities = entities.to_vec();
         let read = async move {
             // Not known: a write of this owner may be stored beyond what it was told.
             let Some(watermark) = context.journal.watermark() else {
@@ -79,7 +96,7 @@ impl BatchLoad {
                         watermark,
                         "entities' last records read in one batch"
                     );
-                    Some(Arc::new(by_entity(answer.messages, &fence)))
+                    Some(Arc::new(by_entity(&entities, answer.messages, &fence)))
                 }
                 Ok(None) => {
                     tracing::debug!(partition, watermark, "batched read incomplete; entities load one by one");
@@ -99,20 +116,22 @@ impl BatchLoad {
     /// The last record of each of `id`'s subjects (none: it has no history), as of a sequence
     /// past every record it had when the batch was planned; `None` if the batch was not read
     /// (then the entity is read on its own).
-    pub(crate) async fn records_of(&self, id: &EntityId) -> Option<Arc<[StreamMessage]>> {
+    pub(crate) async fn records_of(&self, id: &EntityId) -> Option<Known> {
         let found = self.read.clone().await?;
-        Some(
-            found
-                .get(id.as_str())
-                .cloned()
-                .unwrap_or_else(|| Arc::new([])),
-        )
+        Some(Known {
+            found,
+            id: id.clone(),
+        })
     }
 }
 
-/// The messages of a `multi_last` answer by entity, the fence record left out.
-fn by_entity(messages: Vec<StreamMessage>, fence: &str) -> Found {
-    let mut found: HashMap<Box<str>, Vec<StreamMessage>> = HashMap::new();
+/// The messages of a `multi_last` answer by entity (one of `entities`), the fence record left
+/// out.
+fn by_entity(entities: &[EntityId], messages: Vec<StreamMessage>, fence: &str) -> Found {
+    let mut found: Found = entities
+        .iter()
+        .map(|entity| (entity.clone(), Vec::new()))
+        .collect();
     for message in messages {
         if message.subject.as_str() == fence {
             continue;
@@ -120,10 +139,9 @@ fn by_entity(messages: Vec<StreamMessage>, fence: &str) -> Found {
         let Some(entity) = Names::entity_of_subject(&message.subject) else {
             continue;
         };
-        found.entry(entity.into()).or_default().push(message);
+        if let Some(records) = found.get_mut(entity) {
+            records.push(message);
+        }
     }
     found
-        .into_iter()
-        .map(|(entity, messages)| (entity, messages.into()))
-        .collect()
 }

@@ -13,7 +13,7 @@ use crate::codec::Codec;
 use crate::data::origin::Origins;
 use crate::entity::{Entity, EntityId, Snapshots};
 use crate::error::Error;
-use crate::journal::{self, Reads, Record, SnapshotRecord, TimerRecord};
+use crate::journal::{self, Reads, Record, SnapshotRecord, StoredEvent, TimerRecord};
 use crate::wire::Names;
 
 /// Why an entity could not be revived.
@@ -33,7 +33,11 @@ pub(super) enum Revival {
 ///   last record of each of its subjects together with other entities' ([`BatchLoad`]): an
 ///   entity without history, and one whose last record is its snapshot, are loaded by it alone;
 /// - otherwise its latest snapshot (one read, or taken from the batch), then its records after
-///   the snapshot, in journal order, on the same filter (snapshots passed), by direct gets.
+///   the snapshot, in journal order, on the same filter (snapshots passed), by direct gets;
+///   none when its last records hold them all: each of them its command's only record, naming
+///   (`Jetshard-Previous`) a sequence all the entity's records before it are at or below, down
+///   past the snapshot (`journal::tail_is_known`; an entity with one event since its snapshot,
+///   or in all, written by this version).
 ///
 /// A snapshot is never written while the entity has a timer armed (`write_snapshot`), so every
 /// armed timer's `set` record is after the latest snapshot, and read here.
@@ -66,7 +70,9 @@ struct ReadsMade {
     batched: bool,
 }
 
-/// [`revive`], counting its reads in `reads`.
+/// [`revive`], counting its reads in `reads`. Each read's future is boxed apart: every load
+/// allocates this one's (its actor boxes it), and a load that takes everything from a batched
+/// read makes none of them.
 async fn read_entity<E: Entity>(
     id: &EntityId,
     context: &EntityContext,
@@ -78,32 +84,37 @@ async fn read_entity<E: Entity>(
     let codec = context.codec;
     let partition = context.partition;
     let journal_stream = &context.journal_stream;
-    let records = context.names.entity_records(partition, id);
+    // Every record of the entity (`<t>.*.<p>.<id>`): built only for a read.
+    let records = || context.names.entity_records(partition, id);
     let direct = context.direct_reads;
     let mut seed = Seed::<E>::default();
     // Its last record of each kind, if read in a batch with other entities.
-    let known = match batch {
+    let batched = match batch {
         Some(batch) => batch.records_of(id).await,
         None => None,
     };
+    let known = batched.as_ref().map(|batched| batched.records());
     reads.batched = known.is_some();
-    let read_alone;
-    let last = match &known {
+    let mut read_alone = None;
+    let last = match known {
         Some(known) => known.iter().max_by_key(|m| m.sequence),
         None => {
             reads.single += 1;
-            read_alone = journal::last_record(journal_stream, &records, direct)
+            read_alone = Box::pin(journal::last_record(journal_stream, &records(), direct))
                 .await
                 .map_err(unreadable)?;
             read_alone.as_ref()
         }
     };
+    // Its last records: of each subject (batched), or its very last.
+    let lasts = known.unwrap_or(read_alone.as_slice());
     let Some(last) = last else {
+        seed.tail = Some(0);
         return Ok(seed);
     };
     let end = last.sequence;
     let snapshots = E::snapshots();
-    let latest = match (snapshots, &known) {
+    let latest = match (snapshots, known) {
         (None, _) => None,
         (Some(_), _) if Names::is_snapshot_subject(&last.subject) => journal::snapshot_record(last),
         (Some(_), Some(known)) => known
@@ -113,13 +124,15 @@ async fn read_entity<E: Entity>(
         (Some(_), None) => {
             reads.single += 1;
             let subject = context.names.snapshot_subject(partition, id);
-            journal::latest_snapshot(journal_stream, &subject, direct)
+            Box::pin(journal::latest_snapshot(journal_stream, &subject, direct))
                 .await
                 .map_err(unreadable)?
         }
     };
     // Records of commands up to `covered` are in the snapshot; those from `from` are read.
-    let (mut from, mut covered) = (1, None);
+    // Those at or below `skipped` need not be (`from - 1`, or the snapshot's own sequence: a
+    // record between its `upto` and it is of a command it covers).
+    let (mut from, mut covered, mut skipped) = (1, None, 0);
     if let (Some(snapshots), Some((snapshot_seq, snapshot))) = (snapshots, latest) {
         match restore::<E>(&snapshot, snapshots, codec) {
             Ok(restored) => {
@@ -130,9 +143,11 @@ async fn read_entity<E: Entity>(
                 );
                 from = snapshot.upto + 1;
                 covered = Some(snapshot.command_seq);
+                skipped = snapshot.upto.max(snapshot_seq);
                 seed = restored;
                 if snapshot_seq == end {
                     // Its last record: nothing after it.
+                    seed.tail = Some(end);
                     return Ok(seed);
                 }
             }
@@ -153,7 +168,7 @@ async fn read_entity<E: Entity>(
     } else {
         Reads::DirectConfirmed
     };
-    let replayed = journal::replay_with(journal_stream, records, from, end, how, |stored| {
+    let each = |stored: StoredEvent<'_>| -> Result<(), Error> {
         if covered.is_some_and(|c| stored.command_seq <= c) || stored.entity != id.as_str() {
             return Ok(());
         }
@@ -165,10 +180,25 @@ async fn read_entity<E: Entity>(
             Some(q) => q.last_command_seq = q.last_command_seq.max(stored.command_seq),
         }
         Ok(())
-    })
-    .await
-    .map_err(unreadable)?;
-    reads.single += replayed.requests;
+    };
+    // Its records after the snapshot are its last records already (each names the one before
+    // it, down past the snapshot): no read. Else they are read.
+    if journal::tail_is_known(lasts, skipped + 1, end) {
+        journal::replay_known(lasts, skipped + 1, end, each).map_err(unreadable)?;
+    } else {
+        let replayed = Box::pin(journal::replay_with(
+            journal_stream,
+            records(),
+            from,
+            end,
+            how,
+            each,
+        ))
+        .await
+        .map_err(unreadable)?;
+        reads.single += replayed.requests;
+    }
+    seed.tail = Some(end);
     if !seed.timers.is_empty() {
         reads.single += 1;
         // A compaction may have purged, while they were read, timer records from the front of
@@ -176,7 +206,7 @@ async fn read_entity<E: Entity>(
         // `cancel` after it. Everything a compaction purges is of timers no longer armed, so a
         // timer whose `set` lies before the first record left is not armed.
         let timers = context.names.timer_subject(partition, id);
-        let first = journal::first_sequence(journal_stream, &timers)
+        let first = Box::pin(journal::first_sequence(journal_stream, &timers))
             .await
             .map_err(unreadable)?
             .unwrap_or(u64::MAX);
@@ -219,6 +249,8 @@ pub(super) fn restore<E: Entity>(
             .and_then(LastOutcome::from_header),
         journal_seq: snapshot.upto,
         unsnapshotted: 0,
+        // Set by the load, once it has read all it reads.
+        tail: None,
         // None was armed when the snapshot was written (`write_snapshot`).
         timers: BTreeMap::new(),
         // Empty in a snapshot written before origins were kept.
@@ -236,6 +268,25 @@ mod tests {
 
     use super::*;
     use crate::test_entity::Counter;
+
+    /// The size of the future `make` would return; `make` is never called.
+    fn future_size<F: std::future::Future>(_make: impl FnOnce() -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// Every load allocates its future (the entity actor boxes it): the reads only some loads
+    /// make (a tail of more than a few records, an entity loaded alone, armed timers) are boxed
+    /// apart, so that a load from a batched read alone allocates little: a small allocation
+    /// (glibc serves up to 1,000 bytes from its small bins; see `process.rs`).
+    #[test]
+    #[allow(unreachable_code, clippy::diverging_sub_expression)]
+    fn a_load_future_is_small() {
+        let size = future_size(|| revive::<Counter>(unreachable!(), unreachable!(), None));
+        eprintln!("load future: {size} bytes");
+        assert!(size <= LOAD_FUTURE_MAX, "a load's future is {size} bytes");
+    }
+
+    const LOAD_FUTURE_MAX: usize = 1_000;
 
     fn record(version: u32, state: &[u8]) -> SnapshotRecord {
         SnapshotRecord {

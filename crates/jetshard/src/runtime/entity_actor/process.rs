@@ -123,6 +123,7 @@ pub(super) async fn process<E: Entity>(
     ));
     let metrics = &context.metrics;
     metrics.batch_events.record(encoded.len() as f64);
+    let previous = seed.previous();
     let writing = std::time::Instant::now();
     let written = context
         .journal
@@ -139,6 +140,7 @@ pub(super) async fn process<E: Entity>(
                 fired: work.timer.as_ref(),
                 origin: work.origin.as_deref(),
             },
+            previous,
         )
         .await;
     telemetry::record(&metrics.write_seconds, writing.elapsed());
@@ -294,17 +296,22 @@ async fn decode<E: Entity>(
         Err(reason) => reason,
     };
     let id = state.id.as_str();
+    let previous = match &state.seed {
+        Loaded::Yes(seed) => seed.previous(),
+        _ => None,
+    };
     // Boxed, as `load`'s reads: a rare step kept out of every command's future.
     let written = Box::pin(
         state
             .context
             .journal
-            .dead_letter(id, seq, deliveries, &reason, payload),
+            .dead_letter(id, seq, deliveries, &reason, payload, previous),
     )
     .await;
     Err(match written {
-        Ok(()) => {
+        Ok(stored) => {
             if let Loaded::Yes(seed) = &mut state.seed {
+                seed.wrote(Some(stored));
                 seed.last_command_seq = seq;
                 seed.last_outcome = Some(LastOutcome::DeadLettered(reason.as_str().into()));
             }
@@ -368,10 +375,12 @@ async fn decide<E: Entity>(
                 fired: Some(f),
                 ..Attached::default()
             },
+            seed.previous(),
         ))
         .await;
-        if let Err(e) = written {
-            return Err(write_failed(e));
+        match written {
+            Ok(stored) => seed.wrote(stored),
+            Err(e) => return Err(write_failed(e)),
         }
         seed.timers.remove(&f.name);
         timer_reports.push(TimerReport::Disarmed {
@@ -491,6 +500,7 @@ fn apply<E: Entity>(
     if let Some(stored) = journal_seq.filter(|s| *s > 0) {
         seed.journal_seq = stored;
     }
+    seed.wrote(journal_seq);
     seed.unsnapshotted = seed
         .unsnapshotted
         .saturating_add(u32::try_from(count).unwrap_or(u32::MAX));

@@ -23,6 +23,11 @@ pub(crate) struct Seed<E: Entity> {
     pub(crate) journal_seq: u64,
     /// Events in `state` since its last snapshot (or since it was loaded without one).
     pub(crate) unsnapshotted: u32,
+    /// A journal sequence every record of the entity (snapshots aside) is at or below, when
+    /// known for sure: the end of what its load read, then each write's sequence (its actor is
+    /// the entity's only writer). `None` after a write whose sequence was not told (the server
+    /// had it already). What its next record says it follows (`Jetshard-Previous`, [`Self::previous`]).
+    pub(crate) tail: Option<u64>,
     /// Its armed timers, by name (`timer.rs`).
     pub(crate) timers: BTreeMap<Box<str>, Armed>,
     /// The origins of the outbox messages it applied, the latest (`data/origin.rs`).
@@ -37,8 +42,29 @@ impl<E: Entity> Default for Seed<E> {
             last_outcome: None,
             journal_seq: 0,
             unsnapshotted: 0,
+            tail: None,
             timers: BTreeMap::new(),
             origins: Origins::default(),
+        }
+    }
+}
+
+impl<E: Entity> Seed<E> {
+    /// What the entity's next record says of the records before it (`Jetshard-Previous`, on a
+    /// command's only record): its [`tail`](Self::tail), while it has no event since its latest
+    /// snapshot (or none at all). Past that the next load reads its records after the snapshot
+    /// anyway (its last records show one event per subject), so the header would only cost.
+    pub(crate) fn previous(&self) -> Option<u64> {
+        self.tail.filter(|_| self.unsnapshotted == 0)
+    }
+
+    /// A write of the entity's records is durable at `stored` (the sequence of its last; 0 if
+    /// the server had them already: not known; `None`: nothing was written).
+    pub(crate) fn wrote(&mut self, stored: Option<u64>) {
+        match stored {
+            None => {}
+            Some(0) => self.tail = None,
+            Some(seq) => self.tail = Some(seq),
         }
     }
 }

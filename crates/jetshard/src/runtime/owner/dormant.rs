@@ -55,7 +55,8 @@ const TABLE_SHARE: usize = (std::mem::size_of::<Packed>() + 1) * 16 / 7 + 1;
 /// One dormant entity in one allocation, unchanged until it is taken: its LRU stamp (u64, little
 /// endian; least recently used: lowest), its id (its length as a u16, then its bytes), its
 /// seed's other fields (LEB128 varints: the last command's sequence, the journal sequence, the
-/// events since the snapshot, the last outcome, and the armed timers, usually none), the outbox origins it
+/// events since the snapshot, its tail (0: not known, else one past it), the last outcome, and
+/// the armed timers, usually none), the outbox origins it
 /// remembers (usually none) and, to the end, its state's encoding (the entity type's codec). Hashed and compared as its id, so the
 /// set is looked up by `&str`.
 struct Packed(Box<[u8]>);
@@ -75,6 +76,11 @@ impl Packed {
         put(&mut out, seed.last_command_seq);
         put(&mut out, seed.journal_seq);
         put(&mut out, u64::from(seed.unsnapshotted));
+        // 0: not known; else one past it.
+        put(
+            &mut out,
+            seed.tail.and_then(|tail| tail.checked_add(1)).unwrap_or(0),
+        );
         match &seed.last_outcome {
             None => out.push(0),
             Some(LastOutcome::Applied { events }) => {
@@ -133,6 +139,7 @@ impl Packed {
         let last_command_seq = take(&mut rest)?;
         let journal_seq = take(&mut rest)?;
         let unsnapshotted = u32::try_from(take(&mut rest)?).ok()?;
+        let tail = take(&mut rest)?.checked_sub(1);
         let (&kind, after) = rest.split_first()?;
         rest = after;
         let last_outcome = match kind {
@@ -167,6 +174,7 @@ impl Packed {
             last_outcome,
             journal_seq,
             unsnapshotted,
+            tail,
             timers,
             origins,
         })

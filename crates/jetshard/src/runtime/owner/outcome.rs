@@ -233,10 +233,12 @@ impl<E: Entity> OwnerState<E> {
                 pending.deliveries,
                 &reason,
                 pending.payload.clone(),
+                // Not an entity's subject: `named` is no valid id.
+                None,
             )
             .await;
         match written {
-            Ok(()) => {
+            Ok(_) => {
                 self.counters.dead_lettered += 1;
                 self.metrics.dead_lettered.increment(1);
                 if let Some(reply) = pending.reply {

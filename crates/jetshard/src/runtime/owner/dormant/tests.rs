@@ -83,8 +83,8 @@ fn the_byte_budget_drops_the_oldest_until_ninety_percent() {
         dormant.keep(&id(n), &seed(100));
     }
     dormant.keep(&id(10), &seed(500));
-    // Stamp and id 13, six small fields 6, bincode's length 1 (3 for 500), the table share.
-    let each = 13 + 6 + 1 + 100 + TABLE_SHARE;
+    // Stamp and id 13, seven small fields 7, bincode's length 1 (3 for 500), the table share.
+    let each = 13 + 7 + 1 + 100 + TABLE_SHARE;
     let big = each + 402;
     assert_eq!(dormant.bytes(), 10 * each + big);
     // Down to 90 % of 12 small ones' worth: the three oldest go.
@@ -110,10 +110,10 @@ fn a_state_is_counted_at_its_encoding_its_id_and_its_table_share() {
     dormant.keep(&id(1), &seed(1_000));
     // bincode: a length of 1 byte and 1 byte (2); a length of 3 bytes and 1,000 (1,003).
     assert_eq!(dormant.bytes() - small, 1_001);
-    // The stamp and id (10 + 3), six small fields of a byte each (the last command's and
-    // the journal's sequences, the events since the snapshot, no outcome, no timers, no
-    // outbox origins), the state (2).
-    assert_eq!(small, 13 + 6 + 2 + TABLE_SHARE);
+    // The stamp and id (10 + 3), seven small fields of a byte each (the last command's and
+    // the journal's sequences, the events since the snapshot, no tail known, no outcome, no
+    // timers, no outbox origins), the state (2).
+    assert_eq!(small, 13 + 7 + 2 + TABLE_SHARE);
     assert_eq!(totals(&total), (1, dormant.bytes()));
 }
 
@@ -143,6 +143,7 @@ fn a_seed_comes_back_as_it_was_kept() {
             last_outcome,
             journal_seq: 1 << 40,
             unsnapshotted: u32::MAX,
+            tail: [None, Some(0), Some(1 << 40), Some(u64::MAX - 1)][n],
             timers: if n % 2 == 0 {
                 timers.clone()
             } else {
@@ -165,6 +166,7 @@ fn a_seed_comes_back_as_it_was_kept() {
         assert_eq!(back.origins.to_header(), kept.origins.to_header());
         assert_eq!(back.journal_seq, kept.journal_seq);
         assert_eq!(back.unsnapshotted, kept.unsnapshotted);
+        assert_eq!(back.tail, kept.tail);
         assert_eq!(back.timers, kept.timers);
     }
     assert_eq!(totals(&total), (0, 0));
