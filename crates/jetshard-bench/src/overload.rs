@@ -24,7 +24,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::Options;
-use crate::compaction::{CompactionCmd, CompactionEntity};
+use crate::compaction::{CompactionEntity, publish_work};
 use crate::entity::entity_id;
 use crate::latency::{Stamps, offer};
 use crate::load::AckWindow;
@@ -198,14 +198,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     let load = async {
         let mut window = AckWindow::default();
         offer(rate, total, async |i, at_ns| {
-            let entity = i % ids.len();
-            let timer = (i / ids.len()).is_multiple_of(10);
-            let command = CompactionCmd::Work { at_ns, timer };
-            let payload = Codec::Json.encode(&command).context("encode a command")?;
-            let ack = js
-                .publish(format!("{ENTITY_TYPE}.cmd.{}", ids[entity]), payload.into())
-                .await
-                .context("publish a command")?;
+            let ack = publish_work(&js, ENTITY_TYPE, &ids, i, at_ns).await?;
             window.push(ack).await
         })
         .await?;

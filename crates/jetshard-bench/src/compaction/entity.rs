@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
+
 use jetshard::{Codec, Effects, Entity, ShardConfig, Snapshots};
 use serde::{Deserialize, Serialize};
 
@@ -101,4 +103,23 @@ pub(super) fn config(
         None => builder.compaction(false),
     };
     Ok(builder.build()?)
+}
+
+/// Publishes the long runs' `i`-th command (to `entity_type`'s entity `ids[i % ids.len()]`,
+/// every tenth command of an entity arming a timer), stamped `at_ns`: the compaction and
+/// overload scenarios offer the same load.
+pub(crate) async fn publish_work(
+    js: &async_nats::jetstream::Context,
+    entity_type: &str,
+    ids: &[String],
+    i: usize,
+    at_ns: u64,
+) -> anyhow::Result<async_nats::jetstream::context::PublishAckFuture> {
+    let entity = i % ids.len();
+    let timer = (i / ids.len()).is_multiple_of(10);
+    let command = CompactionCmd::Work { at_ns, timer };
+    let payload = Codec::Json.encode(&command).context("encode a command")?;
+    js.publish(format!("{entity_type}.cmd.{}", ids[entity]), payload.into())
+        .await
+        .context("publish a command")
 }

@@ -16,7 +16,7 @@ use crate::latency::{Stamps, offer};
 use crate::load::AckWindow;
 use crate::stats::Summary;
 
-use super::entity::{CompactionCmd, CompactionEntity, ENTITY_TYPE, JOURNAL, config};
+use super::entity::{CompactionEntity, ENTITY_TYPE, JOURNAL, config, publish_work};
 
 /// How often the journal is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_secs(2);
@@ -146,15 +146,7 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
     let started = tokio::time::Instant::now();
     let mut window = AckWindow::default();
     let offered = offer(options.compaction_rate, total, async |i, at_ns| {
-        let entity = i % ids.len();
-        // Every tenth command of an entity arms a timer.
-        let timer = (i / ids.len()).is_multiple_of(10);
-        let command = CompactionCmd::Work { at_ns, timer };
-        let payload = Codec::Json.encode(&command).context("encode a command")?;
-        let ack = js
-            .publish(format!("{ENTITY_TYPE}.cmd.{}", ids[entity]), payload.into())
-            .await
-            .context("publish a command")?;
+        let ack = publish_work(&js, ENTITY_TYPE, &ids, i, at_ns).await?;
         window.push(ack).await
     })
     .await?;
