@@ -1,6 +1,6 @@
 //! Compaction on an operator's word: what the journal shows no live state needs, purged (see
 //! [`Admin::compact`]). The owners do the same in the background (`runtime/compaction.rs`),
-//! through the same plan (`journal/compact.rs`).
+//! through the same plan (`journal/compact/`).
 
 use async_nats::jetstream::context::ConsumerInfoErrorKind;
 
