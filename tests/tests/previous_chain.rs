@@ -32,12 +32,7 @@ struct Stored {
 /// one by one: a test's journal is small).
 async fn records_of(js: &Context, entity: &str) -> Vec<Stored> {
     let mut stream = js.get_stream("LEDGER_JOURNAL").await.expect("the journal");
-    let last = stream
-        .info()
-        .await
-        .expect("its info")
-        .state
-        .last_sequence;
+    let last = stream.info().await.expect("its info").state.last_sequence;
     let mut records = Vec::new();
     for seq in 1..=last {
         let Ok(message) = stream.get_raw_message(seq).await else {
@@ -110,7 +105,10 @@ async fn cold_load_holds_the_full_replay(s: &mut Scenario, entity: &str, next: u
     wait_drained(&s.js, WITHIN).await.expect("the command done");
     let loads = Loads::of(&system.status().await.expect("status"));
     eprintln!("n2: {loads}");
-    assert!(loads.batched >= 1, "loaded through the batched path: {loads}");
+    assert!(
+        loads.batched >= 1,
+        "loaded through the batched path: {loads}"
+    );
     wait_holds(s, entity, &(0..=next).collect::<Vec<_>>()).await;
     s.check().await;
     system.shutdown().await.expect("shut down");
@@ -156,12 +154,16 @@ async fn a_write_not_confirmed_that_lands_leaves_no_previous_in_its_generation()
         .expect("the command decided");
     s.server().pause().expect("pause the server");
     paused.send(()).expect("let the decide go on");
-    let unconfirmed = wait_until(Duration::from_secs(20), "the write not confirmed", || async {
-        system
-            .status()
-            .await
-            .is_ok_and(|p| p.iter().map(|p| p.unconfirmed_writes).sum::<u64>() >= 1)
-    })
+    let unconfirmed = wait_until(
+        Duration::from_secs(20),
+        "the write not confirmed",
+        || async {
+            system
+                .status()
+                .await
+                .is_ok_and(|p| p.iter().map(|p| p.unconfirmed_writes).sum::<u64>() >= 1)
+        },
+    )
     .await;
     s.server().resume().expect("resume the server");
     unconfirmed.expect("the write not confirmed");
@@ -179,7 +181,10 @@ async fn a_write_not_confirmed_that_lands_leaves_no_previous_in_its_generation()
     let records = records_of(&s.js, entity).await;
     let generation = records[0].generation;
     assert_eq!(
-        records.iter().filter(|r| r.generation == generation).count(),
+        records
+            .iter()
+            .filter(|r| r.generation == generation)
+            .count(),
         records.len(),
         "one generation: {records:#?}"
     );
@@ -225,9 +230,15 @@ async fn after_handler_panics_and_restarts_a_cold_load_holds_every_record() {
     };
     s.send(entity, Op::Append(0)).await;
     // Not in the history: a timer record is no outcome; the commands the timers send are.
-    s.sender.send(entity, &remind("a", 100)).await.expect("send");
+    s.sender
+        .send(entity, &remind("a", 100))
+        .await
+        .expect("send");
     s.send(entity, Op::Panic).await;
-    s.sender.send(entity, &remind("b", 101)).await.expect("send");
+    s.sender
+        .send(entity, &remind("b", 101))
+        .await
+        .expect("send");
     wait_drained(&s.js, WITHIN).await.expect("drained");
     let records = records_of(&s.js, entity).await;
     assert_links_true(&records);
@@ -251,7 +262,10 @@ async fn after_handler_panics_and_restarts_a_cold_load_holds_every_record() {
     wait_holds(&s, entity, &[0, 1, 100, 101]).await;
     let loads = Loads::of(&next.status().await.expect("status"));
     eprintln!("n2: {loads}");
-    assert!(loads.batched >= 1, "loaded through the batched path: {loads}");
+    assert!(
+        loads.batched >= 1,
+        "loaded through the batched path: {loads}"
+    );
     s.check().await;
     assert_links_true(&records_of(&s.js, entity).await);
     next.shutdown().await.expect("shut down");

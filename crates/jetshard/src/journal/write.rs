@@ -484,7 +484,10 @@ mod tests {
             }
         };
         // Every write answered: the record names what it was given.
-        let first = event(1, fence_seq).await.expect("written").expect("a record");
+        let first = event(1, fence_seq)
+            .await
+            .expect("written")
+            .expect("a record");
         assert_eq!(previous_of(first).await, Some(fence_seq.to_string()));
 
         // Not confirmed in time, yet stored once the server runs again.
@@ -496,21 +499,32 @@ mod tests {
             "not confirmed: {late:?}"
         );
         let late_seq = first + 1;
-        jetshard_testkit::wait_until(std::time::Duration::from_secs(10), "the late record stored", || {
-            let stream = stream.clone();
-            async move { stream.get_raw_message(late_seq).await.is_ok() }
-        })
+        jetshard_testkit::wait_until(
+            std::time::Duration::from_secs(10),
+            "the late record stored",
+            || {
+                let stream = stream.clone();
+                async move { stream.get_raw_message(late_seq).await.is_ok() }
+            },
+        )
         .await
         .expect("the late record stored");
 
         // From now on this generation names nothing, events and dead letters alike.
-        let after = event(3, late_seq).await.expect("written").expect("a record");
+        let after = event(3, late_seq)
+            .await
+            .expect("written")
+            .expect("a record");
         assert_eq!(previous_of(after).await, None, "an event after the doubt");
         let letter = writer
             .dead_letter("a", 4, 1, "given up", Bytes::new(), Some(after))
             .await
             .expect("written");
-        assert_eq!(previous_of(letter).await, None, "a dead letter after the doubt");
+        assert_eq!(
+            previous_of(letter).await,
+            None,
+            "a dead letter after the doubt"
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]
