@@ -102,6 +102,10 @@ impl Entity for Ledger {
             LedgerCmd::Refuse => Err("refused".to_owned()),
             LedgerCmd::Abort => std::process::abort(),
             LedgerCmd::Slow { n, ms } => {
+                let hook = slow_hooks().lock().map(|mut h| h.remove(&n)).ok().flatten();
+                if let Some(hook) = hook {
+                    hook();
+                }
                 println!("DECIDING {n}");
                 let _ = std::io::Write::flush(&mut std::io::stdout());
                 std::thread::sleep(std::time::Duration::from_millis(ms));
@@ -198,4 +202,23 @@ fn faults() -> &'static Faults {
             .ok()
             .and_then(|v| v.parse().ok()),
     })
+}
+
+/// A hook of this test process, run by the `decide` of the first `Slow { n, .. }` with its `n`
+/// before it sleeps (in process: a node process never has one).
+type SlowHook = Box<dyn FnOnce() + Send>;
+
+fn slow_hooks() -> &'static std::sync::Mutex<std::collections::HashMap<u64, SlowHook>> {
+    static HOOKS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<u64, SlowHook>>> =
+        std::sync::OnceLock::new();
+    HOOKS.get_or_init(Default::default)
+}
+
+/// Runs `hook` in the `decide` of the first `Slow { n, .. }` with this `n` (in this process),
+/// before the command's events go to the journal: e.g. to stop the server while that write is
+/// about to go out. Once.
+pub fn on_slow(n: u64, hook: impl FnOnce() + Send + 'static) {
+    if let Ok(mut hooks) = slow_hooks().lock() {
+        hooks.insert(n, Box::new(hook));
+    }
 }

@@ -99,6 +99,16 @@ impl JournalWriter {
         Some(self.commit.acked()?.max(self.fence.seq))
     }
 
+    /// `previous` (what an entity's actor knows of its records before the one it writes, for
+    /// `Jetshard-Previous`), unless a write of this generation is in doubt
+    /// ([`GroupCommit::in_doubt`]): a record answered "not confirmed" may be stored after the
+    /// reads that loaded its entity again and after the writes since, so what its actor knows
+    /// may have a gap. Then no record of this generation carries the header, and loads read as
+    /// before until the next generation, whose claim fences such records out.
+    fn certain(&self, previous: Option<u64>) -> Option<u64> {
+        previous.filter(|_| !self.commit.in_doubt())
+    }
+
     /// Makes a command's events durable, fenced, de-duplicated by `<t>:<command seq>:<index>`,
     /// each marked with the event encoding's `version`. Returns the journal sequence of the last
     /// event (`None` for no events; 0 if the server answered that it had them already).
@@ -115,7 +125,8 @@ impl JournalWriter {
     ///
     /// `previous`: a journal sequence every earlier record of the entity is at or below, if the
     /// caller knows one and wants it recorded (`Jetshard-Previous`); written only when the unit
-    /// is a single record of the entity (one event, or one timer record) with no outbox record.
+    /// is a single record of the entity (one event, or one timer record) with no outbox record,
+    /// and no write of this generation is in doubt ([`Self::certain`]).
     ///
     /// Not an `async fn`: the records are built when it is called, so that the future (part of
     /// every command's future) holds them and the write, not the arguments besides.
@@ -213,7 +224,9 @@ impl JournalWriter {
             .chain(outbox_records)
             .chain(timer_records)
             .collect();
-        if let (true, Some(previous), [record]) = (single, previous, records.as_mut_slice()) {
+        if let (true, Some(previous), [record]) =
+            (single, self.certain(previous), records.as_mut_slice())
+        {
             record
                 .headers
                 .insert(name(HDR_PREVIOUS), previous.to_string());
@@ -259,7 +272,7 @@ impl JournalWriter {
         headers.insert(name(HDR_DELIVERIES), deliveries.to_string());
         headers.insert(name(HDR_REASON), sanitize_header(reason));
         headers.insert(name(HDR_MSG_ID), self.names.dead_letter_msg_id(command_seq));
-        if let Some(previous) = previous {
+        if let Some(previous) = self.certain(previous) {
             headers.insert(name(HDR_PREVIOUS), previous.to_string());
         }
         let record = Outgoing {
@@ -406,6 +419,113 @@ mod tests {
     use super::*;
     use crate::journal::group_commit::{CommitStats, Mode, Settings};
     use crate::telemetry::CommitMetrics;
+
+    /// After a write of its generation was answered "not confirmed" (the server stopped past
+    /// the write timeout), a writer names no previous record (`Jetshard-Previous`) on any record
+    /// of the generation, asked or not: the unconfirmed record is stored once the server runs
+    /// again, after whatever an entity's actor read or wrote since.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_write_not_confirmed_no_record_of_the_generation_names_a_previous_one() {
+        let server = NatsServer::start().await.expect("start nats-server");
+        let js = async_nats::jetstream::new(server.connect().await.expect("connect"));
+        let stream = js
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: "T".to_owned(),
+                subjects: vec!["t.>".to_owned()],
+                allow_atomic_publish: true,
+                ..Default::default()
+            })
+            .await
+            .expect("create the journal");
+        let names = Arc::new(Names::new("t"));
+        let fence_seq = js
+            .publish(names.fence_subject(0), "fence".into())
+            .await
+            .expect("publish a fence record")
+            .await
+            .expect("store it")
+            .sequence;
+        let settings = Settings {
+            mode: Mode::Pipelined,
+            stats: Arc::new(CommitStats::default()),
+            metrics: CommitMetrics {
+                records: Histogram::noop(),
+                conflicts: Counter::noop(),
+            },
+            write_timeout: std::time::Duration::from_millis(300),
+        };
+        let fence = Fence {
+            generation: 1,
+            seq: fence_seq,
+        };
+        let writer = JournalWriter::new(js.clone(), Arc::clone(&names), 0, fence, settings);
+        let id = EntityId::new("a").expect("an id");
+        let subject: Subject = names.event_subject(0, &id).into();
+        let event = |command: u64, previous: u64| {
+            writer.append(
+                &id,
+                &subject,
+                command,
+                vec![Bytes::from_static(b"e")],
+                1,
+                None,
+                Attached::default(),
+                Some(previous),
+            )
+        };
+        let previous_of = |seq: u64| {
+            let stream = stream.clone();
+            async move {
+                let message = stream.get_raw_message(seq).await.expect("read it back");
+                message
+                    .headers
+                    .get(HDR_PREVIOUS)
+                    .map(|v| v.as_str().to_owned())
+            }
+        };
+        // Every write answered: the record names what it was given.
+        let first = event(1, fence_seq)
+            .await
+            .expect("written")
+            .expect("a record");
+        assert_eq!(previous_of(first).await, Some(fence_seq.to_string()));
+
+        // Not confirmed in time, yet stored once the server runs again.
+        server.pause().expect("pause the server");
+        let late = event(2, first).await;
+        server.resume().expect("resume the server");
+        assert!(
+            matches!(late, Err(WriteError::Unconfirmed(_))),
+            "not confirmed: {late:?}"
+        );
+        let late_seq = first + 1;
+        jetshard_testkit::wait_until(
+            std::time::Duration::from_secs(10),
+            "the late record stored",
+            || {
+                let stream = stream.clone();
+                async move { stream.get_raw_message(late_seq).await.is_ok() }
+            },
+        )
+        .await
+        .expect("the late record stored");
+
+        // From now on this generation names nothing, events and dead letters alike.
+        let after = event(3, late_seq)
+            .await
+            .expect("written")
+            .expect("a record");
+        assert_eq!(previous_of(after).await, None, "an event after the doubt");
+        let letter = writer
+            .dead_letter("a", 4, 1, "given up", Bytes::new(), Some(after))
+            .await
+            .expect("written");
+        assert_eq!(
+            previous_of(letter).await,
+            None,
+            "a dead letter after the doubt"
+        );
+    }
 
     #[tokio::test(flavor = "current_thread")]
     async fn an_event_at_version_one_carries_no_version_header_and_another_version_does() {

@@ -23,7 +23,7 @@
 //! submitter hears back only once the server has answered for it. Per-entity order follows: an
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::context::Context;
@@ -87,6 +87,20 @@ pub(crate) struct GroupCommit {
     /// The highest journal sequence a write of this generation was acknowledged at, or
     /// [`UNKNOWN`] once a write may be stored at a sequence it was not told.
     acked: Arc<AtomicU64>,
+    /// Set once a write of this generation was not confirmed ([`Self::in_doubt`]).
+    doubt: Arc<AtomicBool>,
+}
+
+/// Sets the doubt it holds when dropped: a write whose answer never came
+/// ([`GroupCommit::write`]).
+struct Unanswered<'a>(Option<&'a AtomicBool>);
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(doubt) = self.0 {
+            doubt.store(true, Ordering::Release);
+        }
+    }
 }
 
 /// [`GroupCommit::acked`] is not known: a write was answered "stored before" (a duplicate: at
@@ -135,6 +149,7 @@ impl GroupCommit {
             client,
             direct,
             acked: Arc::default(),
+            doubt: Arc::default(),
         }
     }
 
@@ -146,10 +161,25 @@ impl GroupCommit {
         (acked != UNKNOWN).then_some(acked)
     }
 
+    /// Whether a write of this generation was answered "not confirmed" (a timeout, a lost
+    /// connection, a leader change, the writer stopped): its records may still be stored, at
+    /// any later time, after reads and writes made since. Never cleared: only the next
+    /// generation's claim fences them out. Set before that write's submitter hears its answer.
+    pub(crate) fn in_doubt(&self) -> bool {
+        self.doubt.load(Ordering::Acquire)
+    }
+
     /// Makes `records` durable, all or none, as [`Self::write_unit`] does, and keeps
-    /// [`Self::acked`].
+    /// [`Self::acked`] and [`Self::in_doubt`].
     pub(crate) async fn write(&self, records: Vec<Outgoing>) -> Result<u64, WriteError> {
+        // A write given up before its answer (its submitter's future dropped) may be stored
+        // as well: in doubt, unless answered.
+        let mut unanswered = Unanswered(Some(&self.doubt));
         let written = self.write_unit(records).await;
+        unanswered.0 = None;
+        if let Err(WriteError::Unconfirmed(_)) = &written {
+            self.doubt.store(true, Ordering::Release);
+        }
         match &written {
             Ok(0) | Err(WriteError::Unconfirmed(_)) => self.acked.store(UNKNOWN, Ordering::Release),
             Ok(seq) => {

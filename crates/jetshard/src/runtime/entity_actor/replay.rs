@@ -161,3 +161,32 @@ impl<E: Entity> Seed<E> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_entity::Counter;
+
+    #[test]
+    fn a_write_answered_as_a_duplicate_leaves_the_tail_unknown_until_a_known_sequence() {
+        let mut seed = Seed::<Counter> {
+            tail: Some(5),
+            ..Seed::default()
+        };
+        assert_eq!(seed.previous(), Some(5));
+        // Nothing written (a rejection): the tail stands.
+        seed.wrote(None);
+        assert_eq!(seed.previous(), Some(5));
+        // Stored before, at a sequence not told: nothing is named.
+        seed.wrote(Some(0));
+        assert_eq!((seed.tail, seed.previous()), (None, None));
+        seed.wrote(None);
+        assert_eq!(seed.previous(), None);
+        // A write stored at a known sequence: every record of the entity is at or below it.
+        seed.wrote(Some(9));
+        assert_eq!(seed.previous(), Some(9));
+        // With events since its snapshot, the entity names nothing (its load reads anyway).
+        seed.unsnapshotted = 1;
+        assert_eq!(seed.previous(), None);
+    }
+}
