@@ -115,7 +115,8 @@ impl JournalWriter {
     ///
     /// A command's events are stored all or none (a fence moved mid-way must not leave half a
     /// command in the journal), together with the other commands the group commit gathers. The
-    /// server checks each message against the fence: once another owner has claimed the
+    /// server checks every write against the fence (a single publish on its own, an atomic batch
+    /// at its commit, whose message alone names it): once another owner has claimed the
     /// partition, every later write is rejected.
     ///
     /// The command's outbox records (`<t>.out.<p>`, one per message, see `outbox.rs`) go in the

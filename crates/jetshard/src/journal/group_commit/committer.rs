@@ -21,7 +21,10 @@ use crate::journal::server::{MAX_BATCH_MESSAGES, WriteError, server_error_code};
 use crate::retry::backoff;
 use crate::telemetry::CommitMetrics;
 use crate::wire::unique_token;
-use crate::wire::{HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE};
+use crate::wire::{
+    HDR_BATCH_COMMIT, HDR_BATCH_ID, HDR_BATCH_SEQUENCE, HDR_EXPECTED_SUBJECT,
+    HDR_EXPECTED_SUBJECT_SEQ,
+};
 
 use super::acks::Acks;
 
@@ -303,7 +306,7 @@ impl Committer {
         let unconfirmed = |e: String| Attempt::Final(Refusal::Unconfirmed(e));
         let refused = |e: String| Attempt::Final(Refusal::Refused(e));
         for (index, record) in staged.iter().enumerate() {
-            let mut headers = record.headers.clone();
+            let mut headers = unfenced(&record.headers);
             headers.insert(HDR_BATCH_ID, batch_id.as_str());
             headers.insert(HDR_BATCH_SEQUENCE, (index + 1).to_string());
             self.js
@@ -348,6 +351,23 @@ impl Committer {
             },
         }
     }
+}
+
+/// A staged message's headers: the record's own without the fence's compare-and-set, which the
+/// batch's last message carries for the whole batch (the server checks it when the batch
+/// commits, and the batch is stored all or none).
+fn unfenced(headers: &HeaderMap) -> HeaderMap {
+    let mut staged = HeaderMap::new();
+    for (name, values) in headers.iter() {
+        let n: &str = name.as_ref();
+        if n == HDR_EXPECTED_SUBJECT_SEQ || n == HDR_EXPECTED_SUBJECT {
+            continue;
+        }
+        for value in values {
+            staged.append(name.clone(), value.clone());
+        }
+    }
+    staged
 }
 
 /// What one attempt came to.

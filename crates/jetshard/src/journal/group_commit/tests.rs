@@ -198,3 +198,68 @@ fn a_single_records_publish_is_a_small_allocation() {
         "a single record's publish future is {size} bytes"
     );
 }
+
+/// On R3 (`Mode::Batched`), a batch of several commands carries the fence's compare-and-set on
+/// its last message only (the commit, which the server checks with the whole batch, stored all
+/// or none): its staged messages are stored without it, and once the fence moved the whole
+/// batch is refused and nothing of it is stored. Were the commit not fenced, the late batch
+/// below would be stored.
+#[tokio::test(flavor = "current_thread")]
+async fn on_r3_a_batch_is_fenced_at_its_commit_and_refused_whole_once_the_fence_moved() {
+    let cluster = jetshard_testkit::NatsCluster::start(3)
+        .await
+        .expect("start the cluster");
+    let js = async_nats::jetstream::new(cluster.connect().await.expect("connect"));
+    js.create_stream(stream::Config {
+        name: "T".to_owned(),
+        subjects: vec!["t.>".to_owned()],
+        allow_atomic_publish: true,
+        num_replicas: 3,
+        ..Default::default()
+    })
+    .await
+    .expect("create the stream");
+    let fence_seq = fence(&js).await;
+    let stats: Arc<CommitStats> = Arc::default();
+    let commit = start(&js, &stats);
+    let writes = (0..5).map(|i| {
+        commit.write(vec![record(
+            &format!("e{i}"),
+            &format!("t:{i}:0"),
+            fence_seq,
+        )])
+    });
+    let seqs: Vec<u64> = futures::future::join_all(writes)
+        .await
+        .into_iter()
+        .map(|a| a.expect("stored"))
+        .collect();
+    assert_eq!(seqs, (fence_seq + 1..=fence_seq + 5).collect::<Vec<_>>());
+    assert_eq!(stats.batches.load(Ordering::Relaxed), 1);
+    let stream = js.get_stream("T").await.expect("the stream");
+    for seq in seqs {
+        let message = stream.get_raw_message(seq).await.expect("read it back");
+        let fenced = message.headers.get(HDR_EXPECTED_SUBJECT_SEQ).is_some();
+        // The batch's last message, and it alone, names the fence.
+        assert_eq!(fenced, seq == fence_seq + 5, "record at {seq}");
+        assert!(message.headers.get(HDR_MSG_ID).is_some(), "record at {seq}");
+    }
+
+    // Another owner claims the partition: a batch of this generation is refused whole.
+    fence(&js).await;
+    let late = (5..9).map(|i| {
+        commit.write(vec![record(
+            &format!("e{i}"),
+            &format!("t:{i}:0"),
+            fence_seq,
+        )])
+    });
+    for answer in futures::future::join_all(late).await {
+        assert!(
+            matches!(answer, Err(WriteError::Fenced { generation: 1 })),
+            "{answer:?}"
+        );
+    }
+    // The first fence record, the five events, the second fence record.
+    assert_eq!(stored(&js).await, 7);
+}
