@@ -31,7 +31,7 @@ use crate::wire::{
     HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_MSG_ID, HDR_ORIGIN,
     HDR_ORIGINS, HDR_OUTBOX_DONE, HDR_OUTBOX_INDEX, HDR_OUTBOX_TARGET, HDR_PREVIOUS, HDR_REASON,
     HDR_ROLLUP, HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE, HDR_TIMER_OP,
-    HDR_TIMER_SET, HDR_TRACEPARENT, Names,
+    HDR_TIMER_SET, HDR_TRACEPARENT, Names, decimal_string,
 };
 
 /// The records a command writes beside its events, in the same unit.
@@ -195,7 +195,7 @@ impl JournalWriter {
             .enumerate()
             .map(|(index, event)| {
                 let mut headers = self.event_headers(version);
-                headers.insert(name(HDR_COMMAND_SEQ), command_seq.to_string());
+                headers.insert(name(HDR_COMMAND_SEQ), decimal_string(command_seq));
                 headers.insert(
                     name(HDR_MSG_ID),
                     self.names.event_msg_id(command_seq, index),
@@ -358,17 +358,12 @@ fn fenced_headers(fence: &Fence, fence_subject: &str) -> HeaderMap {
         (HDR_EXPECTED_SUBJECT_SEQ, seq.as_str()),
         (HDR_EXPECTED_SUBJECT, fence_subject),
     ];
-    let repeated = std::iter::repeat_n(
-        fence_headers[0],
-        RECORD_HEADER_ROOM - fence_headers.len(),
-    );
+    let repeated = std::iter::repeat_n(fence_headers[0], RECORD_HEADER_ROOM - fence_headers.len());
     let entries = fence_headers
         .into_iter()
         .chain(repeated)
         .map(|(header, value)| (header, vec![value]));
-    let sized = HeaderMap::deserialize(MapDeserializer::<_, serde::de::value::Error>::new(
-        entries,
-    ));
+    let sized = HeaderMap::deserialize(MapDeserializer::<_, serde::de::value::Error>::new(entries));
     sized.unwrap_or_else(|_| {
         // Not reached (the names and values are valid): the same headers, without the room.
         let mut headers = HeaderMap::new();

@@ -12,7 +12,6 @@
 //! The publish itself, its headers (the fence) and what the server checks are unchanged.
 
 use std::collections::HashMap;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -41,7 +40,9 @@ pub(super) enum Answer {
 /// buffer reply subjects are cut from.
 #[derive(Default)]
 struct Inner {
-    waiting: HashMap<u64, oneshot::Sender<Answer>>,
+    /// Keyed by this writer's own publish numbers (no sender chooses them): foldhash, not
+    /// SipHash, for the insert and the removal of every write.
+    waiting: HashMap<u64, oneshot::Sender<Answer>, foldhash::fast::RandomState>,
     /// Reply subjects are written here and split off, so that each is a share of one
     /// allocation: async-nats clones a publish's reply subject (to validate it), and the first
     /// clone of a subject that owns its bytes allocates.
@@ -175,7 +176,9 @@ fn reply_subject(buffer: &mut BytesMut, prefix: &[u8], number: u64) -> Subject {
         *buffer = BytesMut::with_capacity(REPLY_BUFFER.max(needed));
     }
     buffer.extend_from_slice(prefix);
-    let _ = write!(buffer, "{number}");
+    buffer.extend_from_slice(
+        crate::wire::decimal(number, &mut [0; crate::wire::DECIMAL_DIGITS]).as_bytes(),
+    );
     let reply = buffer.split().freeze();
     // The inbox and the digits are ASCII.
     Subject::from_utf8(reply).unwrap_or_else(|_| Subject::from_static(""))
@@ -184,11 +187,12 @@ fn reply_subject(buffer: &mut BytesMut, prefix: &[u8], number: u64) -> Subject {
 /// Hands each answer to the writer waiting for it, until the subscription ends.
 async fn read(mut subscription: async_nats::Subscriber, waiting: Waiting) {
     while let Some(message) = subscription.next().await {
-        let number = message
-            .subject
-            .rsplit('.')
-            .next()
-            .and_then(|n| n.parse::<u64>().ok());
+        let subject = message.subject.as_bytes();
+        let last = subject
+            .iter()
+            .rposition(|byte| *byte == b'.')
+            .map_or(subject, |dot| &subject[dot + 1..]);
+        let number = crate::wire::read_decimal(last);
         // None: answered too late (the writer stopped waiting), or not an answer of ours.
         let Some(sender) = number.and_then(|n| lock(&waiting).waiting.remove(&n)) else {
             continue;
