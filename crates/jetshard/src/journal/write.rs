@@ -14,6 +14,8 @@ use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::Either;
+use serde::Deserialize;
+use serde::de::value::MapDeserializer;
 
 use crate::data::OutboxMessage;
 use crate::data::origin::Origin;
@@ -29,7 +31,7 @@ use crate::wire::{
     HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_MSG_ID, HDR_ORIGIN,
     HDR_ORIGINS, HDR_OUTBOX_DONE, HDR_OUTBOX_INDEX, HDR_OUTBOX_TARGET, HDR_PREVIOUS, HDR_REASON,
     HDR_ROLLUP, HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE, HDR_TIMER_OP,
-    HDR_TIMER_SET, HDR_TRACEPARENT, Names,
+    HDR_TIMER_SET, HDR_TRACEPARENT, Names, decimal_string,
 };
 
 /// The records a command writes beside its events, in the same unit.
@@ -205,7 +207,7 @@ impl JournalWriter {
             .enumerate()
             .map(|(index, event)| {
                 let mut headers = self.event_headers(version);
-                headers.insert(name(HDR_COMMAND_SEQ), command_seq.to_string());
+                headers.insert(name(HDR_COMMAND_SEQ), decimal_string(command_seq));
                 headers.insert(
                     name(HDR_MSG_ID),
                     self.names.event_msg_id(command_seq, index),
@@ -351,13 +353,39 @@ fn name(header: &'static str) -> HeaderName {
     HeaderName::from_static(header)
 }
 
-/// The fence headers of every record written under `fence`.
+/// How many headers the map every record starts from has room for: the fence's 3 and an
+/// event's own (command sequence, message id, trace context, origin), so that a record's
+/// headers are one clone and never grow (a grown map rehashes every header it holds).
+const RECORD_HEADER_ROOM: usize = 7;
+
+/// The fence headers of every record written under `fence`, in a map with room for
+/// [`RECORD_HEADER_ROOM`] headers (a clone keeps the room).
+///
+/// `HeaderMap` has no `with_capacity`; its deserializer sizes the map by the number of entries
+/// it is given, duplicates included, so the fence's headers are given with the first of them
+/// repeated up to the room (a repeated name replaces itself: the map holds the three).
 fn fenced_headers(fence: &Fence, fence_subject: &str) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    headers.insert(name(HDR_GENERATION), fence.generation.to_string());
-    headers.insert(name(HDR_EXPECTED_SUBJECT_SEQ), fence.seq.to_string());
-    headers.insert(name(HDR_EXPECTED_SUBJECT), fence_subject);
-    headers
+    let generation = fence.generation.to_string();
+    let seq = fence.seq.to_string();
+    let fence_headers = [
+        (HDR_GENERATION, generation.as_str()),
+        (HDR_EXPECTED_SUBJECT_SEQ, seq.as_str()),
+        (HDR_EXPECTED_SUBJECT, fence_subject),
+    ];
+    let repeated = std::iter::repeat_n(fence_headers[0], RECORD_HEADER_ROOM - fence_headers.len());
+    let entries = fence_headers
+        .into_iter()
+        .chain(repeated)
+        .map(|(header, value)| (header, vec![value]));
+    let sized = HeaderMap::deserialize(MapDeserializer::<_, serde::de::value::Error>::new(entries));
+    sized.unwrap_or_else(|_| {
+        // Not reached (the names and values are valid): the same headers, without the room.
+        let mut headers = HeaderMap::new();
+        for (header, value) in fence_headers {
+            headers.insert(name(header), value);
+        }
+        headers
+    })
 }
 
 /// The timer records of a command (headers without the fence, and body): its sets and cancels,
@@ -526,6 +554,25 @@ mod tests {
             None,
             "a dead letter after the doubt"
         );
+    }
+
+    #[test]
+    fn the_fence_headers_built_with_room_are_the_fence_headers_once_each() {
+        let fence = Fence {
+            generation: 12,
+            seq: 345,
+        };
+        let built = fenced_headers(&fence, "t.fence.3");
+        let mut plain = HeaderMap::new();
+        plain.insert(name(HDR_GENERATION), "12");
+        plain.insert(name(HDR_EXPECTED_SUBJECT_SEQ), "345");
+        plain.insert(name(HDR_EXPECTED_SUBJECT), "t.fence.3");
+        assert_eq!(built, plain);
+        assert_eq!(built.get_all(HDR_GENERATION).count(), 1);
+        let mut event = built.clone();
+        event.insert(name(HDR_MSG_ID), "t:1:0");
+        assert_eq!(event.len(), 4);
+        assert_eq!(built.len(), 3, "a clone is the record's own");
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -32,7 +32,9 @@ pub use header::{
 };
 pub(crate) use header::{header_u64, origin_header};
 pub(crate) use jetstream::{ACK_PREFIX, direct_get_subject, pull_request_subject, write_answers};
-pub(crate) use msg_id::timer_record_msg_id;
+pub(crate) use msg_id::{
+    DECIMAL_DIGITS, decimal, decimal_string, read_decimal, timer_record_msg_id,
+};
 pub(crate) use names::is_valid_entity_type;
 pub use names::{Names, PRIORITY_GROUP};
 pub(crate) use token::{standby_key, unique_token, watch_key};

@@ -2,6 +2,46 @@
 //! outbox message by.
 
 use crate::wire::id::EntityId;
+
+/// The most digits of a `u64` in decimal.
+pub(crate) const DECIMAL_DIGITS: usize = 20;
+
+/// `number` in decimal, written into the end of `digits`: what `format!("{number}")` writes,
+/// without `fmt`'s machinery, for the numbers written into every command's message ids,
+/// headers and reply subjects.
+pub(crate) fn decimal(mut number: u64, digits: &mut [u8; DECIMAL_DIGITS]) -> &str {
+    let mut at = DECIMAL_DIGITS;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (number % 10) as u8;
+        number /= 10;
+        if number == 0 {
+            break;
+        }
+    }
+    // Only ASCII digits were written.
+    std::str::from_utf8(&digits[at..]).unwrap_or("0")
+}
+
+/// A token of ASCII digits as a number (`None`: empty, not only digits, or past `u64`): what
+/// `str::parse::<u64>` reads of the numbers the server writes, without its generic machinery.
+pub(crate) fn read_decimal(token: &[u8]) -> Option<u64> {
+    if token.is_empty() {
+        return None;
+    }
+    token.iter().try_fold(0u64, |number, byte| {
+        let digit = byte.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        number.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}
+
+/// `number` in decimal, as a new `String` of exactly its length.
+pub(crate) fn decimal_string(number: u64) -> String {
+    decimal(number, &mut [0; DECIMAL_DIGITS]).to_owned()
+}
 use crate::wire::names::Names;
 
 impl Names {
@@ -14,11 +54,16 @@ impl Names {
 
     /// `Nats-Msg-Id` of the `index`th event of the command at `command_seq`.
     pub fn event_msg_id(&self, command_seq: u64, index: usize) -> String {
-        use std::fmt::Write;
         // Sized up front (two numbers of up to 20 digits): `format!` would start this one from
-        // an empty string and grow it, an allocation more for every event written.
+        // an empty string and grow it, an allocation more for every event written; the numbers
+        // written by `decimal`, not `fmt` (a fifth of the instructions: issue 22).
         let mut id = String::with_capacity(self.entity_type.len() + 42);
-        let _ = write!(id, "{}:{command_seq}:{index}", self.entity_type);
+        let mut digits = [0; DECIMAL_DIGITS];
+        id.push_str(&self.entity_type);
+        id.push(':');
+        id.push_str(decimal(command_seq, &mut digits));
+        id.push(':');
+        id.push_str(decimal(index as u64, &mut digits));
         id
     }
 
@@ -63,4 +108,44 @@ impl Names {
 /// command at `command_seq`.
 pub(crate) fn timer_record_msg_id(entity_type: &str, command_seq: u64, index: usize) -> String {
     format!("{entity_type}:{command_seq}:timer:{index}")
+}
+
+#[cfg(test)]
+mod decimal_tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_written_and_read_as_fmt_and_parse_do() {
+        let mut digits = [0; DECIMAL_DIGITS];
+        for number in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            12_345,
+            u64::from(u32::MAX),
+            u64::MAX - 1,
+            u64::MAX,
+        ] {
+            let written = decimal(number, &mut digits).to_owned();
+            assert_eq!(written, number.to_string());
+            assert_eq!(decimal_string(number), written);
+            assert_eq!(read_decimal(written.as_bytes()), Some(number));
+        }
+        for bad in ["", "x", "1x", "-1", " 1", "18446744073709551616"] {
+            assert_eq!(read_decimal(bad.as_bytes()), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_event_msg_id_is_the_type_the_command_and_the_index() {
+        let names = Names::new("order");
+        assert_eq!(names.event_msg_id(0, 0), "order:0:0");
+        assert_eq!(
+            names.event_msg_id(u64::MAX, 12),
+            format!("order:{}:12", u64::MAX)
+        );
+    }
 }

@@ -97,12 +97,14 @@ impl<E: Entity> OwnerState<E> {
             .await?;
         // The actor stopped: commands queued behind the settled one (cast to it while it was
         // stopping) go to a new actor, unless the entity waits.
-        let idle_actor = self
-            .phase
-            .owning()
-            .and_then(|o| o.entities.get(&entity))
-            .is_some_and(|slot| slot.actor.is_none());
-        if stopped && idle_actor {
+        // Looked up only then: a settled command of a running actor (most) costs no lookup.
+        if stopped
+            && self
+                .phase
+                .owning()
+                .and_then(|o| o.entities.get(&entity))
+                .is_some_and(|slot| slot.actor.is_none())
+        {
             self.dispatch(&entity);
         }
         Ok(())

@@ -122,7 +122,7 @@ impl<E: Entity> OwnerState<E> {
             context,
             dormant: Dormant::new(Arc::clone(&self.shared.dormant), self.shared.config.codec),
             quarantined: HashMap::new(),
-            entities: HashMap::new(),
+            entities: HashMap::default(),
             crashes: RestartWindow::new(
                 self.shared.config.max_entity_restarts,
                 self.shared.config.restart_window,
