@@ -449,6 +449,19 @@ mod tests {
     use crate::journal::group_commit::{CommitStats, Mode, Settings};
     use crate::telemetry::CommitMetrics;
 
+    /// A pipelined writer's settings (a single server), with `write_timeout`.
+    fn pipelined(write_timeout: std::time::Duration) -> Settings {
+        Settings {
+            mode: Mode::Pipelined,
+            stats: Arc::new(CommitStats::default()),
+            metrics: CommitMetrics {
+                records: Histogram::noop(),
+                conflicts: Counter::noop(),
+            },
+            write_timeout,
+        }
+    }
+
     /// After a write of its generation was answered "not confirmed" (the server stopped past
     /// the write timeout), a writer names no previous record (`Jetshard-Previous`) on any record
     /// of the generation, asked or not: the unconfirmed record is stored once the server runs
@@ -474,15 +487,7 @@ mod tests {
             .await
             .expect("store it")
             .sequence;
-        let settings = Settings {
-            mode: Mode::Pipelined,
-            stats: Arc::new(CommitStats::default()),
-            metrics: CommitMetrics {
-                records: Histogram::noop(),
-                conflicts: Counter::noop(),
-            },
-            write_timeout: std::time::Duration::from_millis(300),
-        };
+        let settings = pipelined(std::time::Duration::from_millis(300));
         let fence = Fence {
             generation: 1,
             seq: fence_seq,
@@ -579,15 +584,7 @@ mod tests {
     async fn an_event_at_version_one_carries_no_version_header_and_another_version_does() {
         let server = NatsServer::start().await.expect("start nats-server");
         let js = async_nats::jetstream::new(server.connect().await.expect("connect"));
-        let settings = Settings {
-            mode: Mode::Pipelined,
-            stats: Arc::new(CommitStats::default()),
-            metrics: CommitMetrics {
-                records: Histogram::noop(),
-                conflicts: Counter::noop(),
-            },
-            write_timeout: std::time::Duration::from_secs(5),
-        };
+        let settings = pipelined(std::time::Duration::from_secs(5));
         let fence = Fence {
             generation: 3,
             seq: 7,

@@ -63,6 +63,19 @@ fn start_in(js: &Context, stats: &Arc<CommitStats>, mode: Mode) -> GroupCommit {
     GroupCommit::start(js.clone(), 0, 1, settings)
 }
 
+/// Writes one record for each of `commands` at once, each expecting `fence`: every one must be
+/// refused as fenced (generation 1), alone or in a batch.
+async fn assert_all_fenced(commit: &GroupCommit, commands: std::ops::Range<u32>, fence: u64) {
+    let late =
+        commands.map(|i| commit.write(vec![record(&format!("e{i}"), &format!("t:{i}:0"), fence)]));
+    for answer in futures::future::join_all(late).await {
+        assert!(
+            matches!(answer, Err(WriteError::Fenced { generation: 1 })),
+            "{answer:?}"
+        );
+    }
+}
+
 async fn stored(js: &Context) -> u64 {
     js.get_stream("T")
         .await
@@ -125,19 +138,7 @@ async fn ready_writes_are_one_batch_and_a_moved_fence_refuses_every_one() {
     // Another owner claims the partition: every write of this generation is refused, in a
     // batch or alone, and nothing is stored.
     fence(&js).await;
-    let late = (10..13).map(|i| {
-        commit.write(vec![record(
-            &format!("e{i}"),
-            &format!("t:{i}:0"),
-            fence_seq,
-        )])
-    });
-    for answer in futures::future::join_all(late).await {
-        assert!(
-            matches!(answer, Err(WriteError::Fenced { generation: 1 })),
-            "{answer:?}"
-        );
-    }
+    assert_all_fenced(&commit, 10..13, fence_seq).await;
     let alone = commit.write(vec![record("e13", "t:13:0", fence_seq)]).await;
     assert!(matches!(alone, Err(WriteError::Fenced { .. })), "{alone:?}");
     assert_eq!(stored(&js).await, 12);
@@ -247,19 +248,7 @@ async fn on_r3_a_batch_is_fenced_at_its_commit_and_refused_whole_once_the_fence_
 
     // Another owner claims the partition: a batch of this generation is refused whole.
     fence(&js).await;
-    let late = (5..9).map(|i| {
-        commit.write(vec![record(
-            &format!("e{i}"),
-            &format!("t:{i}:0"),
-            fence_seq,
-        )])
-    });
-    for answer in futures::future::join_all(late).await {
-        assert!(
-            matches!(answer, Err(WriteError::Fenced { generation: 1 })),
-            "{answer:?}"
-        );
-    }
+    assert_all_fenced(&commit, 5..9, fence_seq).await;
     // The first fence record, the five events, the second fence record.
     assert_eq!(stored(&js).await, 7);
 }
