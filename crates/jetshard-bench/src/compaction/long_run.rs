@@ -11,6 +11,7 @@ use jetshard_testkit::{NatsCluster, NatsServer};
 use serde::Serialize;
 
 use crate::Options;
+use crate::cpu::cpu_time;
 use crate::entity::entity_id;
 use crate::latency::{Stamps, offer};
 use crate::load::AckWindow;
@@ -38,6 +39,12 @@ pub(super) struct LongRun {
     pub(super) offered_rate: f64,
     pub(super) latency: Summary,
     pub(super) samples: Vec<Sample>,
+    /// CPU per command while the commands were offered and served (offer start to the last
+    /// event seen): the servers' (summed over the cluster) and this process's (the library
+    /// and the bench's load), in microseconds. What compaction costs the machine, beside what
+    /// it costs the command latency.
+    pub(super) server_cpu_us: f64,
+    pub(super) client_cpu_us: f64,
 }
 
 /// The journal's messages and bytes now.
@@ -65,6 +72,14 @@ impl Servers {
                     .context("start a 3-server cluster")?,
             ),
         })
+    }
+
+    /// The servers' process ids (for their CPU time).
+    fn pids(&self) -> Vec<u32> {
+        match self {
+            Self::One(server) => server.pid().into_iter().collect(),
+            Self::Three(cluster) => cluster.nodes().iter().filter_map(|n| n.pid()).collect(),
+        }
     }
 
     async fn connect(&self) -> anyhow::Result<async_nats::Client> {
@@ -144,6 +159,12 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
     let ids: Vec<String> = (0..options.entities).map(entity_id).collect();
     let total = options.compaction_commands;
     let started = tokio::time::Instant::now();
+    let pids = server.pids();
+    let cpu = || {
+        let servers: Option<Duration> = pids.iter().map(|&pid| cpu_time(pid)).sum();
+        (servers, cpu_time(std::process::id()))
+    };
+    let cpu_before = cpu();
     let mut window = AckWindow::default();
     let offered = offer(options.compaction_rate, total, async |i, at_ns| {
         let ack = publish_work(&js, ENTITY_TYPE, &ids, i, at_ns).await?;
@@ -152,6 +173,15 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
     .await?;
     window.drain().await?;
     stamps.wait_for(total, Duration::from_secs(120)).await;
+    let cpu_after = cpu();
+    let per_command = |before: Option<Duration>, after: Option<Duration>| match (before, after) {
+        (Some(before), Some(after)) => {
+            after.saturating_sub(before).as_secs_f64() * 1e6 / total.max(1) as f64
+        }
+        _ => f64::NAN,
+    };
+    let server_cpu_us = per_command(cpu_before.0, cpu_after.0);
+    let client_cpu_us = per_command(cpu_before.1, cpu_after.1);
     // Two more sweeps after the load: the last samples show where the journal settles.
     tokio::time::sleep(SAMPLE_EVERY * 3).await;
     sampler.abort();
@@ -176,12 +206,16 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
         offered_rate: total as f64 / offered.secs,
         latency: Summary::of(&latencies),
         samples,
+        server_cpu_us,
+        client_cpu_us,
     };
     eprintln!(
-        "compaction {}: p50 {:.1} ms, p99 {:.1} ms, {} of {} events, journal at the end {messages} msgs {bytes} bytes",
+        "compaction {}: p50 {:.1} ms, p99 {:.1} ms, CPU per command: servers {:.1} us, client {:.1} us, {} of {} events, journal at the end {messages} msgs {bytes} bytes",
         if compaction { "on" } else { "off" },
         run.latency.p50,
         run.latency.p99,
+        run.server_cpu_us,
+        run.client_cpu_us,
         run.received,
         run.commands
     );

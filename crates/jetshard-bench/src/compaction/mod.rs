@@ -149,6 +149,17 @@ async fn long_runs(
         details.insert("long_runs".to_owned(), serde_json::to_value(&runs)?);
         return Ok(());
     }
+    // What compaction costs the machine: the servers' and the client's CPU per command, on
+    // against off (on a machine whose cores the servers share, what the latency pays for).
+    let cpu_rows: [(&str, fn(&LongRun) -> f64); 2] = [
+        ("servers' CPU per command, compaction on", |r| r.server_cpu_us),
+        ("client CPU per command, compaction on", |r| r.client_cpu_us),
+    ];
+    for (what, cpu) in cpu_rows {
+        let row = over_rounds(what, true, &cpu);
+        let off = over_rounds("", false, &cpu).value;
+        report.rows.push(Row { unit: "us", ..row }.against(off));
+    }
     let p99_off = over_rounds("", false, &|r| r.latency.p99).value;
     let met = p99.value <= p99_off * 1.1;
     report.rows.push(
