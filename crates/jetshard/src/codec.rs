@@ -5,7 +5,7 @@
 
 use std::cell::RefCell;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -21,6 +21,12 @@ pub enum Codec {
     /// JSON: any NATS client can publish commands and read events.
     Json,
 }
+
+/// How many bytes the buffer events are cut from is allocated at a time
+/// ([`Codec::encode_bytes`]; a larger value gets a buffer of its size): within glibc's small
+/// bins (at most 1,000 bytes on x86-64: a larger request first merges the free fast-bin chunks,
+/// issue 22), a dozen or more small events.
+const ENCODING_CHUNK: usize = 960;
 
 impl Codec {
     /// The codec's name as recorded with the streams (stream metadata `jetshard.codec`) and
@@ -53,30 +59,40 @@ impl Codec {
         }
     }
 
-    /// Encodes a value into [`Bytes`] of exactly its length, in one allocation: the encoding is
-    /// written into a buffer this thread keeps, then copied. [`encode`](Self::encode) grows a
-    /// `Vec` (bincode: twice for a small event), and a `Bytes` made of a `Vec` whose length is
-    /// not its capacity allocates once more (issue 22: every event written pays this).
+    /// Encodes a value into [`Bytes`] cut from a buffer this thread keeps: no allocation of its
+    /// own for most values. The value is encoded into a scratch `Vec` (serde writes it piece by
+    /// piece, a byte at a time for a byte sequence: a `Vec` takes those fastest), then copied
+    /// into a chunk allocated [`ENCODING_CHUNK`] bytes at a time and split off it, a share of
+    /// that allocation: a chunk is freed once every value cut from it is dropped (events are:
+    /// once written). A copy of its own per value (as before) cost an allocation, and the
+    /// client's first clone of a `Bytes` that owns its allocation (async-nats clones every
+    /// payload it writes) another (issue 22).
     ///
     /// # Errors
     /// [`CodecError`] if the value cannot be serialized.
     pub(crate) fn encode_bytes<T: Serialize>(self, value: &T) -> Result<Bytes, CodecError> {
-        /// A buffer larger than this is not kept for the next encoding.
+        /// A scratch buffer larger than this is not kept for the next encoding.
         const KEPT: usize = 64 * 1024;
         thread_local! {
-            static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+            static SCRATCH: RefCell<(Vec<u8>, BytesMut)> =
+                RefCell::new((Vec::new(), BytesMut::new()));
         }
         SCRATCH.with(|scratch| {
             // A `Serialize` impl that encodes again on this thread: no shared buffer for it.
-            let Ok(mut buffer) = scratch.try_borrow_mut() else {
+            let Ok(mut scratch) = scratch.try_borrow_mut() else {
                 return self.encode(value).map(Bytes::from);
             };
-            buffer.clear();
-            let encoded = self
-                .encode_into(value, &mut buffer)
-                .map(|()| Bytes::copy_from_slice(&buffer));
-            if buffer.capacity() > KEPT {
-                *buffer = Vec::new();
+            let (encoding, chunk) = &mut *scratch;
+            encoding.clear();
+            let encoded = self.encode_into(value, encoding).map(|()| {
+                if chunk.capacity() < encoding.len() {
+                    *chunk = BytesMut::with_capacity(ENCODING_CHUNK.max(encoding.len()));
+                }
+                chunk.extend_from_slice(encoding);
+                chunk.split().freeze()
+            });
+            if encoding.capacity() > KEPT {
+                *encoding = Vec::new();
             }
             encoded
         })
@@ -189,6 +205,42 @@ mod tests {
             codec.encode_into(&value, &mut out).unwrap();
             assert_eq!(out[..4], *b"head");
             assert_eq!(out[4..], codec.encode(&value).unwrap());
+        }
+    }
+
+    /// Values cut from the shared buffer stay whole and apart: across chunk boundaries, with a
+    /// value larger than a chunk (a buffer of its own), and after an encoding that failed.
+    #[test]
+    fn encoded_bytes_are_each_value_alone_whatever_shares_their_buffer() {
+        struct Fails;
+        impl Serialize for Fails {
+            fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+                Err(serde::ser::Error::custom("no"))
+            }
+        }
+        for codec in [Codec::Bincode, Codec::Json] {
+            let values: Vec<Cmd> = (0..300u32)
+                .map(|i| Cmd::Add {
+                    // Every 50th value larger than a chunk.
+                    sku: "s".repeat(if i % 50 == 7 {
+                        3 * ENCODING_CHUNK
+                    } else {
+                        i as usize % 40
+                    }),
+                    qty: i,
+                })
+                .collect();
+            let mut encoded = Vec::new();
+            for (i, value) in values.iter().enumerate() {
+                encoded.push(codec.encode_bytes(value).unwrap());
+                if i % 30 == 0 {
+                    assert!(codec.encode_bytes(&Fails).is_err());
+                }
+            }
+            for (value, bytes) in values.iter().zip(&encoded) {
+                assert_eq!(bytes[..], codec.encode(value).unwrap()[..]);
+                assert_eq!(codec.decode::<Cmd>(bytes).unwrap(), *value);
+            }
         }
     }
 

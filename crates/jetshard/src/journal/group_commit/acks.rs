@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use async_nats::client::traits::Publisher;
+use async_nats::message::OutboundMessage;
 use async_nats::{Client, HeaderMap, StatusCode, Subject};
 use bytes::{Bytes, BytesMut};
 use futures::{FutureExt, StreamExt};
@@ -138,10 +140,19 @@ impl Acks {
         };
         let timeout = self.timeout;
         // The write timeout covers the publish too: a client whose command channel is full
-        // (its connection stalled) does not hold the write past it.
+        // (its connection stalled) does not hold the write past it. Published as a whole
+        // message: `publish_with_reply_and_headers` clones the subject and the reply first (to
+        // check them), a clone and a drop of each per write (issue 22); the subject is checked
+        // the same way here, the reply is this writer's own.
+        let message = OutboundMessage {
+            subject,
+            reply: Some(reply),
+            payload,
+            headers: Some(headers),
+        };
         let publish = self
             .client
-            .publish_with_reply_and_headers(subject, reply, headers, payload)
+            .publish_message(message)
             .then(move |sent| answered(sent, wait, answer));
         tokio::time::timeout(timeout, publish).map(move |done| {
             done.unwrap_or_else(|_| Answer::Unconfirmed(format!("no answer within {timeout:?}")))

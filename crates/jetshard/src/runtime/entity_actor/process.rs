@@ -404,7 +404,7 @@ struct Written {
 fn encode<E: Entity>(context: &EntityContext, events: &[E::Event]) -> Result<Vec<Bytes>, Verdict> {
     let mut encoded = Vec::with_capacity(events.len());
     for event in events {
-        // One allocation per event, of its exact size (`Codec::encode_bytes`).
+        // Cut from the thread's encoding buffer: no allocation of its own (`Codec::encode_bytes`).
         match context.codec.encode_bytes(event) {
             Ok(bytes) => encoded.push(bytes),
             Err(e) => return Err(Verdict::Failed(Failure::Crashed(e.to_string()))),

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
+use async_nats::client::traits::Publisher;
 use async_nats::jetstream::message::AckKind;
+use async_nats::message::OutboundMessage;
 use async_nats::{Client, Subject};
 
 use super::shared::Shared;
@@ -29,8 +31,18 @@ pub(super) async fn unpin(shared: &Shared, partition: u32) -> bool {
 }
 
 /// Acknowledges one delivery (any kind): a core publish to its reply subject.
+///
+/// Published as a whole message ([`Publisher::publish_message`]), which takes the subject as
+/// it is: `Client::publish` clones it first, and the first clone of a subject the client read
+/// off the wire (every delivery's reply) allocates (issue 22). Checked and sent the same way.
 pub(super) async fn acknowledge(client: &Client, partition: u32, reply: Subject, kind: AckKind) {
-    if let Err(e) = client.publish(reply, kind.into()).await {
+    let ack = OutboundMessage {
+        subject: reply,
+        reply: None,
+        payload: kind.into(),
+        headers: None,
+    };
+    if let Err(e) = client.publish_message(ack).await {
         tracing::warn!(partition, error = %e, "acknowledgement not sent; the server will redeliver");
     }
 }

@@ -24,8 +24,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use async_nats::client::traits::Publisher;
 use async_nats::jetstream::Context;
-use async_nats::{Client, StatusCode};
+use async_nats::message::OutboundMessage;
+use async_nats::{Client, StatusCode, Subject};
 use futures::{FutureExt, StreamExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -152,7 +154,10 @@ async fn run(
         mut forget,
     } = signals;
     let client: Client = js.client();
-    let inbox = client.new_inbox();
+    // Subjects once, each pull a share of them: a `String` is copied into a new subject at
+    // every publish.
+    let inbox = Subject::from(client.new_inbox());
+    let request_subject = Subject::from(request_subject);
     let mut subscription = client.subscribe(inbox.clone()).await?;
     let expires = settings.expires;
     // A pull the server has not answered by then was lost with a connection: forget it.
@@ -222,9 +227,13 @@ async fn run(
         }
         if !is_paused && requested.wants_pull(settings.batch, expires, now) {
             let body = pull_request(settings.batch, expires, pin.as_deref());
-            let sent = client
-                .publish_with_reply(request_subject.clone(), inbox.clone(), body.into())
-                .await;
+            let pull = OutboundMessage {
+                subject: request_subject.clone(),
+                reply: Some(inbox.clone()),
+                payload: body.into(),
+                headers: None,
+            };
+            let sent = client.publish_message(pull).await;
             if let Err(e) = sent {
                 // What was delivered is the owner's before the loop ends.
                 flush(&mut delivered);
