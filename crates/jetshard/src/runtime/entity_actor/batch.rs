@@ -77,6 +77,8 @@ impl BatchLoad {
                 tracing::debug!(partition, "no watermark; entities load one by one");
                 return None;
             };
+            // One of the process's load permits, for the one read (its entities take none).
+            let _permit = Arc::clone(&context.loads).acquire_owned().await.ok();
             let stream = context.names.journal_stream();
             let mut requests = 0;
             let answer =

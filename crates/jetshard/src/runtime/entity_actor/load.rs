@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::batch::BatchLoad;
@@ -61,13 +62,27 @@ pub(super) async fn revive<E: Entity>(
     revived
 }
 
-/// The reads of one load, for [`LoadStats`](super::LoadStats).
+/// The reads of one load, for [`LoadStats`](super::LoadStats), and its load permit.
 #[derive(Default)]
 struct ReadsMade {
     /// Single reads (the batched read is counted by the batch).
     single: u64,
     /// Its last records came from a batched read.
     batched: bool,
+    /// One of the process's [`MAX_LOADS`](super::MAX_LOADS) permits, taken before the load's
+    /// first read of its own and held to its end. A load that takes everything from a batched
+    /// read never takes one: the batch's read holds its own (`batch.rs`), so the entities of a
+    /// burst do not queue behind each other for a read none of them makes.
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl ReadsMade {
+    /// Takes a load permit if this load holds none yet (the semaphore is never closed).
+    async fn permit(&mut self, context: &EntityContext) {
+        if self.permit.is_none() {
+            self.permit = Arc::clone(&context.loads).acquire_owned().await.ok();
+        }
+    }
 }
 
 /// [`revive`], counting its reads in `reads`. Each read's future is boxed apart: every load
@@ -99,6 +114,7 @@ async fn read_entity<E: Entity>(
     let last = match known {
         Some(known) => known.iter().max_by_key(|m| m.sequence),
         None => {
+            reads.permit(context).await;
             reads.single += 1;
             read_alone = Box::pin(journal::last_record(journal_stream, &records(), direct))
                 .await
@@ -122,6 +138,7 @@ async fn read_entity<E: Entity>(
             .find(|m| Names::is_snapshot_subject(&m.subject))
             .and_then(journal::snapshot_record),
         (Some(_), None) => {
+            reads.permit(context).await;
             reads.single += 1;
             let subject = context.names.snapshot_subject(partition, id);
             Box::pin(journal::latest_snapshot(journal_stream, &subject, direct))
@@ -186,6 +203,7 @@ async fn read_entity<E: Entity>(
     if journal::tail_is_known(lasts, skipped + 1, end) {
         journal::replay_known(lasts, skipped + 1, end, each).map_err(unreadable)?;
     } else {
+        reads.permit(context).await;
         let replayed = Box::pin(journal::replay_with(
             journal_stream,
             records(),
@@ -200,6 +218,7 @@ async fn read_entity<E: Entity>(
     }
     seed.tail = Some(end);
     if !seed.timers.is_empty() {
+        reads.permit(context).await;
         reads.single += 1;
         // A compaction may have purged, while they were read, timer records from the front of
         // the entity's subject: then a `set` could have been read without the `fired` or
@@ -266,6 +285,7 @@ pub(super) fn restore<E: Entity>(
 mod tests {
     use bytes::Bytes;
 
+    use super::super::batch::BatchLoad;
     use super::*;
     use crate::test_entity::Counter;
 
@@ -287,6 +307,155 @@ mod tests {
     }
 
     const LOAD_FUTURE_MAX: usize = 1_000;
+
+    /// A partition's context on a fresh single-server journal whose entities `ids` each hold one
+    /// event (their first record, `Jetshard-Previous: 0`, as jetshard writes it), with
+    /// `permits` load permits; the server is returned to keep it running.
+    async fn journal_of(
+        ids: &[&str],
+        permits: usize,
+    ) -> (jetshard_testkit::NatsServer, Arc<EntityContext>) {
+        use crate::journal::JournalWriter;
+        use crate::journal::fence::Fence;
+        use crate::journal::group_commit::{CommitStats, Mode, Settings};
+        use crate::telemetry::{CommandMetrics, CommitMetrics};
+        use crate::wire::{HDR_COMMAND_SEQ, HDR_GENERATION, HDR_PREVIOUS};
+        use metrics::{Counter as Count, Histogram};
+        let server = jetshard_testkit::NatsServer::start()
+            .await
+            .expect("start nats-server");
+        let client = server.connect().await.expect("connect");
+        let js = async_nats::jetstream::new(client.clone());
+        let names = Arc::new(Names::new("t"));
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: names.journal_stream().to_owned(),
+            subjects: names.journal_subjects(),
+            allow_direct: true,
+            allow_atomic_publish: true,
+            ..Default::default()
+        })
+        .await
+        .expect("create the journal");
+        let journal_stream = js
+            .get_stream_no_info(names.journal_stream())
+            .await
+            .expect("open the journal");
+        for id in ids {
+            let id = EntityId::new(*id).expect("an id");
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(HDR_GENERATION, "1");
+            headers.insert(HDR_COMMAND_SEQ, "0");
+            headers.insert(HDR_PREVIOUS, "0");
+            js.publish_with_headers(names.event_subject(0, &id), headers, "5".into())
+                .await
+                .expect("publish an event")
+                .await
+                .expect("store it");
+        }
+        // The fence record after the events: the writer's watermark covers them.
+        let fence_seq = js
+            .publish(names.fence_subject(0), "fence".into())
+            .await
+            .expect("publish a fence record")
+            .await
+            .expect("store it")
+            .sequence;
+        let settings = Settings {
+            mode: Mode::Pipelined,
+            stats: Arc::new(CommitStats::default()),
+            metrics: CommitMetrics {
+                records: Histogram::noop(),
+                conflicts: Count::noop(),
+            },
+            write_timeout: std::time::Duration::from_secs(5),
+        };
+        let fence = Fence {
+            generation: 1,
+            seq: fence_seq,
+        };
+        let journal = JournalWriter::new(js, Arc::clone(&names), 0, fence, settings);
+        let context = Arc::new(EntityContext {
+            partition: 0,
+            journal,
+            journal_stream,
+            direct_reads: true,
+            client,
+            names,
+            codec: Codec::Json,
+            report: Arc::new(|_| {}),
+            metrics: CommandMetrics {
+                decide_seconds: Histogram::noop(),
+                write_seconds: Histogram::noop(),
+                batch_events: Histogram::noop(),
+                replay_seconds: Histogram::noop(),
+                snapshot_seconds: Histogram::noop(),
+            },
+            snapshots: super::super::protocol::SnapshotPolicy {
+                every: None,
+                on_passivation: false,
+            },
+            loads: Arc::new(tokio::sync::Semaphore::new(permits)),
+            load_stats: Arc::default(),
+        });
+        (server, context)
+    }
+
+    /// The entities of a batched read take no load permit of their own: the batch's one read
+    /// holds one while it is made, and an entity whose records all came from it loads while
+    /// every permit is taken. An entity loaded alone waits for a permit for its own read.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_load_from_a_batched_read_waits_for_no_load_permit() {
+        const WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+        let (_server, context) = journal_of(&["a", "b", "c"], 1).await;
+        let [a, b, c] = ["a", "b", "c"].map(|id| EntityId::new(id).expect("an id"));
+        let batch = BatchLoad::new(&context, &[a.clone(), b.clone()]);
+        // `a` makes the batch's read, with the only permit.
+        let seed = tokio::time::timeout(WITHIN, revive::<Counter>(&a, &context, Some(&batch)))
+            .await
+            .expect("a loads")
+            .unwrap_or_else(|_| panic!("a revives"));
+        assert_eq!(seed.state, 5);
+        assert_eq!(
+            context.loads.available_permits(),
+            1,
+            "the batch's read gave its permit back"
+        );
+        // Every permit taken: `b` still loads, from the batch alone.
+        let held = Arc::clone(&context.loads)
+            .acquire_owned()
+            .await
+            .expect("the only permit");
+        let seed = tokio::time::timeout(WITHIN, revive::<Counter>(&b, &context, Some(&batch)))
+            .await
+            .expect("b loads from the batch without a permit")
+            .unwrap_or_else(|_| panic!("b revives"));
+        assert_eq!((seed.state, seed.tail), (5, Some(2)));
+        // `c`, alone, reads: it waits for the permit, and loads once it is given back.
+        let mut alone = {
+            let context = Arc::clone(&context);
+            tokio::spawn(async move {
+                revive::<Counter>(&c, &context, None)
+                    .await
+                    .map(|seed| seed.state)
+                    .map_err(|_| "c does not revive")
+            })
+        };
+        // Its read would take a millisecond: half a second without an answer is the wait.
+        let waited = std::time::Duration::from_millis(500);
+        assert!(
+            tokio::time::timeout(waited, &mut alone).await.is_err(),
+            "c read without a permit"
+        );
+        drop(held);
+        let state = tokio::time::timeout(WITHIN, alone)
+            .await
+            .expect("c loads once a permit is free")
+            .expect("the load's task");
+        assert_eq!(state, Ok(5));
+        let loads = &context.load_stats;
+        assert_eq!(loads.loads.load(Ordering::Relaxed), 3);
+        assert_eq!(loads.batched.load(Ordering::Relaxed), 2);
+    }
 
     fn record(version: u32, state: &[u8]) -> SnapshotRecord {
         SnapshotRecord {

@@ -178,24 +178,20 @@ pub(super) async fn process<E: Entity>(
     }
 }
 
-/// Loads the entity on its first command (one load at a time per system beyond the semaphore's
-/// permits): from its latest snapshot and the journal after it, or quarantined.
+/// Loads the entity on its first command: from its latest snapshot and the journal after it,
+/// or quarantined. Its reads wait for one of the process's load permits (`MAX_LOADS`): its
+/// own reads, or its batch's one read (`revive`).
 async fn load<E: Entity>(state: &mut EntityState<E>) -> Result<(), Verdict> {
     if !matches!(state.seed, Loaded::No) {
         return Ok(());
     }
     let loading = std::time::Instant::now();
-    // The semaphore is never closed.
-    let permit = state.context.loads.acquire().await.ok();
-    let waited = loading.elapsed();
     // Boxed: the reads of a load are the largest part of a command's future, which every
     // command allocates (the actor boxes it); only a command that loads pays for them.
     let batch = state.batch.take();
     let revived = Box::pin(revive::<E>(&state.id, &state.context, batch.as_deref())).await;
-    drop(permit);
     tracing::debug!(
-        waited_ms = waited.as_millis() as u64,
-        load_ms = loading.elapsed().saturating_sub(waited).as_millis() as u64,
+        load_ms = loading.elapsed().as_millis() as u64,
         "entity loaded"
     );
     telemetry::record(&state.context.metrics.replay_seconds, loading.elapsed());
