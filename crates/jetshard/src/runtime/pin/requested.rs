@@ -19,12 +19,17 @@ pub(super) struct Requested {
     messages: u64,
     /// When the newest request was sent.
     last_sent: Option<Instant>,
+    /// The requests sent within the last `forget_after`, with their batches: no older one can
+    /// still be open, so the count is never more than their sum (a request lost without a
+    /// status is forgotten even while newer ones keep going out, as the pin's refreshes do).
+    recent: std::collections::VecDeque<(Instant, u32)>,
 }
 
 impl Requested {
     pub(super) fn sent(&mut self, batch: u32, now: Instant) {
         self.messages += u64::from(batch);
         self.last_sent = Some(now);
+        self.recent.push_back((now, batch));
     }
 
     pub(super) fn delivered(&mut self) {
@@ -39,15 +44,20 @@ impl Requested {
         self.messages = self.messages.saturating_sub(undelivered);
     }
 
-    /// Forgets requests that cannot be open any more: once the newest was sent `forget_after`
-    /// ago, every one has expired at the server, answered or lost.
+    /// Forgets requests that cannot be open any more: one sent `forget_after` ago has expired
+    /// at the server, answered or lost, so what is still asked for is at most what the newer
+    /// ones asked for (a request lost without a status no longer counts once it is that old,
+    /// even while the pin's refreshes keep going out).
     pub(super) fn expire(&mut self, now: Instant, forget_after: Duration) {
-        if self
-            .last_sent
-            .is_some_and(|sent| now >= sent + forget_after)
+        while self
+            .recent
+            .front()
+            .is_some_and(|(sent, _)| now >= *sent + forget_after)
         {
-            self.messages = 0;
+            self.recent.pop_front();
         }
+        let open: u64 = self.recent.iter().map(|(_, batch)| u64::from(*batch)).sum();
+        self.messages = self.messages.min(open);
     }
 
     /// No request of this loop can still deliver.
@@ -60,6 +70,12 @@ impl Requested {
     pub(super) fn wants_pull(&self, batch: u32, expires: Duration, now: Instant) -> bool {
         self.messages <= u64::from(batch / 2)
             || self.last_sent.is_none_or(|sent| now >= sent + expires)
+    }
+
+    /// What the open requests still ask for.
+    #[cfg(test)]
+    pub(super) fn messages(&self) -> u64 {
+        self.messages
     }
 
     /// When the loop must wake to refresh its pull (running), or to notice that its requests
@@ -192,6 +208,29 @@ mod tests {
         requested.expire(now + forget_after, forget_after);
         assert!(requested.is_empty());
         assert_eq!(requested.wake_at(true, EXPIRES, forget_after), None);
+    }
+
+    /// A request lost without a status while newer ones keep going out (the pin's refreshes,
+    /// one command each while the owner is full): once it must have expired, the count holds
+    /// only what the newer requests can still ask for, so the loop does not starve on it.
+    #[test]
+    fn a_request_lost_among_newer_ones_is_forgotten_once_it_must_have_expired() {
+        let now = Instant::now();
+        let forget_after = EXPIRES + Duration::from_secs(1);
+        let mut requested = Requested::default();
+        requested.sent(256, now); // lost with the server's stall: no status ever
+        let mut at = now;
+        for _ in 0..6 {
+            at += EXPIRES;
+            requested.expire(at, forget_after);
+            requested.sent(1, at);
+        }
+        requested.expire(at, forget_after);
+        assert!(
+            requested.messages() <= 4,
+            "only the refreshes sent within forget_after: {}",
+            requested.messages()
+        );
     }
 
     #[test]
