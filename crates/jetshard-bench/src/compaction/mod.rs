@@ -151,13 +151,17 @@ async fn long_runs(
     }
     // What compaction costs the machine: the servers' and the client's CPU per command, on
     // against off (on a machine whose cores the servers share, what the latency pays for).
-    let cpu_rows: [(&str, fn(&LongRun) -> f64); 2] = [
-        ("servers' CPU per command, compaction on", |r| r.server_cpu_us),
-        ("client CPU per command, compaction on", |r| r.client_cpu_us),
-    ];
-    for (what, cpu) in cpu_rows {
-        let row = over_rounds(what, true, &cpu);
-        let off = over_rounds("", false, &cpu).value;
+    let servers = |r: &LongRun| r.server_cpu_us;
+    let client = |r: &LongRun| r.client_cpu_us;
+    for (what, cpu) in [
+        (
+            "servers' CPU per command, compaction on",
+            &servers as &dyn Fn(&LongRun) -> f64,
+        ),
+        ("client CPU per command, compaction on", &client),
+    ] {
+        let row = over_rounds(what, true, cpu);
+        let off = over_rounds("", false, cpu).value;
         report.rows.push(Row { unit: "us", ..row }.against(off));
     }
     let p99_off = over_rounds("", false, &|r| r.latency.p99).value;
