@@ -74,6 +74,8 @@ impl<E: Entity> Actor for EntityActor<E> {
         Option<Arc<BatchLoad>>,
     );
 
+    /// Waits for nothing: the owner starts the actor at once, in its own turn
+    /// (`owner::route::spawn`), where a start that waited would be a failed spawn.
     async fn pre_start(
         &self,
         _: ActorRef<EntityMsg>,

@@ -4,6 +4,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
+use futures::FutureExt;
 use ractor::ActorCell;
 use tokio::time::Instant;
 
@@ -126,21 +127,32 @@ pub(super) fn spawn<E: Entity>(
     };
     let context = Arc::clone(&o.context);
     let slot = o.entities.entry(entity.clone()).or_insert_with(Slot::new);
-    // Without waiting for the actor's start (its `pre_start` only stores its arguments, and
-    // cannot fail): the owner goes on routing while the actor starts, and the messages sent
-    // meanwhile wait in its mailbox.
-    match ractor::ActorRuntime::spawn_linked_instant(
+    // Started here, at once: its `pre_start` only stores its arguments (no await, cannot
+    // fail), so ractor's start (the pre-start, the supervision link, the spawn of the actor's
+    // processing task) completes on its first poll, in the owner's turn, and the owner goes on
+    // routing; the messages sent meanwhile wait in its mailbox. One task per actor: ractor's
+    // `spawn_linked_instant` would spawn a second one just to run that start.
+    let started = ractor::ActorRuntime::spawn_linked(
         None,
         EntityActor::<E>::new(),
         (entity.clone(), context, loaded, batch),
         supervisor.clone(),
-    ) {
-        Ok((actor, _)) => {
+    )
+    .now_or_never();
+    match started {
+        Some(Ok((actor, _))) => {
             slot.actor = Some(Resident::new(actor, resident));
             true
         }
-        Err(e) => {
+        Some(Err(e)) => {
             tracing::error!(partition = o.context.partition, %entity, error = %e, "cannot spawn entity actor");
+            false
+        }
+        None => {
+            // Not reached: nothing in the start waits. Were it to, the actor would be dropped
+            // unstarted and its commands stay in hand, as for a failed spawn.
+            debug_assert!(false, "an entity actor's start waited");
+            tracing::error!(partition = o.context.partition, %entity, "an entity actor's start did not complete at once");
             false
         }
     }
