@@ -440,5 +440,39 @@ fn sanitize_header(value: &str) -> String {
         .collect()
 }
 
+/// A pipelined writer's settings for unit tests (a single server), with `write_timeout`.
+#[cfg(test)]
+pub(crate) fn test_settings(write_timeout: std::time::Duration) -> group_commit::Settings {
+    group_commit::Settings {
+        mode: group_commit::Mode::Pipelined,
+        stats: Arc::new(group_commit::CommitStats::default()),
+        metrics: crate::telemetry::CommitMetrics {
+            records: metrics::Histogram::noop(),
+            conflicts: metrics::Counter::noop(),
+        },
+        write_timeout,
+    }
+}
+
+/// A pipelined writer of partition 0 at generation 1 over `js`, for unit tests on a real
+/// server: its fence record is published now, after whatever the test wrote before, so the
+/// writer's watermark (the fence record's sequence until it writes) covers those records.
+#[cfg(test)]
+pub(crate) async fn test_writer(
+    js: Context,
+    names: Arc<Names>,
+    write_timeout: std::time::Duration,
+) -> JournalWriter {
+    let seq = js
+        .publish(names.fence_subject(0), "fence".into())
+        .await
+        .expect("publish a fence record")
+        .await
+        .expect("store it")
+        .sequence;
+    let fence = Fence { generation: 1, seq };
+    JournalWriter::new(js, names, 0, fence, test_settings(write_timeout))
+}
+
 #[cfg(test)]
 mod tests;

@@ -1,24 +1,7 @@
 //! Unit tests of the journal writer (real server).
 
-use jetshard_testkit::NatsServer;
-use metrics::{Counter, Histogram};
-
 use super::*;
-use crate::journal::group_commit::{CommitStats, Mode, Settings};
-use crate::telemetry::CommitMetrics;
-
-/// A pipelined writer's settings (a single server), with `write_timeout`.
-fn pipelined(write_timeout: std::time::Duration) -> Settings {
-    Settings {
-        mode: Mode::Pipelined,
-        stats: Arc::new(CommitStats::default()),
-        metrics: CommitMetrics {
-            records: Histogram::noop(),
-            conflicts: Counter::noop(),
-        },
-        write_timeout,
-    }
-}
+use jetshard_testkit::NatsServer;
 
 /// After a write of its generation was answered "not confirmed" (the server stopped past
 /// the write timeout), a writer names no previous record (`Jetshard-Previous`) on any record
@@ -38,19 +21,13 @@ async fn after_a_write_not_confirmed_no_record_of_the_generation_names_a_previou
         .await
         .expect("create the journal");
     let names = Arc::new(Names::new("t"));
-    let fence_seq = js
-        .publish(names.fence_subject(0), "fence".into())
-        .await
-        .expect("publish a fence record")
-        .await
-        .expect("store it")
-        .sequence;
-    let settings = pipelined(std::time::Duration::from_millis(300));
-    let fence = Fence {
-        generation: 1,
-        seq: fence_seq,
-    };
-    let writer = JournalWriter::new(js.clone(), Arc::clone(&names), 0, fence, settings);
+    let writer = test_writer(
+        js.clone(),
+        Arc::clone(&names),
+        std::time::Duration::from_millis(300),
+    )
+    .await;
+    let fence_seq = writer.watermark().expect("no write of its own yet");
     let id = EntityId::new("a").expect("an id");
     let subject: Subject = names.event_subject(0, &id).into();
     let event = |command: u64, previous: u64| {
@@ -142,7 +119,7 @@ fn the_fence_headers_built_with_room_are_the_fence_headers_once_each() {
 async fn an_event_at_version_one_carries_no_version_header_and_another_version_does() {
     let server = NatsServer::start().await.expect("start nats-server");
     let js = async_nats::jetstream::new(server.connect().await.expect("connect"));
-    let settings = pipelined(std::time::Duration::from_secs(5));
+    let settings = test_settings(std::time::Duration::from_secs(5));
     let fence = Fence {
         generation: 3,
         seq: 7,

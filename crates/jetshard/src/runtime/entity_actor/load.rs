@@ -315,12 +315,9 @@ mod tests {
         ids: &[&str],
         permits: usize,
     ) -> (jetshard_testkit::NatsServer, Arc<EntityContext>) {
-        use crate::journal::JournalWriter;
-        use crate::journal::fence::Fence;
-        use crate::journal::group_commit::{CommitStats, Mode, Settings};
-        use crate::telemetry::{CommandMetrics, CommitMetrics};
+        use crate::telemetry::CommandMetrics;
         use crate::wire::{HDR_COMMAND_SEQ, HDR_GENERATION, HDR_PREVIOUS};
-        use metrics::{Counter as Count, Histogram};
+        use metrics::Histogram;
         let server = jetshard_testkit::NatsServer::start()
             .await
             .expect("start nats-server");
@@ -352,28 +349,13 @@ mod tests {
                 .await
                 .expect("store it");
         }
-        // The fence record after the events: the writer's watermark covers them.
-        let fence_seq = js
-            .publish(names.fence_subject(0), "fence".into())
-            .await
-            .expect("publish a fence record")
-            .await
-            .expect("store it")
-            .sequence;
-        let settings = Settings {
-            mode: Mode::Pipelined,
-            stats: Arc::new(CommitStats::default()),
-            metrics: CommitMetrics {
-                records: Histogram::noop(),
-                conflicts: Count::noop(),
-            },
-            write_timeout: std::time::Duration::from_secs(5),
-        };
-        let fence = Fence {
-            generation: 1,
-            seq: fence_seq,
-        };
-        let journal = JournalWriter::new(js, Arc::clone(&names), 0, fence, settings);
+        // The writer's fence record after the events: its watermark covers them.
+        let journal = crate::journal::write::test_writer(
+            js,
+            Arc::clone(&names),
+            std::time::Duration::from_secs(5),
+        )
+        .await;
         let context = Arc::new(EntityContext {
             partition: 0,
             journal,
