@@ -266,10 +266,7 @@ impl JournalReader {
     pub async fn open(js: &Context, entity_type: &str) -> Result<Self, Error> {
         let names = Names::new(entity_type);
         let name = names.journal_stream();
-        let journal = js
-            .get_stream_no_info(name)
-            .await
-            .map_err(|e| Error::jetstream(format!("open stream {name}"), e))?;
+        let journal = crate::journal::server::open_stream(js, name).await?;
         Ok(Self::new(journal, entity_type))
     }
 

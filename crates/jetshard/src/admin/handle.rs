@@ -11,6 +11,7 @@ use futures::StreamExt;
 
 use crate::error::Error;
 use crate::journal::fence;
+use crate::journal::server::{open_stream, stream_info};
 use crate::query::{self, QueryAnswer};
 use crate::status::NodeStatus;
 use crate::wire::{Names, PRIORITY_GROUP};
@@ -92,14 +93,8 @@ impl Admin {
         let open = |name: String| async move {
             // `get_stream` (with info) fails for a stream that does not exist, so an entity
             // type that was never started is an error rather than an empty overview.
-            self.js
-                .get_stream(&name)
-                .await
-                .map_err(|e| Error::jetstream(format!("open stream {name}"), e))?;
-            self.js
-                .get_stream_no_info(&name)
-                .await
-                .map_err(|e| Error::jetstream(format!("open stream {name}"), e))
+            stream_info(&self.js, &name).await?;
+            open_stream(&self.js, &name).await
         };
         Ok((
             open(self.names.command_stream.clone()).await?,
@@ -161,15 +156,7 @@ impl Admin {
     /// [`CommandSender::get`].
     pub async fn get(&self, id: &str, timeout: Duration) -> Result<QueryAnswer, Error> {
         let name = &self.names.command_stream;
-        let mut stream = self
-            .js
-            .get_stream(name)
-            .await
-            .map_err(|e| Error::jetstream(format!("open stream {name}"), e))?;
-        let info = stream
-            .info()
-            .await
-            .map_err(|e| Error::jetstream(format!("read stream {name}"), e))?;
+        let info = stream_info(&self.js, name).await?;
         let partitions = info
             .config
             .subject_transform

@@ -1,7 +1,7 @@
 //! What the server accepts and answers: its limit on one atomic batch, its error codes, and why
 //! a journal write did not happen.
 
-use crate::error::BoxError;
+use crate::error::{BoxError, Error};
 
 /// The server's limit on messages in one atomic batch (`jetstream.limits.batch.max_msgs`).
 pub(crate) const MAX_BATCH_MESSAGES: usize = 1000;
@@ -29,6 +29,33 @@ pub(crate) enum WriteError {
 
 /// The server's limit on messages in one atomic batch: a command's events are one unit.
 pub(crate) const MAX_EVENTS_PER_COMMAND: usize = MAX_BATCH_MESSAGES;
+
+/// Opens stream `name` without reading its info ([`Error::JetStream`] if it cannot).
+pub(crate) async fn open_stream(
+    js: &async_nats::jetstream::Context,
+    name: &str,
+) -> Result<async_nats::jetstream::stream::Stream<()>, Error> {
+    js.get_stream_no_info(name)
+        .await
+        .map_err(|e| Error::jetstream(format!("open stream {name}"), e))
+}
+
+/// Stream `name` as the server has it now: its config and state ([`Error::JetStream`] if it
+/// does not exist or cannot be read).
+pub(crate) async fn stream_info(
+    js: &async_nats::jetstream::Context,
+    name: &str,
+) -> Result<async_nats::jetstream::stream::Info, Error> {
+    let mut stream = js
+        .get_stream(name)
+        .await
+        .map_err(|e| Error::jetstream(format!("open stream {name}"), e))?;
+    stream
+        .info()
+        .await
+        .cloned()
+        .map_err(|e| Error::jetstream(format!("read stream {name}"), e))
+}
 
 /// The JetStream error code behind a publish error, if the server answered with one.
 pub(crate) fn server_error_code(

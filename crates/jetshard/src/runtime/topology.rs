@@ -20,6 +20,7 @@ use async_nats::jetstream::{self, Context};
 
 use crate::config::{CommandRetention, ShardConfig};
 use crate::error::Error;
+use crate::journal::server::{open_stream, stream_info};
 use crate::wire::{Names, PRIORITY_GROUP};
 
 /// The stream metadata key recording the codec the stream's records are written with.
@@ -64,10 +65,7 @@ async fn provision_once(js: &Context, names: &Names, config: &ShardConfig) -> Re
     })
     .await?;
     record_stored_settings(js, &names.journal_stream, config).await?;
-    let commands = js
-        .get_stream_no_info(&names.command_stream)
-        .await
-        .map_err(|e| Error::jetstream(format!("open stream {}", names.command_stream), e))?;
+    let commands = open_stream(js, &names.command_stream).await?;
     for partition in 0..config.partitions {
         ensure_consumer(&commands, consumer_config(names, config, partition)).await?;
     }
@@ -130,14 +128,7 @@ async fn record_stored_settings(
     name: &str,
     config: &ShardConfig,
 ) -> Result<(), Error> {
-    let mut stream = js
-        .get_stream(name)
-        .await
-        .map_err(|e| Error::jetstream(format!("open stream {name}"), e))?;
-    let info = stream
-        .info()
-        .await
-        .map_err(|e| Error::jetstream(format!("read stream {name}"), e))?;
+    let info = stream_info(js, name).await?;
     if check_stored_settings(name, config, &info.config)?.is_some() {
         return Ok(());
     }

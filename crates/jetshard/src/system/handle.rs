@@ -15,6 +15,7 @@ use crate::config::ShardConfig;
 use crate::entity::Entity;
 use crate::error::Error;
 use crate::health::{Health, HealthBoard};
+use crate::journal::server::open_stream;
 use crate::runtime::owner::Shared;
 use crate::runtime::topology;
 use crate::status::{OwnershipEvent, PartitionStatus};
@@ -87,14 +88,8 @@ impl ShardSystem {
             .build(client);
         let names = Arc::new(Names::new(&config.entity_type));
         topology::provision(&js, &names, &config).await?;
-        let command_stream = js
-            .get_stream_no_info(&names.command_stream)
-            .await
-            .map_err(|e| Error::jetstream(format!("open stream {}", names.command_stream), e))?;
-        let journal_stream = js
-            .get_stream_no_info(&names.journal_stream)
-            .await
-            .map_err(|e| Error::jetstream(format!("open stream {}", names.journal_stream), e))?;
+        let command_stream = open_stream(&js, &names.command_stream).await?;
+        let journal_stream = open_stream(&js, &names.journal_stream).await?;
         let (events, _) = broadcast::channel(1024);
         let health = Arc::new(HealthBoard::new(config.partitions));
         let client = js.client();
