@@ -41,6 +41,7 @@ mod state;
 mod status;
 mod takeover;
 mod upkeep;
+mod window;
 
 use std::marker::PhantomData;
 use std::sync::Arc;

@@ -1,0 +1,531 @@
+//! An acquisition's in-flight window read back from the command stream: the commands the
+//! consumer delivered and nobody acknowledged, `(ack floor, delivered]`, in stream order.
+//!
+//! Read first with batched direct gets (`{"seq","next_by_subj","batch"}`, answered by any
+//! replica, usually the one on the owner's own server), then, for whatever the answers do not
+//! prove, one leader API get per command as before.
+//!
+//! **What an answer proves.** A replica stores the stream in sequence order (raft applies the
+//! leader's entries in order), so one that holds message `s` holds every message below `s` that
+//! it has not deleted. In a work queue a command is deleted only once acknowledged, and an
+//! acknowledged command was applied and its records are durable (acks after durability). So an
+//! answer whose greatest sequence is `g` holds every unacknowledged command of the partition
+//! in `[first, g]`: the window is proven through `g`, and whole once `g >= last`. What lies
+//! past `g` while `g < last` (a replica behind, or the window's tail acknowledged meanwhile) is
+//! read from the leader. A command missing from the window would come back after later ones of
+//! its entity and be taken for a duplicate (ARCHITECTURE.md, invariants); the rule above never
+//! leaves one out.
+//!
+//! **What a replica adds: acknowledged commands.** A replica may not yet have applied the
+//! deletes of commands the leader has, so an answer may hold commands acknowledged before the
+//! read, which the leader would not return. The leader read has the same outcome for a command
+//! acknowledged just after it (the previous owner may still be acknowledging while the new one
+//! claims), so nothing the claim sees is new:
+//! - the command is recovered in vain: its entity finds it applied (its sequence is at most
+//!   the entity's last applied command sequence) and acknowledges it again;
+//! - `InHand::counted` and the claim's `held` come from the consumer's info alone, so the
+//!   delivery counts (`claims_holding`) and the isolation counts are the same either way;
+//! - `InHand::head` (the first recovered command) can be an acknowledged one only if every
+//!   command of the partition between the ack floor and it is not recovered (a wake-up, or an
+//!   id no entity has): the floor is the first unacknowledged delivery. Then the trial names a
+//!   command that is done, exactly as when the leader read races the ack; the next claim's
+//!   head is another command and the isolation count starts again (`in_hand::trial`): a
+//!   poison command is isolated one claim later at worst, never missed.
+
+use async_nats::Client;
+use async_nats::jetstream::message::StreamMessage;
+use async_nats::jetstream::stream::Stream;
+use futures::StreamExt;
+use std::time::Duration;
+
+use super::shared::Shared;
+use super::slot::Pending;
+use crate::entity::EntityId;
+use crate::error::Error;
+use crate::runtime::pin;
+use crate::wire::{HDR_NUM_PENDING, Names, direct_get_subject};
+
+/// Concurrent readers of the leader's part of the window, each walking its own slice of it.
+const RECOVERY_READERS: u64 = 16;
+/// The narrowest slice (in stream sequences) worth a reader of its own.
+const RECOVERY_SLICE_MIN: u64 = 32;
+/// The most commands one direct get asks for.
+const MAX_BATCH: u64 = 1024;
+/// The most direct gets in a row before the rest is read from the leader.
+const MAX_ASKS: usize = 8;
+/// How long one direct get's answer may take, all its messages together.
+const TIMEOUT: Duration = Duration::from_secs(5);
+/// `204 EOB`: the answer's last message.
+const END_OF_BATCH: u16 = 204;
+/// `404`: no message on the filter at or past the sequence asked.
+const NOT_FOUND: u16 = 404;
+
+/// Reads, straight from the command stream, the commands the consumer has delivered but that
+/// were not acknowledged at the claim: those the previous owners held. Applying them first
+/// keeps each entity's commands in order across the takeover; their redeliveries are then
+/// recognised as already applied.
+///
+/// The window is the whole of `(ack floor, delivered]`, including what was delivered to this
+/// owner itself since its pin: bounding it by the first delivery under the pin (new commands
+/// are delivered in stream order) loses commands when a consumer leader change resets the
+/// delivery count (seen in `tests/tests/cluster.rs`, seed 1000): a command missing from the
+/// window comes back after later ones of its entity and is taken for a duplicate.
+///
+/// Each command's delivery count is set by the caller.
+pub(super) async fn recover_window(
+    shared: &Shared,
+    partition: u32,
+    window: Option<(u64, u64)>,
+) -> Result<Vec<(EntityId, Pending)>, Error> {
+    let Some((first, last)) = window else {
+        return Ok(Vec::new());
+    };
+    let filter = shared.names.partition_commands(partition);
+    let mut requests = Requests::default();
+    let messages = read(
+        shared.js.client(),
+        &shared.names.command_stream,
+        &shared.command_stream,
+        (&filter, first, last),
+        &mut requests,
+    )
+    .await?;
+    tracing::debug!(
+        partition,
+        first,
+        last,
+        direct = requests.direct,
+        leader = requests.leader,
+        "in-flight window read"
+    );
+    Ok(messages.into_iter().filter_map(pending).collect())
+}
+
+/// The requests a window read made.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Requests {
+    /// Direct gets (batches), answered by any replica.
+    direct: u64,
+    /// API gets of the stream leader, one command each.
+    leader: u64,
+}
+
+/// The messages on `filter` (of stream `stream`, `commands`) in `first..=last` that no replica
+/// has deleted, in order: from the replicas as far as their answers prove it, the rest from
+/// the leader.
+async fn read(
+    client: Client,
+    stream: &str,
+    commands: &Stream<()>,
+    (filter, first, last): (&str, u64, u64),
+    requests: &mut Requests,
+) -> Result<Vec<StreamMessage>, Error> {
+    let (mut messages, next) = from_replicas(client, stream, filter, (first, last), requests).await;
+    if next <= last {
+        messages.extend(from_leader(commands, filter, next, last, requests).await?);
+    }
+    Ok(messages)
+}
+
+/// What to do after one direct get of the window `..=last`, asked from `next` on.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// The window is proven whole.
+    Done,
+    /// Proven through `.0 - 1`; the replica holds more: ask it again from `.0`.
+    Ask(u64),
+    /// Proven through `.0 - 1` only: the rest, from `.0`, is read from the leader.
+    Leader(u64),
+}
+
+/// The rule of an answer (the module's doc): `greatest`, the greatest sequence it held (`None`:
+/// no message, or no valid answer); `more`, whether the replica said it holds more messages on
+/// the filter past them.
+fn step(next: u64, last: u64, greatest: Option<u64>, more: bool) -> Step {
+    match greatest {
+        Some(g) if g >= last => Step::Done,
+        Some(g) if more => Step::Ask(g + 1),
+        Some(g) => Step::Leader(g + 1),
+        None => Step::Leader(next),
+    }
+}
+
+/// The window's commands read with direct gets from `first`, as far as the answers prove it:
+/// the messages at or below `last`, and the first sequence not proven (`> last`: none).
+async fn from_replicas(
+    client: Client,
+    stream: &str,
+    filter: &str,
+    (first, last): (u64, u64),
+    requests: &mut Requests,
+) -> (Vec<StreamMessage>, u64) {
+    let mut messages = Vec::new();
+    let mut next = first;
+    for _ in 0..MAX_ASKS {
+        let batch = (last - next + 1).min(MAX_BATCH);
+        requests.direct += 1;
+        let (answer, more) = match ask(&client, stream, filter, next, batch).await {
+            Ok(answer) => answer,
+            Err(reason) => {
+                tracing::debug!(stream, filter, next, reason, "window read from the leader");
+                return (messages, next);
+            }
+        };
+        let greatest = answer.last().map(|m| m.sequence);
+        messages.extend(answer.into_iter().filter(|m| m.sequence <= last));
+        match step(next, last, greatest, more) {
+            Step::Done => return (messages, last + 1),
+            Step::Ask(from) => next = from,
+            Step::Leader(from) => return (messages, from),
+        }
+    }
+    (messages, next)
+}
+
+/// One direct get: the messages on `filter` from `seq` on (at most `batch`), in order, and
+/// whether the replica holds more past them; `Err` (why) if the answer proves nothing.
+async fn ask(
+    client: &Client,
+    stream: &str,
+    filter: &str,
+    seq: u64,
+    batch: u64,
+) -> Result<(Vec<StreamMessage>, bool), String> {
+    let body = serde_json::json!({"seq": seq, "next_by_subj": filter, "batch": batch});
+    let inbox = client.new_inbox();
+    let mut answers = client
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    client
+        .publish_with_reply(direct_get_subject(stream), inbox, body.to_string().into())
+        .await
+        .map_err(|e| e.to_string())?;
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let mut messages: Vec<StreamMessage> = Vec::new();
+    loop {
+        let message = match tokio::time::timeout_at(deadline, answers.next()).await {
+            Ok(Some(message)) => message,
+            Ok(None) => return Err("the subscription ended".to_owned()),
+            Err(_) => return Err(format!("no answer in {TIMEOUT:?}")),
+        };
+        match message.status.map(|s| s.as_u16()) {
+            None => {
+                let message = StreamMessage::try_from(message).map_err(|e| e.to_string())?;
+                // In order, each past the last (a reordered answer proves nothing).
+                if messages
+                    .last()
+                    .is_some_and(|m| m.sequence >= message.sequence)
+                    || message.sequence < seq
+                {
+                    return Err("an answer out of order".to_owned());
+                }
+                messages.push(message);
+            }
+            Some(END_OF_BATCH) => {
+                let pending = message
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(HDR_NUM_PENDING))
+                    .and_then(|v| v.as_str().parse::<u64>().ok());
+                return Ok((messages, pending.is_some_and(|p| p > 0)));
+            }
+            Some(NOT_FOUND) => return Ok((messages, false)),
+            Some(status) => {
+                let description = message.description.unwrap_or_default();
+                return Err(format!("{status} {description}"));
+            }
+        }
+    }
+}
+
+/// The commands on `filter` with stream sequences in `first..=last`, one leader API get each,
+/// the range cut into slices read side by side and joined in order.
+async fn from_leader(
+    commands: &Stream<()>,
+    filter: &str,
+    first: u64,
+    last: u64,
+    requests: &mut Requests,
+) -> Result<Vec<StreamMessage>, Error> {
+    let span = last - first + 1;
+    let readers = span.div_ceil(RECOVERY_SLICE_MIN).clamp(1, RECOVERY_READERS);
+    let width = span.div_ceil(readers);
+    let slices = (0..readers).map(|i| {
+        let from = first + i * width;
+        let to = (from + width - 1).min(last);
+        read_slice(commands, filter, from, to)
+    });
+    let mut messages = Vec::new();
+    for (slice, gets) in futures::future::try_join_all(slices).await? {
+        messages.extend(slice);
+        requests.leader += gets;
+    }
+    Ok(messages)
+}
+
+/// The messages on `filter` with stream sequences in `first..=last`, in order, from the
+/// leader, and the number of gets made.
+async fn read_slice(
+    commands: &Stream<()>,
+    filter: &str,
+    first: u64,
+    last: u64,
+) -> Result<(Vec<StreamMessage>, u64), Error> {
+    let mut messages = Vec::new();
+    let mut gets = 0;
+    let mut next = first;
+    while next <= last {
+        gets += 1;
+        let found = commands
+            .raw_message_builder()
+            .sequence(next)
+            .next_by_subject(filter.to_owned())
+            .send()
+            .await;
+        let message = match found {
+            Ok(message) => message,
+            Err(e)
+                if e.kind()
+                    == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+            {
+                break;
+            }
+            Err(e) => {
+                return Err(Error::jetstream(
+                    format!("read command {next} of {filter}"),
+                    e,
+                ));
+            }
+        };
+        if message.sequence > last {
+            break;
+        }
+        next = message.sequence + 1;
+        messages.push(message);
+    }
+    Ok((messages, gets))
+}
+
+/// A recovered command, or `None` for a wake-up (for no entity: acknowledged when it is
+/// delivered again) or a command whose subject holds no valid id (dead-lettered when it is
+/// delivered).
+fn pending(message: StreamMessage) -> Option<(EntityId, Pending)> {
+    if pin::is_wake(Some(&message.headers)) {
+        return None;
+    }
+    let entity =
+        Names::entity_of_subject(&message.subject).and_then(|id| EntityId::new(id).ok())?;
+    Some((
+        entity,
+        Pending::recovered(
+            message.sequence,
+            message.payload,
+            pin::respond_to(Some(&message.headers)),
+            pin::trace_of(Some(&message.headers)),
+            crate::data::timers::firing_of(Some(&message.headers)),
+            crate::data::origin::origin_of(Some(&message.headers)),
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_proves_the_window_through_its_greatest_sequence() {
+        // It reached the window's end (or past it): whole.
+        assert_eq!(step(10, 20, Some(20), false), Step::Done);
+        assert_eq!(step(10, 20, Some(25), true), Step::Done);
+        // Cut short by its batch or size, the replica holding more: asked again past it.
+        assert_eq!(step(10, 20, Some(14), true), Step::Ask(15));
+        // Nothing more on this replica: behind, or the tail acknowledged; the leader says.
+        assert_eq!(step(10, 20, Some(14), false), Step::Leader(15));
+        // Nothing at all, or no valid answer: all from the leader.
+        assert_eq!(step(10, 20, None, false), Step::Leader(10));
+        assert_eq!(step(10, 20, None, true), Step::Leader(10));
+    }
+
+    use std::collections::BTreeSet;
+
+    use async_nats::jetstream::{self, AckKind, Context, consumer, stream};
+    use jetshard_testkit::{NatsCluster, NatsServer};
+
+    const FILTER: &str = "c.cmd.0.*";
+
+    /// A command stream like jetshard's, `replicas` of it, direct gets `allowed` or not, 300
+    /// commands on partitions 0 and 1 in turn; a consumer of partition 0 that was delivered
+    /// its first 100 commands and acknowledged every third and the last of them. The window
+    /// `(ack floor, delivered]`, and the sequences in it acknowledged and not.
+    async fn delivered_in_part(
+        js: &Context,
+        replicas: usize,
+        allowed: bool,
+    ) -> ((u64, u64), BTreeSet<u64>, BTreeSet<u64>) {
+        js.create_stream(stream::Config {
+            name: "C".to_owned(),
+            subjects: vec!["c.>".to_owned()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            allow_direct: allowed,
+            num_replicas: replicas,
+            ..Default::default()
+        })
+        .await
+        .expect("create the stream");
+        for i in 0..300 {
+            js.publish(format!("c.cmd.{}.e-{}", i % 2, i % 7), "c".into())
+                .await
+                .expect("publish")
+                .await
+                .expect("stored");
+        }
+        let consumer: consumer::PullConsumer = js
+            .get_stream("C")
+            .await
+            .expect("stream")
+            .create_consumer(consumer::pull::Config {
+                durable_name: Some("p0".to_owned()),
+                filter_subject: FILTER.to_owned(),
+                ack_policy: consumer::AckPolicy::Explicit,
+                max_ack_pending: 1000,
+                ..Default::default()
+            })
+            .await
+            .expect("create the consumer");
+        let mut delivered = Vec::new();
+        while delivered.len() < 100 {
+            let mut batch = consumer
+                .fetch()
+                .max_messages(100 - delivered.len())
+                .messages()
+                .await
+                .expect("fetch");
+            while let Some(message) = batch.next().await {
+                delivered.push(message.expect("a delivery"));
+            }
+        }
+        let (mut acked, mut unacked) = (BTreeSet::new(), BTreeSet::new());
+        for (i, message) in delivered.iter().enumerate() {
+            let seq = message.info().expect("info").stream_sequence;
+            if i % 3 == 1 || i == delivered.len() - 1 {
+                message.double_ack_with(AckKind::Ack).await.expect("ack");
+                acked.insert(seq);
+            } else {
+                unacked.insert(seq);
+            }
+        }
+        let mut consumer = consumer;
+        let info = consumer.info().await.expect("consumer info");
+        let window = (
+            info.ack_floor.stream_sequence + 1,
+            info.delivered.stream_sequence,
+        );
+        (window, acked, unacked)
+    }
+
+    /// Checks a read of the window: in order, every unacknowledged command in it, and nothing
+    /// else but acknowledged ones (a replica not yet through their deletes).
+    fn check(
+        read: &[StreamMessage],
+        window: (u64, u64),
+        acked: &BTreeSet<u64>,
+        unacked: &BTreeSet<u64>,
+    ) {
+        let seqs: Vec<u64> = read.iter().map(|m| m.sequence).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+        assert!(
+            seqs.iter().all(|s| (window.0..=window.1).contains(s)),
+            "{seqs:?}"
+        );
+        let read: BTreeSet<u64> = seqs.iter().copied().collect();
+        let missing: Vec<_> = unacked
+            .iter()
+            .filter(|s| (window.0..=window.1).contains(*s) && !read.contains(*s))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "unacknowledged commands left out: {missing:?}"
+        );
+        assert!(
+            read.iter()
+                .all(|s| unacked.contains(s) || acked.contains(s)),
+            "{seqs:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_a_cluster_a_replica_answers_the_whole_window_in_one_request() {
+        let cluster = NatsCluster::start(3).await.expect("start the cluster");
+        let js = jetstream::new(cluster.connect().await.expect("connect"));
+        let (window, acked, unacked) = delivered_in_part(&js, 3, true).await;
+        assert!(window.0 < window.1, "{window:?}");
+        let commands = crate::journal::server::open_stream(&js, "C")
+            .await
+            .expect("open");
+        // From each server (a server prefers the replica it hosts): whatever a replica answers,
+        // the read holds the window; once the replica is through the window (it is usually at
+        // once), one direct get reads it all.
+        for node in cluster.nodes() {
+            let client = node.connect().await.expect("connect");
+            let (client, commands) = (&client, &commands);
+            let (acked, unacked) = (&acked, &unacked);
+            jetshard_testkit::wait_until(
+                Duration::from_secs(30),
+                "one direct get",
+                || async move {
+                    let mut requests = Requests::default();
+                    let read = read(
+                        client.clone(),
+                        "C",
+                        commands,
+                        (FILTER, window.0, window.1),
+                        &mut requests,
+                    )
+                    .await
+                    .expect("read");
+                    check(&read, window, acked, unacked);
+                    assert!(requests.direct >= 1, "{requests:?}");
+                    requests
+                        == Requests {
+                            direct: 1,
+                            leader: 0,
+                        }
+                },
+            )
+            .await
+            .expect("a replica through the window");
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn without_direct_gets_the_window_is_read_from_the_leader_at_once() {
+        let server = NatsServer::start().await.expect("start nats-server");
+        let client = server.connect().await.expect("connect");
+        let js = jetstream::new(client.clone());
+        let (window, acked, unacked) = delivered_in_part(&js, 1, false).await;
+        let commands = crate::journal::server::open_stream(&js, "C")
+            .await
+            .expect("open");
+        let started = std::time::Instant::now();
+        let mut requests = Requests::default();
+        let read = read(
+            client,
+            "C",
+            &commands,
+            (FILTER, window.0, window.1),
+            &mut requests,
+        )
+        .await
+        .expect("read");
+        // No responders: answered at once, and the leader read it all.
+        assert!(started.elapsed() < TIMEOUT, "{:?}", started.elapsed());
+        check(&read, window, &acked, &unacked);
+        assert_eq!(
+            read.len(),
+            unacked.iter().filter(|s| **s >= window.0).count()
+        );
+        assert_eq!(requests.direct, 1);
+        assert!(requests.leader >= read.len() as u64, "{requests:?}");
+    }
+}
