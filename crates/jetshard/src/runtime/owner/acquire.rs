@@ -40,7 +40,7 @@ pub(super) async fn claim(
 ) -> Result<Acquired, AcquireError> {
     // The commands in hand, read before the claim so that the claim can count them (one
     // acknowledged meanwhile is recovered in vain and found applied).
-    let in_hand = in_hand(shared, partition)
+    let (in_hand, unacknowledged) = in_hand(shared, partition)
         .await
         .map_err(AcquireError::InHand)?;
     // Counted: those earlier owners held. New commands are delivered in stream order, so when the
@@ -49,7 +49,7 @@ pub(super) async fn claim(
         let last = first_new.map_or(last, |new| last.min(new.saturating_sub(1)));
         (first <= last).then_some((first, last))
     });
-    let mut recovered = window::recover_window(shared, partition, in_hand)
+    let mut recovered = window::recover_window(shared, partition, in_hand, unacknowledged)
         .await
         .map_err(AcquireError::Recover)?;
     let head = recovered
@@ -89,8 +89,9 @@ pub(super) async fn claim(
 }
 
 /// The consumer's `(ack floor, delivered]` as an inclusive range of command-stream sequences:
-/// delivered and not acknowledged. `None` if nothing is.
-async fn in_hand(shared: &Shared, partition: u32) -> Result<Option<(u64, u64)>, Error> {
+/// delivered and not acknowledged (`None` if nothing is), and how many commands in it are not
+/// acknowledged (`num_ack_pending`).
+async fn in_hand(shared: &Shared, partition: u32) -> Result<(Option<(u64, u64)>, u64), Error> {
     let consumer = shared.names.consumer(partition);
     let info = shared
         .command_stream
@@ -101,7 +102,10 @@ async fn in_hand(shared: &Shared, partition: u32) -> Result<Option<(u64, u64)>, 
         info.ack_floor.stream_sequence,
         info.delivered.stream_sequence,
     );
-    Ok((delivered > floor).then_some((floor + 1, delivered)))
+    Ok((
+        (delivered > floor).then_some((floor + 1, delivered)),
+        u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX),
+    ))
 }
 
 /// The crash watch's answer to a claim: whether a previous owner's process is gone.

@@ -51,6 +51,8 @@ const RECOVERY_READERS: u64 = 16;
 const RECOVERY_SLICE_MIN: u64 = 32;
 /// The most commands one direct get asks for.
 const MAX_BATCH: u64 = 1024;
+/// The fewest commands one direct get asks for.
+const MIN_BATCH: u64 = 16;
 /// The most direct gets in a row before the rest is read from the leader.
 const MAX_ASKS: usize = 8;
 /// How long one direct get's answer may take, all its messages together.
@@ -71,11 +73,15 @@ const NOT_FOUND: u16 = 404;
 /// delivery count (seen in `tests/tests/cluster.rs`, seed 1000): a command missing from the
 /// window comes back after later ones of its entity and is taken for a duplicate.
 ///
+/// `unacknowledged`: how many commands in the window the consumer had not seen acknowledged
+/// (its `num_ack_pending`): what a direct get asks for (a guess: it only sizes the batches).
+///
 /// Each command's delivery count is set by the caller.
 pub(super) async fn recover_window(
     shared: &Shared,
     partition: u32,
     window: Option<(u64, u64)>,
+    unacknowledged: u64,
 ) -> Result<Vec<(EntityId, Pending)>, Error> {
     let Some((first, last)) = window else {
         return Ok(Vec::new());
@@ -87,6 +93,7 @@ pub(super) async fn recover_window(
         &shared.names.command_stream,
         &shared.command_stream,
         (&filter, first, last),
+        unacknowledged,
         &mut requests,
     )
     .await?;
@@ -118,13 +125,37 @@ async fn read(
     stream: &str,
     commands: &Stream<()>,
     (filter, first, last): (&str, u64, u64),
+    unacknowledged: u64,
     requests: &mut Requests,
 ) -> Result<Vec<StreamMessage>, Error> {
-    let (mut messages, next) = from_replicas(client, stream, filter, (first, last), requests).await;
+    let (mut messages, next) = from_replicas(
+        client,
+        stream,
+        filter,
+        (first, last),
+        unacknowledged,
+        requests,
+    )
+    .await;
     if next <= last {
         messages.extend(from_leader(commands, filter, next, last, requests).await?);
     }
     Ok(messages)
+}
+
+/// How many commands a direct get asks for: those the consumer counted unacknowledged, less
+/// those read already, and one more (the first past the window proves it whole when the
+/// window's last command was acknowledged); at least [`MIN_BATCH`] (a replica may still hold
+/// acknowledged ones), at most one past the sequences `left` in the window, and
+/// [`MAX_BATCH`]. Asking for more would bring the commands past the window (the server stops
+/// a batch at its count, not at a sequence).
+fn batch(unacknowledged: u64, read: u64, left: u64) -> u64 {
+    unacknowledged
+        .saturating_sub(read)
+        .saturating_add(1)
+        .max(MIN_BATCH)
+        .min(left.saturating_add(1))
+        .min(MAX_BATCH)
 }
 
 /// What to do after one direct get of the window `..=last`, asked from `next` on.
@@ -157,12 +188,13 @@ async fn from_replicas(
     stream: &str,
     filter: &str,
     (first, last): (u64, u64),
+    unacknowledged: u64,
     requests: &mut Requests,
 ) -> (Vec<StreamMessage>, u64) {
-    let mut messages = Vec::new();
+    let mut messages: Vec<StreamMessage> = Vec::new();
     let mut next = first;
     for _ in 0..MAX_ASKS {
-        let batch = (last - next + 1).min(MAX_BATCH);
+        let batch = batch(unacknowledged, messages.len() as u64, last - next + 1);
         requests.direct += 1;
         let (answer, more) = match ask(&client, stream, filter, next, batch).await {
             Ok(answer) => answer,
@@ -334,6 +366,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_direct_get_asks_for_the_commands_left_unacknowledged() {
+        assert_eq!(batch(250, 0, 2000), 251);
+        // A replica holding acknowledged commands too: asked again, a few at a time.
+        assert_eq!(batch(250, 240, 2000), MIN_BATCH);
+        assert_eq!(batch(250, 300, 2000), MIN_BATCH);
+        // Never more than the window holds, and one past it.
+        assert_eq!(batch(250, 0, 100), 101);
+        assert_eq!(batch(250, 0, 5), 6);
+        assert_eq!(batch(5000, 0, 9000), MAX_BATCH);
+    }
+
+    #[test]
     fn an_answer_proves_the_window_through_its_greatest_sequence() {
         // It reached the window's end (or past it): whole.
         assert_eq!(step(10, 20, Some(20), false), Step::Done);
@@ -465,7 +509,8 @@ mod tests {
             .expect("open");
         // From each server (a server prefers the replica it hosts): whatever a replica answers,
         // the read holds the window; once the replica is through the window (it is usually at
-        // once), one direct get reads it all.
+        // once), one direct get reads it all: its last command is acknowledged, the first past it
+        // proves the window whole.
         for node in cluster.nodes() {
             let client = node.connect().await.expect("connect");
             let (client, commands) = (&client, &commands);
@@ -480,6 +525,7 @@ mod tests {
                         "C",
                         commands,
                         (FILTER, window.0, window.1),
+                        unacked.len() as u64,
                         &mut requests,
                     )
                     .await
@@ -514,6 +560,7 @@ mod tests {
             "C",
             &commands,
             (FILTER, window.0, window.1),
+            unacked.len() as u64,
             &mut requests,
         )
         .await
