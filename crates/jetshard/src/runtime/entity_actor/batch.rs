@@ -29,22 +29,21 @@ use crate::wire::Names;
 pub(crate) const MAX_ENTITIES: usize = 64;
 const _: () = assert!(MAX_ENTITIES * 4 < MAX_MESSAGES);
 
-/// Each entity's last records, by id: the whole map shared (`Arc`), not copied, with the
-/// entities' actors. Keyed by the batch's own ids (a clone of an [`EntityId`] is a reference
-/// count), each entity's records left in the `Vec` they were gathered in: per entity, one
-/// allocation (none without records).
-type Found = HashMap<EntityId, Vec<StreamMessage>>;
+/// Each entity's last records, by its place in the batch (`BatchLoad::new`'s `entities`): the
+/// whole answer shared (`Arc`), not copied, with the entities' actors, each entity's records
+/// left in the `Vec` they were gathered in: per entity, one allocation (none without records).
+type Found = Vec<Vec<StreamMessage>>;
 
 /// An entity's last records, as a batch read them: a share of the batch's answer.
 pub(crate) struct Known {
     found: Arc<Found>,
-    id: EntityId,
+    place: usize,
 }
 
 impl Known {
     /// The last record of each of the entity's subjects (empty: it has no history).
     pub(crate) fn records(&self) -> &[StreamMessage] {
-        self.found.get(&self.id).map(Vec::as_slice).unwrap_or(&[])
+        self.found.get(self.place).map(Vec::as_slice).unwrap_or(&[])
     }
 }
 
@@ -114,25 +113,43 @@ impl BatchLoad {
         .shared();
         Arc::new(Self { read })
     }
+}
 
-    /// The last record of each of `id`'s subjects (none: it has no history), as of a sequence
-    /// past every record it had when the batch was planned; `None` if the batch was not read
-    /// (then the entity is read on its own).
-    pub(crate) async fn records_of(&self, id: &EntityId) -> Option<Known> {
-        let found = self.read.clone().await?;
+/// An entity's share of a [`BatchLoad`]: the batch and the entity's place in it (what its
+/// records are found by in the answer, no lookup by id).
+pub(crate) struct InBatch {
+    batch: Arc<BatchLoad>,
+    place: usize,
+}
+
+impl InBatch {
+    /// The entity at `place` in the `entities` `batch` was made for.
+    pub(crate) fn new(batch: Arc<BatchLoad>, place: usize) -> Self {
+        Self { batch, place }
+    }
+
+    /// The last record of each of the entity's subjects (none: it has no history), as of a
+    /// sequence past every record it had when the batch was planned; `None` if the batch was
+    /// not read (then the entity is read on its own).
+    pub(crate) async fn records(&self) -> Option<Known> {
+        let found = self.batch.read.clone().await?;
         Some(Known {
             found,
-            id: id.clone(),
+            place: self.place,
         })
     }
 }
 
-/// The messages of a `multi_last` answer by entity (one of `entities`), the fence record left
-/// out.
+/// The messages of a `multi_last` answer by entity (by place in `entities`), the fence record
+/// left out.
 fn by_entity(entities: &[EntityId], messages: Vec<StreamMessage>, fence: &str) -> Found {
-    let mut found: Found = entities
+    let place: HashMap<&str, usize> = entities
         .iter()
-        .map(|entity| (entity.clone(), Vec::new()))
+        .enumerate()
+        .map(|(i, entity)| (entity.as_str(), i))
+        .collect();
+    let mut found: Found = std::iter::repeat_with(Vec::new)
+        .take(entities.len())
         .collect();
     for message in messages {
         if message.subject.as_str() == fence {
@@ -141,9 +158,56 @@ fn by_entity(entities: &[EntityId], messages: Vec<StreamMessage>, fence: &str) -
         let Some(entity) = Names::entity_of_subject(&message.subject) else {
             continue;
         };
-        if let Some(records) = found.get_mut(entity) {
-            records.push(message);
+        if let Some(&i) = place.get(entity) {
+            found[i].push(message);
         }
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(subject: &str, sequence: u64) -> StreamMessage {
+        StreamMessage {
+            subject: subject.into(),
+            sequence,
+            headers: async_nats::HeaderMap::new(),
+            payload: bytes::Bytes::new(),
+            time: time::OffsetDateTime::UNIX_EPOCH,
+        }
+    }
+
+    /// Each record lands at its entity's place in the batch (what its actor's share names),
+    /// the fence record and records of entities not in the batch left out.
+    #[test]
+    fn an_answer_is_split_by_each_entitys_place_in_the_batch() {
+        let entities = ["b", "a", "c"].map(|id| EntityId::new(id).expect("an id"));
+        let answer = [
+            ("t.fence.0", 1),
+            ("t.evt.0.a", 2),
+            ("t.evt.0.c", 3),
+            ("t.snap.0.a", 4),
+            ("t.evt.0.stranger", 5),
+        ]
+        .map(|(subject, seq)| message(subject, seq))
+        .to_vec();
+        let found = by_entity(&entities, answer, "t.fence.0");
+        let sequences: Vec<Vec<u64>> = found
+            .iter()
+            .map(|records| records.iter().map(|m| m.sequence).collect())
+            .collect();
+        assert_eq!(sequences, [vec![], vec![2, 4], vec![3]]);
+        let known = |place| Known {
+            found: Arc::new(by_entity(
+                &entities,
+                vec![message("t.evt.0.c", 9)],
+                "t.fence.0",
+            )),
+            place,
+        };
+        assert!(known(1).records().is_empty());
+        assert_eq!(known(2).records()[0].sequence, 9);
+    }
 }

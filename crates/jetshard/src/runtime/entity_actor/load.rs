@@ -6,7 +6,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::batch::BatchLoad;
+use super::batch::InBatch;
 use super::outcome_header::LastOutcome;
 use super::protocol::{EntityContext, Quarantine, panic_message};
 use super::replay::Seed;
@@ -49,7 +49,7 @@ pub(super) enum Revival {
 pub(super) async fn revive<E: Entity>(
     id: &EntityId,
     context: &EntityContext,
-    batch: Option<&BatchLoad>,
+    batch: Option<&InBatch>,
 ) -> Result<Seed<E>, Revival> {
     let mut reads = ReadsMade::default();
     let revived = read_entity(id, context, batch, &mut reads).await;
@@ -91,7 +91,7 @@ impl ReadsMade {
 async fn read_entity<E: Entity>(
     id: &EntityId,
     context: &EntityContext,
-    batch: Option<&BatchLoad>,
+    batch: Option<&InBatch>,
     reads: &mut ReadsMade,
 ) -> Result<Seed<E>, Revival> {
     let unreadable =
@@ -105,7 +105,7 @@ async fn read_entity<E: Entity>(
     let mut seed = Seed::<E>::default();
     // Its last record of each kind, if read in a batch with other entities.
     let batched = match batch {
-        Some(batch) => batch.records_of(id).await,
+        Some(batch) => batch.records().await,
         None => None,
     };
     let known = batched.as_ref().map(|batched| batched.records());
@@ -285,7 +285,7 @@ pub(super) fn restore<E: Entity>(
 mod tests {
     use bytes::Bytes;
 
-    use super::super::batch::BatchLoad;
+    use super::super::batch::{BatchLoad, InBatch};
     use super::*;
     use crate::test_entity::Counter;
 
@@ -391,8 +391,12 @@ mod tests {
         let (_server, context) = journal_of(&["a", "b", "c"], 1).await;
         let [a, b, c] = ["a", "b", "c"].map(|id| EntityId::new(id).expect("an id"));
         let batch = BatchLoad::new(&context, &[a.clone(), b.clone()]);
+        let (in_a, in_b) = (
+            InBatch::new(Arc::clone(&batch), 0),
+            InBatch::new(Arc::clone(&batch), 1),
+        );
         // `a` makes the batch's read, with the only permit.
-        let seed = tokio::time::timeout(WITHIN, revive::<Counter>(&a, &context, Some(&batch)))
+        let seed = tokio::time::timeout(WITHIN, revive::<Counter>(&a, &context, Some(&in_a)))
             .await
             .expect("a loads")
             .unwrap_or_else(|_| panic!("a revives"));
@@ -407,7 +411,7 @@ mod tests {
             .acquire_owned()
             .await
             .expect("the only permit");
-        let seed = tokio::time::timeout(WITHIN, revive::<Counter>(&b, &context, Some(&batch)))
+        let seed = tokio::time::timeout(WITHIN, revive::<Counter>(&b, &context, Some(&in_b)))
             .await
             .expect("b loads from the batch without a permit")
             .unwrap_or_else(|_| panic!("b revives"));

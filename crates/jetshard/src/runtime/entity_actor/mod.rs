@@ -44,7 +44,7 @@ use tracing::Instrument;
 
 use crate::entity::{Entity, EntityId};
 
-pub(crate) use batch::{BatchLoad, MAX_ENTITIES as MAX_BATCH_LOAD};
+pub(crate) use batch::{BatchLoad, InBatch, MAX_ENTITIES as MAX_BATCH_LOAD};
 use process::process;
 pub(crate) use protocol::{
     EntityContext, EntityMsg, EntityReport, Failure, LoadStats, MAX_LOADS, Outcome, Passivated,
@@ -67,12 +67,7 @@ impl<E> EntityActor<E> {
 impl<E: Entity> Actor for EntityActor<E> {
     type Msg = EntityMsg;
     type State = EntityState<E>;
-    type Arguments = (
-        EntityId,
-        Arc<EntityContext>,
-        Loaded<E>,
-        Option<Arc<BatchLoad>>,
-    );
+    type Arguments = (EntityId, Arc<EntityContext>, Loaded<E>, Option<InBatch>);
 
     /// Waits for nothing: the owner starts the actor at once, in its own turn
     /// (`owner::route::spawn`), where a start that waited would be a failed spawn.

@@ -189,7 +189,7 @@ async fn load<E: Entity>(state: &mut EntityState<E>) -> Result<(), Verdict> {
     // Boxed: the reads of a load are the largest part of a command's future, which every
     // command allocates (the actor boxes it); only a command that loads pays for them.
     let batch = state.batch.take();
-    let revived = Box::pin(revive::<E>(&state.id, &state.context, batch.as_deref())).await;
+    let revived = Box::pin(revive::<E>(&state.id, &state.context, batch.as_ref())).await;
     tracing::debug!(
         load_ms = loading.elapsed().as_millis() as u64,
         "entity loaded"

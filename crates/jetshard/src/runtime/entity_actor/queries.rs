@@ -34,7 +34,7 @@ pub(super) async fn answer_query<E: Entity>(state: &mut EntityState<E>, query: Q
         }
         if matches!(state.seed, Loaded::No) {
             let batch = state.batch.take();
-            state.seed = match revive::<E>(&state.id, &context, batch.as_deref()).await {
+            state.seed = match revive::<E>(&state.id, &context, batch.as_ref()).await {
                 Ok(seed) => Loaded::Yes(seed),
                 Err(Revival::Quarantined(q)) => Loaded::Quarantined(q),
                 Err(Revival::Unreadable(reason)) => {

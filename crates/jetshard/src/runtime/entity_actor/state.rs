@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::batch::BatchLoad;
+use super::batch::InBatch;
 use super::protocol::{EntityContext, Quarantine};
 use super::replay::Seed;
 use crate::entity::{Entity, EntityId};
@@ -23,7 +23,7 @@ pub(crate) struct EntityState<E: Entity> {
     pub(super) seed: Loaded<E>,
     /// The batched read of its last records, if it was spawned with other new entities of a
     /// pull burst: taken by its load.
-    pub(super) batch: Option<Arc<BatchLoad>>,
+    pub(super) batch: Option<InBatch>,
     /// Set after a failure: later messages are ignored until the actor stops.
     pub(super) broken: bool,
 }

@@ -25,7 +25,7 @@ use super::slot::Slot;
 use crate::entity::{Entity, EntityId};
 use crate::journal::fence::HeldRange;
 use crate::retry::RestartWindow;
-use crate::runtime::entity_actor::{BatchLoad, EntityContext, Quarantine};
+use crate::runtime::entity_actor::{EntityContext, InBatch, Quarantine};
 
 /// Where an owner stands.
 pub(super) enum Phase<E: Entity> {
@@ -70,7 +70,7 @@ pub(super) struct Owning<E: Entity> {
     /// While a pull burst is routed: the batched read of the last records of each entity of
     /// the burst that has neither an actor nor a dormant state (`route::plan_batch_loads`),
     /// handed to its actor when it is spawned.
-    pub(super) batch_loads: HashMap<EntityId, Arc<BatchLoad>>,
+    pub(super) batch_loads: HashMap<EntityId, InBatch>,
 }
 
 /// The hasher of the owner's table of entities in hand: foldhash, seeded at random per table

@@ -11,7 +11,9 @@ use tokio::time::Instant;
 use super::phase::Owning;
 use super::slot::{Blocked, Pending, Resident, Slot};
 use crate::entity::{Entity, EntityId};
-use crate::runtime::entity_actor::{BatchLoad, EntityActor, EntityMsg, Loaded, MAX_BATCH_LOAD};
+use crate::runtime::entity_actor::{
+    BatchLoad, EntityActor, EntityMsg, InBatch, Loaded, MAX_BATCH_LOAD,
+};
 
 /// Queues a command for its entity. Returns whether the entity should be dispatched.
 pub(super) fn enqueue<E: Entity>(o: &mut Owning<E>, entity: &EntityId, pending: Pending) -> bool {
@@ -100,8 +102,9 @@ pub(super) fn plan_batch_loads<'a, E: Entity>(
     }
     for chunk in new.chunks(MAX_BATCH_LOAD) {
         let batch = BatchLoad::new(&o.context, chunk);
-        for entity in chunk {
-            o.batch_loads.insert(entity.clone(), Arc::clone(&batch));
+        for (place, entity) in chunk.iter().enumerate() {
+            let share = InBatch::new(Arc::clone(&batch), place);
+            o.batch_loads.insert(entity.clone(), share);
         }
     }
 }
