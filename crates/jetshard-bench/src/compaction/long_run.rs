@@ -242,6 +242,11 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
             o.p99,
             o.max
         );
+        let (d, o) = (&run.split.sent_during, &run.split.sent_outside);
+        eprintln!(
+            "compaction on, split by the publish instant: sent during a purge {} p50 {:.1} p99 {:.1} max {:.1} ms; outside {} p50 {:.1} p99 {:.1} max {:.1} ms",
+            d.count, d.p50, d.p99, d.max, o.count, o.p50, o.p99, o.max
+        );
     }
     Ok(run)
 }

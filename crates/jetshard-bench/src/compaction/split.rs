@@ -22,6 +22,11 @@ pub(super) struct Split {
     /// Latencies (ms) of the commands that overlapped a purge and of the others.
     pub(super) during: Summary,
     pub(super) outside: Summary,
+    /// The same split by the publish instant alone (a purge in flight when the command was
+    /// sent): free of the overlap split's lean (a slow command spans more time, so meets a
+    /// purge more often).
+    pub(super) sent_during: Summary,
+    pub(super) sent_outside: Summary,
 }
 
 /// The purges' intervals `[start, end]` (ns), merged over all partitions, in order. A start
@@ -60,11 +65,16 @@ fn overlaps(intervals: &[(u64, u64)], from: u64, to: u64) -> bool {
 pub(super) fn split(marks: &[PurgeMark], recorded: &[(u64, u64)]) -> Split {
     let (purges, total, merged) = intervals(marks);
     let (mut during, mut outside) = (Vec::new(), Vec::new());
+    let (mut sent_during, mut sent_outside) = (Vec::new(), Vec::new());
     for &(at, latency) in recorded {
         let ms = latency as f64 / 1e6;
         match overlaps(&merged, at, at.saturating_add(latency)) {
             true => during.push(ms),
             false => outside.push(ms),
+        }
+        match overlaps(&merged, at, at) {
+            true => sent_during.push(ms),
+            false => sent_outside.push(ms),
         }
     }
     let span = match (
@@ -81,6 +91,8 @@ pub(super) fn split(marks: &[PurgeMark], recorded: &[(u64, u64)]) -> Split {
         busy_share: busy as f64 / span,
         during: Summary::of(&during),
         outside: Summary::of(&outside),
+        sent_during: Summary::of(&sent_during),
+        sent_outside: Summary::of(&sent_outside),
     }
 }
 
@@ -116,5 +128,9 @@ mod tests {
         assert_eq!(split.outside.count, 3);
         assert!((split.during.max - 2000.0 / 1e6).abs() < 1e-12);
         assert!((split.outside.max - 600.0 / 1e6).abs() < 1e-12);
+        // Sent while a purge was in flight: only the one at 250.
+        assert_eq!(split.sent_during.count, 1);
+        assert_eq!(split.sent_outside.count, 5);
+        assert!((split.sent_during.max - 10.0 / 1e6).abs() < 1e-12);
     }
 }
