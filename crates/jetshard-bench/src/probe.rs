@@ -85,10 +85,15 @@ pub fn install(on_acquired: impl Fn(Acquisition) + Send + Sync + 'static) {
         tracing_subscriber::filter::Targets::new()
             .with_target("jetshard::runtime::owner", tracing::Level::INFO),
     );
+    let purges = PurgeLayer.with_filter(
+        tracing_subscriber::filter::Targets::new()
+            .with_target(jetshard::COMPACTION_PURGE_TARGET, tracing::Level::TRACE),
+    );
     // A second install (the bench target calling the harness twice) keeps the first.
     let _ = tracing_subscriber::registry()
         .with(stderr)
         .with(probe)
+        .with(purges)
         .try_init();
 }
 
@@ -126,6 +131,7 @@ impl<S: tracing::Subscriber> Layer<S> for AcquisitionLayer {
 #[derive(Default)]
 struct Fields {
     is_acquired: bool,
+    message: String,
     partition: u64,
     generation: u64,
     rebuilt_events: u64,
@@ -154,12 +160,14 @@ impl Visit for Fields {
     fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "message" {
             self.is_acquired = value == ACQUIRED_MESSAGE;
+            value.clone_into(&mut self.message);
         }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
         if field.name() == "message" {
-            self.is_acquired = format!("{value:?}") == ACQUIRED_MESSAGE;
+            self.message = format!("{value:?}");
+            self.is_acquired = self.message == ACQUIRED_MESSAGE;
         }
     }
 }
@@ -169,4 +177,34 @@ pub fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A purge request's start or end, as jetshard's compaction traced it
+/// (`jetshard::COMPACTION_PURGE_TARGET`): (`stats::now_ns`, partition, whether it is the start).
+pub type PurgeMark = (u64, u32, bool);
+
+static PURGE_MARKS: Mutex<Vec<PurgeMark>> = Mutex::new(Vec::new());
+
+/// Takes the purge marks recorded so far (in emission order), leaving none.
+pub fn take_purge_marks() -> Vec<PurgeMark> {
+    std::mem::take(&mut *PURGE_MARKS.lock().unwrap_or_else(PoisonError::into_inner))
+}
+
+struct PurgeLayer;
+
+impl<S: tracing::Subscriber> Layer<S> for PurgeLayer {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        let at = crate::stats::now_ns();
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let start = fields.message == "purge sent";
+        PURGE_MARKS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((
+                at,
+                u32::try_from(fields.partition).unwrap_or(u32::MAX),
+                start,
+            ));
+    }
 }

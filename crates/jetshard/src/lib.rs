@@ -145,6 +145,7 @@ pub use journal_reader::{JournalReader, JournalRecord, RecordKind};
 pub use query::{QueryAnswer, StateSnapshot};
 pub use reply::Reply;
 pub use runtime::balance::partition_standbys;
+pub use runtime::compaction::PURGE_TARGET as COMPACTION_PURGE_TARGET;
 pub use runtime::crash::crash_watchers;
 pub use status::{
     Loads, NodeStatus, OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity,

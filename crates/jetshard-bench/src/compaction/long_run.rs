@@ -18,6 +18,7 @@ use crate::load::AckWindow;
 use crate::stats::Summary;
 
 use super::entity::{CompactionEntity, ENTITY_TYPE, JOURNAL, config, publish_work};
+use super::split::{Split, split};
 
 /// How often the journal is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_secs(2);
@@ -45,6 +46,8 @@ pub(super) struct LongRun {
     /// it costs the command latency.
     pub(super) server_cpu_us: f64,
     pub(super) client_cpu_us: f64,
+    /// The commands split by whether a purge was in flight during them (compaction on).
+    pub(super) split: Split,
 }
 
 /// The journal's messages and bytes now.
@@ -157,6 +160,8 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
     };
 
     let ids: Vec<String> = (0..options.entities).map(entity_id).collect();
+    // The purges traced before this run (an earlier run's) are not this run's.
+    let _ = crate::probe::take_purge_marks();
     let total = options.compaction_commands;
     let started = tokio::time::Instant::now();
     let pids = server.pids();
@@ -198,6 +203,7 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
         messages,
         bytes,
     });
+    let split = split(&crate::probe::take_purge_marks(), &recorded);
     let latencies: Vec<f64> = recorded.iter().map(|(_, ns)| *ns as f64 / 1e6).collect();
     let run = LongRun {
         compaction,
@@ -208,6 +214,7 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
         samples,
         server_cpu_us,
         client_cpu_us,
+        split,
     };
     eprintln!(
         "compaction {}: p50 {:.1} ms, p99 {:.1} ms, CPU per command: servers {:.1} us, client {:.1} us, {} of {} events, journal at the end {messages} msgs {bytes} bytes",
@@ -219,5 +226,27 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
         run.received,
         run.commands
     );
+    if compaction {
+        let (d, o) = (&run.split.during, &run.split.outside);
+        eprintln!(
+            "compaction on, split in this run: {} purges, {:.0} ms in flight, a purge in flight {:.1}% of the time; commands during a purge {} p50 {:.1} p99 {:.1} max {:.1} ms; outside {} p50 {:.1} p99 {:.1} max {:.1} ms",
+            run.split.purges,
+            run.split.purge_ms,
+            run.split.busy_share * 100.0,
+            d.count,
+            d.p50,
+            d.p99,
+            d.max,
+            o.count,
+            o.p50,
+            o.p99,
+            o.max
+        );
+        let (d, o) = (&run.split.sent_during, &run.split.sent_outside);
+        eprintln!(
+            "compaction on, split by the publish instant: sent during a purge {} p50 {:.1} p99 {:.1} max {:.1} ms; outside {} p50 {:.1} p99 {:.1} max {:.1} ms",
+            d.count, d.p50, d.p99, d.max, o.count, o.p50, o.p99, o.max
+        );
+    }
     Ok(run)
 }

@@ -20,6 +20,7 @@
 
 mod entity;
 mod long_run;
+mod split;
 mod timers;
 
 use serde_json::json;
