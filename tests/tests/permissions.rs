@@ -35,6 +35,8 @@ fn node_permissions(entity_type: &str, provision: bool, inbox: &str, replies: &s
         // Reading commands in flight after a takeover, and the latest fence record.
         format!("$JS.API.STREAM.MSG.GET.{cmd}"),
         format!("$JS.API.STREAM.MSG.GET.{journal}"),
+        // Reading the commands in flight with batched direct gets (any replica).
+        format!("$JS.API.DIRECT.GET.{cmd}"),
         // Loading entities from a single-replica journal with direct gets.
         format!("$JS.API.DIRECT.GET.{journal}"),
         format!("$JS.API.DIRECT.GET.{journal}.>"),
