@@ -355,14 +355,17 @@ mod tests {
         }
     }
 
-    /// A new reply buffer is a request glibc serves from its small bins (at most 1,000 bytes on
-    /// x86-64): at 4 KiB it was one of the warm pass's large allocations (issue 22).
+    /// A new reply buffer is a request glibc serves from its small bins
+    /// ([`crate::test_alloc::SMALL_ALLOCATION`]): at 4 KiB it was one of the warm pass's large allocations (issue 22).
     #[test]
     fn a_reply_buffer_is_a_small_allocation() {
         let mut buffer = BytesMut::new();
         let prefix = b"_INBOX.rNnBpLIHRvT4o8mj2Kd6ZH.";
         reply_subject(&mut buffer, prefix, u64::MAX);
         let allocated = buffer.capacity() + prefix.len() + 20;
-        assert!(allocated <= 1000, "a reply buffer is {allocated} bytes");
+        assert!(
+            allocated <= crate::test_alloc::SMALL_ALLOCATION,
+            "a reply buffer is {allocated} bytes"
+        );
     }
 }

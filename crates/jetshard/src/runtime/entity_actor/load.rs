@@ -287,26 +287,20 @@ mod tests {
 
     use super::super::batch::{BatchLoad, InBatch};
     use super::*;
+    use crate::test_alloc::{SMALL_ALLOCATION, future_size};
     use crate::test_entity::Counter;
-
-    /// The size of the future `make` would return; `make` is never called.
-    fn future_size<F: std::future::Future>(_make: impl FnOnce() -> F) -> usize {
-        std::mem::size_of::<F>()
-    }
 
     /// Every load allocates its future (the entity actor boxes it): the reads only some loads
     /// make (a tail of more than a few records, an entity loaded alone, armed timers) are boxed
-    /// apart, so that a load from a batched read alone allocates little: a small allocation
-    /// (glibc serves up to 1,000 bytes from its small bins; see `process.rs`).
+    /// apart, so that a load from a batched read alone is a small allocation
+    /// ([`SMALL_ALLOCATION`]).
     #[test]
     #[allow(unreachable_code, clippy::diverging_sub_expression)]
     fn a_load_future_is_small() {
         let size = future_size(|| revive::<Counter>(unreachable!(), unreachable!(), None));
         eprintln!("load future: {size} bytes");
-        assert!(size <= LOAD_FUTURE_MAX, "a load's future is {size} bytes");
+        assert!(size <= SMALL_ALLOCATION, "a load's future is {size} bytes");
     }
-
-    const LOAD_FUTURE_MAX: usize = 1_000;
 
     /// A partition's context on a fresh single-server journal whose entities `ids` each hold one
     /// event (their first record, `Jetshard-Previous: 0`, as jetshard writes it), with

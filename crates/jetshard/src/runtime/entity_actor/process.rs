@@ -527,17 +527,11 @@ fn apply<E: Entity>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_alloc::{SMALL_ALLOCATION, future_size};
     use crate::test_entity::Counter;
 
-    /// The size of the future `make` would return; `make` is never called.
-    fn future_size<F: std::future::Future>(_make: impl FnOnce() -> F) -> usize {
-        std::mem::size_of::<F>()
-    }
-
-    /// The entity actor boxes every command's future. glibc serves a request of up to 1,000
-    /// bytes from its small bins; a larger one first merges every free fast-bin chunk
-    /// (`malloc_consolidate`), which cost 13% of the client's CPU when every command's future
-    /// was larger (issue 22). Measured in the test build; before the publish was boxed apart,
+    /// The entity actor boxes every command's future: it must stay a small allocation
+    /// ([`SMALL_ALLOCATION`]). Measured in the test build; before the publish was boxed apart,
     /// the test and release builds gave the same size (1,424 bytes).
     #[test]
     #[allow(unreachable_code, clippy::diverging_sub_expression)]
@@ -553,10 +547,16 @@ mod tests {
         };
         let size = future_size(make);
         eprintln!("process future: {size} bytes");
-        assert!(size <= 1000, "a command's future is {size} bytes");
+        assert!(
+            size <= SMALL_ALLOCATION,
+            "a command's future is {size} bytes"
+        );
         // What the actor boxes is that future in its tracing span.
         let boxed = future_size(|| tracing::Instrument::instrument(make(), tracing::Span::none()));
         eprintln!("boxed command future: {boxed} bytes");
-        assert!(boxed <= 1000, "a command's boxed future is {boxed} bytes");
+        assert!(
+            boxed <= SMALL_ALLOCATION,
+            "a command's boxed future is {boxed} bytes"
+        );
     }
 }
