@@ -124,42 +124,37 @@ struct SweepLog {
 
 impl SweepLog {
     /// Logs the sweep as `compaction sweep`, at info when it ran past its interval (`late`),
-    /// else at debug: a tracing event's level is fixed where it is written, hence two. Called
-    /// from this module, so that the event's target stays `jetshard::runtime::compaction`.
+    /// else at debug: a tracing event's level is fixed where it is written, hence the macro
+    /// written out at both levels. Called from this module, so that the event's target stays
+    /// `jetshard::runtime::compaction`.
     fn emit(&self, partition: u32, generation: u64, took: Duration, late: bool) {
         let server_ms = self.server.as_secs_f64() * 1e3;
         let slowest_ms = self.slowest.as_secs_f64() * 1e3;
         let total_ms = took.as_secs_f64() * 1e3;
+        let log = self;
+        macro_rules! sweep_event {
+            ($level:expr) => {
+                tracing::event!(
+                    $level,
+                    partition,
+                    generation,
+                    snapshots = log.snapshots,
+                    planned = log.planned,
+                    sent = log.sent,
+                    removed = log.removed,
+                    server_ms,
+                    slowest_ms,
+                    total_ms,
+                    above_horizon = log.above_horizon,
+                    late,
+                    "compaction sweep"
+                )
+            };
+        }
         if late {
-            tracing::info!(
-                partition,
-                generation,
-                snapshots = self.snapshots,
-                planned = self.planned,
-                sent = self.sent,
-                removed = self.removed,
-                server_ms,
-                slowest_ms,
-                total_ms,
-                above_horizon = self.above_horizon,
-                late,
-                "compaction sweep"
-            );
+            sweep_event!(tracing::Level::INFO);
         } else {
-            tracing::debug!(
-                partition,
-                generation,
-                snapshots = self.snapshots,
-                planned = self.planned,
-                sent = self.sent,
-                removed = self.removed,
-                server_ms,
-                slowest_ms,
-                total_ms,
-                above_horizon = self.above_horizon,
-                late,
-                "compaction sweep"
-            );
+            sweep_event!(tracing::Level::DEBUG);
         }
     }
 }
