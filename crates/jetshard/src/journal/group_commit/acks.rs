@@ -187,9 +187,10 @@ fn reply_subject(buffer: &mut BytesMut, prefix: &[u8], number: u64) -> Subject {
         *buffer = BytesMut::with_capacity(REPLY_BUFFER.max(needed));
     }
     buffer.extend_from_slice(prefix);
-    buffer.extend_from_slice(
-        crate::wire::decimal(number, &mut [0; crate::wire::DECIMAL_DIGITS]).as_bytes(),
-    );
+    buffer.extend_from_slice(crate::wire::decimal(
+        number,
+        &mut [0; crate::wire::DECIMAL_DIGITS],
+    ));
     let reply = buffer.split().freeze();
     // The inbox and the digits are ASCII.
     Subject::from_utf8(reply).unwrap_or_else(|_| Subject::from_static(""))

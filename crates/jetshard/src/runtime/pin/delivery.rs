@@ -157,32 +157,41 @@ pub(crate) fn trace_of(headers: Option<&async_nats::HeaderMap>) -> Option<Box<Co
 pub(super) fn ack_info(reply: &str) -> Option<AckInfo> {
     // Read in place, in one pass over the bytes, into a fixed array of tokens: this runs for
     // every delivered command (split by `char`, with `str::parse`, it cost ~2,300 instructions
-    // a delivery, issue 22).
+    // a delivery; through `slice::split`, ~650: issue 22). A plain loop over the bytes that
+    // notes where each of the first 9 tokens ends.
     use crate::wire::read_decimal;
     let rest = reply.strip_prefix(crate::wire::ACK_PREFIX)?.as_bytes();
-    let mut tokens: [&[u8]; 9] = [&[]; 9];
+    let mut ends = [0usize; 9];
     let mut count = 0;
-    for token in rest.split(|byte| *byte == b'.') {
-        if let Some(slot) = tokens.get_mut(count) {
-            *slot = token;
+    for (at, byte) in rest.iter().enumerate() {
+        if *byte == b'.' {
+            if let Some(end) = ends.get_mut(count) {
+                *end = at;
+            }
+            count += 1;
         }
-        count += 1;
     }
+    if let Some(end) = ends.get_mut(count) {
+        *end = rest.len();
+    }
+    count += 1;
+    let token = |index: usize| -> Option<&[u8]> {
+        let start = match index {
+            0 => 0,
+            _ => ends.get(index - 1)? + 1,
+        };
+        rest.get(start..*ends.get(index)?)
+    };
     let first = match count {
         7 => 2,
         n if n >= 9 => 4,
         _ => return None,
     };
-    let [deliveries, stream_seq, consumer_seq, _timestamp, pending] =
-        *tokens.get(first..first + 5)?
-    else {
-        return None;
-    };
     Some(AckInfo {
-        deliveries: read_decimal(deliveries)?,
-        stream_seq: read_decimal(stream_seq)?,
-        consumer_seq: read_decimal(consumer_seq)?,
-        pending: read_decimal(pending).unwrap_or(0),
+        deliveries: read_decimal(token(first)?)?,
+        stream_seq: read_decimal(token(first + 1)?)?,
+        consumer_seq: read_decimal(token(first + 2)?)?,
+        pending: token(first + 4).and_then(read_decimal).unwrap_or(0),
     })
 }
 

@@ -23,6 +23,10 @@ pub(super) struct Requested {
     /// still be open, so the count is never more than their sum (a request lost without a
     /// status is forgotten even while newer ones keep going out, as the pin's refreshes do).
     recent: std::collections::VecDeque<(Instant, u32)>,
+    /// The sum of `recent`'s batches, kept as they come and go: [`Self::expire`] runs at every
+    /// delivery, and summing `recent` there cost ~2 instructions a request per delivery (at
+    /// 25,000 commands a second and batches of 32, ~1,300 requests within 1.67 s: issue 22).
+    recent_batches: u64,
 }
 
 impl Requested {
@@ -30,6 +34,7 @@ impl Requested {
         self.messages += u64::from(batch);
         self.last_sent = Some(now);
         self.recent.push_back((now, batch));
+        self.recent_batches += u64::from(batch);
     }
 
     pub(super) fn delivered(&mut self) {
@@ -54,10 +59,11 @@ impl Requested {
             .front()
             .is_some_and(|(sent, _)| now >= *sent + forget_after)
         {
-            self.recent.pop_front();
+            if let Some((_, batch)) = self.recent.pop_front() {
+                self.recent_batches -= u64::from(batch);
+            }
         }
-        let open: u64 = self.recent.iter().map(|(_, batch)| u64::from(*batch)).sum();
-        self.messages = self.messages.min(open);
+        self.messages = self.messages.min(self.recent_batches);
     }
 
     /// No request of this loop can still deliver.
@@ -224,6 +230,11 @@ mod tests {
             at += EXPIRES;
             requested.expire(at, forget_after);
             requested.sent(1, at);
+            let summed: u64 = requested.recent.iter().map(|(_, b)| u64::from(*b)).sum();
+            assert_eq!(
+                requested.recent_batches, summed,
+                "kept as requests come and go"
+            );
         }
         requested.expire(at, forget_after);
         assert!(
