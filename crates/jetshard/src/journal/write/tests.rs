@@ -143,22 +143,3 @@ async fn an_event_at_version_one_carries_no_version_header_and_another_version_d
         );
     }
 }
-
-#[test]
-fn a_known_header_value_is_the_value_a_checked_one_is() {
-    let names = Names::new("order-line");
-    for value in [
-        decimal_string(0),
-        decimal_string(u64::MAX),
-        names.event_msg_id(123_456, 7),
-    ] {
-        let known = known_value(value.clone());
-        assert_eq!(known.as_str(), value);
-        assert_eq!(known, HeaderValue::from(value.as_str()));
-    }
-    let mut known = HeaderMap::new();
-    known.insert(name(HDR_MSG_ID), known_value(names.event_msg_id(9, 0)));
-    let mut checked = HeaderMap::new();
-    checked.insert(name(HDR_MSG_ID), "order-line:9:0");
-    assert_eq!(known, checked);
-}
