@@ -322,13 +322,9 @@ impl<E: Entity> OwnerState<E> {
         }
         if matches!(self.phase, Phase::Releasing(..) | Phase::CoolingDown(_)) {
             // Handing over: let the next owner have it soon.
-            acknowledge(
-                &self.shared.client,
-                self.partition,
-                delivery.reply,
-                AckKind::Nak(Some(Duration::from_millis(100))),
-            )
-            .await;
+            let nak = AckKind::Nak(Some(Duration::from_millis(100)));
+            let client = &self.shared.client;
+            Box::pin(acknowledge(client, self.partition, delivery.reply, nak)).await;
             return;
         }
         let moved = matches!(&self.phase, Phase::Owning(o) if o.pin != delivery.pin);
@@ -341,7 +337,8 @@ impl<E: Entity> OwnerState<E> {
                 // Not ours to process; back to the server soon for whoever owns it.
                 refused.last_delivery = Some(Instant::now());
                 let nak = AckKind::Nak(Some(self.policy.retry_delay));
-                acknowledge(&self.shared.client, self.partition, delivery.reply, nak).await;
+                let client = &self.shared.client;
+                Box::pin(acknowledge(client, self.partition, delivery.reply, nak)).await;
             }
             Phase::Standby if self.holding => Box::pin(self.decline(delivery)).await,
             _ => Box::pin(self.acquire(delivery)).await,
@@ -422,7 +419,9 @@ impl<E: Entity> OwnerState<E> {
         let partition = self.partition;
         if delivery.wake {
             // It has done its work: this owner holds the partition and fires its due timers.
-            acknowledge(&self.shared.client, partition, delivery.reply, AckKind::Ack).await;
+            // Boxed apart, as the other rare paths of the `handle` future (issue 22).
+            let client = &self.shared.client;
+            Box::pin(acknowledge(client, partition, delivery.reply, AckKind::Ack)).await;
             return;
         }
         // The subject is moved out, not cloned: a clone of a received subject allocates.

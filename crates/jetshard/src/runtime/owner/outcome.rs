@@ -115,11 +115,11 @@ impl<E: Entity> OwnerState<E> {
         &mut self,
         entity: &EntityId,
         seq: u64,
-        effects: Settled,
+        mut effects: Settled,
         detail: Option<Detail>,
     ) -> Result<(), ActorProcessingErr> {
         let partition = self.partition;
-        for effect in effects {
+        while let Some(effect) = effects.take_next() {
             let Some(o) = self.phase.owning() else {
                 break;
             };
@@ -129,10 +129,19 @@ impl<E: Entity> OwnerState<E> {
             let position = slot.queue.iter().position(|p| p.seq == seq);
             match effect {
                 Effect::Finish { terminate, answer } => {
-                    let Some(done) = position.and_then(|at| slot.queue.remove(at)) else {
+                    // Only what the answers need is kept across their awaits (the rest of the
+                    // command is dropped here): the smaller the owner's `handle` future, the
+                    // cheaper ractor's two moves of it per message (issue 22).
+                    let Some(Pending {
+                        reply,
+                        respond_to,
+                        trace,
+                        ..
+                    }) = position.and_then(|at| slot.queue.remove(at))
+                    else {
                         continue;
                     };
-                    if let Some(reply) = done.reply {
+                    if let Some(reply) = reply {
                         let kind = if terminate {
                             AckKind::Term
                         } else {
@@ -154,9 +163,13 @@ impl<E: Entity> OwnerState<E> {
                             acknowledge(&self.shared.client, partition, reply, kind).await;
                         }
                     }
-                    if let Some(to) = done.respond_to {
-                        let trace = done.trace.map(|t| t.span);
-                        respond(&self.shared.client, to, answer, detail.as_ref(), trace).await;
+                    if let Some(to) = respond_to {
+                        let trace = trace.map(|t| t.span);
+                        // Boxed apart (one small allocation, beside the reply's own): inline,
+                        // it set the size of the owner's `handle` future, which ractor moves
+                        // twice per message, replied to or not (issue 22).
+                        let client = &self.shared.client;
+                        Box::pin(respond(client, to, answer, detail.as_ref(), trace)).await;
                     }
                 }
                 Effect::GiveUp { reason } => {
@@ -214,7 +227,11 @@ impl<E: Entity> OwnerState<E> {
         }
         // Isolation is rare: its steps are boxed apart (this future is moved twice per message
         // at its largest path's size, issue 22); without it they do nothing.
-        if self.phase.owning_ref().is_some_and(|o| o.isolation.is_some()) {
+        if self
+            .phase
+            .owning_ref()
+            .is_some_and(|o| o.isolation.is_some())
+        {
             Box::pin(self.step_isolation()).await;
         }
         self.finish_release_if_drained().await;
