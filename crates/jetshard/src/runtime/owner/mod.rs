@@ -36,6 +36,8 @@ mod release;
 mod route;
 mod settle;
 mod shared;
+#[cfg(test)]
+mod sizes;
 mod slot;
 mod state;
 mod status;
@@ -181,13 +183,13 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 }
             }
             OwnerMsg::Pin(PinSignal::Lost { pin }) => {
-                state.step_down_under(&pin, StepDown::PinLost).await
+                Box::pin(state.step_down_under(&pin, StepDown::PinLost)).await
             }
             // The lost delivery comes back only after the ack wait, behind later ones. Take the
             // partition afresh: a new generation and the recovery of every unacknowledged
             // command, in order, before anything newer.
             OwnerMsg::Pin(PinSignal::Gap { pin }) => {
-                state.step_down_under(&pin, StepDown::DeliveriesLost).await
+                Box::pin(state.step_down_under(&pin, StepDown::DeliveriesLost)).await
             }
             OwnerMsg::Pin(PinSignal::Idle) => {
                 if let Phase::Releasing(release, _) = &mut state.phase {
@@ -196,7 +198,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 state.finish_release_if_drained().await;
             }
             OwnerMsg::Pin(PinSignal::Ended { reason }) => {
-                let ended = state.on_pull_loop_ended(reason).await;
+                let ended = Box::pin(state.on_pull_loop_ended(reason)).await;
                 state.post_health();
                 return ended;
             }
@@ -213,11 +215,11 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 // Releasing: the entity's snapshot is written; the release may be done.
                 state.finish_release_if_drained().await;
             }
-            OwnerMsg::Tick => state.on_tick().await,
-            OwnerMsg::Release(reply) => state.start_release(Some(reply)).await,
+            OwnerMsg::Tick => Box::pin(state.on_tick()).await,
+            OwnerMsg::Release(reply) => Box::pin(state.start_release(Some(reply))).await,
             OwnerMsg::HandOff => {
                 if matches!(state.phase, Phase::Owning(_)) {
-                    state.start_release(None).await;
+                    Box::pin(state.start_release(None)).await;
                 }
             }
             OwnerMsg::HoldBack(hold_back) => {
@@ -316,22 +318,18 @@ impl<E: Entity> OwnerState<E> {
             // own: the server pinned a process that is leaving. Give the pin back at once, or
             // the partition waits for the pin's TTL (nobody else unpins it: this process never
             // claimed it, so no crash watch finds its owner dead).
-            return self.decline(delivery).await;
+            return Box::pin(self.decline(delivery)).await;
         }
         if matches!(self.phase, Phase::Releasing(..) | Phase::CoolingDown(_)) {
             // Handing over: let the next owner have it soon.
-            acknowledge(
-                &self.shared.client,
-                self.partition,
-                delivery.reply,
-                AckKind::Nak(Some(Duration::from_millis(100))),
-            )
-            .await;
+            let nak = AckKind::Nak(Some(Duration::from_millis(100)));
+            let client = &self.shared.client;
+            Box::pin(acknowledge(client, self.partition, delivery.reply, nak)).await;
             return;
         }
         let moved = matches!(&self.phase, Phase::Owning(o) if o.pin != delivery.pin);
         if moved {
-            self.step_down(StepDown::PinMoved).await;
+            Box::pin(self.step_down(StepDown::PinMoved)).await;
         }
         match &mut self.phase {
             Phase::Owning(_) => self.deliver(delivery).await,
@@ -339,10 +337,11 @@ impl<E: Entity> OwnerState<E> {
                 // Not ours to process; back to the server soon for whoever owns it.
                 refused.last_delivery = Some(Instant::now());
                 let nak = AckKind::Nak(Some(self.policy.retry_delay));
-                acknowledge(&self.shared.client, self.partition, delivery.reply, nak).await;
+                let client = &self.shared.client;
+                Box::pin(acknowledge(client, self.partition, delivery.reply, nak)).await;
             }
-            Phase::Standby if self.holding => self.decline(delivery).await,
-            _ => self.acquire(delivery).await,
+            Phase::Standby if self.holding => Box::pin(self.decline(delivery)).await,
+            _ => Box::pin(self.acquire(delivery)).await,
         }
         if matches!(self.phase, Phase::Owning(_)) {
             self.metrics.pending.set(pending);
@@ -350,7 +349,19 @@ impl<E: Entity> OwnerState<E> {
     }
 
     /// Takes a delivery while owning: routed at once, or, in isolation, when its turn comes.
+    ///
+    /// The isolation's path is boxed apart: ractor moves the `handle` future twice per message,
+    /// at the size of its largest path (issue 22), and isolation is rare.
     async fn deliver(&mut self, delivery: Delivery) {
+        let Some(o) = self.phase.owning() else { return };
+        if o.isolation.is_none() {
+            return self.route_delivery(delivery, None).await;
+        }
+        Box::pin(self.deliver_isolated(delivery)).await;
+    }
+
+    /// [`deliver`](Self::deliver) during an isolated acquisition.
+    async fn deliver_isolated(&mut self, delivery: Delivery) {
         let Some(o) = self.phase.owning() else { return };
         let Some(isolation) = &mut o.isolation else {
             return self.route_delivery(delivery, None).await;
@@ -408,7 +419,9 @@ impl<E: Entity> OwnerState<E> {
         let partition = self.partition;
         if delivery.wake {
             // It has done its work: this owner holds the partition and fires its due timers.
-            acknowledge(&self.shared.client, partition, delivery.reply, AckKind::Ack).await;
+            // Boxed apart, as the other rare paths of the `handle` future (issue 22).
+            let client = &self.shared.client;
+            Box::pin(acknowledge(client, partition, delivery.reply, AckKind::Ack)).await;
             return;
         }
         // The subject is moved out, not cloned: a clone of a received subject allocates.
@@ -426,7 +439,7 @@ impl<E: Entity> OwnerState<E> {
             Err(invalid) => {
                 tracing::warn!(partition, %subject, %invalid, "command subject holds no valid entity id; dead-lettered");
                 let reason = format!("the subject holds no valid entity id: {invalid}");
-                self.give_up_without_entity(named, pending, reason).await;
+                Box::pin(self.give_up_without_entity(named, pending, reason)).await;
             }
         }
     }

@@ -115,11 +115,11 @@ impl<E: Entity> OwnerState<E> {
         &mut self,
         entity: &EntityId,
         seq: u64,
-        effects: Settled,
+        mut effects: Settled,
         detail: Option<Detail>,
     ) -> Result<(), ActorProcessingErr> {
         let partition = self.partition;
-        for effect in effects {
+        while let Some(effect) = effects.take_next() {
             let Some(o) = self.phase.owning() else {
                 break;
             };
@@ -129,10 +129,19 @@ impl<E: Entity> OwnerState<E> {
             let position = slot.queue.iter().position(|p| p.seq == seq);
             match effect {
                 Effect::Finish { terminate, answer } => {
-                    let Some(done) = position.and_then(|at| slot.queue.remove(at)) else {
+                    // Only what the answers need is kept across their awaits (the rest of the
+                    // command is dropped here): the smaller the owner's `handle` future, the
+                    // cheaper ractor's two moves of it per message (issue 22).
+                    let Some(Pending {
+                        reply,
+                        respond_to,
+                        trace,
+                        ..
+                    }) = position.and_then(|at| slot.queue.remove(at))
+                    else {
                         continue;
                     };
-                    if let Some(reply) = done.reply {
+                    if let Some(reply) = reply {
                         let kind = if terminate {
                             AckKind::Term
                         } else {
@@ -142,21 +151,25 @@ impl<E: Entity> OwnerState<E> {
                             // The next command runs only once this one is surely off the
                             // consumer's books: the next claim must find the one running first.
                             let timeout = self.shared.config.write_timeout;
-                            acknowledge_confirmed(
+                            Box::pin(acknowledge_confirmed(
                                 &self.shared.client,
                                 partition,
                                 reply,
                                 kind,
                                 timeout,
-                            )
+                            ))
                             .await;
                         } else {
                             acknowledge(&self.shared.client, partition, reply, kind).await;
                         }
                     }
-                    if let Some(to) = done.respond_to {
-                        let trace = done.trace.map(|t| t.span);
-                        respond(&self.shared.client, to, answer, detail.as_ref(), trace).await;
+                    if let Some(to) = respond_to {
+                        let trace = trace.map(|t| t.span);
+                        // Boxed apart (one small allocation, beside the reply's own): inline,
+                        // it set the size of the owner's `handle` future, which ractor moves
+                        // twice per message, replied to or not (issue 22).
+                        let client = &self.shared.client;
+                        Box::pin(respond(client, to, answer, detail.as_ref(), trace)).await;
                     }
                 }
                 Effect::GiveUp { reason } => {
@@ -200,7 +213,7 @@ impl<E: Entity> OwnerState<E> {
                     if o.crashes.exceeded(Instant::now()) {
                         let (generation, crashes) = (o.generation, o.crashes.count());
                         // Give the partition up at once: another process may fare better.
-                        self.step_down(StepDown::CrashLoop).await;
+                        Box::pin(self.step_down(StepDown::CrashLoop)).await;
                         return Err(format!("partition {partition} generation {generation}: {crashes} entity crashes within the restart window").into());
                     }
                 }
@@ -209,10 +222,18 @@ impl<E: Entity> OwnerState<E> {
                     o.dormant.forget(entity.as_str());
                     o.quarantined.insert(entity.clone(), quarantine);
                 }
-                Effect::StepDown(reason) => self.step_down(reason).await,
+                Effect::StepDown(reason) => Box::pin(self.step_down(reason)).await,
             }
         }
-        self.step_isolation().await;
+        // Isolation is rare: its steps are boxed apart (this future is moved twice per message
+        // at its largest path's size, issue 22); without it they do nothing.
+        if self
+            .phase
+            .owning_ref()
+            .is_some_and(|o| o.isolation.is_some())
+        {
+            Box::pin(self.step_isolation()).await;
+        }
         self.finish_release_if_drained().await;
         Ok(())
     }

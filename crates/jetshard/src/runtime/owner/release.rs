@@ -60,7 +60,7 @@ impl<E: Entity> OwnerState<E> {
             _ => false,
         };
         if done {
-            self.finish_release().await;
+            Box::pin(self.finish_release()).await;
         }
     }
 

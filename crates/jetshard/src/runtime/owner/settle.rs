@@ -140,6 +140,12 @@ impl Settled {
         Self([Some(first), Some(second), None])
     }
 
+    /// Takes the next effect out, in order. In place: an iterator beside the effects would
+    /// double their room in the owner's `handle` future, which awaits between them (issue 22).
+    pub(crate) fn take_next(&mut self) -> Option<Effect> {
+        self.0.iter_mut().find_map(Option::take)
+    }
+
     /// `effect` first, then these (`settle` gives at most two: none is lost).
     pub(crate) fn after(effect: Effect, then: Self) -> Self {
         let [a, b, dropped] = then.0;
