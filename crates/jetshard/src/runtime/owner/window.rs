@@ -362,6 +362,10 @@ fn pending(message: StreamMessage) -> Option<(EntityId, Pending)> {
 }
 
 #[cfg(test)]
+#[path = "window_lag_tests.rs"]
+mod lag_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -396,7 +400,7 @@ mod tests {
     use async_nats::jetstream::{self, AckKind, Context, consumer, stream};
     use jetshard_testkit::{NatsCluster, NatsServer};
 
-    const FILTER: &str = "c.cmd.0.*";
+    pub(super) const FILTER: &str = "c.cmd.0.*";
 
     /// A command stream like jetshard's, `replicas` of it, direct gets `allowed` or not, 300
     /// commands on partitions 0 and 1 in turn; a consumer of partition 0 that was delivered
@@ -470,7 +474,7 @@ mod tests {
 
     /// Checks a read of the window: in order, every unacknowledged command in it, and nothing
     /// else but acknowledged ones (a replica not yet through their deletes).
-    fn check(
+    pub(super) fn check(
         read: &[StreamMessage],
         window: (u64, u64),
         acked: &BTreeSet<u64>,
