@@ -133,7 +133,10 @@ async fn a_replica_behind_its_leader_adds_acknowledged_commands_or_stops_short_n
     check(&through_behind, w, &acked, &unacked);
     let read_seqs = sequences(&through_behind);
     let added: BTreeSet<u64> = read_seqs.difference(&unacked).copied().collect();
-    assert_eq!(added, acked_while_behind, "{requests:?}");
+    assert!(
+        acked_while_behind.is_subset(&added),
+        "{added:?} {requests:?}"
+    );
     assert_eq!(requests.direct, 1, "{requests:?}");
     assert!(requests.leader >= new.len() as u64, "{requests:?}");
 
@@ -164,7 +167,7 @@ async fn a_replica_behind_its_leader_adds_acknowledged_commands_or_stops_short_n
 
     // Healed, s2 catches up: one direct get reads the window again.
     cluster.route_proxy().expect("proxied").heal();
-    let (behind, commands, unacked) = (&behind, &commands, &unacked);
+    let (behind, commands, acked, unacked) = (&behind, &commands, &acked, &unacked);
     wait_until(PATIENCE, "s2 caught up", || async move {
         let mut requests = Requests::default();
         let read = read(
@@ -177,15 +180,16 @@ async fn a_replica_behind_its_leader_adds_acknowledged_commands_or_stops_short_n
         )
         .await
         .expect("read");
-        requests.leader == 0 && sequences(&read) == *unacked
+        check(&read, w, acked, unacked);
+        requests.leader == 0
     })
     .await
     .expect("s2 caught up after the heal");
 }
 
-/// Cuts s2 off from its peers (its client connections stay), once it holds the whole window
-/// `w`: every command in `unacked` and no other (tried again, healed in between, if it was
-/// still applying when cut). Cut off, s2 knows no replica but its own, so every direct get
+/// Cuts s2 off from its peers (its client connections stay), once it holds every command of
+/// the window `w` in `unacked` (tried again, healed in between, if it was still applying when
+/// cut). Cut off, s2 knows no replica but its own, so every direct get
 /// its clients send is answered by it (while routed, a client's queue request may go to any
 /// server's replica).
 async fn cut_off_holding(
@@ -210,7 +214,9 @@ async fn cut_off_holding(
             );
             tokio::time::sleep(PROBE_INTERVAL).await;
         };
-        if held == *unacked {
+        // Acknowledged commands too, possibly: s2 may not have applied their deletes yet (once,
+        // after a step-down, s2 still held an acknowledged one seconds later, across heals).
+        if unacked.is_subset(&held) {
             return;
         }
         tracing::debug!(?held, ?unacked, "s2 was cut off still applying; again");
@@ -219,7 +225,7 @@ async fn cut_off_holding(
             let probe = ask(behind, "C", FILTER, w.0, MAX_BATCH);
             matches!(
                 tokio::time::timeout(PROBE, probe).await,
-                Ok(Ok((answer, _))) if within(&answer, w) == *unacked
+                Ok(Ok((answer, _))) if unacked.is_subset(&within(&answer, w))
             )
         })
         .await
