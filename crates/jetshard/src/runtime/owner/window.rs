@@ -5,7 +5,7 @@
 //! replica: the server gives a client's queue request to one at random, not first to its own,
 //! `tests/tests/nats_facts.rs`), then, for whatever the answers do not prove, one leader API
 //! get per command as before. Tested against a replica cut off from its leader:
-//! `window_lag_tests.rs`.
+//! `window/lag_tests.rs`.
 //!
 //! **What an answer proves.** A replica stores the stream in sequence order (raft applies the
 //! leader's entries in order), so one that holds message `s` holds every message below `s` that
@@ -364,7 +364,6 @@ fn pending(message: StreamMessage) -> Option<(EntityId, Pending)> {
 }
 
 #[cfg(test)]
-#[path = "window_lag_tests.rs"]
 mod lag_tests;
 
 #[cfg(test)]

@@ -1,8 +1,13 @@
 //! The window read against a replica genuinely behind its leader (issue 22, stop 36's proof):
 //! a 3-node cluster whose node `s2` reaches its peers only through a TCP proxy; the proxy is
-//! stalled while commands are acknowledged (deleted on the leader, still on `s2`) and new ones
+//! cut while commands are acknowledged (deleted on the leader, still on `s2`) and new ones
 //! delivered (on the leader, not on `s2`), and the window is read with the direct gets sent
-//! through a client connected to `s2` only. `s2` is cut off, so every answer is its own.
+//! through a client connected to `s2` only. `s2` is cut off, so every answer is its own (while
+//! routed, a server gives a client's direct get to any replica: `tests/tests/nats_facts.rs`);
+//! the leader's part is read through a client of `s0`.
+//!
+//! It fails when a replica's answer is taken as proving more than its greatest sequence
+//! (checked by breaking `step`: the 30 commands `s2` lacks are left out).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -74,7 +79,7 @@ async fn a_replica_behind_its_leader_adds_acknowledged_commands_or_stops_short_n
             unacked.insert(*seq);
         }
     }
-    // s2 cut off (for well under the 4 s election timeout) once it holds the whole window:
+    // s2 cut off (well under the 4 s election timeout) once it holds the window's commands:
     // acknowledged now, a command is deleted on the leader and stays on s2; delivered now, it
     // is on the leader only.
     let w = window(&mut consumer).await;
