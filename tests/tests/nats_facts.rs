@@ -55,3 +55,126 @@ async fn the_last_record_of_an_entity_of_any_kind_is_one_read_direct_or_through_
     let none = stream.get_last_raw_message_by_subject("f.*.1.c").await;
     assert!(none.is_err_and(|e| e.kind() == LastRawMessageErrorKind::NoMessageFound));
 }
+
+/// What the in-flight window read leans on (`runtime/owner/window.rs`): a direct get is a queue
+/// request to the stream's replicas, and the server a client is connected to gives it to **any**
+/// replica of the cluster, chosen at random (server source: `client.go`, `processMsgResults`,
+/// which prefers local queue subscribers only for messages that came over a route), not first
+/// to its own. Shown with `s2` following (the leader elsewhere) and its routes stalled: of 48
+/// direct gets sent at once through a client of `s2`, some are answered (by `s2`'s replica)
+/// and some are not (sent to the leader's, over a stalled route): 6-7 of 24 answered in three
+/// runs, a third. A round all answered has odds about (1/3)^48, none about (2/3)^48.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_get_goes_to_any_replica_not_first_to_the_local_one() {
+    use async_nats::jetstream::stream::Config;
+    use futures::StreamExt;
+    use jetshard_testkit::wait_until;
+    use std::time::Duration;
+    init_tracing();
+    const SENT: usize = 48;
+    let cluster = jetshard_testkit::NatsCluster::start_with_proxied_routes(3)
+        .await
+        .expect("cluster");
+    let proxy = cluster.route_proxy().expect("proxied");
+    let client = cluster.node(0).connect().await.expect("connect s0");
+    let js = async_nats::jetstream::new(client.clone());
+    js.create_stream(Config {
+        name: "FACT".into(),
+        subjects: vec!["f.>".into()],
+        allow_direct: true,
+        num_replicas: 3,
+        ..Default::default()
+    })
+    .await
+    .expect("stream");
+    js.publish("f.1", "one".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+    let (js, client) = (&js, &client);
+    wait_until(
+        Duration::from_secs(20),
+        "the leader off s2",
+        || async move {
+            let leader = match js.get_stream("FACT").await {
+                Ok(stream) => stream.cached_info().cluster.clone().and_then(|c| c.leader),
+                Err(_) => None,
+            };
+            if leader.as_deref() == Some("s2") {
+                let _ = client
+                    .request("$JS.API.STREAM.LEADER.STEPDOWN.FACT", "".into())
+                    .await;
+            }
+            leader.is_some_and(|leader| leader != "s2")
+        },
+    )
+    .await
+    .expect("a leader off s2");
+    let local = cluster.node(2).connect().await.expect("connect s2");
+    // How many of SENT direct gets sent at once through `local` are answered within `timeout`.
+    let answered = |timeout: Duration| {
+        let local = local.clone();
+        async move {
+            let prefix = local.new_inbox();
+            let mut answers = local
+                .subscribe(format!("{prefix}.*"))
+                .await
+                .expect("subscribe");
+            for i in 0..SENT {
+                local
+                    .publish_with_reply(
+                        "$JS.API.DIRECT.GET.FACT",
+                        format!("{prefix}.{i}"),
+                        r#"{"seq":1}"#.into(),
+                    )
+                    .await
+                    .expect("request");
+            }
+            let mut count = 0;
+            let deadline = tokio::time::Instant::now() + timeout;
+            while count < SENT {
+                match tokio::time::timeout_at(deadline, answers.next()).await {
+                    Ok(Some(message)) if message.payload.as_ref() == b"one" => count += 1,
+                    Ok(Some(_)) => {}
+                    _ => break,
+                }
+            }
+            count
+        }
+    };
+    // s2's replica serving (a follower subscribes once it is current): cut off, s2 answers.
+    proxy.cut();
+    let answered = &answered;
+    wait_until(
+        Duration::from_secs(20),
+        "s2's replica serving",
+        || async move { answered(Duration::from_millis(300)).await == SENT },
+    )
+    .await
+    .expect("s2's replica serves direct gets");
+    // Routes back, and with them the interest of the other replicas: then stalled.
+    proxy.heal();
+    let echo = client.subscribe("fact.echo").await.expect("subscribe");
+    client.flush().await.expect("flush");
+    let echo = tokio::sync::Mutex::new(echo);
+    let (echo, local) = (&echo, &local);
+    wait_until(Duration::from_secs(20), "s2 routed again", || async move {
+        local
+            .publish("fact.echo", "".into())
+            .await
+            .expect("publish");
+        local.flush().await.expect("flush");
+        let mut echo = echo.lock().await;
+        tokio::time::timeout(Duration::from_millis(200), echo.next())
+            .await
+            .is_ok()
+    })
+    .await
+    .expect("s2 routed again");
+    proxy.stall();
+    let count = answered(Duration::from_secs(1)).await;
+    proxy.heal();
+    eprintln!("direct gets answered by the local replica: {count} of {SENT}");
+    assert!(0 < count && count < SENT, "{count} of {SENT} answered");
+}

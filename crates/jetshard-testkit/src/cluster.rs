@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, stream};
 
 use crate::server::{START_ATTEMPTS, free_ports};
-use crate::{Error, NatsServer};
+use crate::{Error, NatsServer, TcpProxy};
 
 /// The `--cluster_name` of every testkit cluster.
 const CLUSTER_NAME: &str = "jetshard";
@@ -47,6 +47,8 @@ const MAX_REPLICAS: usize = 5;
 #[derive(Debug)]
 pub struct NatsCluster {
     nodes: Vec<NatsServer>,
+    /// In front of the last node's cluster port, when it reaches its peers only through it.
+    route_proxy: Option<TcpProxy>,
 }
 
 impl NatsCluster {
@@ -61,12 +63,35 @@ impl NatsCluster {
     /// [`Error::NotReady`] (with every node's log tail) when the cluster cannot serve a
     /// replicated stream within 30 s.
     pub async fn start(nodes: usize) -> Result<NatsCluster, Error> {
+        NatsCluster::start_routed(nodes, false).await
+    }
+
+    /// As [`start`](Self::start), but the last node, `s<nodes-1>`, exchanges every byte with
+    /// its peers through a [`TcpProxy`] ([`route_proxy`](Self::route_proxy)): stalling it
+    /// leaves that node running and serving its clients from its own replicas while the
+    /// others go on without it, a replica genuinely behind; healing it lets it catch up.
+    ///
+    /// Its peers route to it through the proxy and it routes only to itself; it advertises the
+    /// proxy, and its peers advertise addresses nothing listens on, so no route learnt by
+    /// gossip goes around the proxy.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start); [`Error::EmptyCluster`] also for a single node.
+    pub async fn start_with_proxied_routes(nodes: usize) -> Result<NatsCluster, Error> {
+        if nodes < 2 {
+            return Err(Error::EmptyCluster);
+        }
+        NatsCluster::start_routed(nodes, true).await
+    }
+
+    async fn start_routed(nodes: usize, proxied: bool) -> Result<NatsCluster, Error> {
         if nodes == 0 {
             return Err(Error::EmptyCluster);
         }
         let mut attempt = 1;
         loop {
-            match NatsCluster::try_start(nodes).await {
+            match NatsCluster::try_start(nodes, proxied).await {
                 Err(error) if error.is_address_in_use() && attempt < START_ATTEMPTS => {
                     tracing::debug!("a port was taken before nats-server bound it; retrying");
                     attempt += 1;
@@ -76,42 +101,74 @@ impl NatsCluster {
         }
     }
 
-    async fn try_start(count: usize) -> Result<NatsCluster, Error> {
+    async fn try_start(count: usize, proxied: bool) -> Result<NatsCluster, Error> {
         let started = Instant::now();
-        let ports = free_ports(2 * count)?;
-        let (client_ports, cluster_ports) = ports.split_at(count);
-        let cluster_urls: Vec<String> = cluster_ports
+        // Per node: client port, cluster port, and a port nothing listens on (to advertise).
+        let ports = free_ports(3 * count)?;
+        let (client_ports, rest) = ports.split_at(count);
+        let (cluster_ports, unused_ports) = rest.split_at(count);
+        let mut cluster_urls: Vec<String> = cluster_ports
             .iter()
             .map(|port| format!("nats://127.0.0.1:{port}"))
             .collect();
+        let last = count - 1;
+        let route_proxy = if proxied {
+            let addr =
+                std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, cluster_ports[last]));
+            let proxy = TcpProxy::start(addr).await?;
+            cluster_urls[last] = proxy.url();
+            Some(proxy)
+        } else {
+            None
+        };
 
         let mut nodes = Vec::with_capacity(count);
         for (index, client_port) in client_ports.iter().enumerate() {
-            let routes: Vec<&str> = cluster_urls
-                .iter()
-                .enumerate()
-                .filter(|(other, _)| *other != index)
-                .map(|(_, url)| url.as_str())
-                .collect();
+            let routes: Vec<&str> = if proxied && index == last {
+                // Clustered JetStream wants a route configured: its own, through the proxy,
+                // which the server recognises as itself and drops.
+                vec![cluster_urls[last].as_str()]
+            } else {
+                cluster_urls
+                    .iter()
+                    .enumerate()
+                    .filter(|(other, _)| *other != index)
+                    .map(|(_, url)| url.as_str())
+                    .collect()
+            };
+            let listen = format!("nats://127.0.0.1:{}", cluster_ports[index]);
             let mut builder = NatsServer::builder()
                 .name(format!("s{index}"))
                 .ready_timeout(READY_TIMEOUT)
                 .arg("--cluster_name")
                 .arg(CLUSTER_NAME)
                 .arg("--cluster")
-                .arg(&cluster_urls[index]);
+                .arg(&listen);
+            if proxied {
+                let advertise = match &route_proxy {
+                    Some(proxy) if index == last => proxy.addr().to_string(),
+                    _ => format!("127.0.0.1:{}", unused_ports[index]),
+                };
+                builder = builder.arg("--cluster_advertise").arg(advertise);
+            }
             if !routes.is_empty() {
                 builder = builder.arg("--routes").arg(routes.join(","));
             }
             nodes.push(builder.spawn(*client_port)?);
         }
-        let cluster = NatsCluster { nodes };
+        let cluster = NatsCluster { nodes, route_proxy };
 
         futures::future::try_join_all(cluster.nodes.iter().map(NatsServer::wait_ready)).await?;
         cluster
             .wait_for_replicated_stream(READY_TIMEOUT.saturating_sub(started.elapsed()))
             .await?;
         Ok(cluster)
+    }
+
+    /// The proxy between the last node and its peers, for a cluster started with
+    /// [`start_with_proxied_routes`](Self::start_with_proxied_routes).
+    pub fn route_proxy(&self) -> Option<&TcpProxy> {
+        self.route_proxy.as_ref()
     }
 
     /// All nodes, in order: `nodes()[i]` is named `s<i>`.

@@ -88,7 +88,8 @@ pub(crate) async fn last_records(
         }
         if attempt < ATTEMPTS {
             // A replica behind is usually milliseconds behind, and the same one may answer
-            // again (a server prefers the replica it hosts): give it that time.
+            // again (each request goes to a replica chosen at random: `nats_facts.rs`): give
+            // it that time.
             tokio::time::sleep(RETRY_AFTER * attempt as u32).await;
         }
     }

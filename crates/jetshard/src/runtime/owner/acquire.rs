@@ -43,19 +43,11 @@ pub(super) async fn claim(
     let (in_hand, unacknowledged) = in_hand(shared, partition)
         .await
         .map_err(AcquireError::InHand)?;
-    // Counted: those earlier owners held. New commands are delivered in stream order, so when the
-    // pinning delivery was a first one, everything from it on was delivered to this owner only.
-    let counted = in_hand.and_then(|(first, last)| {
-        let last = first_new.map_or(last, |new| last.min(new.saturating_sub(1)));
-        (first <= last).then_some((first, last))
-    });
+    let counted = counted(in_hand, first_new);
     let mut recovered = window::recover_window(shared, partition, in_hand, unacknowledged)
         .await
         .map_err(AcquireError::Recover)?;
-    let head = recovered
-        .first()
-        .map(|(_, p)| p.seq)
-        .filter(|seq| counted.is_some_and(|(_, last)| *seq <= last));
+    let head = head(&recovered, counted);
     let max_deliver = shared.config.max_deliver;
     let claimed = fence::claim(
         &shared.js,
@@ -86,6 +78,25 @@ pub(super) async fn claim(
     // its own snapshot and records (`entity_actor::revive`), so taking a partition costs the
     // same whatever its history.
     Ok(Acquired { claimed, recovered })
+}
+
+/// The commands in hand that earlier owners held, of those in hand (`in_hand`). New commands are
+/// delivered in stream order, so when the pinning delivery was a first one (`first_new`),
+/// everything from it on was delivered to this owner only. From the consumer's info alone: the
+/// window read does not change it.
+pub(super) fn counted(in_hand: Option<(u64, u64)>, first_new: Option<u64>) -> Option<(u64, u64)> {
+    in_hand.and_then(|(first, last)| {
+        let last = first_new.map_or(last, |new| last.min(new.saturating_sub(1)));
+        (first <= last).then_some((first, last))
+    })
+}
+
+/// The claim's head: the first recovered command, if earlier owners held it (`counted`).
+pub(super) fn head(recovered: &[(EntityId, Pending)], counted: Option<(u64, u64)>) -> Option<u64> {
+    recovered
+        .first()
+        .map(|(_, p)| p.seq)
+        .filter(|seq| counted.is_some_and(|(_, last)| *seq <= last))
 }
 
 /// The consumer's `(ack floor, delivered]` as an inclusive range of command-stream sequences:

@@ -2,8 +2,10 @@
 //! consumer delivered and nobody acknowledged, `(ack floor, delivered]`, in stream order.
 //!
 //! Read first with batched direct gets (`{"seq","next_by_subj","batch"}`, answered by any
-//! replica, usually the one on the owner's own server), then, for whatever the answers do not
-//! prove, one leader API get per command as before.
+//! replica: the server gives a client's queue request to one at random, not first to its own,
+//! `tests/tests/nats_facts.rs`), then, for whatever the answers do not prove, one leader API
+//! get per command as before. Tested against a replica cut off from its leader:
+//! `window/lag_tests.rs`.
 //!
 //! **What an answer proves.** A replica stores the stream in sequence order (raft applies the
 //! leader's entries in order), so one that holds message `s` holds every message below `s` that
@@ -362,6 +364,9 @@ fn pending(message: StreamMessage) -> Option<(EntityId, Pending)> {
 }
 
 #[cfg(test)]
+mod lag_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -396,7 +401,7 @@ mod tests {
     use async_nats::jetstream::{self, AckKind, Context, consumer, stream};
     use jetshard_testkit::{NatsCluster, NatsServer};
 
-    const FILTER: &str = "c.cmd.0.*";
+    pub(super) const FILTER: &str = "c.cmd.0.*";
 
     /// A command stream like jetshard's, `replicas` of it, direct gets `allowed` or not, 300
     /// commands on partitions 0 and 1 in turn; a consumer of partition 0 that was delivered
@@ -470,7 +475,7 @@ mod tests {
 
     /// Checks a read of the window: in order, every unacknowledged command in it, and nothing
     /// else but acknowledged ones (a replica not yet through their deletes).
-    fn check(
+    pub(super) fn check(
         read: &[StreamMessage],
         window: (u64, u64),
         acked: &BTreeSet<u64>,
@@ -507,7 +512,7 @@ mod tests {
         let commands = crate::journal::server::open_stream(&js, "C")
             .await
             .expect("open");
-        // From each server (a server prefers the replica it hosts): whatever a replica answers,
+        // From each server (any replica answers, at random): whatever a replica answers,
         // the read holds the window; once the replica is through the window (it is usually at
         // once), one direct get reads it all: its last command is acknowledged, the first past it
         // proves the window whole.
