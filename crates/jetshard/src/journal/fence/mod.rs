@@ -88,6 +88,12 @@ pub(crate) struct Claimant<'a> {
     /// Whether a previous owner's process is gone (the runtime's crash watch answers: a
     /// previous owner known dead is not probed for long again).
     pub(crate) liveness: &'a dyn Liveness,
+    /// The latest fence record, if the claimant read it ahead ([`latest`]), side by side with
+    /// its other reads: the first attempt uses it instead of reading it again. It may be
+    /// stale by the publish: the publish expects the subject's last sequence to be the record's,
+    /// so a record written since fails the attempt and the next one reads the latest again.
+    /// A won claim's record was thus the latest at its publish, read ahead or not.
+    pub(crate) read_ahead: Option<Option<(u64, FenceRecord)>>,
 }
 
 /// Whether the process of an incarnation is gone, as a claim needs to know. The runtime's crash
@@ -112,14 +118,21 @@ pub(crate) async fn claim(
         incarnation,
         pin,
         liveness,
+        mut read_ahead,
     } = claimant;
     const ATTEMPTS: u32 = 6;
     let subject = names.fence_subject(partition);
     for attempt in 1..=ATTEMPTS {
-        let (previous_seq, previous) = match latest(journal, names, partition).await? {
+        let read_at = std::time::Instant::now();
+        let read = match read_ahead.take() {
+            Some(read) => read,
+            None => latest(journal, names, partition).await?,
+        };
+        let (previous_seq, previous) = match read {
             Some((seq, record)) => (seq, Some(record)),
             None => (0, None),
         };
+        let probe_at = std::time::Instant::now();
         let generation = previous.as_ref().map_or(0, |r| r.generation) + 1;
         // Whether the previous owner died only counts the commands in hand: with none, the
         // probe (up to 20 ms when its process is gone and not known dead yet) is skipped.
@@ -150,7 +163,18 @@ pub(crate) async fn claim(
             .payload(body.into())
             .header(HDR_GENERATION, generation.to_string())
             .expected_last_subject_sequence(previous_seq);
+        let publish_at = std::time::Instant::now();
         let result = async { js.send_publish(subject.clone(), publish).await?.await }.await;
+        tracing::debug!(
+            partition,
+            generation,
+            attempt,
+            read_us = (probe_at - read_at).as_micros() as u64,
+            probe_us = (publish_at - probe_at).as_micros() as u64,
+            publish_us = publish_at.elapsed().as_micros() as u64,
+            won = result.is_ok(),
+            "fence claim attempt"
+        );
         match result {
             Ok(ack) => {
                 return Ok(Claimed {

@@ -16,6 +16,22 @@ pub(super) struct Acquired {
     pub(super) claimed: Claimed,
     /// The previous owners' in-flight commands, in order.
     pub(super) recovered: Vec<(EntityId, Pending)>,
+    /// How long each step took (for the `acquired partition` log line).
+    pub(super) steps: Steps,
+}
+
+/// An acquisition's steps, timed: each one's wall-clock duration in microseconds.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Steps {
+    /// The consumer info (the commands in hand).
+    pub(super) in_hand_us: u64,
+    /// The in-flight window's read (`window::recover_window`).
+    pub(super) window_us: u64,
+    /// The latest fence record read ahead, side by side with the two above (from their start).
+    pub(super) read_ahead_us: u64,
+    /// The claim after the reads: the liveness probe, the fenced publish (and, past a lost
+    /// first attempt, the latest fence record read again).
+    pub(super) claim_us: u64,
 }
 
 /// Why an acquisition failed.
@@ -38,15 +54,34 @@ pub(super) async fn claim(
     pin: &str,
     first_new: Option<u64>,
 ) -> Result<Acquired, AcquireError> {
-    // The commands in hand, read before the claim so that the claim can count them (one
-    // acknowledged meanwhile is recovered in vain and found applied).
-    let (in_hand, unacknowledged) = in_hand(shared, partition)
-        .await
-        .map_err(AcquireError::InHand)?;
+    let at = std::time::Instant::now();
+    let mut steps = Steps::default();
+    // The latest fence record, read side by side with the commands in hand and the window
+    // (the claim's first attempt uses it; see `fence::Claimant::read_ahead`). An error here
+    // leaves the claim to read it itself.
+    let read_ahead = async {
+        let read = fence::latest(&shared.journal_stream, &shared.names, partition).await;
+        (read.ok(), lap(at))
+    };
+    let reads = async {
+        // The commands in hand, read before the claim so that the claim can count them (one
+        // acknowledged meanwhile is recovered in vain and found applied).
+        let (in_hand, unacknowledged) = in_hand(shared, partition)
+            .await
+            .map_err(AcquireError::InHand)?;
+        let in_hand_us = lap(at);
+        let recovered = window::recover_window(shared, partition, in_hand, unacknowledged)
+            .await
+            .map_err(AcquireError::Recover)?;
+        Ok::<_, AcquireError>((in_hand, recovered, in_hand_us, lap(at) - in_hand_us))
+    };
+    let ((read_ahead, read_ahead_us), reads) = tokio::join!(read_ahead, reads);
+    let (in_hand, mut recovered, in_hand_us, window_us) = reads?;
+    steps.read_ahead_us = read_ahead_us;
+    steps.in_hand_us = in_hand_us;
+    steps.window_us = window_us;
+    let claim_at = std::time::Instant::now();
     let counted = counted(in_hand, first_new);
-    let mut recovered = window::recover_window(shared, partition, in_hand, unacknowledged)
-        .await
-        .map_err(AcquireError::Recover)?;
     let head = head(&recovered, counted);
     let max_deliver = shared.config.max_deliver;
     let claimed = fence::claim(
@@ -63,6 +98,7 @@ pub(super) async fn claim(
                 names: &shared.names,
                 deaths: &shared.deaths,
             },
+            read_ahead,
         },
         InHand {
             counted,
@@ -71,13 +107,23 @@ pub(super) async fn claim(
         },
     )
     .await?;
+    steps.claim_us = lap(claim_at);
     for (_, pending) in &mut recovered {
         pending.deliveries = u64::from(fence::claims_holding(&claimed.held, pending.seq)) + 1;
     }
     // Nothing of the journal is read here: each entity is loaded on its first command, from
     // its own snapshot and records (`entity_actor::revive`), so taking a partition costs the
     // same whatever its history.
-    Ok(Acquired { claimed, recovered })
+    Ok(Acquired {
+        claimed,
+        recovered,
+        steps,
+    })
+}
+
+/// Microseconds since `at`.
+fn lap(at: std::time::Instant) -> u64 {
+    u64::try_from(at.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 /// The commands in hand that earlier owners held, of those in hand (`in_hand`). New commands are

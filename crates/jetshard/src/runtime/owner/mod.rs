@@ -126,6 +126,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
         let metrics = PartitionMetrics::new(&config.entity_type, args.partition);
         metrics.set_load(None);
         Ok(OwnerState {
+            born: Instant::now(),
             metrics,
             last_pin: None,
             hold_back: false,

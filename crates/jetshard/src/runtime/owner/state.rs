@@ -55,6 +55,8 @@ pub(crate) struct OwnerState<E: Entity> {
     pub(super) partition: u32,
     pub(super) shared: Arc<Shared>,
     pub(super) myself: ActorRef<OwnerMsg>,
+    /// When the owner started (its pull loop started then).
+    pub(super) born: tokio::time::Instant,
     pub(super) pull: PullLoop,
     pub(super) ticker: JoinHandle<()>,
     /// Hands the partition's state queries to this owner.

@@ -149,6 +149,12 @@ impl<E: Entity> OwnerState<E> {
             recovered = acquired.recovered.len(),
             replay_ms = 0u64,
             elapsed_ms = started.elapsed().as_millis() as u64,
+            in_hand_us = acquired.steps.in_hand_us,
+            window_us = acquired.steps.window_us,
+            read_ahead_us = acquired.steps.read_ahead_us,
+            claim_us = acquired.steps.claim_us,
+            // From the owner's start (its pull loop's first pull) to this acquisition's start.
+            since_start_ms = started.duration_since(self.born).as_millis() as u64,
             "acquired partition"
         );
         let _ = self.shared.events.send(OwnershipEvent {
