@@ -9,9 +9,9 @@
 //! [`now_ns`]'s clock through the offset between the two clocks taken when recording starts
 //! (one machine: one clock, so the offset is the same for both).
 //!
-//! The filter is dynamic and asked only at the stage callsites: with recording off (every
-//! other scenario, and the latency scenario without the flag) an event costs its callsite's
-//! check and nothing is visited or stored.
+//! The stage callsites' interest is rebuilt whenever recording starts or stops: with it off
+//! (every other scenario, and the latency scenario without the flag) they are disabled as
+//! under any default filter, and nothing is visited or stored.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -87,6 +87,8 @@ pub fn record(on: bool) {
         CLOCK_OFFSET.store(clock_offset(), Ordering::Relaxed);
     }
     RECORDING.store(on, Ordering::Release);
+    // The stage callsites are enabled only while recording: asked again now.
+    tracing::callsite::rebuild_interest_cache();
 }
 
 /// Whether stages are recorded now.
@@ -136,8 +138,8 @@ where
     StageLayer.with_filter(
         DynFilterFn::new(move |meta, _| is_stage(meta.target()) && recording())
             .with_callsite_filter(move |meta| {
-                if is_stage(meta.target()) {
-                    Interest::sometimes()
+                if is_stage(meta.target()) && recording() {
+                    Interest::always()
                 } else {
                     Interest::never()
                 }
