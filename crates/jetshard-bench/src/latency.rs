@@ -26,6 +26,7 @@ use crate::drain::DrainSpec;
 use crate::entity::{BenchCmd, BenchEntity, BenchEvt};
 use crate::load::{self, AckWindow, CommandPublisher};
 use crate::report::{Report, Row, Worse};
+use crate::stages;
 use crate::stats::{Summary, now_ns};
 use crate::throughput::{self, Measured};
 
@@ -152,6 +153,9 @@ struct SideFigures {
     /// The largest latency of each second of the measured window, ms: periodic stalls show
     /// as a pattern here.
     max_per_second_ms: Vec<f64>,
+    /// The latency split by stage, in one run (`--latency-stages`; empty without it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    stages: Vec<stages::Step>,
 }
 
 /// A fresh server, the consumer side running with every entity seeded and warmed up, then
@@ -196,6 +200,9 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
     let total_secs = WARM_UP.as_secs_f64() + options.latency_secs as f64;
     let total = (rate * total_secs) as usize;
     let mut window = AckWindow::default();
+    if options.latency_stages {
+        stages::record(true);
+    }
     let offered = offer(rate, total, async |i, at_ns| {
         let ack = publisher
             .send_to(i, &BenchCmd::stamp_of_size(at_ns, options.command_bytes))
@@ -219,10 +226,27 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
             acked.is_ok()
         );
     }
+    let seen = stamps.seen();
     let recorded = stamps.stop();
     consumer.stop().await?;
 
     let warm_up_end = offered.started_ns + WARM_UP.as_nanos() as u64;
+    let stages = if options.latency_stages {
+        stages::split(&seen, warm_up_end)
+    } else {
+        Vec::new()
+    };
+    for step in &stages {
+        eprintln!(
+            "latency stages: {:>9}: {:<20} p50 {:>8.2} ms  p99 {:>8.2} ms  p999 {:>8.2} ms  (n {})",
+            side.name(),
+            step.name,
+            step.summary.p50,
+            step.summary.p99,
+            step.summary.p999,
+            step.summary.count
+        );
+    }
     let measured: Vec<(u64, u64)> = recorded
         .into_iter()
         .filter(|(at, _)| *at >= warm_up_end)
@@ -241,6 +265,7 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
         offered_rate: total as f64 / offered.secs,
         summary: Summary::of(&samples),
         max_per_second_ms,
+        stages,
     })
 }
 
@@ -263,6 +288,8 @@ impl Consumer {
 /// on `<t>.evt.>` receives it as the journal stores it: (scheduled send, ns; latency, ns).
 pub(crate) struct Stamps {
     recorded: Arc<Mutex<Vec<(u64, u64)>>>,
+    /// While stages are recorded: each event's command sequence too.
+    seen: Arc<Mutex<Vec<stages::Seen>>>,
     collector: tokio::task::JoinHandle<()>,
 }
 
@@ -279,6 +306,8 @@ impl Stamps {
             .context("subscribe to the journal's events")?;
         let recorded = Arc::new(Mutex::new(Vec::new()));
         let sink = recorded.clone();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen_sink = seen.clone();
         let collector = tokio::spawn(async move {
             while let Some(message) = events.next().await {
                 let received = now_ns();
@@ -288,11 +317,24 @@ impl Stamps {
                     sink.lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .push((at_ns, received.saturating_sub(at_ns)));
+                    if stages::recording()
+                        && let Some(seq) = message
+                            .headers
+                            .as_ref()
+                            .and_then(|h| h.get(jetshard::wire::HDR_MSG_ID))
+                            .and_then(|id| stages::command_seq_of_msg_id(id.as_str()))
+                    {
+                        seen_sink
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push((seq, at_ns, received));
+                    }
                 }
             }
         });
         Ok(Self {
             recorded,
+            seen,
             collector,
         })
     }
@@ -316,6 +358,15 @@ impl Stamps {
     /// What is received so far, shared: (scheduled send, ns; latency, ns), in arrival order.
     pub(crate) fn recorded(&self) -> Arc<Mutex<Vec<(u64, u64)>>> {
         self.recorded.clone()
+    }
+
+    /// The events received while stages were recorded: (command sequence, scheduled send,
+    /// received).
+    pub(crate) fn seen(&self) -> Vec<stages::Seen> {
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Stops listening; what was received.

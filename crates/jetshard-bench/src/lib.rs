@@ -49,6 +49,7 @@ pub mod recovery;
 pub mod report;
 pub mod scale;
 pub mod scaling;
+pub mod stages;
 pub mod stats;
 pub mod throughput;
 
@@ -215,6 +216,11 @@ pub struct Options {
     /// measured in this run, or measured first if throughput is not run).
     #[arg(long)]
     pub latency_rate: Option<f64>,
+    /// Latency: also split each command's latency by stage (stored, pulled, routed, started,
+    /// written, seen, acked; jetshard's stage trace events and the bare loop's) and print each
+    /// stage's p50/p99 beside the total.
+    #[arg(long)]
+    pub latency_stages: bool,
     /// Events in the rebuilt partition.
     #[arg(long, default_value_t = 200_000)]
     pub rebuild_events: usize,

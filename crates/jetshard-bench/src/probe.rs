@@ -94,6 +94,7 @@ pub fn install(on_acquired: impl Fn(Acquisition) + Send + Sync + 'static) {
         .with(stderr)
         .with(probe)
         .with(purges)
+        .with(crate::stages::layer())
         .try_init();
 }
 

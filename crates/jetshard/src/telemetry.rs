@@ -13,6 +13,13 @@ use std::time::Duration;
 use metrics::{Counter, Gauge, Histogram, Label, counter, gauge, histogram};
 
 /// Commands settled, by `outcome`: `applied`, `rejected`, `dead_lettered`, `duplicate`.
+/// The target of the trace events that mark a command's way through a process (field `seq`:
+/// the command's stream sequence; the message names the stage: `pulled` (field `reply`, the
+/// delivery's `$JS.ACK` subject, whose timestamp is the server's), `routed`, `started`,
+/// `writing`, `written`, `acking`). Disabled by default filters: for a tool that splits a
+/// command's latency by stage in one run (the bench's `--latency-stages`).
+pub const STAGE_TARGET: &str = "jetshard::command::stage";
+
 pub(crate) const COMMANDS: &str = "jetshard_commands_total";
 /// Events written to the journal by applied commands.
 pub(crate) const EVENTS_WRITTEN: &str = "jetshard_events_written_total";

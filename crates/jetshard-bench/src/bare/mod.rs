@@ -333,6 +333,8 @@ impl PartitionWriter {
         let acker: JoinHandle<anyhow::Result<()>> = tokio::spawn(async move {
             while let Some((event_ack, command, permit)) = to_ack.recv().await {
                 writer.confirm(event_ack, &command).await?;
+                tracing::trace!(target: crate::stages::BARE_STAGE_TARGET, seq = seq_of(&command), "written");
+                tracing::trace!(target: crate::stages::BARE_STAGE_TARGET, seq = seq_of(&command), "acking");
                 command
                     .ack()
                     .await
@@ -376,6 +378,12 @@ impl PartitionWriter {
                         continue;
                     }
                 };
+                tracing::trace!(
+                    target: crate::stages::BARE_STAGE_TARGET,
+                    seq = seq_of(&message),
+                    reply = message.reply.as_deref().unwrap_or(""),
+                    "pulled"
+                );
                 let permit = permits
                     .clone()
                     .acquire_owned()
@@ -455,6 +463,7 @@ impl PartitionWriter {
             headers.insert(HDR_MSG_ID, self.names.event_msg_id(command_seq, 0));
         }
         let subject = self.names.event_subject(self.partition, &id);
+        tracing::trace!(target: crate::stages::BARE_STAGE_TARGET, seq = command_seq, "writing");
         self.js
             .send_publish(
                 subject,
@@ -470,4 +479,9 @@ fn server_error_code(error: &async_nats::jetstream::context::PublishError) -> Op
     std::error::Error::source(error)?
         .downcast_ref::<async_nats::jetstream::Error>()
         .map(|e| e.error_code().0)
+}
+
+/// A delivery's stream sequence, for the stage events (`--latency-stages`); 0 if unreadable.
+fn seq_of(message: &jetstream::Message) -> u64 {
+    message.info().map_or(0, |info| info.stream_sequence)
 }

@@ -61,6 +61,7 @@ pub(super) async fn process<E: Entity>(
 ) -> Verdict {
     let seq = work.seq;
     let wants_detail = work.detail;
+    tracing::trace!(target: crate::telemetry::STAGE_TARGET, seq, "started");
     step!(load(state).await);
     let admitted = admit(
         state,
@@ -125,6 +126,7 @@ pub(super) async fn process<E: Entity>(
     metrics.batch_events.record(encoded.len() as f64);
     let previous = seed.previous();
     let writing = std::time::Instant::now();
+    tracing::trace!(target: crate::telemetry::STAGE_TARGET, seq, "writing");
     let written = context
         .journal
         .append(
@@ -144,6 +146,7 @@ pub(super) async fn process<E: Entity>(
         )
         .await;
     telemetry::record(&metrics.write_seconds, writing.elapsed());
+    tracing::trace!(target: crate::telemetry::STAGE_TARGET, seq, "written");
     let written = Written {
         journal_seq: step!(written.map_err(write_failed)),
         outbox,

@@ -142,6 +142,7 @@ impl<E: Entity> OwnerState<E> {
                         continue;
                     };
                     if let Some(reply) = reply {
+                        tracing::trace!(target: crate::telemetry::STAGE_TARGET, seq, "acking");
                         let kind = if terminate {
                             AckKind::Term
                         } else {

@@ -17,6 +17,7 @@ use crate::runtime::entity_actor::{
 
 /// Queues a command for its entity. Returns whether the entity should be dispatched.
 pub(super) fn enqueue<E: Entity>(o: &mut Owning<E>, entity: &EntityId, pending: Pending) -> bool {
+    tracing::trace!(target: crate::telemetry::STAGE_TARGET, seq = pending.seq, "routed");
     let slot = o.entities.entry(entity.clone()).or_insert_with(Slot::new);
     slot.last_active = Instant::now();
     if let Some(held) = slot.queue.iter_mut().find(|p| p.seq == pending.seq) {

@@ -320,6 +320,7 @@ async fn run(
                     tracing::warn!(%reply, "delivery with an unreadable ack subject");
                     continue;
                 };
+                tracing::trace!(target: crate::telemetry::STAGE_TARGET, seq, reply = reply.as_str(), "pulled");
                 if pin != last_pin {
                     last_pin = pin.clone();
                     last_consumer_seq = None;

@@ -1,0 +1,294 @@
+//! Where a command's latency goes, in one run (`--latency-stages`): jetshard's stage trace
+//! events (`jetshard::COMMAND_STAGE_TARGET`, field `seq`) and the bare loop's own
+//! ([`BARE_STAGE_TARGET`]) are recorded with [`now_ns`] while [`record`] is on; the latency
+//! scenario joins them by command sequence with the command's scheduled send time and the
+//! moment its event reached the listener, and prints each stage's p50/p99 beside the total.
+//!
+//! The server's own moment, the command stored in its stream, is read from the delivery's
+//! `$JS.ACK` subject (its timestamp token, unix ns, the server's clock) and put on
+//! [`now_ns`]'s clock through the offset between the two clocks taken when recording starts
+//! (one machine: one clock, so the offset is the same for both).
+//!
+//! The stage callsites' interest is rebuilt whenever recording starts or stops: with it off
+//! (every other scenario, and the latency scenario without the flag) they are disabled as
+//! under any default filter, and nothing is visited or stored.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use tracing::field::{Field, Visit};
+use tracing::subscriber::Interest;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::DynFilterFn;
+use tracing_subscriber::layer::Context;
+
+use crate::stats::{Summary, now_ns};
+
+/// The target of the bare loop's stage events (the same messages and fields as jetshard's).
+pub const BARE_STAGE_TARGET: &str = "jetshard_bench::bare::stage";
+
+/// The stages a command passes, in order. `Stored` and `Seen` are not trace events: the
+/// server's timestamp and the listener's receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum Stage {
+    /// Stored in the command stream (the server's timestamp).
+    Stored,
+    /// Delivered to the pull loop.
+    Pulled,
+    /// Taken by the owner and queued for (or cast to) its entity's actor.
+    Routed,
+    /// The entity actor started the command.
+    Started,
+    /// The fenced write of its events is about to be published.
+    Writing,
+    /// The write's answer came back.
+    Written,
+    /// The event reached the bench's core subscription.
+    Seen,
+    /// The acknowledgement of the command is being sent.
+    Acking,
+}
+
+impl Stage {
+    fn of_message(message: &str) -> Option<Stage> {
+        Some(match message {
+            "pulled" => Stage::Pulled,
+            "routed" => Stage::Routed,
+            "started" => Stage::Started,
+            "writing" => Stage::Writing,
+            "written" => Stage::Written,
+            "acking" => Stage::Acking,
+            _ => return None,
+        })
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+const STAGES: usize = 8;
+
+/// One stage event: (`now_ns`, command sequence, stage).
+type Mark = (u64, u64, Stage);
+
+static RECORDING: AtomicBool = AtomicBool::new(false);
+/// Unix ns minus `now_ns` when recording started.
+static CLOCK_OFFSET: AtomicU64 = AtomicU64::new(0);
+static MARKS: Mutex<Vec<Mark>> = Mutex::new(Vec::new());
+
+/// Starts (`true`) or stops recording; starting drops what was recorded before.
+pub fn record(on: bool) {
+    if on {
+        MARKS.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        CLOCK_OFFSET.store(clock_offset(), Ordering::Relaxed);
+    }
+    RECORDING.store(on, Ordering::Release);
+    // The stage callsites are enabled only while recording: asked again now.
+    tracing::callsite::rebuild_interest_cache();
+}
+
+/// Whether stages are recorded now.
+pub fn recording() -> bool {
+    RECORDING.load(Ordering::Acquire)
+}
+
+/// Unix ns minus [`now_ns`], from the closest of a few readings.
+fn clock_offset() -> u64 {
+    let mut best: Option<(u64, u64)> = None;
+    for _ in 0..16 {
+        let before = now_ns();
+        let unix = unix_ns();
+        let after = now_ns();
+        let gap = after - before;
+        if best.is_none_or(|(g, _)| gap < g) {
+            best = Some((gap, unix.saturating_sub(before + gap / 2)));
+        }
+    }
+    best.map_or(0, |(_, offset)| offset)
+}
+
+fn unix_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// The timestamp token of a `$JS.ACK` subject (unix ns), in either layout (ADR-15).
+fn ack_timestamp(reply: &str) -> Option<u64> {
+    let tokens: Vec<&str> = reply.strip_prefix("$JS.ACK.")?.split('.').collect();
+    let first = match tokens.len() {
+        7 => 2,
+        n if n >= 9 => 4,
+        _ => return None,
+    };
+    tokens.get(first + 3)?.parse().ok()
+}
+
+/// The layer that records stage events, and its filter (asked only at the stage callsites).
+pub fn layer<S>() -> impl Layer<S> + Send + Sync
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    let is_stage =
+        |target: &str| target == jetshard::COMMAND_STAGE_TARGET || target == BARE_STAGE_TARGET;
+    StageLayer.with_filter(
+        DynFilterFn::new(move |meta, _| is_stage(meta.target()) && recording())
+            .with_callsite_filter(move |meta| {
+                if is_stage(meta.target()) && recording() {
+                    Interest::always()
+                } else {
+                    Interest::never()
+                }
+            }),
+    )
+}
+
+struct StageLayer;
+
+impl<S: tracing::Subscriber> Layer<S> for StageLayer {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        let at = now_ns();
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let Some(stage) = fields.stage else { return };
+        let mut marks = MARKS.lock().unwrap_or_else(PoisonError::into_inner);
+        marks.push((at, fields.seq, stage));
+        if let Some(stored) = fields.stored_unix_ns {
+            let offset = CLOCK_OFFSET.load(Ordering::Relaxed);
+            marks.push((stored.saturating_sub(offset), fields.seq, Stage::Stored));
+        }
+    }
+}
+
+#[derive(Default)]
+struct Fields {
+    seq: u64,
+    stage: Option<Stage>,
+    stored_unix_ns: Option<u64>,
+}
+
+impl Visit for Fields {
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        if field.name() == "seq" {
+            self.seq = value;
+        }
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "reply" {
+            self.stored_unix_ns = ack_timestamp(value);
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.stage = Stage::of_message(&format!("{value:?}"));
+        }
+    }
+}
+
+/// A command as the listener saw it: (command sequence, scheduled send `now_ns`, received
+/// `now_ns`).
+pub type Seen = (u64, u64, u64);
+
+/// One stage step's distribution, ms.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    /// `from -> to`.
+    pub name: String,
+    /// Over the commands that have both marks.
+    pub summary: Summary,
+}
+
+/// The steps reported, in order: (from, to). `None` as `from` is the scheduled send.
+const STEPS: [(Option<Stage>, Stage); 9] = [
+    (None, Stage::Stored),
+    (Some(Stage::Stored), Stage::Pulled),
+    (Some(Stage::Pulled), Stage::Routed),
+    (Some(Stage::Routed), Stage::Started),
+    (Some(Stage::Started), Stage::Writing),
+    (Some(Stage::Writing), Stage::Written),
+    (Some(Stage::Writing), Stage::Seen),
+    (Some(Stage::Written), Stage::Acking),
+    (None, Stage::Seen),
+];
+
+/// Takes the marks recorded (recording stops) and splits the latency of the commands `seen`
+/// whose scheduled send is at or after `from_ns` by step. Steps without marks (the bare loop
+/// has no owner or actor) are left out.
+pub fn split(seen: &[Seen], from_ns: u64) -> Vec<Step> {
+    record(false);
+    let marks = std::mem::take(&mut *MARKS.lock().unwrap_or_else(PoisonError::into_inner));
+    let mut by_seq: HashMap<u64, [Option<u64>; STAGES]> = HashMap::with_capacity(seen.len());
+    for &(seq, at, received) in seen {
+        if at >= from_ns {
+            let mut stages = [None; STAGES];
+            stages[Stage::Seen.index()] = Some(received);
+            by_seq.insert(seq, stages);
+        }
+    }
+    for (at, seq, stage) in marks {
+        if let Some(stages) = by_seq.get_mut(&seq) {
+            // The first mark of each stage: a redelivery's later ones are not this latency.
+            stages[stage.index()].get_or_insert(at);
+        }
+    }
+    let scheduled: HashMap<u64, u64> = seen.iter().map(|&(seq, at, _)| (seq, at)).collect();
+    STEPS
+        .iter()
+        .filter_map(|&(from, to)| {
+            let samples: Vec<f64> = by_seq
+                .iter()
+                .filter_map(|(seq, stages)| {
+                    let start = match from {
+                        None => scheduled.get(seq).copied(),
+                        Some(stage) => stages[stage.index()],
+                    }?;
+                    let end = stages[to.index()]?;
+                    Some(end as f64 / 1e6 - start as f64 / 1e6)
+                })
+                .collect();
+            (!samples.is_empty()).then(|| Step {
+                name: format!(
+                    "{} -> {:?}",
+                    from.map_or("Scheduled".to_owned(), |s| format!("{s:?}")),
+                    to
+                ),
+                summary: Summary::of(&samples),
+            })
+        })
+        .collect()
+}
+
+/// The command sequence in an event's `Nats-Msg-Id` (`<type>:<command seq>:<index>`).
+pub fn command_seq_of_msg_id(msg_id: &str) -> Option<u64> {
+    msg_id.split(':').nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_timestamp_is_read_in_both_ack_layouts() {
+        assert_eq!(
+            ack_timestamp("$JS.ACK.s.c.1.42.7.1700000000123.3"),
+            Some(1_700_000_000_123)
+        );
+        assert_eq!(
+            ack_timestamp("$JS.ACK.dom.hash.s.c.1.42.7.1700000000123.3.rnd"),
+            Some(1_700_000_000_123)
+        );
+        assert_eq!(ack_timestamp("$JS.ACK.s.c.1.42"), None);
+    }
+
+    #[test]
+    fn the_command_sequence_is_read_from_an_event_id() {
+        assert_eq!(command_seq_of_msg_id("lat:1234:0"), Some(1234));
+        assert_eq!(command_seq_of_msg_id("lat"), None);
+    }
+}
