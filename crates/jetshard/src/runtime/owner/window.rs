@@ -59,6 +59,12 @@ const MIN_BATCH: u64 = 16;
 const MAX_ASKS: usize = 8;
 /// How long one direct get's answer may take, all its messages together.
 const TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a direct get waits for the next message of its answer. The server gives the request
+/// to a replica at random, and one may be stalled (its process stopped, or its route silent,
+/// while its peers still count it a subscriber): nothing comes, and the rest of the window is
+/// read from the leader after this silence, not after [`TIMEOUT`]. A replica that answers
+/// sends its messages back to back.
+const SILENCE: Duration = Duration::from_secs(1);
 /// `204 EOB`: the answer's last message.
 const END_OF_BATCH: u16 = 204;
 /// `404`: no message on the filter at or past the sequence asked.
@@ -238,10 +244,12 @@ async fn ask(
     let deadline = tokio::time::Instant::now() + TIMEOUT;
     let mut messages: Vec<StreamMessage> = Vec::new();
     loop {
-        let message = match tokio::time::timeout_at(deadline, answers.next()).await {
+        let wait = deadline.min(tokio::time::Instant::now() + SILENCE);
+        let message = match tokio::time::timeout_at(wait, answers.next()).await {
             Ok(Some(message)) => message,
             Ok(None) => return Err("the subscription ended".to_owned()),
-            Err(_) => return Err(format!("no answer in {TIMEOUT:?}")),
+            Err(_) if wait < deadline => return Err(format!("silent for {SILENCE:?}")),
+            Err(_) => return Err(format!("no whole answer in {TIMEOUT:?}")),
         };
         match message.status.map(|s| s.as_u16()) {
             None => {

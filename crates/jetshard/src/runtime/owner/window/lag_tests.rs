@@ -36,36 +36,8 @@ async fn a_replica_behind_its_leader_adds_acknowledged_commands_or_stops_short_n
     let cluster = NatsCluster::start_with_proxied_routes(3)
         .await
         .expect("start the cluster");
-    let js = jetstream::new(cluster.node(0).connect().await.expect("connect to s0"));
+    let (js, mut consumer, commands) = work_queue(&cluster).await;
     let behind = cluster.node(2).connect().await.expect("connect to s2");
-    js.create_stream(stream::Config {
-        name: "C".to_owned(),
-        subjects: vec!["c.>".to_owned()],
-        retention: stream::RetentionPolicy::WorkQueue,
-        allow_direct: true,
-        num_replicas: 3,
-        ..Default::default()
-    })
-    .await
-    .expect("create the stream");
-    let mut consumer: consumer::PullConsumer = js
-        .get_stream("C")
-        .await
-        .expect("stream")
-        .create_consumer(consumer::pull::Config {
-            durable_name: Some("p0".to_owned()),
-            filter_subject: FILTER.to_owned(),
-            ack_policy: consumer::AckPolicy::Explicit,
-            max_ack_pending: 1000,
-            ..Default::default()
-        })
-        .await
-        .expect("create the consumer");
-    // The quorum must go on without s2: neither leader there.
-    leaders_off(&js).await;
-    let commands = crate::journal::server::open_stream(&js, "C")
-        .await
-        .expect("open");
 
     // Delivered to an owner that acknowledged some (not the first: the floor stays put).
     publish(&js, 0..120).await;
@@ -190,6 +162,92 @@ async fn a_replica_behind_its_leader_adds_acknowledged_commands_or_stops_short_n
     })
     .await
     .expect("s2 caught up after the heal");
+}
+
+/// Stream `C` (R3, a work queue, direct gets allowed) and its consumer `p0` on [`FILTER`], both
+/// led off [`BEHIND`], through a client of `s0`; and the stream as the window reads it.
+async fn work_queue(
+    cluster: &NatsCluster,
+) -> (
+    Context,
+    consumer::PullConsumer,
+    jetstream::stream::Stream<()>,
+) {
+    let js = jetstream::new(cluster.node(0).connect().await.expect("connect to s0"));
+    js.create_stream(stream::Config {
+        name: "C".to_owned(),
+        subjects: vec!["c.>".to_owned()],
+        retention: stream::RetentionPolicy::WorkQueue,
+        allow_direct: true,
+        num_replicas: 3,
+        ..Default::default()
+    })
+    .await
+    .expect("create the stream");
+    let consumer: consumer::PullConsumer = js
+        .get_stream("C")
+        .await
+        .expect("stream")
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("p0".to_owned()),
+            filter_subject: FILTER.to_owned(),
+            ack_policy: consumer::AckPolicy::Explicit,
+            max_ack_pending: 1000,
+            ..Default::default()
+        })
+        .await
+        .expect("create the consumer");
+    // The quorum must go on without s2: neither leader there.
+    leaders_off(&js).await;
+    let commands = crate::journal::server::open_stream(&js, "C")
+        .await
+        .expect("open");
+    (js, consumer, commands)
+}
+
+/// A direct get given to a replica that stays silent (here: sent by a client of s2 to s0's or
+/// s1's replica over s2's stalled routes) delays the window read by
+/// [`SILENCE`](super::SILENCE), then the rest is read from the leader: not by the answer's
+/// whole 5-s timeout. (From a client of s0, none of 10 direct gets went to the stalled s2 in a
+/// trial run.) Checked to fail with the silence set to the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_replica_delays_a_window_read_by_a_second_not_by_the_whole_timeout() {
+    let cluster = NatsCluster::start_with_proxied_routes(3)
+        .await
+        .expect("start the cluster");
+    let (js, mut consumer, commands) = work_queue(&cluster).await;
+    let behind = cluster.node(2).connect().await.expect("connect to s2");
+    publish(&js, 0..40).await;
+    let unacked: BTreeSet<u64> = deliver(&consumer, 20).await.iter().map(|d| d.0).collect();
+    let w = window(&mut consumer).await;
+    cluster.route_proxy().expect("proxied").stall();
+    // 6 reads through a client of s2: its direct gets go to s0's or s1's replica, over the
+    // stalled routes, two times in three at least (`tests/tests/nats_facts.rs`; 9 of 10 in
+    // a trial run), so a silent replica is met in all but (1/3)^6, under 0.2%, of runs.
+    let (mut silent, mut slowest) = (0, Duration::ZERO);
+    for _ in 0..6 {
+        let at = std::time::Instant::now();
+        let mut requests = Requests::default();
+        let read = read(
+            behind.clone(),
+            "C",
+            &commands,
+            (FILTER, w.0, w.1),
+            unacked.len() as u64,
+            &mut requests,
+        )
+        .await
+        .expect("read");
+        check(&read, w, &BTreeSet::new(), &unacked);
+        silent += usize::from(requests.leader > 0);
+        slowest = slowest.max(at.elapsed());
+    }
+    cluster.route_proxy().expect("proxied").heal();
+    eprintln!("window reads with s2 stalled: {silent} of 6 met it, slowest {slowest:?}");
+    assert!(
+        slowest < Duration::from_millis(3_500),
+        "a read took {slowest:?} ({silent} of 6 met a silent replica)"
+    );
 }
 
 /// Cuts s2 off from its peers (its client connections stay), once it holds every command of
