@@ -13,12 +13,13 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use async_nats::jetstream::message::StreamMessage;
-use async_nats::jetstream::{self, AckKind, Context, consumer, stream};
+use async_nats::jetstream::stream::Stream;
+use async_nats::jetstream::{self, AckKind, Context, consumer};
 use futures::StreamExt;
 use jetshard_testkit::{NatsCluster, wait_until};
 
-use super::tests::{FILTER, check};
-use super::{MAX_BATCH, Requests, ask, from_leader, pending, read};
+use super::tests::{FILTER, check, command_stream, read_window};
+use super::{MAX_BATCH, Requests, ask, from_leader, pending};
 use crate::runtime::owner::acquire;
 
 /// The node behind the proxy.
@@ -96,17 +97,7 @@ async fn a_replica_behind_its_leader_adds_acknowledged_commands_or_stops_short_n
 
     // The window read through s2: every unacknowledged command, in order (`check`); what s2
     // added is acknowledged; what it lacks was read from the leader.
-    let mut requests = Requests::default();
-    let through_behind = read(
-        behind.clone(),
-        "C",
-        &commands,
-        (FILTER, w.0, w.1),
-        unacked.len() as u64,
-        &mut requests,
-    )
-    .await
-    .expect("read through s2");
+    let (through_behind, requests) = read_window(&behind, &commands, w, unacked.len()).await;
     check(&through_behind, w, &acked, &unacked);
     let read_seqs = sequences(&through_behind);
     let added: BTreeSet<u64> = read_seqs.difference(&unacked).copied().collect();
@@ -146,17 +137,7 @@ async fn a_replica_behind_its_leader_adds_acknowledged_commands_or_stops_short_n
     cluster.route_proxy().expect("proxied").heal();
     let (behind, commands, acked, unacked) = (&behind, &commands, &acked, &unacked);
     wait_until(PATIENCE, "s2 caught up", || async move {
-        let mut requests = Requests::default();
-        let read = read(
-            behind.clone(),
-            "C",
-            commands,
-            (FILTER, w.0, w.1),
-            unacked.len() as u64,
-            &mut requests,
-        )
-        .await
-        .expect("read");
+        let (read, requests) = read_window(behind, commands, w, unacked.len()).await;
         check(&read, w, acked, unacked);
         requests.leader == 0
     })
@@ -166,42 +147,11 @@ async fn a_replica_behind_its_leader_adds_acknowledged_commands_or_stops_short_n
 
 /// Stream `C` (R3, a work queue, direct gets allowed) and its consumer `p0` on [`FILTER`], both
 /// led off [`BEHIND`], through a client of `s0`; and the stream as the window reads it.
-async fn work_queue(
-    cluster: &NatsCluster,
-) -> (
-    Context,
-    consumer::PullConsumer,
-    jetstream::stream::Stream<()>,
-) {
+async fn work_queue(cluster: &NatsCluster) -> (Context, consumer::PullConsumer, Stream<()>) {
     let js = jetstream::new(cluster.node(0).connect().await.expect("connect to s0"));
-    js.create_stream(stream::Config {
-        name: "C".to_owned(),
-        subjects: vec!["c.>".to_owned()],
-        retention: stream::RetentionPolicy::WorkQueue,
-        allow_direct: true,
-        num_replicas: 3,
-        ..Default::default()
-    })
-    .await
-    .expect("create the stream");
-    let consumer: consumer::PullConsumer = js
-        .get_stream("C")
-        .await
-        .expect("stream")
-        .create_consumer(consumer::pull::Config {
-            durable_name: Some("p0".to_owned()),
-            filter_subject: FILTER.to_owned(),
-            ack_policy: consumer::AckPolicy::Explicit,
-            max_ack_pending: 1000,
-            ..Default::default()
-        })
-        .await
-        .expect("create the consumer");
+    let (consumer, commands) = command_stream(&js, 3, true).await;
     // The quorum must go on without s2: neither leader there.
     leaders_off(&js).await;
-    let commands = crate::journal::server::open_stream(&js, "C")
-        .await
-        .expect("open");
     (js, consumer, commands)
 }
 
@@ -227,17 +177,7 @@ async fn a_silent_replica_delays_a_window_read_by_a_second_not_by_the_whole_time
     let (mut silent, mut slowest) = (0, Duration::ZERO);
     for _ in 0..6 {
         let at = std::time::Instant::now();
-        let mut requests = Requests::default();
-        let read = read(
-            behind.clone(),
-            "C",
-            &commands,
-            (FILTER, w.0, w.1),
-            unacked.len() as u64,
-            &mut requests,
-        )
-        .await
-        .expect("read");
+        let (read, requests) = read_window(&behind, &commands, w, unacked.len()).await;
         check(&read, w, &BTreeSet::new(), &unacked);
         silent += usize::from(requests.leader > 0);
         slowest = slowest.max(at.elapsed());
