@@ -195,6 +195,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         pull_batch: None,
         max_ack_pending: None,
         command_bytes: options.command_bytes,
+        stages: options.pass_stages,
     };
     let (mut serialized, mut pipelined, mut jetshard) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..options.cluster_rounds {

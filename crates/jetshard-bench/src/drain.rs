@@ -16,6 +16,10 @@ use crate::instructions::{self, Counted};
 use crate::load::{self, CommandPublisher, Gate};
 use crate::report::{Row, Worse};
 
+/// jetshard's default `max_ack_pending` (what `--pass-stages` weighs commands in hand against
+/// when `--max-ack-pending` is not given).
+const DEFAULT_MAX_ACK_PENDING: u32 = 1024;
+
 /// The entity type the throughput runs use.
 pub const ENTITY_TYPE: &str = "bench";
 
@@ -39,6 +43,8 @@ pub struct DrainSpec {
     /// The encoded size of each command and of its event (`--command-bytes`; 0: the bare
     /// stamp, about 10 bytes).
     pub command_bytes: usize,
+    /// Each pass split by stage (`--pass-stages`, [`crate::pass_stages`]).
+    pub stages: bool,
 }
 
 /// One timed drain.
@@ -264,6 +270,7 @@ pub async fn timed_passes_with(
             instructions::callgrind::pass_started();
         }
         let messages = crate::messages::now();
+        let recording = spec.stages.then(crate::pass_stages::PassStages::start);
         let started = Instant::now();
         match hold {
             Some(bare) => bare.hold(true).await?,
@@ -282,6 +289,12 @@ pub async fn timed_passes_with(
         }
         let acknowledged = (spec.commands as u64).saturating_sub(drained.remaining);
         let cpu = cpu.spent();
+        if let Some(recording) = recording {
+            recording.finish(
+                pass,
+                spec.max_ack_pending.unwrap_or(DEFAULT_MAX_ACK_PENDING),
+            );
+        }
         let allocated = allocs::now().since(allocated);
         let counted = instructions::now()
             .zip(counted)
@@ -324,6 +337,13 @@ pub async fn timed_passes_with(
             allocs::SMALL_BIN_LIMIT,
             per_command(allocated.large),
             per_command(allocated.reallocs),
+        );
+        eprintln!(
+            "  pass {pass}: CPU busy {:.2} of the machine's {} cores (client {:.2}, server {:.2})",
+            (cpu.client_secs + cpu.server_secs) / secs,
+            std::thread::available_parallelism().map_or(0, usize::from),
+            cpu.client_secs / secs,
+            cpu.server_secs / secs,
         );
         eprintln!(
             "  pass {pass}: client user-space instructions per cmd: {}",

@@ -58,6 +58,7 @@ pub async fn run(
                 pull_batch: options.pull_batch,
                 max_ack_pending: options.max_ack_pending,
                 command_bytes: options.command_bytes,
+                stages: false,
             };
             let run = throughput::drain_jetshard(spec).await?;
             run.passes.last().map_or(1000.0, |p| p.rate) / 2.0

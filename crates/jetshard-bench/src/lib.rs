@@ -41,6 +41,7 @@ pub mod memory;
 pub mod messages;
 pub mod node;
 pub mod overload;
+pub mod pass_stages;
 pub mod probe;
 pub mod purge;
 pub mod purge_r3;
@@ -221,6 +222,12 @@ pub struct Options {
     /// stage's p50/p99 beside the total.
     #[arg(long)]
     pub latency_stages: bool,
+    /// Throughput and cluster: split each pass by stage (jetshard's stage trace events): the
+    /// commands that loaded their entity beside the others, commands in hand per partition
+    /// against `max_ack_pending`, pull requests, batched reads and loads at once
+    /// (`pass_stages.rs`). Recording costs CPU: the rates of such a run are not figures.
+    #[arg(long)]
+    pub pass_stages: bool,
     /// Events in the rebuilt partition.
     #[arg(long, default_value_t = 200_000)]
     pub rebuild_events: usize,

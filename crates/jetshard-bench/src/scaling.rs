@@ -39,6 +39,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             pull_batch: None,
             max_ack_pending: None,
             command_bytes: options.command_bytes,
+            stages: false,
         };
         eprintln!("scaling: {partitions} partitions, bare loop");
         let bare = crate::bare::drain_bare(spec).await;
@@ -101,6 +102,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             pull_batch: None,
             max_ack_pending: None,
             command_bytes: options.command_bytes,
+            stages: false,
         };
         let (passes, split, releases, acquisitions) = match drain_processes(spec, processes).await {
             Ok(done) => done,

@@ -42,6 +42,10 @@ pub enum Stage {
     Routed,
     /// The entity actor started the command.
     Started,
+    /// Its entity's load began (the entity's first command only).
+    Loading,
+    /// Its entity's load ended.
+    Loaded,
     /// The fenced write of its events is about to be published.
     Writing,
     /// The write's answer came back.
@@ -58,6 +62,8 @@ impl Stage {
             "pulled" => Stage::Pulled,
             "routed" => Stage::Routed,
             "started" => Stage::Started,
+            "loading" => Stage::Loading,
+            "loaded" => Stage::Loaded,
             "writing" => Stage::Writing,
             "written" => Stage::Written,
             "acking" => Stage::Acking,
@@ -65,25 +71,54 @@ impl Stage {
         })
     }
 
-    fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self as usize
     }
 }
 
-const STAGES: usize = 8;
+/// How many [`Stage`]s there are.
+pub(crate) const STAGES: usize = 10;
 
-/// One stage event: (`now_ns`, command sequence, stage).
-type Mark = (u64, u64, Stage);
+/// One stage event: (`now_ns`, command sequence, stage, partition). The partition is known
+/// only on `pulled` marks (from the consumer named in the `$JS.ACK` subject); `u32::MAX`
+/// elsewhere.
+pub(crate) type Mark = (u64, u64, Stage, u32);
+
+/// A batched load's one read (`batch read` events).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BatchRead {
+    /// When its answer came (`now_ns`).
+    pub(crate) at: u64,
+    pub(crate) partition: u32,
+    pub(crate) entities: u64,
+    pub(crate) records: u64,
+    /// Waited for a load permit, ns.
+    pub(crate) permit_ns: u64,
+    /// From the request to the answer, ns.
+    pub(crate) read_ns: u64,
+}
+
+/// The events of no command: batched reads, and pull requests (`now_ns`, partition).
+#[derive(Debug, Default)]
+pub(crate) struct Others {
+    pub(crate) reads: Vec<BatchRead>,
+    pub(crate) pulls: Vec<(u64, u32)>,
+}
 
 static RECORDING: AtomicBool = AtomicBool::new(false);
 /// Unix ns minus `now_ns` when recording started.
 static CLOCK_OFFSET: AtomicU64 = AtomicU64::new(0);
 static MARKS: Mutex<Vec<Mark>> = Mutex::new(Vec::new());
+static OTHERS: Mutex<Others> = Mutex::new(Others {
+    reads: Vec::new(),
+    pulls: Vec::new(),
+});
 
 /// Starts (`true`) or stops recording; starting drops what was recorded before.
 pub fn record(on: bool) {
     if on {
         MARKS.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        *OTHERS.lock().unwrap_or_else(PoisonError::into_inner) = Others::default();
         CLOCK_OFFSET.store(clock_offset(), Ordering::Relaxed);
     }
     RECORDING.store(on, Ordering::Release);
@@ -94,6 +129,30 @@ pub fn record(on: bool) {
 /// Whether stages are recorded now.
 pub fn recording() -> bool {
     RECORDING.load(Ordering::Acquire)
+}
+
+/// Stops recording and takes what was recorded.
+pub(crate) fn take() -> (Vec<Mark>, Others) {
+    record(false);
+    let marks = std::mem::take(&mut *MARKS.lock().unwrap_or_else(PoisonError::into_inner));
+    let others = std::mem::take(&mut *OTHERS.lock().unwrap_or_else(PoisonError::into_inner));
+    (marks, others)
+}
+
+/// The partition of a consumer named `<type>-p<partition>`.
+fn partition_of_consumer(consumer: &str) -> Option<u32> {
+    consumer.rsplit_once("-p")?.1.parse().ok()
+}
+
+/// The partition of the consumer a `$JS.ACK` subject names, in either layout (ADR-15).
+fn ack_partition(reply: &str) -> Option<u32> {
+    let tokens: Vec<&str> = reply.strip_prefix("$JS.ACK.")?.split('.').collect();
+    let consumer = match tokens.len() {
+        7 => tokens.get(1)?,
+        n if n >= 9 => tokens.get(3)?,
+        _ => return None,
+    };
+    partition_of_consumer(consumer)
 }
 
 /// Unix ns minus [`now_ns`], from the closest of a few readings.
@@ -154,12 +213,47 @@ impl<S: tracing::Subscriber> Layer<S> for StageLayer {
         let at = now_ns();
         let mut fields = Fields::default();
         event.record(&mut fields);
-        let Some(stage) = fields.stage else { return };
+        let partition = fields.partition.unwrap_or(u32::MAX);
+        match fields.message.as_str() {
+            "batch read" => {
+                let read = BatchRead {
+                    at,
+                    partition,
+                    entities: fields.entities,
+                    records: fields.records,
+                    permit_ns: fields.permit_us * 1000,
+                    read_ns: fields.read_us * 1000,
+                };
+                OTHERS
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .reads
+                    .push(read);
+                return;
+            }
+            "pull" => {
+                OTHERS
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .pulls
+                    .push((at, partition));
+                return;
+            }
+            _ => {}
+        }
+        let Some(stage) = Stage::of_message(&fields.message) else {
+            return;
+        };
         let mut marks = MARKS.lock().unwrap_or_else(PoisonError::into_inner);
-        marks.push((at, fields.seq, stage));
+        marks.push((at, fields.seq, stage, partition));
         if let Some(stored) = fields.stored_unix_ns {
             let offset = CLOCK_OFFSET.load(Ordering::Relaxed);
-            marks.push((stored.saturating_sub(offset), fields.seq, Stage::Stored));
+            marks.push((
+                stored.saturating_sub(offset),
+                fields.seq,
+                Stage::Stored,
+                u32::MAX,
+            ));
         }
     }
 }
@@ -167,26 +261,45 @@ impl<S: tracing::Subscriber> Layer<S> for StageLayer {
 #[derive(Default)]
 struct Fields {
     seq: u64,
-    stage: Option<Stage>,
+    message: String,
     stored_unix_ns: Option<u64>,
+    partition: Option<u32>,
+    entities: u64,
+    records: u64,
+    permit_us: u64,
+    read_us: u64,
 }
 
 impl Visit for Fields {
     fn record_u64(&mut self, field: &Field, value: u64) {
-        if field.name() == "seq" {
-            self.seq = value;
+        match field.name() {
+            "seq" => self.seq = value,
+            "partition" => self.partition = u32::try_from(value).ok(),
+            "entities" => self.entities = value,
+            "records" => self.records = value,
+            "permit_us" => self.permit_us = value,
+            "read_us" => self.read_us = value,
+            _ => {}
         }
     }
 
     fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "reply" {
-            self.stored_unix_ns = ack_timestamp(value);
+        match field.name() {
+            "reply" => {
+                self.stored_unix_ns = ack_timestamp(value);
+                self.partition = ack_partition(value);
+            }
+            // A pull request's subject: `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`.
+            "subject" => {
+                self.partition = value.rsplit('.').next().and_then(partition_of_consumer);
+            }
+            _ => {}
         }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
         if field.name() == "message" {
-            self.stage = Stage::of_message(&format!("{value:?}"));
+            self.message = format!("{value:?}");
         }
     }
 }
@@ -221,8 +334,7 @@ const STEPS: [(Option<Stage>, Stage); 9] = [
 /// whose scheduled send is at or after `from_ns` by step. Steps without marks (the bare loop
 /// has no owner or actor) are left out.
 pub fn split(seen: &[Seen], from_ns: u64) -> Vec<Step> {
-    record(false);
-    let marks = std::mem::take(&mut *MARKS.lock().unwrap_or_else(PoisonError::into_inner));
+    let (marks, _) = take();
     let mut by_seq: HashMap<u64, [Option<u64>; STAGES]> = HashMap::with_capacity(seen.len());
     for &(seq, at, received) in seen {
         if at >= from_ns {
@@ -231,7 +343,7 @@ pub fn split(seen: &[Seen], from_ns: u64) -> Vec<Step> {
             by_seq.insert(seq, stages);
         }
     }
-    for (at, seq, stage) in marks {
+    for (at, seq, stage, _) in marks {
         if let Some(stages) = by_seq.get_mut(&seq) {
             // The first mark of each stage: a redelivery's later ones are not this latency.
             stages[stage.index()].get_or_insert(at);
@@ -284,6 +396,19 @@ mod tests {
             Some(1_700_000_000_123)
         );
         assert_eq!(ack_timestamp("$JS.ACK.s.c.1.42"), None);
+    }
+
+    #[test]
+    fn the_partition_is_read_from_the_consumer_in_both_ack_layouts() {
+        assert_eq!(
+            ack_partition("$JS.ACK.s.bench-p3.1.42.7.1700000000123.3"),
+            Some(3)
+        );
+        assert_eq!(
+            ack_partition("$JS.ACK.dom.hash.s.my-type-p12.1.42.7.1700000000123.3.rnd"),
+            Some(12)
+        );
+        assert_eq!(ack_partition("$JS.ACK.s.c.1.42.7.1700000000123.3"), None);
     }
 
     #[test]

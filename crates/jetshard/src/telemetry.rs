@@ -16,8 +16,12 @@ use metrics::{Counter, Gauge, Histogram, Label, counter, gauge, histogram};
 /// The target of the trace events that mark a command's way through a process (field `seq`:
 /// the command's stream sequence; the message names the stage: `pulled` (field `reply`, the
 /// delivery's `$JS.ACK` subject, whose timestamp is the server's), `routed`, `started`,
-/// `writing`, `written`, `acking`). Disabled by default filters: for a tool that splits a
-/// command's latency by stage in one run (the bench's `--latency-stages`).
+/// `loading` and `loaded` around the entity's load, on its first command only, `writing`,
+/// `written`, `acking`). Besides, events of no command: `pull` (a pull request sent, field
+/// `subject`), `batch read` (a batched load's one read: fields `partition`, `entities`,
+/// `records`, `permit_us` waited for a load permit, `read_us` from request to answer).
+/// Disabled by default filters: for a tool that splits a command's latency by stage in one run
+/// (the bench's `--latency-stages` and `--pass-stages`).
 pub const STAGE_TARGET: &str = "jetshard::command::stage";
 
 pub(crate) const COMMANDS: &str = "jetshard_commands_total";

@@ -93,6 +93,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
         pull_batch: options.pull_batch,
         max_ack_pending: options.max_ack_pending,
         command_bytes: options.command_bytes,
+        stages: options.pass_stages,
     };
     if !options.bare_knob.is_empty() {
         crate::bare::experiment::knob_experiment(

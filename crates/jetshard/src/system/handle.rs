@@ -106,6 +106,9 @@ impl ShardSystem {
             loads: Arc::new(tokio::sync::Semaphore::new(
                 crate::runtime::entity_actor::MAX_LOADS,
             )),
+            batch_reads: Arc::new(tokio::sync::Semaphore::new(
+                crate::runtime::entity_actor::MAX_BATCH_READS,
+            )),
             incarnation: crate::wire::unique_token(),
             health: health.clone(),
             deaths: Arc::default(),

@@ -47,15 +47,17 @@ impl Known {
     }
 }
 
-/// One batched read of the last records of some entities of one partition, made when the first
-/// of them loads, shared by all (`Arc`: each entity's actor holds it until it loads).
+/// One batched read of the last records of some entities of one partition, started when it is
+/// planned (`owner::route::plan_batch_loads`), shared by all (`Arc`: each entity's actor holds
+/// it until it loads).
 pub(crate) struct BatchLoad {
     read: Shared<BoxFuture<'static, Option<Arc<Found>>>>,
 }
 
 impl BatchLoad {
-    /// The batched read of `entities` (at most [`MAX_ENTITIES`]) of `context`'s partition.
-    /// Nothing is read until one of them loads.
+    /// The batched read of `entities` (at most [`MAX_ENTITIES`]) of `context`'s partition,
+    /// started at once (a task of its own; it waits for one of the process's
+    /// [`MAX_BATCH_READS`](super::MAX_BATCH_READS) permits). Called within a tokio runtime.
     pub(crate) fn new(context: &Arc<EntityContext>, entities: &[EntityId]) -> Arc<Self> {
         debug_assert!(entities.len() <= MAX_ENTITIES);
         let context = Arc::clone(context);
@@ -76,13 +78,25 @@ impl BatchLoad {
                 tracing::debug!(partition, "no watermark; entities load one by one");
                 return None;
             };
-            // One of the process's load permits, for the one read (its entities take none).
-            let _permit = Arc::clone(&context.loads).acquire_owned().await.ok();
+            // One of the process's batched-read permits, for the one read (its entities take
+            // no load permit).
+            let asked = std::time::Instant::now();
+            let _permit = Arc::clone(&context.batch_reads).acquire_owned().await.ok();
+            let permitted = std::time::Instant::now();
             let stream = context.names.journal_stream();
             let mut requests = 0;
             let answer =
                 last_records::last_records(&context.client, stream, &filters, watermark, &mut requests)
                     .await;
+            tracing::trace!(
+                target: crate::telemetry::STAGE_TARGET,
+                partition,
+                entities = count,
+                records = answer.as_ref().ok().and_then(Option::as_ref).map_or(0, |a| a.messages.len()),
+                permit_us = permitted.duration_since(asked).as_micros() as u64,
+                read_us = permitted.elapsed().as_micros() as u64,
+                "batch read"
+            );
             context
                 .load_stats
                 .reads
@@ -111,6 +125,10 @@ impl BatchLoad {
         }
         .boxed()
         .shared();
+        // Started now, in a task of its own, not when the first of its entities' actors is
+        // spawned and polled (under a cold burst, behind the spawns and first polls of hundreds
+        // of others): the read overlaps them. Its entities' actors await the same answer.
+        tokio::spawn(read.clone());
         Arc::new(Self { read })
     }
 }

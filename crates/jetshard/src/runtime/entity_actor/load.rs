@@ -71,8 +71,9 @@ struct ReadsMade {
     batched: bool,
     /// One of the process's [`MAX_LOADS`](super::MAX_LOADS) permits, taken before the load's
     /// first read of its own and held to its end. A load that takes everything from a batched
-    /// read never takes one: the batch's read holds its own (`batch.rs`), so the entities of a
-    /// burst do not queue behind each other for a read none of them makes.
+    /// read never takes one: the batch's read holds a permit of another kind
+    /// ([`MAX_BATCH_READS`](super::MAX_BATCH_READS), `batch.rs`), so the entities of a burst do
+    /// not queue behind each other for a read none of them makes.
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
@@ -304,7 +305,8 @@ mod tests {
 
     /// A partition's context on a fresh single-server journal whose entities `ids` each hold one
     /// event (their first record, `Jetshard-Previous: 0`, as jetshard writes it), with
-    /// `permits` load permits; the server is returned to keep it running.
+    /// `permits` load permits and as many batched-read permits; the server is returned to keep
+    /// it running.
     async fn journal_of(
         ids: &[&str],
         permits: usize,
@@ -371,45 +373,57 @@ mod tests {
                 on_passivation: false,
             },
             loads: Arc::new(tokio::sync::Semaphore::new(permits)),
+            batch_reads: Arc::new(tokio::sync::Semaphore::new(permits)),
             load_stats: Arc::default(),
         });
         (server, context)
     }
 
-    /// The entities of a batched read take no load permit of their own: the batch's one read
-    /// holds one while it is made, and an entity whose records all came from it loads while
-    /// every permit is taken. An entity loaded alone waits for a permit for its own read.
+    /// A batched read is made when it is planned, before any of its entities loads, and takes
+    /// no load permit (a permit of its own kind): it is made while every load permit is taken,
+    /// and its entities then load from it alone, without a permit or a read of their own. An
+    /// entity loaded alone waits for a load permit for its own read.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_load_from_a_batched_read_waits_for_no_load_permit() {
+    async fn a_batched_read_starts_when_planned_and_takes_no_load_permit() {
         const WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
         let (_server, context) = journal_of(&["a", "b", "c"], 1).await;
         let [a, b, c] = ["a", "b", "c"].map(|id| EntityId::new(id).expect("an id"));
+        // Every load permit taken.
+        let held = Arc::clone(&context.loads)
+            .acquire_owned()
+            .await
+            .expect("the only permit");
         let batch = BatchLoad::new(&context, &[a.clone(), b.clone()]);
         let (in_a, in_b) = (
             InBatch::new(Arc::clone(&batch), 0),
             InBatch::new(Arc::clone(&batch), 1),
         );
-        // `a` makes the batch's read, with the only permit.
-        let seed = tokio::time::timeout(WITHIN, revive::<Counter>(&a, &context, Some(&in_a)))
-            .await
-            .expect("a loads")
-            .unwrap_or_else(|_| panic!("a revives"));
-        assert_eq!(seed.state, 5);
+        // Nobody loads yet: the batch's read is made all the same.
+        let deadline = tokio::time::Instant::now() + WITHIN;
+        while context.load_stats.reads.load(Ordering::Relaxed) == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the batch's read was not made before its entities loaded"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        for (id, share) in [(&a, &in_a), (&b, &in_b)] {
+            let seed = tokio::time::timeout(WITHIN, revive::<Counter>(id, &context, Some(share)))
+                .await
+                .expect("loads from the batch without a load permit")
+                .unwrap_or_else(|_| panic!("{id} revives"));
+            assert_eq!((seed.state, seed.tail.is_some()), (5, true));
+        }
         assert_eq!(
-            context.loads.available_permits(),
+            context.load_stats.reads.load(Ordering::Relaxed),
+            1,
+            "one read for both"
+        );
+        assert_eq!(
+            context.batch_reads.available_permits(),
             1,
             "the batch's read gave its permit back"
         );
-        // Every permit taken: `b` still loads, from the batch alone.
-        let held = Arc::clone(&context.loads)
-            .acquire_owned()
-            .await
-            .expect("the only permit");
-        let seed = tokio::time::timeout(WITHIN, revive::<Counter>(&b, &context, Some(&in_b)))
-            .await
-            .expect("b loads from the batch without a permit")
-            .unwrap_or_else(|_| panic!("b revives"));
-        assert_eq!((seed.state, seed.tail), (5, Some(2)));
         // `c`, alone, reads: it waits for the permit, and loads once it is given back.
         let mut alone = {
             let context = Arc::clone(&context);

@@ -47,8 +47,8 @@ use crate::entity::{Entity, EntityId};
 pub(crate) use batch::{BatchLoad, InBatch, MAX_ENTITIES as MAX_BATCH_LOAD};
 use process::process;
 pub(crate) use protocol::{
-    EntityContext, EntityMsg, EntityReport, Failure, LoadStats, MAX_LOADS, Outcome, Passivated,
-    Quarantine, Reporter, SnapshotPolicy, Verdict, Work, panic_message,
+    EntityContext, EntityMsg, EntityReport, Failure, LoadStats, MAX_BATCH_READS, MAX_LOADS,
+    Outcome, Passivated, Quarantine, Reporter, SnapshotPolicy, Verdict, Work, panic_message,
 };
 use queries::answer_query;
 pub(crate) use replay::Seed;

@@ -62,7 +62,7 @@ pub(super) async fn process<E: Entity>(
     let seq = work.seq;
     let wants_detail = work.detail;
     tracing::trace!(target: crate::telemetry::STAGE_TARGET, seq, "started");
-    step!(load(state).await);
+    step!(load(state, seq).await);
     let admitted = admit(
         state,
         seq,
@@ -184,15 +184,17 @@ pub(super) async fn process<E: Entity>(
 /// Loads the entity on its first command: from its latest snapshot and the journal after it,
 /// or quarantined. Its reads wait for one of the process's load permits (`MAX_LOADS`): its
 /// own reads, or its batch's one read (`revive`).
-async fn load<E: Entity>(state: &mut EntityState<E>) -> Result<(), Verdict> {
+async fn load<E: Entity>(state: &mut EntityState<E>, seq: u64) -> Result<(), Verdict> {
     if !matches!(state.seed, Loaded::No) {
         return Ok(());
     }
+    tracing::trace!(target: crate::telemetry::STAGE_TARGET, seq, "loading");
     let loading = std::time::Instant::now();
     // Boxed: the reads of a load are the largest part of a command's future, which every
     // command allocates (the actor boxes it); only a command that loads pays for them.
     let batch = state.batch.take();
     let revived = Box::pin(revive::<E>(&state.id, &state.context, batch.as_ref())).await;
+    tracing::trace!(target: crate::telemetry::STAGE_TARGET, seq, "loaded");
     tracing::debug!(
         load_ms = loading.elapsed().as_millis() as u64,
         "entity loaded"

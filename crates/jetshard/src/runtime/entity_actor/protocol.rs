@@ -171,6 +171,10 @@ pub(crate) struct EntityContext {
     /// Entity loads in flight in this process, at most [`MAX_LOADS`]: after a takeover every
     /// active entity loads at once, and unbounded, their reads swamp the server.
     pub(crate) loads: Arc<tokio::sync::Semaphore>,
+    /// Batched loads' reads in flight in this process, at most [`MAX_BATCH_READS`]: apart from
+    /// `loads`, so that a burst's batched reads (one request for up to 64 entities each) do not
+    /// queue behind each other for the permits of single loads.
+    pub(crate) batch_reads: Arc<tokio::sync::Semaphore>,
     /// What the partition's entity loads came to (the owner's status).
     pub(crate) load_stats: Arc<LoadStats>,
 }
@@ -188,6 +192,13 @@ pub(crate) struct LoadStats {
 
 /// Entity loads one process runs side by side (each one or two reads, then its tail).
 pub(crate) const MAX_LOADS: usize = 32;
+
+/// Batched loads' reads one process runs side by side (`batch.rs`: one `multi_last` direct get
+/// each, for up to 64 entities, so up to 4,096 entities' loads at once). A cold burst of 8
+/// partitions at `max_ack_pending` 1024 plans ~160 of them at once; under [`MAX_LOADS`] they
+/// waited for each other's permits as long as for their reads (docs/PERFORMANCE.md, "Cold
+/// commands on R1, stop 38"). Bounded all the same: a takeover of many partitions plans as many.
+pub(crate) const MAX_BATCH_READS: usize = 64;
 
 /// When an entity writes a snapshot of its state ([`Entity::snapshots`] says whether it can).
 #[derive(Clone, Copy, Debug)]

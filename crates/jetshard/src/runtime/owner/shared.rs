@@ -29,6 +29,8 @@ pub(crate) struct Shared {
     pub(crate) dormant: Arc<super::dormant::DormantTotals>,
     /// Entity loads in flight over all partitions of this system.
     pub(crate) loads: Arc<tokio::sync::Semaphore>,
+    /// Batched loads' reads in flight over all partitions of this system.
+    pub(crate) batch_reads: Arc<tokio::sync::Semaphore>,
     /// This process's run of the shard system: it answers on `<t>.alive.<incarnation>`, and its
     /// fence records name it.
     pub(crate) incarnation: String,

@@ -80,6 +80,7 @@ impl<E: Entity> OwnerState<E> {
                 on_passivation: self.shared.config.snapshot_on_passivation,
             },
             loads: Arc::clone(&self.shared.loads),
+            batch_reads: Arc::clone(&self.shared.batch_reads),
             load_stats: Arc::clone(&self.load_stats),
             metrics: self.metrics.command.clone(),
         });

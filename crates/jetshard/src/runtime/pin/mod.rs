@@ -240,6 +240,7 @@ async fn run(
                 return Err(e.into());
             }
             requested.sent(settings.batch, now);
+            tracing::trace!(target: crate::telemetry::STAGE_TARGET, subject = request_subject.as_str(), "pull");
             if pin.is_none() {
                 unpinned_sent = Some(now);
             }
