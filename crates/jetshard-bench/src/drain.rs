@@ -325,6 +325,13 @@ pub async fn timed_passes_with(
             per_command(allocated.large),
             per_command(allocated.reallocs),
         );
+        if allocated.frees > 0 {
+            eprintln!(
+                "  pass {pass}: frees {:.1} per cmd, {:.1} of them on another thread than the allocation's",
+                per_command(allocated.frees),
+                per_command(allocated.cross_frees),
+            );
+        }
         eprintln!(
             "  pass {pass}: client user-space instructions per cmd: {}",
             instructions_line(&done, spec.commands)
