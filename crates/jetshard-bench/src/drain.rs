@@ -338,6 +338,13 @@ pub async fn timed_passes_with(
             per_command(allocated.large),
             per_command(allocated.reallocs),
         );
+        if allocated.frees > 0 {
+            eprintln!(
+                "  pass {pass}: frees {:.1} per cmd, {:.1} of them on another thread than the allocation's",
+                per_command(allocated.frees),
+                per_command(allocated.cross_frees),
+            );
+        }
         eprintln!(
             "  pass {pass}: CPU busy {:.2} of the machine's {} cores (client {:.2}, server {:.2})",
             (cpu.client_secs + cpu.server_secs) / secs,
