@@ -169,9 +169,8 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
         .build()?;
     let consumer = match side {
         Side::Jetshard => Consumer::Jetshard(Box::new(
-            ShardSystem::start::<BenchEntity>(server.connect().await?, config)
-                .await
-                .context("start the shard system")?,
+            crate::connections::start::<BenchEntity>(&server, server.connect().await?, config)
+                .await?,
         )),
         Side::Bare => {
             load::provision(server.connect().await?, config).await?;

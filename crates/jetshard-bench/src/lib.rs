@@ -30,6 +30,7 @@ pub mod bare;
 pub mod bareloop;
 pub mod cluster;
 pub mod compaction;
+pub mod connections;
 pub mod cpu;
 pub mod drain;
 pub mod entity;

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-static WATCHED: Mutex<Option<Arc<async_nats::Statistics>>> = Mutex::new(None);
+static WATCHED: Mutex<Vec<Arc<async_nats::Statistics>>> = Mutex::new(Vec::new());
 
 /// Messages counted so far on the watched connection.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -28,20 +28,35 @@ impl Messages {
 
 /// Counts the messages of `client`'s connection from now on, until [`unwatch`].
 pub fn watch(client: &async_nats::Client) {
-    *WATCHED.lock().unwrap_or_else(PoisonError::into_inner) = Some(client.statistics());
+    *WATCHED.lock().unwrap_or_else(PoisonError::into_inner) = vec![client.statistics()];
+}
+
+/// Counts `client`'s messages too, with those of the connection [`watch`]ed (a system on two
+/// connections).
+pub fn watch_also(client: &async_nats::Client) {
+    WATCHED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(client.statistics());
 }
 
 /// Stops counting (the next side of a scenario runs on another connection).
 pub fn unwatch() {
-    *WATCHED.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    WATCHED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clear();
 }
 
 /// The watched connection's messages so far; `None` when none is watched.
 pub fn now() -> Option<Messages> {
     use std::sync::atomic::Ordering::Relaxed;
     let watched = WATCHED.lock().unwrap_or_else(PoisonError::into_inner);
-    watched.as_ref().map(|s| Messages {
-        sent: s.out_messages.load(Relaxed),
-        received: s.in_messages.load(Relaxed),
+    if watched.is_empty() {
+        return None;
+    }
+    Some(Messages {
+        sent: watched.iter().map(|s| s.out_messages.load(Relaxed)).sum(),
+        received: watched.iter().map(|s| s.in_messages.load(Relaxed)).sum(),
     })
 }

@@ -150,7 +150,7 @@ pub use runtime::crash::crash_watchers;
 pub use status::{
     Loads, NodeStatus, OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity,
 };
-pub use system::ShardSystem;
+pub use system::{ShardSystem, Split};
 pub use telemetry::STAGE_TARGET as COMMAND_STAGE_TARGET;
 pub use trace::{SpanId, TraceId, TraceParent};
 pub use wire::partition::{fnv1a_32, partition_of};

@@ -29,7 +29,7 @@ pub use fresh::{FreshRun, fresh_entities};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use jetshard::{ShardConfig, ShardSystem};
+use jetshard::ShardConfig;
 use jetshard_testkit::NatsServer;
 use serde_json::json;
 
@@ -56,9 +56,7 @@ pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<DrainRun> {
     let config = config.build()?;
     let client = server.connect().await?;
     crate::messages::watch(&client);
-    let system = ShardSystem::start::<BenchEntity>(client, config)
-        .await
-        .context("start the shard system")?;
+    let system = crate::connections::start::<BenchEntity>(&server, client, config).await?;
     load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
     let pids: Vec<u32> = server.pid().into_iter().collect();
     let passes = timed_passes(&pids, &control, spec, || Ok(())).await;

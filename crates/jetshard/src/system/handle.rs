@@ -21,6 +21,24 @@ use crate::runtime::topology;
 use crate::status::{OwnershipEvent, PartitionStatus};
 use crate::wire::Names;
 
+/// Which traffic goes on the second connection ([`ShardSystem::start_split`]).
+///
+/// An experiment's seam, not part of the API (it may go away): stop 38 asked whether the one
+/// connection of a system is where a command waits at half load, and measured no (the bench's
+/// `JETSHARD_BENCH_SPLIT`, docs/PERFORMANCE.md "Stop 38: one connection or two"). Kept so the
+/// question can be asked again on a quiet machine. [`ShardSystem::health`] watches the first
+/// connection only.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Split {
+    /// The journal's writes (the group commits' publishes and their answers).
+    pub writes: bool,
+    /// The commands' acknowledgements.
+    pub acks: bool,
+    /// The pull loops' requests and deliveries.
+    pub pulls: bool,
+}
+
 /// A running shard system: this process's part in running one entity type.
 ///
 /// Start one per entity type in every process; the processes share the partitions between them
@@ -53,7 +71,20 @@ impl ShardSystem {
     /// [`Error::PartitionMismatch`] or [`Error::Incompatible`] if the streams exist with other
     /// settings; [`Error::JetStream`] if the server cannot be reached; [`Error::Spawn`].
     pub async fn start<E: Entity>(client: Client, config: ShardConfig) -> Result<Self, Error> {
-        Self::spawn::<E>(client, config, None).await
+        Self::spawn::<E>(client, config, None, None).await
+    }
+
+    /// An experiment's seam (not part of the API, see [`Split`]): like [`start`](Self::start),
+    /// with the traffic `split` names on `second`, a second connection to the same server (the
+    /// same credentials: it needs no permission the first does not have).
+    #[doc(hidden)]
+    pub async fn start_split<E: Entity>(
+        client: Client,
+        second: Client,
+        split: Split,
+        config: ShardConfig,
+    ) -> Result<Self, Error> {
+        Self::spawn::<E>(client, config, None, Some((second, split))).await
     }
 
     /// Like [`start`](Self::start), but linked under `supervisor` in the application's actor
@@ -67,13 +98,14 @@ impl ShardSystem {
         config: ShardConfig,
         supervisor: ActorCell,
     ) -> Result<Self, Error> {
-        Self::spawn::<E>(client, config, Some(supervisor)).await
+        Self::spawn::<E>(client, config, Some(supervisor), None).await
     }
 
     async fn spawn<E: Entity>(
         client: Client,
         config: ShardConfig,
         supervisor: Option<ActorCell>,
+        second: Option<(Client, Split)>,
     ) -> Result<Self, Error> {
         // Every command in hand may have a journal write in flight (one per entity): the
         // client's own limit on acknowledgements in flight (5,000 by default, over which a
@@ -81,11 +113,26 @@ impl ShardSystem {
         let in_flight = (config.partitions as usize)
             .saturating_mul(config.max_ack_pending as usize)
             .max(5_000);
-        let js = jetstream::ContextBuilder::new()
-            .timeout(config.write_timeout)
-            .max_ack_inflight(in_flight)
-            .backpressure_on_inflight(true)
-            .build(client);
+        let context = |client| {
+            jetstream::ContextBuilder::new()
+                .timeout(config.write_timeout)
+                .max_ack_inflight(in_flight)
+                .backpressure_on_inflight(true)
+                .build(client)
+        };
+        let js = context(client);
+        let (writes, acks, pulls) = match second {
+            None => (js.clone(), js.client(), js.clone()),
+            Some((second, split)) => {
+                let other = context(second);
+                let pick = |on_second: bool| if on_second { other.clone() } else { js.clone() };
+                (
+                    pick(split.writes),
+                    pick(split.acks).client(),
+                    pick(split.pulls),
+                )
+            }
+        };
         let names = Arc::new(Names::new(&config.entity_type));
         topology::provision(&js, &names, &config).await?;
         let command_stream = open_stream(&js, &names.command_stream).await?;
@@ -96,6 +143,9 @@ impl ShardSystem {
         let shared = Arc::new(Shared {
             client: client.clone(),
             js,
+            writes,
+            acks,
+            pulls,
             names,
             config: config.clone(),
             command_stream,

@@ -12,4 +12,4 @@ mod balance;
 mod handle;
 mod state;
 
-pub use handle::ShardSystem;
+pub use handle::{ShardSystem, Split};

@@ -107,7 +107,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
             move |signal| myself.cast(OwnerMsg::Pin(signal)).is_ok()
         };
         let pull = pin::start(
-            args.shared.js.clone(),
+            args.shared.pulls.clone(),
             &args.shared.names.command_stream,
             &args.shared.names.consumer(args.partition),
             settings,
@@ -324,7 +324,7 @@ impl<E: Entity> OwnerState<E> {
         if matches!(self.phase, Phase::Releasing(..) | Phase::CoolingDown(_)) {
             // Handing over: let the next owner have it soon.
             let nak = AckKind::Nak(Some(Duration::from_millis(100)));
-            let client = &self.shared.client;
+            let client = &self.shared.acks;
             Box::pin(acknowledge(client, self.partition, delivery.reply, nak)).await;
             return;
         }
@@ -338,7 +338,7 @@ impl<E: Entity> OwnerState<E> {
                 // Not ours to process; back to the server soon for whoever owns it.
                 refused.last_delivery = Some(Instant::now());
                 let nak = AckKind::Nak(Some(self.policy.retry_delay));
-                let client = &self.shared.client;
+                let client = &self.shared.acks;
                 Box::pin(acknowledge(client, self.partition, delivery.reply, nak)).await;
             }
             Phase::Standby if self.holding => Box::pin(self.decline(delivery)).await,
@@ -421,7 +421,7 @@ impl<E: Entity> OwnerState<E> {
         if delivery.wake {
             // It has done its work: this owner holds the partition and fires its due timers.
             // Boxed apart, as the other rare paths of the `handle` future (issue 22).
-            let client = &self.shared.client;
+            let client = &self.shared.acks;
             Box::pin(acknowledge(client, partition, delivery.reply, AckKind::Ack)).await;
             return;
         }

@@ -153,7 +153,7 @@ impl<E: Entity> OwnerState<E> {
                             // consumer's books: the next claim must find the one running first.
                             let timeout = self.shared.config.write_timeout;
                             Box::pin(acknowledge_confirmed(
-                                &self.shared.client,
+                                &self.shared.acks,
                                 partition,
                                 reply,
                                 kind,
@@ -161,7 +161,7 @@ impl<E: Entity> OwnerState<E> {
                             ))
                             .await;
                         } else {
-                            acknowledge(&self.shared.client, partition, reply, kind).await;
+                            acknowledge(&self.shared.acks, partition, reply, kind).await;
                         }
                     }
                     if let Some(to) = respond_to {
@@ -196,7 +196,7 @@ impl<E: Entity> OwnerState<E> {
                     });
                     if let Some(reply) = reply {
                         acknowledge(
-                            &self.shared.client,
+                            &self.shared.acks,
                             self.partition,
                             reply,
                             AckKind::Nak(Some(delay)),
@@ -266,7 +266,7 @@ impl<E: Entity> OwnerState<E> {
                 self.counters.dead_lettered += 1;
                 self.metrics.dead_lettered.increment(1);
                 if let Some(reply) = pending.reply {
-                    acknowledge(&self.shared.client, self.partition, reply, AckKind::Term).await;
+                    acknowledge(&self.shared.acks, self.partition, reply, AckKind::Term).await;
                 }
                 if let Some(to) = pending.respond_to {
                     let answer = CommandOutcome::DeadLettered {
@@ -284,7 +284,7 @@ impl<E: Entity> OwnerState<E> {
                 tracing::warn!(partition = self.partition, cmd_seq = pending.seq, error = %e, "dead-letter record not written; the command goes back to the server");
                 if let Some(reply) = pending.reply {
                     let nak = AckKind::Nak(Some(self.policy.retry_delay));
-                    acknowledge(&self.shared.client, self.partition, reply, nak).await;
+                    acknowledge(&self.shared.acks, self.partition, reply, nak).await;
                 }
             }
         }

@@ -78,7 +78,7 @@ impl<E: Entity> OwnerState<E> {
     /// another process, at once. Cheaper than taking the partition only to hand it off again.
     pub(super) async fn decline(&mut self, delivery: Delivery) {
         let nak = AckKind::Nak(Some(Duration::from_millis(100)));
-        acknowledge(&self.shared.client, self.partition, delivery.reply, nak).await;
+        acknowledge(&self.shared.acks, self.partition, delivery.reply, nak).await;
         if self.declined.as_ref() == Some(&delivery.pin) {
             return;
         }

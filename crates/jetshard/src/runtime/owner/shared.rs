@@ -18,6 +18,13 @@ use crate::wire::Names;
 pub(crate) struct Shared {
     pub(crate) js: Context,
     pub(crate) client: Client,
+    /// The context the partitions' journal writes (their group commits) go through: `js`, or
+    /// one on a connection of their own.
+    pub(crate) writes: Context,
+    /// The connection commands are acknowledged on: `client`, or a connection of their own.
+    pub(crate) acks: Client,
+    /// The context the pull loops pull on: `js`, or one on a connection of their own.
+    pub(crate) pulls: Context,
     pub(crate) names: Arc<Names>,
     pub(crate) config: ShardConfig,
     pub(crate) command_stream: Stream<()>,

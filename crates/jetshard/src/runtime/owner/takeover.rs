@@ -48,7 +48,7 @@ impl<E: Entity> OwnerState<E> {
         };
         let fence = acquired.claimed.fence;
         let journal = JournalWriter::new(
-            self.shared.js.clone(),
+            self.shared.writes.clone(),
             self.shared.names.clone(),
             partition,
             fence,

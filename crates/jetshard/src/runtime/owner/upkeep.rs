@@ -152,13 +152,7 @@ impl<E: Entity> OwnerState<E> {
             route::passivate(o, &entity);
         }
         for reply in progress {
-            acknowledge(
-                &self.shared.client,
-                self.partition,
-                reply,
-                AckKind::Progress,
-            )
-            .await;
+            acknowledge(&self.shared.acks, self.partition, reply, AckKind::Progress).await;
         }
         for entity in due {
             if let Some(slot) = self
