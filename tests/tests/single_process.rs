@@ -3,9 +3,11 @@
 
 use std::time::Duration;
 
-use jetshard::{CommandOutcome, Error};
+use std::sync::atomic::Ordering::Relaxed;
+
+use jetshard::{CommandOutcome, Error, ShardSystem, Split};
 use jetshard_testkit::wait_until;
-use jetshard_tests::ledger::LedgerCmd;
+use jetshard_tests::ledger::{Ledger, LedgerCmd};
 use jetshard_tests::model::Op;
 use jetshard_tests::{Scenario, applied, counts, init_tracing};
 
@@ -51,6 +53,49 @@ async fn every_command_is_applied_once_in_order_and_state_survives_a_restart() {
         report.summary().events,
         entities.len() * (rounds as usize + 1)
     );
+}
+
+/// The experiment's seam of stop 38 (`ShardSystem::start_split`): the journal's writes and the
+/// acks on a second connection, the pulls on the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_and_acks_on_a_second_connection_apply_every_command_once_in_order() {
+    init_tracing();
+    let mut s = Scenario::single(4).await;
+    let first = s.server().connect().await.unwrap();
+    let second = s.server().connect().await.unwrap();
+    let split = Split {
+        writes: true,
+        acks: true,
+        pulls: false,
+    };
+    let config = s.config("n1").build().unwrap();
+    let system = ShardSystem::start_split::<Ledger>(first, second.clone(), split, config)
+        .await
+        .unwrap();
+    let sent_before = second.statistics().out_messages.load(Relaxed);
+
+    let entities: Vec<String> = (0..20).map(|e| format!("e{e}")).collect();
+    let rounds = 3;
+    for n in 0..rounds {
+        s.append_to_all(&entities, n).await;
+    }
+    let total = entities.len() as u64 * rounds;
+    wait_until(Duration::from_secs(30), "all commands applied", || async {
+        applied(&system).await >= total
+    })
+    .await
+    .unwrap();
+    // The second connection carried them: an event's publish and an ack per command at least.
+    let sent = second.statistics().out_messages.load(Relaxed) - sent_before;
+    assert!(
+        sent >= 2 * total,
+        "{sent} messages on the second connection"
+    );
+    system.shutdown().await.unwrap();
+
+    let report = s.check().await;
+    assert_eq!(report.summary().entities, entities.len());
+    assert_eq!(report.summary().events, total as usize, "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
