@@ -204,6 +204,9 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
     if options.latency_stages {
         stages::record(true);
     }
+    let mut processes = vec![("bench", std::process::id())];
+    processes.extend(server.pid().map(|pid| ("nats-server", pid)));
+    let sched = crate::runqueue::Sampled::start(&processes);
     let offered = offer(rate, total, async |i, at_ns| {
         let ack = publisher
             .send_to(i, &BenchCmd::stamp_of_size(at_ns, options.command_bytes))
@@ -212,6 +215,10 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
     })
     .await?;
     window.drain().await?;
+    if options.latency_stages {
+        // Over the warm-up and the window, as a share of one core (2 on this machine).
+        eprintln!("latency cpu: {}: {}", side.name(), sched.report());
+    }
     // Some events may never come (a lost subscription message); the figures say how many.
     stamps.wait_for(total, SETTLE).await;
     let received = stamps.count();

@@ -48,6 +48,7 @@ pub mod purge_r3;
 pub mod rebuild;
 pub mod recovery;
 pub mod report;
+pub mod runqueue;
 pub mod scale;
 pub mod scaling;
 pub mod stages;
