@@ -76,8 +76,10 @@ impl BatchLoad {
                 tracing::debug!(partition, "no watermark; entities load one by one");
                 return None;
             };
+            let asked = std::time::Instant::now();
             // One of the process's load permits, for the one read (its entities take none).
             let _permit = Arc::clone(&context.loads).acquire_owned().await.ok();
+            let permitted = std::time::Instant::now();
             let stream = context.names.journal_stream();
             let mut requests = 0;
             let answer =
@@ -95,6 +97,11 @@ impl BatchLoad {
                         records = answer.messages.len(),
                         upto = answer.upto,
                         watermark,
+                        requests,
+                        permit_wait_us = micros(permitted - asked),
+                        read_us = micros(permitted.elapsed()),
+                        // Loads of the process in flight as this read ended, this one's included.
+                        loads_in_flight = super::protocol::MAX_LOADS - context.loads.available_permits(),
                         "entities' last records read in one batch"
                     );
                     Some(Arc::new(by_entity(&entities, answer.messages, &fence)))
@@ -113,6 +120,11 @@ impl BatchLoad {
         .shared();
         Arc::new(Self { read })
     }
+}
+
+/// Whole microseconds of `d` (for the debug lines).
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// An entity's share of a [`BatchLoad`]: the batch and the entity's place in it (what its
