@@ -24,8 +24,7 @@ pub(crate) fn trial(
     died: bool,
 ) -> Option<Trial> {
     let head = in_hand.head?;
-    let suspect = held.iter().any(|r| r.claims >= in_hand.isolate_at.max(1));
-    if !suspect || claims_holding(held, head) == 0 {
+    if !may_isolate(held, in_hand.isolate_at) || claims_holding(held, head) == 0 {
         return None;
     }
     let more = u32::from(died);
@@ -37,6 +36,12 @@ pub(crate) fn trial(
         None => 0,
     };
     Some(Trial { seq: head, runs })
+}
+
+/// Whether a claim counting `held` may run its commands in isolation: only then does its trial
+/// name the first command in hand (`InHand::head`), so only then must the claim know it.
+pub(crate) fn may_isolate(held: &[HeldRange], isolate_at: u32) -> bool {
+    held.iter().any(|r| r.claims >= isolate_at.max(1))
 }
 
 /// The most ranges a fence record keeps (the longest runs of claims win).
@@ -187,6 +192,49 @@ mod tests {
             trial(second, &[range(12, 20, 4)], &in_hand(12), false),
             Some(Trial { seq: 12, runs: 1 })
         );
+    }
+
+    /// What lets a claim skip waiting for the window (`Claimant::head`): whatever the head,
+    /// a claim that `may_isolate` says cannot isolate has no trial; one that can, with the
+    /// head in a range held often enough, has.
+    #[test]
+    fn a_claim_that_cannot_isolate_has_no_trial_whatever_its_head() {
+        let held_sets = [
+            vec![],
+            vec![range(10, 20, 1)],
+            vec![range(10, 12, 1), range(13, 20, 2)],
+            vec![range(10, 20, 3)],
+        ];
+        let previous = [None, Some(Trial { seq: 12, runs: 1 })];
+        for isolate_at in [0, 1, 2, 3] {
+            for held in &held_sets {
+                let may = may_isolate(held, isolate_at);
+                for head in [None, Some(5), Some(10), Some(13), Some(20)] {
+                    let in_hand = InHand {
+                        counted: Some((10, 20)),
+                        head,
+                        isolate_at,
+                    };
+                    for prev in previous {
+                        for died in [false, true] {
+                            let trial = trial(prev, held, &in_hand, died);
+                            assert!(may || trial.is_none(), "{held:?} {isolate_at} {head:?}");
+                        }
+                    }
+                }
+                // The head named by a held range at the threshold: a trial.
+                let suspect = held.iter().find(|r| r.claims >= isolate_at.max(1));
+                assert_eq!(may, suspect.is_some(), "{held:?} {isolate_at}");
+                if let Some(r) = suspect {
+                    let in_hand = InHand {
+                        counted: Some((10, 20)),
+                        head: Some(r.first),
+                        isolate_at,
+                    };
+                    assert!(trial(None, held, &in_hand, true).is_some());
+                }
+            }
+        }
     }
 
     #[test]

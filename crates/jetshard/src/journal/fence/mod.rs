@@ -18,7 +18,7 @@ use crate::error::{BoxError, Error};
 use crate::wire::{HDR_GENERATION, Names};
 
 pub(crate) use in_hand::{InHand, claims_holding};
-use in_hand::{hold, trial};
+use in_hand::{hold, may_isolate, trial};
 pub use record::{FenceRecord, FenceRecordError, HeldRange, Trial};
 
 /// The fence an owner holds: its generation and the journal sequence of its fence record.
@@ -94,6 +94,18 @@ pub(crate) struct Claimant<'a> {
     /// so a record written since fails the attempt and the next one reads the latest again.
     /// A won claim's record was thus the latest at its publish, read ahead or not.
     pub(crate) read_ahead: Option<Option<(u64, FenceRecord)>>,
+    /// Where the first command in hand (`InHand::head`) comes from when the claimant reads it
+    /// side by side with the claim (the in-flight window): asked, and awaited, only by an
+    /// attempt that may isolate (`may_isolate`: the head names the trial). `None`:
+    /// `InHand::head` is known already.
+    pub(crate) head: Option<&'a dyn Head>,
+}
+
+/// The first command in hand, read by the claimant while it claims: a claim that may isolate
+/// waits for it, any other claim does not need it.
+pub(crate) trait Head: Sync {
+    /// The first command in hand of the partition that earlier owners held (`None`: none).
+    fn head(&self) -> futures::future::BoxFuture<'_, Option<u64>>;
 }
 
 /// Whether the process of an incarnation is gone, as a claim needs to know. The runtime's crash
@@ -119,7 +131,9 @@ pub(crate) async fn claim(
         pin,
         liveness,
         mut read_ahead,
+        head: mut head_source,
     } = claimant;
+    let mut in_hand = in_hand;
     const ATTEMPTS: u32 = 6;
     let subject = names.fence_subject(partition);
     for attempt in 1..=ATTEMPTS {
@@ -147,6 +161,12 @@ pub(crate) async fn claim(
             in_hand.counted,
             died,
         );
+        if may_isolate(&held, in_hand.isolate_at)
+            && let Some(source) = head_source.take()
+        {
+            // The trial names the first command in hand: wait for the read that finds it.
+            in_hand.head = source.head().await;
+        }
         let trial = trial(previous.and_then(|r| r.trial), &held, &in_hand, died);
         let record = FenceRecord {
             partition,

@@ -211,6 +211,7 @@ impl Committer {
     async fn commit(&self, mut batch: Vec<Unit>) {
         // How many records each unit holds (a record may be moved out below).
         let sizes: Vec<usize> = batch.iter().map(|u| u.records.len()).collect();
+        let started = std::time::Instant::now();
         let outcome = if let [unit] = batch.as_mut_slice()
             && let [_] = unit.records.as_slice()
         {
@@ -224,6 +225,11 @@ impl Committer {
         };
         match outcome {
             Ok((last, total)) => {
+                tracing::debug!(
+                    records = total,
+                    us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                    "committed"
+                );
                 self.committed(total);
                 // A batch is stored in one piece, in order: the unit's last record is as far
                 // from the batch's last as the records after it.

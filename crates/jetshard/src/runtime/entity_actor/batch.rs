@@ -93,8 +93,8 @@ impl BatchLoad {
                 partition,
                 entities = count,
                 records = answer.as_ref().ok().and_then(Option::as_ref).map_or(0, |a| a.messages.len()),
-                permit_us = permitted.duration_since(asked).as_micros() as u64,
-                read_us = permitted.elapsed().as_micros() as u64,
+                permit_us = micros(permitted - asked),
+                read_us = micros(permitted.elapsed()),
                 "batch read"
             );
             context
@@ -109,6 +109,11 @@ impl BatchLoad {
                         records = answer.messages.len(),
                         upto = answer.upto,
                         watermark,
+                        requests,
+                        permit_wait_us = micros(permitted - asked),
+                        read_us = micros(permitted.elapsed()),
+                        // Batched reads of the process in flight as this one ended, it included.
+                        batch_reads_in_flight = super::MAX_BATCH_READS - context.batch_reads.available_permits(),
                         "entities' last records read in one batch"
                     );
                     Some(Arc::new(by_entity(&entities, answer.messages, &fence)))
@@ -131,6 +136,11 @@ impl BatchLoad {
         tokio::spawn(read.clone());
         Arc::new(Self { read })
     }
+}
+
+/// Whole microseconds of `d` (for the debug lines).
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// An entity's share of a [`BatchLoad`]: the batch and the entity's place in it (what its

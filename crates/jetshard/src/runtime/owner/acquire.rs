@@ -3,6 +3,8 @@
 //! first command (`entity_actor::revive`), so an acquisition costs a few reads (the consumer's
 //! in-hand range, the claim, the in-flight window), not the partition's history.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::shared::Shared;
 use super::slot::Pending;
 use super::window;
@@ -29,9 +31,13 @@ pub(super) struct Steps {
     pub(super) window_us: u64,
     /// The latest fence record read ahead, side by side with the two above (from their start).
     pub(super) read_ahead_us: u64,
-    /// The claim after the reads: the liveness probe, the fenced publish (and, past a lost
-    /// first attempt, the latest fence record read again).
+    /// The claim, from its start (the fence record read ahead in hand): the liveness probe,
+    /// the fenced publish (and, past a lost first attempt, the latest fence record read
+    /// again).
     pub(super) claim_us: u64,
+    /// Whether the claim ran side by side with the window's read without waiting for it
+    /// (it could not isolate: `claim`'s doc), rather than after it.
+    pub(super) overlapped: bool,
 }
 
 /// Why an acquisition failed.
@@ -48,6 +54,20 @@ pub(super) enum AcquireError {
 /// Claims the next generation of `partition` and reads back the commands earlier owners held.
 /// `first_new`: the stream sequence of the delivery that pinned this owner, if it was that
 /// command's first delivery.
+///
+/// The order of the reads: the latest fence record is read ahead from the start, side by side
+/// with the rest; the commands in hand (the consumer's info) come first of the rest, since
+/// both the window and the claim's count are taken from them; then the window and the claim,
+/// side by side. The claim needs the window only for its `head` (the first recovered command
+/// earlier owners held), and that only when it may isolate (`fence::Claimant::head`: a held
+/// range counted at `isolate_at` claims or more): then it waits for the window's read, as
+/// before; otherwise (a fresh start, a cold pass, any takeover without a suspect command) the
+/// window is read while the claim is published (`Steps::overlapped`). A window read after, or
+/// during, the claim holds the same commands the claim would have seen before it: the earlier
+/// owners' writes are fenced from the claim on, so what changes meanwhile is only commands
+/// acknowledged (recovered in vain, found applied: `window.rs`). Should the window read fail
+/// after the claim was won, the acquisition fails as before and the generation is left
+/// unused, as when an owner dies right after its claim: the next claim supersedes it.
 pub(super) async fn claim(
     shared: &Shared,
     partition: u32,
@@ -55,36 +75,79 @@ pub(super) async fn claim(
     first_new: Option<u64>,
 ) -> Result<Acquired, AcquireError> {
     let at = std::time::Instant::now();
-    let mut steps = Steps::default();
-    // The latest fence record, read side by side with the commands in hand and the window
-    // (the claim's first attempt uses it; see `fence::Claimant::read_ahead`). An error here
-    // leaves the claim to read it itself.
+    // The latest fence record, read side by side with everything else (the claim's first
+    // attempt uses it; see `fence::Claimant::read_ahead`). An error here leaves the claim to
+    // read it itself.
+    let (ahead_sender, ahead) = tokio::sync::oneshot::channel();
     let read_ahead = async {
         let read = fence::latest(&shared.journal_stream, &shared.names, partition).await;
-        (read.ok(), lap(at))
+        let _ = ahead_sender.send((read.ok(), lap(at)));
     };
-    let reads = async {
+    let rest = async {
         // The commands in hand, read before the claim so that the claim can count them (one
         // acknowledged meanwhile is recovered in vain and found applied).
         let (in_hand, unacknowledged) = in_hand(shared, partition)
             .await
             .map_err(AcquireError::InHand)?;
         let in_hand_us = lap(at);
-        let recovered = window::recover_window(shared, partition, in_hand, unacknowledged)
-            .await
-            .map_err(AcquireError::Recover)?;
-        Ok::<_, AcquireError>((in_hand, recovered, in_hand_us, lap(at) - in_hand_us))
+        let counted = counted(in_hand, first_new);
+        // The window's head, for the claim if it needs it (`WindowHead`).
+        let (head_sender, head_receiver) = tokio::sync::watch::channel(None);
+        let window = async {
+            let recovered = window::recover_window(shared, partition, in_hand, unacknowledged)
+                .await
+                .map_err(AcquireError::Recover)?;
+            head_sender.send_replace(Some(head(&recovered, counted)));
+            Ok::<_, AcquireError>((recovered, lap(at) - in_hand_us))
+        };
+        let window_head = WindowHead {
+            window: head_receiver,
+            asked: AtomicBool::new(false),
+        };
+        let claim = async {
+            let (read_ahead, read_ahead_us) = ahead.await.unwrap_or((None, 0));
+            let claim_at = std::time::Instant::now();
+            let claimed =
+                claim_counting(shared, partition, pin, read_ahead, counted, &window_head).await?;
+            Ok::<_, AcquireError>((claimed, read_ahead_us, lap(claim_at)))
+        };
+        let ((recovered, window_us), (claimed, read_ahead_us, claim_us)) =
+            tokio::try_join!(window, claim)?;
+        let steps = Steps {
+            in_hand_us,
+            window_us,
+            read_ahead_us,
+            claim_us,
+            overlapped: !window_head.asked.load(Ordering::Relaxed),
+        };
+        Ok::<_, AcquireError>((claimed, recovered, steps))
     };
-    let ((read_ahead, read_ahead_us), reads) = tokio::join!(read_ahead, reads);
-    let (in_hand, mut recovered, in_hand_us, window_us) = reads?;
-    steps.read_ahead_us = read_ahead_us;
-    steps.in_hand_us = in_hand_us;
-    steps.window_us = window_us;
-    let claim_at = std::time::Instant::now();
-    let counted = counted(in_hand, first_new);
-    let head = head(&recovered, counted);
-    let max_deliver = shared.config.max_deliver;
-    let claimed = fence::claim(
+    let ((), result) = tokio::join!(read_ahead, rest);
+    let (claimed, mut recovered, steps) = result?;
+    for (_, pending) in &mut recovered {
+        pending.deliveries = u64::from(fence::claims_holding(&claimed.held, pending.seq)) + 1;
+    }
+    // Nothing of the journal is read here: each entity is loaded on its first command, from
+    // its own snapshot and records (`entity_actor::revive`), so taking a partition costs the
+    // same whatever its history.
+    Ok(Acquired {
+        claimed,
+        recovered,
+        steps,
+    })
+}
+
+/// The claim of the next generation, counting the commands in hand `counted` (earlier owners
+/// held them); `head`, the first of them recovered, is awaited only if the claim may isolate.
+async fn claim_counting(
+    shared: &Shared,
+    partition: u32,
+    pin: &str,
+    read_ahead: Option<Option<(u64, fence::FenceRecord)>>,
+    counted: Option<(u64, u64)>,
+    head: &WindowHead,
+) -> Result<Claimed, fence::ClaimError> {
+    fence::claim(
         &shared.js,
         &shared.journal_stream,
         &shared.names,
@@ -99,26 +162,15 @@ pub(super) async fn claim(
                 deaths: &shared.deaths,
             },
             read_ahead,
+            head: Some(head),
         },
         InHand {
             counted,
-            head,
-            isolate_at: max_deliver.min(2),
+            head: None,
+            isolate_at: shared.config.max_deliver.min(2),
         },
     )
-    .await?;
-    steps.claim_us = lap(claim_at);
-    for (_, pending) in &mut recovered {
-        pending.deliveries = u64::from(fence::claims_holding(&claimed.held, pending.seq)) + 1;
-    }
-    // Nothing of the journal is read here: each entity is loaded on its first command, from
-    // its own snapshot and records (`entity_actor::revive`), so taking a partition costs the
-    // same whatever its history.
-    Ok(Acquired {
-        claimed,
-        recovered,
-        steps,
-    })
+    .await
 }
 
 /// Microseconds since `at`.
@@ -163,6 +215,30 @@ async fn in_hand(shared: &Shared, partition: u32) -> Result<(Option<(u64, u64)>,
         (delivered > floor).then_some((floor + 1, delivered)),
         u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX),
     ))
+}
+
+/// The first command in hand as the window read finds it (`head`), for a claim that may isolate
+/// (`fence::Head`): `None` in `window` until the read is done; `asked` once a claim waited.
+struct WindowHead {
+    window: tokio::sync::watch::Receiver<Option<Option<u64>>>,
+    asked: AtomicBool,
+}
+
+impl fence::Head for WindowHead {
+    fn head(&self) -> futures::future::BoxFuture<'_, Option<u64>> {
+        self.asked.store(true, Ordering::Relaxed);
+        let mut window = self.window.clone();
+        Box::pin(async move {
+            // The sender gone without a value: the window read failed, and so does the
+            // acquisition (its error ends the claim's join): no head.
+            window
+                .wait_for(Option::is_some)
+                .await
+                .ok()
+                .and_then(|head| *head)
+                .flatten()
+        })
+    }
 }
 
 /// The crash watch's answer to a claim: whether a previous owner's process is gone.

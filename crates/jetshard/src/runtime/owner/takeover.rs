@@ -154,6 +154,8 @@ impl<E: Entity> OwnerState<E> {
             window_us = acquired.steps.window_us,
             read_ahead_us = acquired.steps.read_ahead_us,
             claim_us = acquired.steps.claim_us,
+            // The claim did not wait for the window (it could not isolate).
+            claim_overlapped = acquired.steps.overlapped,
             // From the owner's start (its pull loop's first pull) to this acquisition's start.
             since_start_ms = started.duration_since(self.born).as_millis() as u64,
             "acquired partition"
