@@ -180,18 +180,12 @@ fn split(marks: &[Mark], others: &Others, opened: u64, ended: u64, budget: u32) 
         }
     }
     lines.extend(timeline(&commands, opened, ended));
-    let first_routed = |p: u32| {
+    // The first time any command of partition `p` reached `stage`.
+    let first_at = |p: u32, stage: Stage| {
         commands
             .values()
             .filter(|(_, q)| *q == p)
-            .filter_map(|(s, _)| s[Stage::Routed.index()])
-            .min()
-    };
-    let first_acked = |p: u32| {
-        commands
-            .values()
-            .filter(|(_, q)| *q == p)
-            .filter_map(|(s, _)| s[Stage::Acking.index()])
+            .filter_map(|(s, _)| s[stage.index()])
             .min()
     };
     let mut partitions: Vec<_> = per_partition.into_iter().collect();
@@ -206,8 +200,8 @@ fn split(marks: &[Mark], others: &Others, opened: u64, ended: u64, budget: u32) 
         in_hand.push(format!(
             "p{partition} first pulled at {:.0} ms, routed at {:.0}, acked at {:.0}, done at {:.0} ms, mean {mean:.0} max {max}, at the budget {:.0}%",
             ms(first.saturating_sub(opened)),
-            since(first_routed(partition)),
-            since(first_acked(partition)),
+            since(first_at(partition, Stage::Routed)),
+            since(first_at(partition, Stage::Acking)),
             ms(last.saturating_sub(opened)),
             full * 100.0
         ));

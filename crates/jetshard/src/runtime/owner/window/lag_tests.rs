@@ -34,11 +34,7 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(20);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_behind_its_leader_adds_acknowledged_commands_or_stops_short_never_loses_one() {
-    let cluster = NatsCluster::start_with_proxied_routes(3)
-        .await
-        .expect("start the cluster");
-    let (js, mut consumer, commands) = work_queue(&cluster).await;
-    let behind = cluster.node(2).connect().await.expect("connect to s2");
+    let (cluster, js, mut consumer, commands, behind) = work_queue().await;
 
     // Delivered to an owner that acknowledged some (not the first: the floor stays put).
     publish(&js, 0..120).await;
@@ -145,14 +141,25 @@ async fn a_replica_behind_its_leader_adds_acknowledged_commands_or_stops_short_n
     .expect("s2 caught up after the heal");
 }
 
-/// Stream `C` (R3, a work queue, direct gets allowed) and its consumer `p0` on [`FILTER`], both
-/// led off [`BEHIND`], through a client of `s0`; and the stream as the window reads it.
-async fn work_queue(cluster: &NatsCluster) -> (Context, consumer::PullConsumer, Stream<()>) {
+/// A 3-node cluster whose [`BEHIND`] routes through a proxy; on it stream `C` (R3, a work
+/// queue, direct gets allowed) and its consumer `p0` on [`FILTER`], both led off [`BEHIND`],
+/// through a client of `s0`; the stream as the window reads it; and a client of [`BEHIND`].
+async fn work_queue() -> (
+    NatsCluster,
+    Context,
+    consumer::PullConsumer,
+    Stream<()>,
+    async_nats::Client,
+) {
+    let cluster = NatsCluster::start_with_proxied_routes(3)
+        .await
+        .expect("start the cluster");
     let js = jetstream::new(cluster.node(0).connect().await.expect("connect to s0"));
     let (consumer, commands) = command_stream(&js, 3, true).await;
     // The quorum must go on without s2: neither leader there.
     leaders_off(&js).await;
-    (js, consumer, commands)
+    let behind = cluster.node(2).connect().await.expect("connect to s2");
+    (cluster, js, consumer, commands, behind)
 }
 
 /// A direct get given to a replica that stays silent (here: sent by a client of s2 to s0's or
@@ -162,11 +169,7 @@ async fn work_queue(cluster: &NatsCluster) -> (Context, consumer::PullConsumer, 
 /// trial run.) Checked to fail with the silence set to the timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_replica_delays_a_window_read_by_a_second_not_by_the_whole_timeout() {
-    let cluster = NatsCluster::start_with_proxied_routes(3)
-        .await
-        .expect("start the cluster");
-    let (js, mut consumer, commands) = work_queue(&cluster).await;
-    let behind = cluster.node(2).connect().await.expect("connect to s2");
+    let (cluster, js, mut consumer, commands, behind) = work_queue().await;
     publish(&js, 0..40).await;
     let unacked: BTreeSet<u64> = deliver(&consumer, 20).await.iter().map(|d| d.0).collect();
     let w = window(&mut consumer).await;
