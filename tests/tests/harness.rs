@@ -164,6 +164,7 @@ async fn a_three_node_cluster_keeps_a_replicated_stream_through_losing_its_leade
         .timeout(Duration::from_secs(1))
         .build(cluster.connect().await?);
     let mut stream = jetstream.create_stream(orders_stream(3)).await?;
+    jetshard_testkit::wait_stream_writable(&jetstream, "orders.1", Duration::from_secs(30)).await?;
     let first = PublishMessage::build()
         .payload("first".into())
         .message_id("first");

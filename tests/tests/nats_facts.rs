@@ -87,6 +87,9 @@ async fn a_direct_get_goes_to_any_replica_not_first_to_the_local_one() {
     })
     .await
     .expect("stream");
+    jetshard_testkit::wait_stream_writable(&js, "f.1", Duration::from_secs(30))
+        .await
+        .expect("the stream takes writes");
     js.publish("f.1", "one".into())
         .await
         .expect("publish")

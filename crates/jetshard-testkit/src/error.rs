@@ -131,6 +131,14 @@ pub enum Error {
         /// How long was waited.
         after: Duration,
     },
+
+    /// [`wait_stream_writable`](crate::wait_stream_writable)'s probe, which names another
+    /// stream, was stored instead of refused.
+    #[error("a probe publish to {subject} naming another stream was stored")]
+    ProbeStored {
+        /// The subject probed.
+        subject: String,
+    },
 }
 
 impl Error {

@@ -27,7 +27,9 @@
 //! # Waiting
 //!
 //! Tests wait for conditions with [`wait_until`], which polls and is bounded, never with a
-//! bare sleep.
+//! bare sleep. A test that writes to a replicated stream it just created first waits with
+//! [`wait_stream_writable`] (until then a client on another node than the leader may get no
+//! responders).
 //!
 //! # Examples
 //!
@@ -52,6 +54,7 @@ pub mod history;
 mod process;
 mod proxy;
 mod server;
+mod stream;
 mod wait;
 
 pub use binary::nats_server_binary;
@@ -60,4 +63,5 @@ pub use cluster::NatsCluster;
 pub use error::Error;
 pub use proxy::TcpProxy;
 pub use server::{NatsServer, NatsServerBuilder};
+pub use stream::wait_stream_writable;
 pub use wait::wait_until;

@@ -170,6 +170,9 @@ mod tests {
         })
         .await
         .expect("create the stream");
+        jetshard_testkit::wait_stream_writable(js, "t.fence.0", Duration::from_secs(30))
+            .await
+            .expect("the stream takes writes");
     }
 
     /// Stores each subject's record in turn, with a header naming its place; the last sequence.

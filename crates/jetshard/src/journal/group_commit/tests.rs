@@ -22,6 +22,9 @@ async fn journal(js: &Context) -> u64 {
     })
     .await
     .expect("create the stream");
+    jetshard_testkit::wait_stream_writable(js, FENCE, Duration::from_secs(30))
+        .await
+        .expect("the stream takes writes");
     fence(js).await
 }
 
@@ -218,6 +221,9 @@ async fn on_r3_a_batch_is_fenced_at_its_commit_and_refused_whole_once_the_fence_
     })
     .await
     .expect("create the stream");
+    jetshard_testkit::wait_stream_writable(&js, FENCE, Duration::from_secs(30))
+        .await
+        .expect("the stream takes writes");
     let fence_seq = fence(&js).await;
     let stats: Arc<CommitStats> = Arc::default();
     let commit = start(&js, &stats);

@@ -54,6 +54,9 @@ pub(super) async fn command_stream(
     })
     .await
     .expect("create the stream");
+    jetshard_testkit::wait_stream_writable(js, "c.cmd.0.e-0", Duration::from_secs(30))
+        .await
+        .expect("the stream takes writes");
     let consumer = js
         .get_stream("C")
         .await
