@@ -232,10 +232,7 @@ async fn across_a_pause(
         consumer.priority_groups = vec!["owners".into()];
         consumer.priority_timeout = Duration::from_secs(30);
     }
-    stream
-        .create_consumer(consumer)
-        .await
-        .expect("consumer");
+    stream.create_consumer(consumer).await.expect("consumer");
     let paused = |want: bool| {
         let stream = stream.clone();
         async move {
@@ -333,11 +330,16 @@ async fn an_open_pull_is_not_served_after_an_api_resume_only_a_new_pull_is() {
     for (name, group) in [("PLAIN", false), ("PINNED", true)] {
         let after = across_a_pause(&client, name, 1, group, None).await;
         eprintln!("R1, {name}, resumed by API: {after:?}");
-        assert_eq!(after.status, Some(async_nats::StatusCode::TIMEOUT), "{name}");
+        assert_eq!(
+            after.status,
+            Some(async_nats::StatusCode::TIMEOUT),
+            "{name}"
+        );
         assert!(
             after.first_after >= PULL_EXPIRES - Duration::from_millis(100),
             "{name}: {after:?}"
         );
+        assert!(after.fresh_pull_after < PULL_EXPIRES, "{name}: {after:?}");
     }
     // The control: a pause that ends by itself (1 s) serves the open pull before it expires.
     let after = across_a_pause(&client, "ENDS", 1, true, Some(Duration::from_secs(1))).await;
@@ -359,10 +361,15 @@ async fn an_open_pull_is_not_served_after_an_api_resume_on_r3_either() {
     for (name, group) in [("PLAIN", false), ("PINNED", true)] {
         let after = across_a_pause(&client, name, 3, group, None).await;
         eprintln!("R3, {name}, resumed by API: {after:?}");
-        assert_eq!(after.status, Some(async_nats::StatusCode::TIMEOUT), "{name}");
+        assert_eq!(
+            after.status,
+            Some(async_nats::StatusCode::TIMEOUT),
+            "{name}"
+        );
         assert!(
             after.first_after >= PULL_EXPIRES - Duration::from_millis(100),
             "{name}: {after:?}"
         );
+        assert!(after.fresh_pull_after < PULL_EXPIRES, "{name}: {after:?}");
     }
 }
