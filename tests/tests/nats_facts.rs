@@ -181,3 +181,198 @@ async fn a_direct_get_goes_to_any_replica_not_first_to_the_local_one() {
     eprintln!("direct gets answered by the local replica: {count} of {SENT}");
     assert!(0 < count && count < SENT, "{count} of {SENT} answered");
 }
+
+/// How long the pull requests of [`across_a_pause`] stay open at the server.
+const PULL_EXPIRES: std::time::Duration = std::time::Duration::from_millis(2500);
+
+/// What a pull request left open across a consumer's pause got once the pause ended.
+#[derive(Debug)]
+struct AfterPause {
+    /// How long after the pull was sent its first answer came (a delivery or a status).
+    first_after: std::time::Duration,
+    /// That answer's status (`None`: a delivery).
+    status: Option<async_nats::StatusCode>,
+    /// How long a fresh pull sent after that answer took to be given a message.
+    fresh_pull_after: std::time::Duration,
+}
+
+/// A pull consumer (`replicas` replicas; in a `pinned_client` priority group if `group`), a pull
+/// request open (batch 10, [`PULL_EXPIRES`]), the consumer paused by API (an hour, or `until` from
+/// now: then it ends by itself), three messages published while paused, and (without `until`)
+/// the consumer resumed by API, both seen to hold at the consumer's leader (its info): what the
+/// open pull gets, and when.
+async fn across_a_pause(
+    client: &async_nats::Client,
+    name: &str,
+    replicas: usize,
+    group: bool,
+    until: Option<std::time::Duration>,
+) -> AfterPause {
+    use async_nats::jetstream::consumer::{AckPolicy, PriorityPolicy, pull};
+    use async_nats::jetstream::stream::Config;
+    use futures::StreamExt;
+    use jetshard_testkit::wait_until;
+    use std::time::Duration;
+    use tokio::time::Instant;
+    let js = async_nats::jetstream::new(client.clone());
+    let stream = js
+        .create_stream(Config {
+            name: name.into(),
+            subjects: vec![format!("{name}.>")],
+            num_replicas: replicas,
+            ..Default::default()
+        })
+        .await
+        .expect("stream");
+    let mut consumer = pull::Config {
+        durable_name: Some("c".into()),
+        ack_policy: AckPolicy::Explicit,
+        num_replicas: replicas,
+        ..Default::default()
+    };
+    if group {
+        consumer.priority_policy = PriorityPolicy::PinnedClient;
+        consumer.priority_groups = vec!["owners".into()];
+        consumer.priority_timeout = Duration::from_secs(30);
+    }
+    stream.create_consumer(consumer).await.expect("consumer");
+    let paused = |want: bool| {
+        let stream = stream.clone();
+        async move {
+            let (stream, what) = (&stream, if want { "paused" } else { "resumed" });
+            wait_until(Duration::from_secs(10), what, || async move {
+                stream
+                    .consumer_info("c")
+                    .await
+                    .is_ok_and(|info| info.paused == want)
+            })
+            .await
+            .expect("the consumer's leader to see it");
+        }
+    };
+    let inbox = client.new_inbox();
+    let mut answers = client.subscribe(inbox.clone()).await.expect("subscribe");
+    let body = match group {
+        true => format!(
+            r#"{{"batch":10,"expires":{},"group":"owners"}}"#,
+            PULL_EXPIRES.as_nanos()
+        ),
+        false => format!(r#"{{"batch":10,"expires":{}}}"#, PULL_EXPIRES.as_nanos()),
+    };
+    let pull_subject = format!("$JS.API.CONSUMER.MSG.NEXT.{name}.c");
+    let pull = || async {
+        client
+            .publish_with_reply(pull_subject.clone(), inbox.clone(), body.clone().into())
+            .await
+            .expect("pull");
+        client.flush().await.expect("flush");
+        Instant::now()
+    };
+    let pause_for = until.unwrap_or(Duration::from_secs(3600));
+    stream
+        .pause_consumer(
+            "c",
+            time::OffsetDateTime::now_utc() + time::Duration::try_from(pause_for).expect("short"),
+        )
+        .await
+        .expect("pause");
+    paused(true).await;
+    let sent = pull().await;
+    for i in 0..3 {
+        js.publish(format!("{name}.{i}"), "m".into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+    }
+    if until.is_none() {
+        stream.resume_consumer("c").await.expect("resume");
+        paused(false).await;
+    }
+    let first = tokio::time::timeout(PULL_EXPIRES + Duration::from_secs(5), answers.next())
+        .await
+        .expect("an answer to the open pull, at the latest its expiry")
+        .expect("subscribed");
+    let first_after = sent.elapsed();
+    let status = first.status.filter(|s| *s != async_nats::StatusCode::OK);
+    // A fresh pull once the first answer came: how long until it is given a message.
+    let fresh = pull().await;
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(5), answers.next())
+            .await
+            .expect("a delivery to a fresh pull")
+            .expect("subscribed");
+        if next.status.is_none() || next.status == Some(async_nats::StatusCode::OK) {
+            break;
+        }
+    }
+    AfterPause {
+        first_after,
+        status,
+        fresh_pull_after: fresh.elapsed(),
+    }
+}
+
+/// What the owners' resume after a consumer pause leans on (`runtime/pin/`, `admin`): a pull
+/// request waiting when a consumer is **resumed by API** (`$JS.API.CONSUMER.PAUSE` without a
+/// time) is not served: the server's delivery loop, asleep while paused, is woken by a new
+/// message, a new pull request or the nearest expiry of a waiting one, and the resume is none of
+/// these (server source: `consumer.go`, `updateConfig` -> `updatePauseState` stops the pause
+/// timer and does not signal; the timer, when a pause ends by itself, does). So the open pull
+/// ends with `408` at its expiry without a message, and the next pull is served at once. With
+/// and without a `pinned_client` priority group alike. A pause that ends by itself serves the
+/// open pull (the control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_pull_is_not_served_after_an_api_resume_only_a_new_pull_is() {
+    use std::time::Duration;
+    init_tracing();
+    let server = jetshard_testkit::NatsServer::start()
+        .await
+        .expect("nats-server");
+    let client = server.connect().await.expect("connect");
+    for (name, group) in [("PLAIN", false), ("PINNED", true)] {
+        let after = across_a_pause(&client, name, 1, group, None).await;
+        eprintln!("R1, {name}, resumed by API: {after:?}");
+        assert_eq!(
+            after.status,
+            Some(async_nats::StatusCode::TIMEOUT),
+            "{name}"
+        );
+        assert!(
+            after.first_after >= PULL_EXPIRES - Duration::from_millis(100),
+            "{name}: {after:?}"
+        );
+        assert!(after.fresh_pull_after < PULL_EXPIRES, "{name}: {after:?}");
+    }
+    // The control: a pause that ends by itself (1 s) serves the open pull before it expires.
+    let after = across_a_pause(&client, "ENDS", 1, true, Some(Duration::from_secs(1))).await;
+    eprintln!("R1, PINNED, pause ended by itself: {after:?}");
+    assert_eq!(after.status, None, "{after:?}");
+    assert!(after.first_after < PULL_EXPIRES, "{after:?}");
+}
+
+/// [`an_open_pull_is_not_served_after_an_api_resume_only_a_new_pull_is`] on an R3 consumer of a
+/// 3-server cluster: the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_pull_is_not_served_after_an_api_resume_on_r3_either() {
+    use std::time::Duration;
+    init_tracing();
+    let cluster = jetshard_testkit::NatsCluster::start(3)
+        .await
+        .expect("cluster");
+    let client = cluster.connect().await.expect("connect");
+    for (name, group) in [("PLAIN", false), ("PINNED", true)] {
+        let after = across_a_pause(&client, name, 3, group, None).await;
+        eprintln!("R3, {name}, resumed by API: {after:?}");
+        assert_eq!(
+            after.status,
+            Some(async_nats::StatusCode::TIMEOUT),
+            "{name}"
+        );
+        assert!(
+            after.first_after >= PULL_EXPIRES - Duration::from_millis(100),
+            "{name}: {after:?}"
+        );
+        assert!(after.fresh_pull_after < PULL_EXPIRES, "{name}: {after:?}");
+    }
+}

@@ -79,7 +79,7 @@ fn node_permissions(entity_type: &str, provision: bool, inbox: &str, replies: &s
             .join(", ")
     };
     format!(
-        "{{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [\"{inbox}.>\", \"{t}.nodes\", \"{t}.alive.*\", \"{t}.fence.*\", \"{t}.status\", \"{t}.query.*.*\"] }} }}",
+        "{{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [\"{inbox}.>\", \"{t}.nodes\", \"{t}.alive.*\", \"{t}.fence.*\", \"{t}.status\", \"{t}.query.*.*\", \"$JS.EVENT.ADVISORY.CONSUMER.PAUSE.{cmd}.*\"] }} }}",
         quoted(&publish)
     )
 }

@@ -277,7 +277,16 @@ pub async fn timed_passes_with(
             None => gate.open().await?,
         }
         if std::env::var_os("BENCH_DRAIN_DEBUG").is_some() {
-            eprintln!("pass {pass} opened at {:?}", std::time::SystemTime::now());
+            eprintln!(
+                "pass {pass} opened at {:?} ({} took {:.1} ms)",
+                std::time::SystemTime::now(),
+                if hold.is_some() {
+                    "the hold's end"
+                } else {
+                    "the gate's resumes"
+                },
+                started.elapsed().as_secs_f64() * 1e3
+            );
         }
         let drained = load::drain_polling(control, ENTITY_TYPE, spec.time_box, poll).await?;
         let secs = drained.at.duration_since(started).as_secs_f64();

@@ -1,5 +1,5 @@
 //! The system actor: it starts the tasks it owns (the liveness answerer, the crash watch, the
-//! status and heartbeat listeners), spawns an owner per partition, restarts a failed owner as a
+//! status, heartbeat and consumer-resume listeners), spawns an owner per partition, restarts a failed owner as a
 //! standby (failing itself past its restart window), answers status requests, and stops.
 
 use std::collections::HashMap;
@@ -73,6 +73,16 @@ impl<E: Entity> Actor for SystemActor<E> {
                 }
             }
         }));
+        // Tells each owner's pull loop when its consumer is resumed (before the owners start:
+        // a resume as they start is not missed).
+        let shared = &state.shared;
+        let resumes = crate::runtime::pin::resumed::listen(
+            &shared.client,
+            shared.names.clone(),
+            shared.resumes.clone(),
+        )
+        .await?;
+        state.tasks.push(resumes);
         for partition in 0..partitions {
             spawn_owner::<E>(&myself, &mut state, partition).await?;
         }

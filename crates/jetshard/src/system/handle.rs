@@ -112,6 +112,9 @@ impl ShardSystem {
             incarnation: crate::wire::unique_token(),
             health: health.clone(),
             deaths: Arc::default(),
+            resumes: Arc::new(crate::runtime::pin::resumed::Resumes::new(
+                config.partitions,
+            )),
         });
         let actor = SystemActor::<E>::new();
         let spawned = match supervisor {

@@ -1,5 +1,6 @@
 //! JetStream's own API and reply subjects that jetshard addresses without async-nats: the ack
-//! prefix, the pull request, direct gets, and the answers to a journal writer's publishes.
+//! prefix, the pull request, direct gets, the answers to a journal writer's publishes, and the
+//! consumers' pause advisories.
 
 /// The prefix of a JetStream ack reply subject (`$JS.ACK.…`, ADR-15).
 pub(crate) const ACK_PREFIX: &str = "$JS.ACK.";
@@ -18,4 +19,11 @@ pub(crate) fn write_answers(inbox: &str) -> (String, String) {
 /// The subject direct gets of `stream` are sent to (any replica answers).
 pub(crate) fn direct_get_subject(stream: &str) -> String {
     format!("$JS.API.DIRECT.GET.{stream}")
+}
+
+/// What the pause advisories of every consumer of `stream` are published on: the server says
+/// there when a consumer is paused, resumed by API, or its pause ends (`paused` in the body;
+/// the consumer's name is the last token).
+pub(crate) fn pause_advisories(stream: &str) -> String {
+    format!("$JS.EVENT.ADVISORY.CONSUMER.PAUSE.{stream}.*")
 }

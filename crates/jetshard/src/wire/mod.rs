@@ -31,7 +31,9 @@ pub use header::{
     HDR_WAKE,
 };
 pub(crate) use header::{header_u64, origin_header};
-pub(crate) use jetstream::{ACK_PREFIX, direct_get_subject, pull_request_subject, write_answers};
+pub(crate) use jetstream::{
+    ACK_PREFIX, direct_get_subject, pause_advisories, pull_request_subject, write_answers,
+};
 pub(crate) use msg_id::{
     DECIMAL_DIGITS, decimal, decimal_string, read_decimal, timer_record_msg_id,
 };

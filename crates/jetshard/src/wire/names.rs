@@ -83,6 +83,18 @@ impl Names {
         format!("{}-p{partition}", self.entity_type)
     }
 
+    /// The partition whose consumer is `consumer` (the inverse of [`Names::consumer`]).
+    pub(crate) fn partition_of_consumer(&self, consumer: &str) -> Option<u32> {
+        let number = consumer
+            .strip_prefix(self.entity_type.as_str())?
+            .strip_prefix("-p")?;
+        // `u32::from_str` takes a leading `+`; a consumer name written by `consumer` has none.
+        if number.starts_with('+') {
+            return None;
+        }
+        number.parse().ok()
+    }
+
     /// Every subject of the entity type (`<t>.>`): the whole journal, to a reader.
     pub fn all_subjects(&self) -> String {
         format!("{}.>", self.entity_type)
@@ -303,6 +315,24 @@ mod tests {
             assert_eq!(Names::is_snapshot_subject(subject), snapshot, "{subject:?}");
             let entity = subject.rsplit('.').next();
             assert_eq!(Names::entity_of_subject(subject), entity, "{subject:?}");
+        }
+    }
+
+    #[test]
+    fn a_consumer_name_gives_its_partition_back() {
+        let n = Names::new("order");
+        for p in [0, 7, 1023] {
+            assert_eq!(n.partition_of_consumer(&n.consumer(p)), Some(p));
+        }
+        for other in [
+            "order-p",
+            "order-px",
+            "order-p+1",
+            "orders-p1",
+            "ship-p1",
+            "order-q1",
+        ] {
+            assert_eq!(n.partition_of_consumer(other), None, "{other}");
         }
     }
 

@@ -111,6 +111,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
             &args.shared.names.command_stream,
             &args.shared.names.consumer(args.partition),
             settings,
+            args.shared.resumes.watch(args.partition),
             sink,
         );
         let tick = (config.ack_wait / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));

@@ -38,4 +38,7 @@ pub(crate) struct Shared {
     pub(crate) health: Arc<HealthBoard>,
     /// Other processes this one found dead (see [`crate::runtime::crash`]).
     pub(crate) deaths: Arc<crate::runtime::crash::Deaths>,
+    /// The partitions' consumers resumed, told to their pull loops (see
+    /// [`crate::runtime::pin::resumed`]).
+    pub(crate) resumes: Arc<crate::runtime::pin::resumed::Resumes>,
 }

@@ -9,7 +9,8 @@
 //!
 //! A pinned client keeps its pin only by pulling: deliveries and acks do not refresh it. So a new
 //! pull request goes out whenever the newest one is `expires` old (a third of the pin TTL), busy
-//! or not, besides those that keep `batch` commands requested.
+//! or not, besides those that keep `batch` commands requested, and at once when the consumer
+//! was resumed ([`resumed`]: the server does not serve the open ones then).
 //!
 //! What is still requested is counted over all open pull requests together ([`Requested`]),
 //! never per request: the server hands a consumer's messages to its open requests in turn (a
@@ -19,6 +20,7 @@
 
 mod delivery;
 mod requested;
+pub(crate) mod resumed;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -96,13 +98,15 @@ impl Drop for PullLoop {
     }
 }
 
-/// Starts pulling `consumer` on `stream`. `sink` receives the signals; when it returns `false`
-/// (the owner is gone) the loop ends.
+/// Starts pulling `consumer` on `stream`. `resumed` changes when the consumer is resumed
+/// ([`resumed::Resumes::watch`]): the loop then pulls at once. `sink` receives the signals; when
+/// it returns `false` (the owner is gone) the loop ends.
 pub(crate) fn start(
     js: Context,
     stream: &str,
     consumer: &str,
     settings: PullSettings,
+    resumed: watch::Receiver<()>,
     sink: impl Fn(PinSignal) -> bool + Send + Sync + 'static,
 ) -> PullLoop {
     let request_subject = crate::wire::pull_request_subject(stream, consumer);
@@ -113,6 +117,7 @@ pub(crate) fn start(
         let signals = Signals {
             paused: paused_rx,
             forget: forget_rx,
+            resumed,
         };
         let reason = match run(js, request_subject, settings, signals, &sink).await {
             Ok(Ended::OwnerGone) => return,
@@ -129,10 +134,11 @@ pub(crate) fn start(
     }
 }
 
-/// What the owner tells a running loop.
+/// What the owner tells a running loop (and the process, of its consumer's resumes).
 struct Signals {
     paused: watch::Receiver<bool>,
     forget: watch::Receiver<Option<Arc<str>>>,
+    resumed: watch::Receiver<()>,
 }
 
 /// Why a loop ended without an error.
@@ -152,7 +158,13 @@ async fn run(
     let Signals {
         mut paused,
         mut forget,
+        mut resumed,
     } = signals;
+    // The consumer was resumed since the last pull: pull at once, whatever is still requested
+    // (the server serves none of the open requests until a new one arrives).
+    let mut resumed_since = false;
+    // Whether resumes can still be told (their sender is the process's).
+    let mut resumes_told = true;
     let client: Client = js.client();
     // Subjects once, each pull a share of them: a `String` is copied into a new subject at
     // every publish.
@@ -225,7 +237,8 @@ async fn run(
         } else {
             idle_reported = false;
         }
-        if !is_paused && requested.wants_pull(settings.batch, expires, now) {
+        if !is_paused && (resumed_since || requested.wants_pull(settings.batch, expires, now)) {
+            resumed_since = false;
             let body = pull_request(settings.batch, expires, pin.as_deref());
             let pull = OutboundMessage {
                 subject: request_subject.clone(),
@@ -289,6 +302,16 @@ async fn run(
                 changed = forget.changed() => {
                     if changed.is_err() {
                         return Ok(Ended::OwnerGone);
+                    }
+                    continue;
+                }
+                changed = resumed.changed(), if resumes_told => {
+                    match changed {
+                        Ok(()) => {
+                            tracing::debug!("consumer resumed: pulling at once");
+                            resumed_since = true;
+                        }
+                        Err(_) => resumes_told = false,
                     }
                     continue;
                 }
