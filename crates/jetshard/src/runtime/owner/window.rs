@@ -7,14 +7,6 @@
 //! get per command as before. Tested against a replica cut off from its leader:
 //! `window/lag_tests.rs`.
 //!
-//! **Slices.** A window of many commands (a cold pass's, 256) is cut by stream sequence into
-//! up to [`MAX_SLICES`] slices, one per [`SLICE_COMMANDS`] commands counted unacknowledged,
-//! each read as the whole window was (its own direct gets, its own leader reads, its own
-//! proof below), side by side, to different replicas at random; joined in slice order.
-//! Together the slices cover `[first, last]` and each is proven whole on its own, so the
-//! window is; each slice's messages lie within its own range and in order, so the join is in
-//! stream order.
-//!
 //! **What an answer proves.** A replica stores the stream in sequence order (raft applies the
 //! leader's entries in order), so one that holds message `s` holds every message below `s` that
 //! it has not deleted. In a work queue a command is deleted only once acknowledged, and an
@@ -22,12 +14,7 @@
 //! answer whose greatest sequence is `g` holds every unacknowledged command of the partition
 //! in `[first, g]`: the window is proven through `g`, and whole once `g >= last`. What lies
 //! past `g` while `g < last` (a replica behind, or the window's tail acknowledged meanwhile) is
-//! read from the leader. The same holds of a slice `[a, b]` of the window, asked from `a`:
-//! an answer through `g` proves `[a, g]`, whole once `g >= b` (messages past `b` are the next
-//! slice's: left to it). Different slices may be answered by different replicas, at different
-//! moments: each proves its own range at the moment of its answer, and a command
-//! unacknowledged at the claim was unacknowledged, and not deleted, at every moment before
-//! (an ack is never undone), so every answer holds each such command of its proven range. A command missing from the window would come back after later ones of
+//! read from the leader. A command missing from the window would come back after later ones of
 //! its entity and be taken for a duplicate (ARCHITECTURE.md, invariants); the rule above never
 //! leaves one out.
 //!
@@ -64,11 +51,6 @@ use crate::wire::{HDR_NUM_PENDING, Names, direct_get_subject};
 const RECOVERY_READERS: u64 = 16;
 /// The narrowest slice (in stream sequences) worth a reader of its own.
 const RECOVERY_SLICE_MIN: u64 = 32;
-/// The most slices a window is read in, side by side (the module's doc).
-const MAX_SLICES: u64 = 4;
-/// The unacknowledged commands that earn a window one more slice: a window of fewer than
-/// twice as many is read in one.
-const SLICE_COMMANDS: u64 = 64;
 /// The most commands one direct get asks for.
 const MAX_BATCH: u64 = 1024;
 /// The fewest commands one direct get asks for.
@@ -113,24 +95,22 @@ pub(super) async fn recover_window(
         return Ok(Vec::new());
     };
     let filter = shared.names.partition_commands(partition);
-    let at = std::time::Instant::now();
-    let slices = slices(unacknowledged, last - first + 1);
-    let (messages, requests) = read_sliced(
+    let mut requests = Requests::default();
+    let messages = read(
         shared.js.client(),
-        (&shared.names.command_stream, &shared.command_stream),
+        &shared.names.command_stream,
+        &shared.command_stream,
         (&filter, first, last),
         unacknowledged,
-        slices,
+        &mut requests,
     )
     .await?;
     tracing::debug!(
         partition,
         first,
         last,
-        slices,
         direct = requests.direct,
         leader = requests.leader,
-        read_us = u64::try_from(at.elapsed().as_micros()).unwrap_or(u64::MAX),
         "in-flight window read"
     );
     Ok(messages.into_iter().filter_map(pending).collect())
@@ -143,75 +123,6 @@ struct Requests {
     direct: u64,
     /// API gets of the stream leader, one command each.
     leader: u64,
-}
-
-impl std::ops::AddAssign for Requests {
-    fn add_assign(&mut self, other: Self) {
-        self.direct += other.direct;
-        self.leader += other.leader;
-    }
-}
-
-/// How many slices a window of `span` sequences, `unacknowledged` commands counted in it, is
-/// read in: one per [`SLICE_COMMANDS`] whole, at least one, at most [`MAX_SLICES`] and `span`.
-fn slices(unacknowledged: u64, span: u64) -> u64 {
-    (unacknowledged / SLICE_COMMANDS)
-        .clamp(1, MAX_SLICES)
-        .min(span.max(1))
-}
-
-/// Slice `i` of `slices` (at most the window's span) of the window `first..=last`, as an
-/// inclusive range of sequences (none empty, widths within one of each other, together the
-/// window), and the commands to ask for in it: its share of the
-/// `unacknowledged`, by sequences, and a quarter more (the commands of a cold pass's window
-/// lie evenly but not exactly so; one short costs the slice another direct get, one too many
-/// brings a command of the next slice). One slice: the window itself, `unacknowledged` as it is.
-fn slice(first: u64, last: u64, unacknowledged: u64, slices: u64, i: u64) -> (u64, u64, u64) {
-    let span = last - first + 1;
-    if slices <= 1 {
-        return (first, last, unacknowledged);
-    }
-    // `span * k / slices` without overflow.
-    let boundary = |k: u64| span / slices * k + span % slices * k / slices;
-    let from = first + boundary(i);
-    let to = first + boundary(i + 1) - 1;
-    let share = unacknowledged.saturating_mul(to - from + 1).div_ceil(span);
-    (from, to, share.saturating_add(share / 4))
-}
-
-/// The window read in `slices` slices side by side (the module's doc), each as [`read`] reads
-/// a window, joined in order; and the requests all of them made.
-async fn read_sliced(
-    client: Client,
-    (stream, commands): (&str, &Stream<()>),
-    (filter, first, last): (&str, u64, u64),
-    unacknowledged: u64,
-    slices: u64,
-) -> Result<(Vec<StreamMessage>, Requests), Error> {
-    let reads = (0..slices.max(1)).map(|i| {
-        let (from, to, asked) = slice(first, last, unacknowledged, slices, i);
-        let client = client.clone();
-        async move {
-            let mut requests = Requests::default();
-            let messages = read(
-                client,
-                stream,
-                commands,
-                (filter, from, to),
-                asked,
-                &mut requests,
-            )
-            .await?;
-            Ok::<_, Error>((messages, requests))
-        }
-    });
-    let mut messages = Vec::new();
-    let mut requests = Requests::default();
-    for (slice, made) in futures::future::try_join_all(reads).await? {
-        messages.extend(slice);
-        requests += made;
-    }
-    Ok((messages, requests))
 }
 
 /// The messages on `filter` (of stream `stream`, `commands`) in `first..=last` that no replica

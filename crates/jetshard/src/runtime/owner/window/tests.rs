@@ -36,48 +36,6 @@ fn an_answer_proves_the_window_through_its_greatest_sequence() {
     assert_eq!(step(10, 20, None, true), Step::Leader(10));
 }
 
-#[test]
-fn a_window_is_read_in_a_slice_per_64_commands_up_to_four() {
-    assert_eq!(slices(0, 10), 1);
-    assert_eq!(slices(127, 2000), 1);
-    assert_eq!(slices(128, 2000), 2);
-    assert_eq!(slices(256, 2000), 4);
-    assert_eq!(slices(5000, 9000), MAX_SLICES);
-    // Never more slices than sequences.
-    assert_eq!(slices(256, 3), 3);
-    assert_eq!(slices(256, 0), 1);
-}
-
-#[test]
-fn the_slices_cover_the_window_in_order_none_empty() {
-    for (first, last, unacknowledged) in [(1, 2000, 256), (7, 10, 256), (100, 355, 256), (5, 5, 1)]
-    {
-        let span = last - first + 1;
-        let count = slices(unacknowledged, span);
-        let parts: Vec<_> = (0..count)
-            .map(|i| slice(first, last, unacknowledged, count, i))
-            .collect();
-        assert_eq!(parts.first().map(|p| p.0), Some(first), "{parts:?}");
-        assert_eq!(parts.last().map(|p| p.1), Some(last), "{parts:?}");
-        assert!(parts.windows(2).all(|w| w[0].1 + 1 == w[1].0), "{parts:?}");
-        assert!(parts.iter().all(|p| p.0 <= p.1), "{parts:?}");
-        // Widths within one of each other; what is asked, a share and a quarter more.
-        let widths: Vec<u64> = parts.iter().map(|p| p.1 - p.0 + 1).collect();
-        let (min, max) = (widths.iter().min(), widths.iter().max());
-        assert!(max.zip(min).is_some_and(|(a, b)| a - b <= 1), "{widths:?}");
-        if count > 1 {
-            let asked: u64 = parts.iter().map(|p| p.2).sum();
-            assert!(
-                asked >= unacknowledged + unacknowledged / 4 - count,
-                "{parts:?}"
-            );
-        }
-    }
-    // One slice: the window as it is.
-    assert_eq!(slice(10, 20, 7, 1, 0), (10, 20, 7));
-    assert_eq!(slice(1, 2000, 256, 4, 1), (501, 1000, 80));
-}
-
 /// Stream `C`, a command stream like jetshard's (a work queue on `c.>`), `replicas` of it,
 /// direct gets `allowed` or not, and its consumer `p0` on [`FILTER`]; and the stream as
 /// the window reads it.
@@ -116,35 +74,25 @@ pub(super) async fn command_stream(
 }
 
 /// The window `w` of stream `C` read as an acquisition reads it, the direct gets sent
-/// through `client`, `unacknowledged` commands counted in it (in as many slices as
-/// [`slices`] says): what it read, and how.
+/// through `client`, `unacknowledged` commands counted in it: what it read, and how.
 pub(super) async fn read_window(
     client: &Client,
     commands: &Stream<()>,
     w: (u64, u64),
     unacknowledged: usize,
 ) -> (Vec<StreamMessage>, Requests) {
-    let count = slices(unacknowledged as u64, w.1 - w.0 + 1);
-    read_window_in(client, commands, w, unacknowledged, count).await
-}
-
-/// [`read_window`] in `count` slices.
-pub(super) async fn read_window_in(
-    client: &Client,
-    commands: &Stream<()>,
-    w: (u64, u64),
-    unacknowledged: usize,
-    count: u64,
-) -> (Vec<StreamMessage>, Requests) {
-    read_sliced(
+    let mut requests = Requests::default();
+    let read = read(
         client.clone(),
-        ("C", commands),
+        "C",
+        commands,
         (FILTER, w.0, w.1),
         unacknowledged as u64,
-        count,
+        &mut requests,
     )
     .await
-    .expect("read the window")
+    .expect("read the window");
+    (read, requests)
 }
 
 /// On stream `C` ([`command_stream`]), `replicas` of it, direct gets `allowed` or not: 300
@@ -156,19 +104,8 @@ async fn delivered_in_part(
     replicas: usize,
     allowed: bool,
 ) -> ((u64, u64), BTreeSet<u64>, BTreeSet<u64>, Stream<()>) {
-    delivered_of(js, replicas, allowed, (300, 100)).await
-}
-
-/// [`delivered_in_part`] with `published` commands, of which partition 0's first `delivered`
-/// were delivered.
-async fn delivered_of(
-    js: &Context,
-    replicas: usize,
-    allowed: bool,
-    (published, delivered_count): (usize, usize),
-) -> ((u64, u64), BTreeSet<u64>, BTreeSet<u64>, Stream<()>) {
     let (consumer, commands) = command_stream(js, replicas, allowed).await;
-    for i in 0..published {
+    for i in 0..300 {
         js.publish(format!("c.cmd.{}.e-{}", i % 2, i % 7), "c".into())
             .await
             .expect("publish")
@@ -176,10 +113,10 @@ async fn delivered_of(
             .expect("stored");
     }
     let mut delivered = Vec::new();
-    while delivered.len() < delivered_count {
+    while delivered.len() < 100 {
         let mut batch = consumer
             .fetch()
-            .max_messages(delivered_count - delivered.len())
+            .max_messages(100 - delivered.len())
             .messages()
             .await
             .expect("fetch");
@@ -282,56 +219,4 @@ async fn without_direct_gets_the_window_is_read_from_the_leader_at_once() {
     );
     assert_eq!(requests.direct, 1);
     assert!(requests.leader >= read.len() as u64, "{requests:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_a_cluster_a_window_read_in_slices_holds_what_the_one_read_holds() {
-    let cluster = NatsCluster::start(3).await.expect("start the cluster");
-    let js = jetstream::new(cluster.connect().await.expect("connect"));
-    // 400 of partition 0's commands delivered, two in three unacknowledged (~267): a cold
-    // pass's window, read in 4 slices by the acquisition's rule.
-    let (window, acked, unacked, commands) = delivered_of(&js, 3, true, (1200, 400)).await;
-    assert_eq!(slices(unacked.len() as u64, window.1 - window.0 + 1), 4);
-    let sequences = |read: &[StreamMessage]| read.iter().map(|m| m.sequence).collect::<Vec<_>>();
-    let within: Vec<u64> = unacked
-        .iter()
-        .copied()
-        .filter(|s| (window.0..=window.1).contains(s))
-        .collect();
-    for node in cluster.nodes() {
-        let client = node.connect().await.expect("connect");
-        let (client, commands) = (&client, &commands);
-        let (acked, unacked, within) = (&acked, &unacked, &within);
-        // Whatever the replicas answer, both reads hold the window (`check`); once the
-        // replicas are through the deletes (usually at once), both are exactly the commands
-        // unacknowledged, the same messages, the sliced one in 4 direct gets, no leader get.
-        jetshard_testkit::wait_until(Duration::from_secs(30), "the same read", || async move {
-            let (one, one_requests) =
-                read_window_in(client, commands, window, unacked.len(), 1).await;
-            let (sliced, requests) = read_window(client, commands, window, unacked.len()).await;
-            check(&one, window, acked, unacked);
-            check(&sliced, window, acked, unacked);
-            assert!(requests.direct >= 4, "{requests:?}");
-            let same = |a: &[StreamMessage], b: &[StreamMessage]| {
-                a.len() == b.len()
-                    && a.iter().zip(b).all(|(a, b)| {
-                        (a.sequence, &a.subject, &a.payload) == (b.sequence, &b.subject, &b.payload)
-                    })
-            };
-            sequences(&one) == *within
-                && same(&one, &sliced)
-                && one_requests
-                    == Requests {
-                        direct: 1,
-                        leader: 0,
-                    }
-                && requests
-                    == Requests {
-                        direct: 4,
-                        leader: 0,
-                    }
-        })
-        .await
-        .expect("the sliced read the same as the one read");
-    }
 }
