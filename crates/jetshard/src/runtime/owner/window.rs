@@ -95,6 +95,7 @@ pub(super) async fn recover_window(
         return Ok(Vec::new());
     };
     let filter = shared.names.partition_commands(partition);
+    let at = std::time::Instant::now();
     let mut requests = Requests::default();
     let messages = read(
         shared.js.client(),
@@ -111,6 +112,7 @@ pub(super) async fn recover_window(
         last,
         direct = requests.direct,
         leader = requests.leader,
+        read_us = micros(at.elapsed()),
         "in-flight window read"
     );
     Ok(messages.into_iter().filter_map(pending).collect())
@@ -241,8 +243,12 @@ async fn ask(
         .publish_with_reply(direct_get_subject(stream), inbox, body.to_string().into())
         .await
         .map_err(|e| e.to_string())?;
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let asked = tokio::time::Instant::now();
+    let deadline = asked + TIMEOUT;
     let mut messages: Vec<StreamMessage> = Vec::new();
+    // When the answer's first message came (for the debug line: how long the request waited
+    // for a replica, apart from how long its messages took).
+    let mut first_message_us = None;
     loop {
         let wait = deadline.min(tokio::time::Instant::now() + SILENCE);
         let message = match tokio::time::timeout_at(wait, answers.next()).await {
@@ -251,6 +257,7 @@ async fn ask(
             Err(_) if wait < deadline => return Err(format!("silent for {SILENCE:?}")),
             Err(_) => return Err(format!("no whole answer in {TIMEOUT:?}")),
         };
+        first_message_us.get_or_insert_with(|| micros(asked.elapsed()));
         match message.status.map(|s| s.as_u16()) {
             None => {
                 let message = StreamMessage::try_from(message).map_err(|e| e.to_string())?;
@@ -270,6 +277,14 @@ async fn ask(
                     .as_ref()
                     .and_then(|h| h.get(HDR_NUM_PENDING))
                     .and_then(|v| v.as_str().parse::<u64>().ok());
+                tracing::debug!(
+                    seq,
+                    batch,
+                    messages = messages.len(),
+                    first_message_us,
+                    answer_us = micros(asked.elapsed()),
+                    "window direct get answered"
+                );
                 return Ok((messages, pending.is_some_and(|p| p > 0)));
             }
             Some(NOT_FOUND) => return Ok((messages, false)),
@@ -279,6 +294,11 @@ async fn ask(
             }
         }
     }
+}
+
+/// Microseconds in `elapsed`.
+fn micros(elapsed: Duration) -> u64 {
+    u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// The commands on `filter` with stream sequences in `first..=last`, one leader API get each,
