@@ -376,3 +376,146 @@ async fn an_open_pull_is_not_served_after_an_api_resume_on_r3_either() {
         assert!(after.fresh_pull_after < PULL_EXPIRES, "{name}: {after:?}");
     }
 }
+
+/// What the owners' pull after a resume (`runtime/pin/resumed.rs`) leans on for its count of
+/// what is still requested (`pin/requested.rs`): once a new pull wakes a resumed consumer, the
+/// pulls left open across the pause are served too, in a `pinned_client` group as long as they
+/// carry the pin id, as the owner's do. So a pull that the resume left waiting is not lost: it
+/// counts as requested, and is filled, as any other. (Without the new pull it waits for its
+/// expiry: [`an_open_pull_is_not_served_after_an_api_resume_only_a_new_pull_is`].)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_resume_a_new_pull_wakes_the_consumer_and_the_open_pulls_are_served_too() {
+    use async_nats::jetstream::consumer::{AckPolicy, PriorityPolicy, pull};
+    use async_nats::jetstream::stream::Config;
+    use futures::StreamExt;
+    use jetshard_testkit::wait_until;
+    use std::time::Duration;
+    init_tracing();
+    let server = jetshard_testkit::NatsServer::start()
+        .await
+        .expect("nats-server");
+    let client = server.connect().await.expect("connect");
+    let js = async_nats::jetstream::new(client.clone());
+    let stream = js
+        .create_stream(Config {
+            name: "WAKE".into(),
+            subjects: vec!["wake.>".into()],
+            ..Default::default()
+        })
+        .await
+        .expect("stream");
+    stream
+        .create_consumer(pull::Config {
+            durable_name: Some("c".into()),
+            ack_policy: AckPolicy::Explicit,
+            priority_policy: PriorityPolicy::PinnedClient,
+            priority_groups: vec!["owners".into()],
+            priority_timeout: Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await
+        .expect("consumer");
+    let inbox = client.new_inbox();
+    let mut answers = client.subscribe(inbox.clone()).await.expect("subscribe");
+    let (client, inbox) = (&client, &inbox);
+    let pull = |pin: Option<&str>| {
+        let body = match pin {
+            Some(pin) => format!(
+                r#"{{"batch":10,"expires":{},"group":"owners","id":"{pin}"}}"#,
+                PULL_EXPIRES.as_nanos()
+            ),
+            None => format!(
+                r#"{{"batch":1,"expires":{},"group":"owners"}}"#,
+                PULL_EXPIRES.as_nanos()
+            ),
+        };
+        async move {
+            client
+                .publish_with_reply(
+                    "$JS.API.CONSUMER.MSG.NEXT.WAKE.c",
+                    inbox.clone(),
+                    body.into(),
+                )
+                .await
+                .expect("pull");
+            client.flush().await.expect("flush");
+        }
+    };
+    let paused = |want: bool| {
+        let stream = &stream;
+        async move {
+            wait_until(
+                Duration::from_secs(10),
+                "the consumer's leader to see it",
+                || async move {
+                    stream
+                        .consumer_info("c")
+                        .await
+                        .is_ok_and(|info| info.paused == want)
+                },
+            )
+            .await
+            .expect("paused or resumed");
+        }
+    };
+    // Pinned, as an owner is (a pull of one message: nothing of it left open).
+    pull(None).await;
+    js.publish("wake.first", "m".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+    let first = tokio::time::timeout(Duration::from_secs(5), answers.next())
+        .await
+        .expect("the first message")
+        .expect("subscribed");
+    let pin = first
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("Nats-Pin-Id"))
+        .map(|v| v.to_string())
+        .expect("a pin id");
+    // A pull left open across the pause, 30 messages stored meanwhile, a resume by API.
+    stream
+        .pause_consumer(
+            "c",
+            time::OffsetDateTime::now_utc() + time::Duration::hours(1),
+        )
+        .await
+        .expect("pause");
+    paused(true).await;
+    pull(Some(&pin)).await;
+    for i in 0..30 {
+        js.publish(format!("wake.{i}"), "m".into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+    }
+    stream.resume_consumer("c").await.expect("resume");
+    paused(false).await;
+    // One new pull, and another once ten messages came: all three pulls are filled, the one
+    // left open across the pause included, long before any of them expires.
+    let woken = std::time::Instant::now();
+    pull(Some(&pin)).await;
+    let mut delivered = 0;
+    let mut third = false;
+    while delivered < 30 {
+        let answer = tokio::time::timeout(PULL_EXPIRES / 2, answers.next())
+            .await
+            .unwrap_or_else(|_| panic!("{delivered} of 30 delivered, then nothing"))
+            .expect("subscribed");
+        if answer.status.is_none() || answer.status == Some(async_nats::StatusCode::OK) {
+            delivered += 1;
+        }
+        if delivered == 10 && !third {
+            third = true;
+            pull(Some(&pin)).await;
+        }
+    }
+    eprintln!(
+        "30 delivered to three pulls {:?} after the new pull",
+        woken.elapsed()
+    );
+    assert!(woken.elapsed() < PULL_EXPIRES / 2, "{:?}", woken.elapsed());
+}
