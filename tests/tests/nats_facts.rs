@@ -224,6 +224,9 @@ async fn across_a_pause(
         })
         .await
         .expect("stream");
+    jetshard_testkit::wait_stream_writable(&js, &format!("{name}.0"), Duration::from_secs(30))
+        .await
+        .expect("the stream takes writes");
     let mut consumer = pull::Config {
         durable_name: Some("c".into()),
         ack_policy: AckPolicy::Explicit,
@@ -313,6 +316,28 @@ async fn across_a_pause(
     }
 }
 
+/// [`across_a_pause`] resumed by API, with and without a `pinned_client` group, on `replicas`
+/// replicas: the open pull gets nothing and ends `408` at its expiry; a fresh pull is served.
+async fn open_pulls_wait_for_their_expiry_after_an_api_resume(
+    client: &async_nats::Client,
+    replicas: usize,
+) {
+    for (name, group) in [("PLAIN", false), ("PINNED", true)] {
+        let after = across_a_pause(client, name, replicas, group, None).await;
+        eprintln!("R{replicas}, {name}, resumed by API: {after:?}");
+        assert_eq!(
+            after.status,
+            Some(async_nats::StatusCode::TIMEOUT),
+            "{name}"
+        );
+        assert!(
+            after.first_after >= PULL_EXPIRES - std::time::Duration::from_millis(100),
+            "{name}: {after:?}"
+        );
+        assert!(after.fresh_pull_after < PULL_EXPIRES, "{name}: {after:?}");
+    }
+}
+
 /// What the owners' resume after a consumer pause leans on (`runtime/pin/`, `admin`): a pull
 /// request waiting when a consumer is **resumed by API** (`$JS.API.CONSUMER.PAUSE` without a
 /// time) is not served: the server's delivery loop, asleep while paused, is woken by a new
@@ -330,20 +355,7 @@ async fn an_open_pull_is_not_served_after_an_api_resume_only_a_new_pull_is() {
         .await
         .expect("nats-server");
     let client = server.connect().await.expect("connect");
-    for (name, group) in [("PLAIN", false), ("PINNED", true)] {
-        let after = across_a_pause(&client, name, 1, group, None).await;
-        eprintln!("R1, {name}, resumed by API: {after:?}");
-        assert_eq!(
-            after.status,
-            Some(async_nats::StatusCode::TIMEOUT),
-            "{name}"
-        );
-        assert!(
-            after.first_after >= PULL_EXPIRES - Duration::from_millis(100),
-            "{name}: {after:?}"
-        );
-        assert!(after.fresh_pull_after < PULL_EXPIRES, "{name}: {after:?}");
-    }
+    open_pulls_wait_for_their_expiry_after_an_api_resume(&client, 1).await;
     // The control: a pause that ends by itself (1 s) serves the open pull before it expires.
     let after = across_a_pause(&client, "ENDS", 1, true, Some(Duration::from_secs(1))).await;
     eprintln!("R1, PINNED, pause ended by itself: {after:?}");
@@ -355,26 +367,12 @@ async fn an_open_pull_is_not_served_after_an_api_resume_only_a_new_pull_is() {
 /// 3-server cluster: the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_pull_is_not_served_after_an_api_resume_on_r3_either() {
-    use std::time::Duration;
     init_tracing();
     let cluster = jetshard_testkit::NatsCluster::start(3)
         .await
         .expect("cluster");
     let client = cluster.connect().await.expect("connect");
-    for (name, group) in [("PLAIN", false), ("PINNED", true)] {
-        let after = across_a_pause(&client, name, 3, group, None).await;
-        eprintln!("R3, {name}, resumed by API: {after:?}");
-        assert_eq!(
-            after.status,
-            Some(async_nats::StatusCode::TIMEOUT),
-            "{name}"
-        );
-        assert!(
-            after.first_after >= PULL_EXPIRES - Duration::from_millis(100),
-            "{name}: {after:?}"
-        );
-        assert!(after.fresh_pull_after < PULL_EXPIRES, "{name}: {after:?}");
-    }
+    open_pulls_wait_for_their_expiry_after_an_api_resume(&client, 3).await;
 }
 
 /// What the owners' pull after a resume (`runtime/pin/resumed.rs`) leans on for its count of
