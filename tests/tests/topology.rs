@@ -372,3 +372,84 @@ async fn streams_from_before_the_codec_record_get_it_at_first_start_and_are_then
     a_bincode_node_is_refused(&client).await;
     system.shutdown().await.unwrap();
 }
+
+/// A command sent before any stream takes its subject ("no responders": nothing stored) is
+/// published again until one does: a sender may start before the system that creates the
+/// streams, or meet a new stream whose interest has not reached its server yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_sent_before_the_streams_exist_is_stored_once_they_do() {
+    init_tracing();
+    let (server, client, _) = jetshard_tests::served().await;
+    let config = ledger_config(2, "n1").build().unwrap();
+    let sender_client = server.connect().await.unwrap();
+    let sender = jetshard::CommandSender::<Ledger>::new(sender_client.clone(), &config);
+    let send = tokio::spawn(async move {
+        sender
+            .send("a-1", &jetshard_tests::ledger::LedgerCmd::Append { n: 0 })
+            .await
+    });
+    // Two publishes out and the send still running: the first was answered "no responders".
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while sender_client
+        .statistics()
+        .out_messages
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 2
+    {
+        assert!(
+            !send.is_finished(),
+            "the send ended after one publish: {:?}",
+            send.await
+        );
+        assert!(tokio::time::Instant::now() < deadline, "no second publish");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    provision(client.clone(), &config).await;
+    let seq = tokio::time::timeout(Duration::from_secs(10), send)
+        .await
+        .expect("the send must end")
+        .unwrap()
+        .expect("stored once the streams exist");
+    let js = async_nats::jetstream::new(client);
+    // The provisioning system may have taken the command already: the last sequence counts.
+    let last = js
+        .get_stream("LEDGER_CMD")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .last_sequence;
+    assert_eq!((seq, last), (1, 1), "stored once, as the first command");
+}
+
+/// With no stream at all, a send ends in a typed error after [`jetshard::NO_STREAM_WAIT`], and
+/// nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_no_stream_takes_is_a_typed_error() {
+    init_tracing();
+    let (_server, client, _) = jetshard_tests::served().await;
+    let config = ledger_config(2, "n1").build().unwrap();
+    let sender = jetshard::CommandSender::<Ledger>::new(client.clone(), &config);
+    let error = tokio::time::timeout(
+        jetshard::NO_STREAM_WAIT * 5,
+        sender.send("a-1", &jetshard_tests::ledger::LedgerCmd::Append { n: 0 }),
+    )
+    .await
+    .expect("the send must end")
+    .expect_err("no stream takes the command");
+    match &error {
+        Error::NoCommandStream { subject, waited } => {
+            assert_eq!(subject, "ledger.cmd.a-1");
+            assert!(*waited >= jetshard::NO_STREAM_WAIT, "{waited:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(error.to_string().contains("nothing was stored"), "{error}");
+    let js = async_nats::jetstream::new(client);
+    assert!(
+        js.get_stream("LEDGER_CMD").await.is_err(),
+        "no stream was made"
+    );
+}

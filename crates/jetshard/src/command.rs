@@ -22,6 +22,16 @@ use crate::wire::{HDR_MSG_ID, HDR_REPLY_TO, HDR_TRACEPARENT, Names};
 /// The longest idempotency key [`CommandSender::send_with_key`] takes, in bytes.
 pub const MAX_KEY_LEN: usize = 128;
 
+/// How long a send publishes again while no stream takes its subject ("no responders"): the
+/// streams of a new entity type, or a stream's interest still spreading to this client's
+/// server of a cluster, before it is [`Error::NoCommandStream`].
+pub const NO_STREAM_WAIT: Duration = Duration::from_secs(2);
+
+/// The first pause between two publishes that no stream took; it doubles up to
+/// [`NO_STREAM_MAX_PAUSE`].
+const NO_STREAM_FIRST_PAUSE: Duration = Duration::from_millis(10);
+const NO_STREAM_MAX_PAUSE: Duration = Duration::from_millis(250);
+
 /// Publishes commands for one entity type.
 pub struct CommandSender<E: Entity> {
     pub(crate) js: Context,
@@ -86,8 +96,10 @@ impl<E: Entity> CommandSender<E> {
     ///
     /// # Errors
     /// [`Error::InvalidId`], [`Error::Codec`] or [`Error::PayloadTooLarge`] before anything is
-    /// published; [`Error::JetStream`]
-    /// if the stream did not confirm (then the command may or may not be stored).
+    /// published; [`Error::NoCommandStream`] if no stream took the command for
+    /// [`NO_STREAM_WAIT`] (nothing is stored: the publish is made again meanwhile);
+    /// [`Error::JetStream`] if the stream did not confirm (then the command may or may not be
+    /// stored).
     pub async fn send(&self, id: &str, command: &E::Command) -> Result<u64, Error> {
         self.publish(id, command, HeaderMap::new()).await
     }
@@ -287,14 +299,35 @@ impl<E: Entity> CommandSender<E> {
             });
         }
         let subject = self.names.command_subject(&id);
-        let ack = self
-            .js
-            .publish_with_headers(subject.clone(), headers, payload.into())
-            .await
-            .map_err(|e| Error::jetstream(format!("publish to {subject}"), e))?
-            .await
-            .map_err(|e| Error::jetstream(format!("publish to {subject}"), e))?;
-        Ok(ack)
+        let payload = bytes::Bytes::from(payload);
+        let started = tokio::time::Instant::now();
+        let mut pause = NO_STREAM_FIRST_PAUSE;
+        loop {
+            let answer = self
+                .js
+                .publish_with_headers(subject.clone(), headers.clone(), payload.clone())
+                .await
+                .map_err(|e| Error::jetstream(format!("publish to {subject}"), e))?
+                .await;
+            match answer {
+                Ok(ack) => return Ok(ack),
+                // "No responders": no stream subscribes to the subject on this client's server,
+                // so nothing was stored and the publish can be made again as it is.
+                Err(e) if e.kind() == jetstream::context::PublishErrorKind::StreamNotFound => {
+                    let waited = started.elapsed();
+                    if waited >= NO_STREAM_WAIT {
+                        return Err(Error::NoCommandStream {
+                            subject: subject.to_string(),
+                            waited,
+                        });
+                    }
+                    tracing::debug!(%subject, ?waited, "no stream took the command yet; publishing again");
+                    tokio::time::sleep(pause.min(NO_STREAM_WAIT - waited)).await;
+                    pause = (pause * 2).min(NO_STREAM_MAX_PAUSE);
+                }
+                Err(e) => return Err(Error::jetstream(format!("publish to {subject}"), e)),
+            }
+        }
     }
 }
 

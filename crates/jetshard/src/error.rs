@@ -117,6 +117,19 @@ pub enum Error {
         /// The differing setting, with both values.
         detail: String,
     },
+    /// No stream took a command: its publishes were answered "no responders" for `waited`
+    /// ([`NO_STREAM_WAIT`](crate::NO_STREAM_WAIT)). Nothing was stored. The entity type's streams do not exist
+    /// yet (a [`ShardSystem`](crate::ShardSystem) creates them when it starts), or the client's
+    /// server has not heard of them.
+    #[error(
+        "no stream takes {subject} (no responders for {waited:?}); nothing was stored: start a shard system of this entity type first, it creates the streams"
+    )]
+    NoCommandStream {
+        /// The command's subject.
+        subject: String,
+        /// How long the sender published again.
+        waited: std::time::Duration,
+    },
     /// A JetStream API call failed (server down, timeout, permission).
     #[error("JetStream: {context}")]
     JetStream {

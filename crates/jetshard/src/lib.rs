@@ -133,7 +133,7 @@ mod trace;
 pub mod wire;
 
 pub use codec::Codec;
-pub use command::{CommandSender, MAX_KEY_LEN};
+pub use command::{CommandSender, MAX_KEY_LEN, NO_STREAM_WAIT};
 pub use config::{CommandRetention, ShardConfig, ShardConfigBuilder};
 pub use data::timers::MAX_TIMER_NAME_LEN;
 pub use data::{CommandOutcome, EffectError, Effects};
