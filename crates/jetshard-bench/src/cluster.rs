@@ -21,8 +21,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::Options;
-use crate::bare::{BareLoop, IN_FLIGHT, MAX_ACK_PENDING};
-use crate::drain::{DrainRun, DrainSpec, Figure, PassRows, timed_passes};
+use crate::bare::{BareLoop, BareSettings, IN_FLIGHT, Knob, MAX_ACK_PENDING};
+use crate::drain::{DrainRun, DrainSpec, Figure, PassRows, timed_passes, timed_passes_with};
 use crate::entity::BenchEntity;
 use crate::load;
 use crate::report::{Report, Row, Worse};
@@ -89,14 +89,20 @@ pub async fn drain_bare(spec: DrainSpec, in_flight: usize) -> anyhow::Result<Clu
         .build()?;
     load::provision(cluster.connect().await?, config).await?;
     load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
-    let bare = BareLoop::start_with(
+    // Held, not paused, while the commands are pre-loaded, as the throughput scenario's loop:
+    // a pull left open across a consumer's pause is not served when the consumer is resumed
+    // by API (docs/PERFORMANCE.md "Stop 39: from resume to first delivery"), so behind the
+    // gate each partition's loop would start only when its pull expired.
+    let mut settings = BareSettings::with(&[Knob::NoPause]);
+    settings.in_flight = in_flight;
+    let bare = BareLoop::start_with_settings(
         cluster.connect().await?,
         ENTITY_TYPE,
         spec.partitions,
-        in_flight,
+        settings,
     )
     .await?;
-    let passes = timed_passes(&pids, &control, spec, || bare.check()).await;
+    let passes = timed_passes_with(&pids, &control, spec, None, Some(&bare), || bare.check()).await;
     let refused = bare.refused();
     bare.stop().await?;
     Ok(ClusterRun {
