@@ -7,8 +7,9 @@
 //! the baseline. Beside it the **pipelined** bare loop, as fast as it is on one server (1024
 //! writes in flight per partition), whose refused writes are sent again: its 10164 count is the
 //! figure. jetshard group-commits (one atomic batch of every ready write per partition in
-//! flight). The protocol is the throughput scenario's ([`crate::drain::timed_passes`]): pause,
-//! pre-load, resume, time the drain; cold pass, then warm pass; each side on a fresh cluster.
+//! flight). The protocol is the throughput scenario's ([`crate::drain::timed_passes_with`]): pause
+//! jetshard's consumers (hold the bare loops), pre-load, resume (release), time the drain; cold
+//! pass, then warm pass; each side on a fresh cluster.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
