@@ -412,15 +412,8 @@ async fn a_command_sent_before_the_streams_exist_is_stored_once_they_do() {
         .expect("stored once the streams exist");
     let js = async_nats::jetstream::new(client);
     // The provisioning system may have taken the command already: the last sequence counts.
-    let last = js
-        .get_stream("LEDGER_CMD")
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .state
-        .last_sequence;
+    let stream = js.get_stream("LEDGER_CMD").await.unwrap();
+    let last = stream.cached_info().state.last_sequence;
     assert_eq!((seq, last), (1, 1), "stored once, as the first command");
 }
 
