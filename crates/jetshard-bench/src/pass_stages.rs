@@ -138,6 +138,46 @@ fn timeline(commands: &ByCommand, opened: u64, ended: u64) -> Vec<String> {
     ]
 }
 
+/// The pass's first second by partition, in tenths of it: commands pulled and acknowledged, and
+/// the pull requests sent (a slow start shows here: which of the two stopped).
+fn start_by_partition(commands: &ByCommand, others: &Others, opened: u64) -> Vec<String> {
+    const BIN: u64 = 100_000_000;
+    let bin = |at: u64| at.checked_sub(opened).map(|d| d / BIN).filter(|b| *b < 10);
+    let mut by: std::collections::BTreeMap<u32, [[u32; 10]; 3]> = Default::default();
+    for (stages, partition) in commands.values() {
+        let counts = by.entry(*partition).or_default();
+        for (row, stage) in [Stage::Pulled, Stage::Acking].into_iter().enumerate() {
+            if let Some(b) = stages[stage.index()].and_then(bin) {
+                counts[row][b as usize] += 1;
+            }
+        }
+    }
+    for (at, partition) in &others.pulls {
+        if let Some(b) = bin(*at) {
+            by.entry(*partition).or_default()[2][b as usize] += 1;
+        }
+    }
+    let mut lines = vec![
+        "the first second by partition, per 100 ms: pulled / acked / pull requests".to_owned(),
+    ];
+    for (partition, counts) in by {
+        let row = |r: usize| {
+            counts[r]
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        lines.push(format!(
+            "  p{partition}: {} / {} / {}",
+            row(0),
+            row(1),
+            row(2)
+        ));
+    }
+    lines
+}
+
 /// The lines of one pass's split.
 fn split(marks: &[Mark], others: &Others, opened: u64, ended: u64, budget: u32) -> Vec<String> {
     let commands = by_command(marks);
@@ -210,6 +250,7 @@ fn split(marks: &[Mark], others: &Others, opened: u64, ended: u64, budget: u32) 
         "commands in hand per partition (pulled, not acked; budget {budget}), from its first pull to its last ack:"
     ));
     lines.extend(in_hand.into_iter().map(|l| format!("  {l}")));
+    lines.extend(start_by_partition(&commands, others, opened));
     // Loads at once, over the pass.
     let mut load_changes: Vec<(u64, i64)> = commands
         .values()
