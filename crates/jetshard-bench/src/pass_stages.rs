@@ -333,6 +333,33 @@ mod tests {
         assert!((full - 0.1).abs() < 1e-9, "{full}");
     }
 
+    /// The first second is binned by 100 ms from the opening, per partition: pulled and acked
+    /// from each command's marks, pull requests from theirs; later marks left out.
+    #[test]
+    fn the_first_second_is_binned_by_partition() {
+        let ms = 1_000_000;
+        let opened = 1_000 * ms;
+        let marks = [
+            (opened + 50 * ms, 1, Stage::Pulled, 3),
+            (opened + 250 * ms, 1, Stage::Acking, u32::MAX),
+            (opened + 60 * ms, 2, Stage::Pulled, 3),
+            (opened + 1_500 * ms, 2, Stage::Acking, u32::MAX),
+        ];
+        let others = Others {
+            reads: Vec::new(),
+            pulls: vec![
+                (opened + 10 * ms, 3),
+                (opened + 999 * ms, 3),
+                (opened - ms, 3),
+            ],
+        };
+        let lines = start_by_partition(&by_command(&marks), &others, opened);
+        assert_eq!(
+            lines[1],
+            "  p3: 2 0 0 0 0 0 0 0 0 0 / 0 0 1 0 0 0 0 0 0 0 / 1 0 0 0 0 0 0 0 0 1"
+        );
+    }
+
     /// Each command's marks are gathered, first mark of a stage kept, its partition from its
     /// `pulled` mark.
     #[test]
