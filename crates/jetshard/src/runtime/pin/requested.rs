@@ -30,7 +30,7 @@ pub(super) struct Requested {
     /// Of `messages`, what this loop's pulls without the pin id still ask for beyond the one the
     /// server pinned the loop through ([`Self::pinned`]): a consumer pinned to this loop serves
     /// only pulls that carry the pin id, and leaves the others waiting to their expiry
-    /// (`tests/tests/nats_facts.rs`, `pulls_without_the_pin_id_wait_once_another_is_pinned`).
+    /// (`tests/tests/pin_facts.rs`, `pulls_without_the_pin_id_wait_once_another_is_pinned`).
     /// Not on their way, so not counted by [`Self::wants_pull`]: counted in, the loop held back
     /// until they expired (up to `expires` after a resume's pull, the first of a pass: issue 22,
     /// stop 40).
@@ -107,7 +107,7 @@ impl Requested {
     /// (asked for, less what is [`unserved`](Self::pinned)), or
     /// when the newest request is `expires` old (the pin lives only on fresh requests).
     pub(super) fn wants_pull(&self, batch: u32, expires: Duration, now: Instant) -> bool {
-        self.messages - self.unserved <= u64::from(batch / 2)
+        self.messages.saturating_sub(self.unserved) <= u64::from(batch / 2)
             || self.last_sent.is_none_or(|sent| now >= sent + expires)
     }
 
