@@ -138,6 +138,46 @@ fn timeline(commands: &ByCommand, opened: u64, ended: u64) -> Vec<String> {
     ]
 }
 
+/// The pass's first second by partition, in tenths of it: commands pulled and acknowledged, and
+/// the pull requests sent (a slow start shows here: which of the two stopped).
+fn start_by_partition(commands: &ByCommand, others: &Others, opened: u64) -> Vec<String> {
+    const BIN: u64 = 100_000_000;
+    let bin = |at: u64| at.checked_sub(opened).map(|d| d / BIN).filter(|b| *b < 10);
+    let mut by: std::collections::BTreeMap<u32, [[u32; 10]; 3]> = Default::default();
+    for (stages, partition) in commands.values() {
+        let counts = by.entry(*partition).or_default();
+        for (row, stage) in [Stage::Pulled, Stage::Acking].into_iter().enumerate() {
+            if let Some(b) = stages[stage.index()].and_then(bin) {
+                counts[row][b as usize] += 1;
+            }
+        }
+    }
+    for (at, partition) in &others.pulls {
+        if let Some(b) = bin(*at) {
+            by.entry(*partition).or_default()[2][b as usize] += 1;
+        }
+    }
+    let mut lines = vec![
+        "the first second by partition, per 100 ms: pulled / acked / pull requests".to_owned(),
+    ];
+    for (partition, counts) in by {
+        let row = |r: usize| {
+            counts[r]
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        lines.push(format!(
+            "  p{partition}: {} / {} / {}",
+            row(0),
+            row(1),
+            row(2)
+        ));
+    }
+    lines
+}
+
 /// The lines of one pass's split.
 fn split(marks: &[Mark], others: &Others, opened: u64, ended: u64, budget: u32) -> Vec<String> {
     let commands = by_command(marks);
@@ -210,6 +250,7 @@ fn split(marks: &[Mark], others: &Others, opened: u64, ended: u64, budget: u32) 
         "commands in hand per partition (pulled, not acked; budget {budget}), from its first pull to its last ack:"
     ));
     lines.extend(in_hand.into_iter().map(|l| format!("  {l}")));
+    lines.extend(start_by_partition(&commands, others, opened));
     // Loads at once, over the pass.
     let mut load_changes: Vec<(u64, i64)> = commands
         .values()
@@ -290,6 +331,33 @@ mod tests {
         assert!((mean - 0.6).abs() < 1e-9, "{mean}");
         assert_eq!(max, 2);
         assert!((full - 0.1).abs() < 1e-9, "{full}");
+    }
+
+    /// The first second is binned by 100 ms from the opening, per partition: pulled and acked
+    /// from each command's marks, pull requests from theirs; later marks left out.
+    #[test]
+    fn the_first_second_is_binned_by_partition() {
+        let ms = 1_000_000;
+        let opened = 1_000 * ms;
+        let marks = [
+            (opened + 50 * ms, 1, Stage::Pulled, 3),
+            (opened + 250 * ms, 1, Stage::Acking, u32::MAX),
+            (opened + 60 * ms, 2, Stage::Pulled, 3),
+            (opened + 1_500 * ms, 2, Stage::Acking, u32::MAX),
+        ];
+        let others = Others {
+            reads: Vec::new(),
+            pulls: vec![
+                (opened + 10 * ms, 3),
+                (opened + 999 * ms, 3),
+                (opened - ms, 3),
+            ],
+        };
+        let lines = start_by_partition(&by_command(&marks), &others, opened);
+        assert_eq!(
+            lines[1],
+            "  p3: 2 0 0 0 0 0 0 0 0 0 / 0 0 1 0 0 0 0 0 0 0 / 1 0 0 0 0 0 0 0 0 1"
+        );
     }
 
     /// Each command's marks are gathered, first mark of a stage kept, its partition from its

@@ -320,7 +320,6 @@ async fn run(
         };
         match message.status {
             None | Some(StatusCode::OK) => {
-                requested.delivered();
                 // One pass over the headers; the readers below look up only a command that
                 // carries one of theirs.
                 let delivery::Scanned {
@@ -330,9 +329,16 @@ async fn run(
                 if let Some(delivered_pin) = delivered_pin
                     && pin.as_deref() != Some(delivered_pin)
                 {
-                    tracing::debug!(pin = delivered_pin, "pinned");
+                    if pin.is_none()
+                        && let Some(sent) = unpinned_sent
+                    {
+                        // Its other pulls without the pin id wait to their expiry now.
+                        requested.pinned(settings.batch, sent, forget_after);
+                    }
+                    tracing::debug!(pin = delivered_pin, requested = ?requested, "pinned");
                     pin = Some(Arc::from(delivered_pin));
                 }
+                requested.delivered();
                 let Some(reply) = message.reply else { continue };
                 let Some(AckInfo {
                     stream_seq: seq,
@@ -397,6 +403,7 @@ async fn run(
             }
             Some(StatusCode::TIMEOUT) | Some(StatusCode::NOT_FOUND) => {
                 requested.ended(pending_of(message.headers.as_ref()), settings.batch);
+                tracing::trace!(?requested, "pull request ended");
             }
             Some(status) => {
                 requested.ended(pending_of(message.headers.as_ref()), settings.batch);

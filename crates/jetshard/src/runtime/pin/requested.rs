@@ -27,6 +27,17 @@ pub(super) struct Requested {
     /// delivery, and summing `recent` there cost ~2 instructions a request per delivery (at
     /// 25,000 commands a second and batches of 32, ~1,300 requests within 1.67 s: issue 22).
     recent_batches: u64,
+    /// Of `messages`, what this loop's pulls without the pin id still ask for beyond the one the
+    /// server pinned the loop through ([`Self::pinned`]): a consumer pinned to this loop serves
+    /// only pulls that carry the pin id, and leaves the others waiting to their expiry
+    /// (`tests/tests/pin_facts.rs`, `pulls_without_the_pin_id_wait_once_another_is_pinned`).
+    /// Not on their way, so not counted by [`Self::wants_pull`]: counted in, the loop held back
+    /// until they expired (up to `expires` after a resume's pull, the first of a pass: issue 22,
+    /// stop 40).
+    unserved: u64,
+    /// When every pull without the pin id has ended (sent `forget_after` before): `unserved`
+    /// is zero from then on, however their statuses were told apart.
+    unserved_until: Option<Instant>,
 }
 
 impl Requested {
@@ -39,6 +50,17 @@ impl Requested {
 
     pub(super) fn delivered(&mut self) {
         self.messages = self.messages.saturating_sub(1);
+        // A delivery is of a pull on its way, while any is: else of one thought unserved.
+        self.unserved = self.unserved.min(self.messages);
+    }
+
+    /// The loop, pinned by none so far, got its first delivery under a pin (before
+    /// [`Self::delivered`] counts it): every open pull was sent without the pin id (the last at
+    /// `unpinned_sent`), and the server serves the one it pinned the loop through (`batch`),
+    /// not the others.
+    pub(super) fn pinned(&mut self, batch: u32, unpinned_sent: Instant, forget_after: Duration) {
+        self.unserved = self.messages.saturating_sub(u64::from(batch));
+        self.unserved_until = Some(unpinned_sent + forget_after);
     }
 
     /// A status ended one request: `pending` is what it had not been given (from the status's
@@ -47,6 +69,11 @@ impl Requested {
     pub(super) fn ended(&mut self, pending: Option<u64>, batch: u32) {
         let undelivered = pending.unwrap_or(u64::from(batch));
         self.messages = self.messages.saturating_sub(undelivered);
+        // The pulls without the pin id were sent before any with it, and all expire alike: a
+        // status ends one of them first. (Were it of a pull on its way, the loop would pull
+        // late, at worst at its next refresh, as it did before `unserved` was kept; and only
+        // until `unserved_until`.)
+        self.unserved = self.unserved.saturating_sub(undelivered).min(self.messages);
     }
 
     /// Forgets requests that cannot be open any more: one sent `forget_after` ago has expired
@@ -64,6 +91,11 @@ impl Requested {
             }
         }
         self.messages = self.messages.min(self.recent_batches);
+        if self.unserved_until.is_some_and(|until| now >= until) {
+            self.unserved_until = None;
+            self.unserved = 0;
+        }
+        self.unserved = self.unserved.min(self.messages);
     }
 
     /// No request of this loop can still deliver.
@@ -71,10 +103,11 @@ impl Requested {
         self.messages == 0
     }
 
-    /// Whether to send another request now: when at most half a batch is still asked for, or
+    /// Whether to send another request now: when at most half a batch is still on its way
+    /// (asked for, less what is [`unserved`](Self::pinned)), or
     /// when the newest request is `expires` old (the pin lives only on fresh requests).
     pub(super) fn wants_pull(&self, batch: u32, expires: Duration, now: Instant) -> bool {
-        self.messages <= u64::from(batch / 2)
+        self.messages.saturating_sub(self.unserved) <= u64::from(batch / 2)
             || self.last_sent.is_none_or(|sent| now >= sent + expires)
     }
 
@@ -242,6 +275,51 @@ mod tests {
             "only the refreshes sent within forget_after: {}",
             requested.messages()
         );
+    }
+
+    /// The cold pass's slow start (issue 22, stop 40): two pulls without the pin id open when
+    /// the consumer is resumed (the loop's refresh and its pull at the resume); the server
+    /// pins the loop through one and serves it, the other waits to its expiry. Half the served
+    /// pull delivered, the loop pulls again, with the pin id; the waiting one's `408` then
+    /// takes nothing from the pulls on their way; once it must have ended, nothing is thought
+    /// unserved.
+    #[test]
+    fn pulls_without_the_pin_id_do_not_count_once_another_is_pinned() {
+        let now = Instant::now();
+        let forget_after = EXPIRES + Duration::from_secs(1);
+        let mut requested = Requested::default();
+        requested.sent(10, now);
+        requested.sent(10, now);
+        requested.pinned(10, now, forget_after);
+        (0..4).for_each(|_| requested.delivered());
+        assert!(!requested.wants_pull(10, EXPIRES, now), "6 on their way");
+        requested.delivered();
+        assert!(requested.wants_pull(10, EXPIRES, now), "5 on their way");
+        requested.sent(10, now); // with the pin id
+        assert_eq!(requested.messages(), 25);
+        assert!(!requested.is_empty());
+        requested.ended(Some(10), 10); // the unserved pull expires
+        assert_eq!(requested.messages(), 15);
+        assert!(!requested.wants_pull(10, EXPIRES, now), "15 on their way");
+        (0..10).for_each(|_| requested.delivered());
+        assert!(requested.wants_pull(10, EXPIRES, now), "5 on their way");
+        // Without the 408 (lost with the connection, say), forgotten by `unserved_until`.
+        let mut requested = Requested::default();
+        requested.sent(10, now);
+        requested.sent(10, now);
+        requested.pinned(10, now, forget_after);
+        (0..10).for_each(|_| requested.delivered());
+        requested.sent(10, now + EXPIRES);
+        assert_eq!(requested.unserved, 10);
+        requested.expire(now + forget_after, forget_after);
+        assert_eq!((requested.unserved, requested.messages()), (0, 10));
+        // Deliveries beyond what is on its way are of a pull thought unserved after all.
+        let mut requested = Requested::default();
+        requested.sent(10, now);
+        requested.sent(10, now);
+        requested.pinned(10, now, forget_after);
+        (0..15).for_each(|_| requested.delivered());
+        assert_eq!((requested.unserved, requested.messages()), (5, 5));
     }
 
     #[test]
