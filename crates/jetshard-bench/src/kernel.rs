@@ -6,7 +6,8 @@
 //!   in `epoll_wait`) and involuntary (preempted). No permission needed.
 //! - **System calls by kind and wake-ups made** ([`Syscalls`]): one tracepoint counter per
 //!   thread and event (`perf_event_open`, `PERF_TYPE_TRACEPOINT`, ids from tracefs), opened by
-//!   [`count_this_thread`] on the same threads as [`crate::instructions`]' counters and summed.
+//!   [`count_this_thread`] on the same threads as [`crate::instructions`]' counters (at most
+//!   [`MAX_THREADS`]) and summed.
 //!   The kernel allows them to root or with `perf_event_paranoid` at -1; elsewhere the figures
 //!   are "n/a" and the bench goes on.
 
@@ -91,7 +92,7 @@ impl Kernel {
         );
         match self.syscalls {
             Some(s) => line.push_str(&format!(
-                "; system calls {:.3} per cmd: futex {:.3}, writev {:.3}, sendto {:.3}, recvfrom {:.3}, epoll_wait {:.3}; wake-ups made {:.3}",
+                "; system calls {:.3} per cmd: futex {:.3}, writev {:.3}, sendto {:.3}, recvfrom {:.3}, epoll_wait {:.3}; wake-ups made {:.3}{}",
                 per(s.all),
                 per(s.futex),
                 per(s.writev),
@@ -99,6 +100,10 @@ impl Kernel {
                 per(s.recvfrom),
                 per(s.epoll_wait),
                 per(s.wakeups),
+                match uncounted() {
+                    0 => String::new(),
+                    n => format!(" ({n} threads past the first {MAX_THREADS} not counted)"),
+                },
             )),
             None => line.push_str(&format!(
                 "; system calls n/a ({})",
@@ -145,17 +150,29 @@ impl Syscalls {
 static COUNTERS: Mutex<Counters> = Mutex::new(Counters {
     threads: Vec::new(),
     refused: None,
+    uncounted: 0,
 });
+
+/// Threads counted at most: a thread's descriptors stay open after it exits (its counts stay
+/// readable), and the runtime's blocking pool starts threads over a long run; past this, the
+/// descriptors would eat into the process's file limit.
+const MAX_THREADS: usize = 64;
 
 struct Counters {
     threads: Vec<Vec<std::os::fd::OwnedFd>>,
     refused: Option<String>,
+    /// Threads started past [`MAX_THREADS`], not counted.
+    uncounted: usize,
 }
 
 /// Opens the calling thread's tracepoint counters; a refusal is remembered, never an error.
 pub fn count_this_thread() {
     let mut counters = COUNTERS.lock().unwrap_or_else(PoisonError::into_inner);
     if counters.refused.is_some() {
+        return;
+    }
+    if counters.threads.len() >= MAX_THREADS {
+        counters.uncounted += 1;
         return;
     }
     let opened: Result<Vec<_>, String> = TRACEPOINTS
@@ -188,6 +205,14 @@ pub fn refused() -> Option<String> {
         .unwrap_or_else(PoisonError::into_inner)
         .refused
         .clone()
+}
+
+/// Threads started past [`MAX_THREADS`], whose system calls are not counted.
+fn uncounted() -> usize {
+    COUNTERS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .uncounted
 }
 
 /// The counts so far.
