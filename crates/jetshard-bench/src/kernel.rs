@@ -7,7 +7,7 @@
 //! - **System calls by kind and wake-ups made** ([`Syscalls`]): one tracepoint counter per
 //!   thread and event (`perf_event_open`, `PERF_TYPE_TRACEPOINT`, ids from tracefs), opened by
 //!   [`count_this_thread`] on the same threads as [`crate::instructions`]' counters (at most
-//!   [`MAX_THREADS`]) and summed.
+//!   `MAX_THREADS`) and summed.
 //!   The kernel allows them to root or with `perf_event_paranoid` at -1; elsewhere the figures
 //!   are "n/a" and the bench goes on.
 
