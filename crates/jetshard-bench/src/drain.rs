@@ -67,6 +67,9 @@ pub struct Pass {
     /// User-space instructions and cycles of this process meanwhile, from its hardware
     /// counters; `None` where the kernel refused them ([`instructions`]).
     pub counted: Option<Counted>,
+    /// What the kernel did for this process meanwhile: context switches, system calls by
+    /// kind, wake-ups ([`crate::kernel`]).
+    pub kernel: crate::kernel::Kernel,
     /// This process's instructions meanwhile as callgrind counted them, when the harness runs
     /// under it ([`instructions::callgrind`]).
     pub callgrind_instructions: Option<u64>,
@@ -266,6 +269,7 @@ pub async fn timed_passes_with(
         let cpu = CpuMeter::start(server_pids);
         let allocated = allocs::now();
         let counted = instructions::now();
+        let kernel = crate::kernel::now();
         if instructions::callgrind::running() {
             instructions::callgrind::pass_started();
         }
@@ -298,6 +302,7 @@ pub async fn timed_passes_with(
         }
         let acknowledged = (spec.commands as u64).saturating_sub(drained.remaining);
         let cpu = cpu.spent();
+        let kernel = crate::kernel::now().since(kernel);
         if let Some(recording) = recording {
             recording.finish(
                 pass,
@@ -329,6 +334,7 @@ pub async fn timed_passes_with(
             cpu,
             allocated,
             counted,
+            kernel,
             callgrind_instructions,
         };
         let per_command = |n: u64| n as f64 / spec.commands as f64;
@@ -364,6 +370,10 @@ pub async fn timed_passes_with(
         eprintln!(
             "  pass {pass}: client user-space instructions per cmd: {}",
             instructions_line(&done, spec.commands)
+        );
+        eprintln!(
+            "  pass {pass}: the client's kernel: {}",
+            kernel.line(spec.commands)
         );
         if let Some(messages) = messages {
             eprintln!(

@@ -35,6 +35,7 @@ pub mod drain;
 pub mod entity;
 pub mod failover;
 pub mod instructions;
+pub mod kernel;
 pub mod latency;
 pub mod load;
 pub mod memory;
@@ -322,6 +323,12 @@ enum ChildRole {
     MemoryChild(memory::ChildArgs),
 }
 
+/// Opens the calling thread's counters: instructions and cycles, system calls and wake-ups.
+fn count_this_thread() {
+    instructions::count_this_thread();
+    kernel::count_this_thread();
+}
+
 /// Runs the harness with `args` (the first is the program name); blocks until done.
 ///
 /// # Errors
@@ -332,10 +339,11 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> anyhow::Resul
     let cli = Cli::parse_from(&args);
     // Every thread that runs the harness's work counts its own instructions (an inherited
     // counter would see a thread's only once it exits).
-    instructions::count_this_thread();
+    // So do its tracepoint counters (system calls, wake-ups: `kernel`).
+    count_this_thread();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .on_thread_start(instructions::count_this_thread)
+        .on_thread_start(count_this_thread)
         .enable_all()
         .build()
         .context("start the tokio runtime")?;
