@@ -201,6 +201,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         time_box: Duration::from_secs(120),
         pull_batch: None,
         max_ack_pending: None,
+        passivate_after: None,
         command_bytes: options.command_bytes,
         stages: options.pass_stages,
     };

@@ -40,6 +40,8 @@ pub struct DrainSpec {
     pub pull_batch: Option<u32>,
     /// jetshard's `max_ack_pending` (default: jetshard's default).
     pub max_ack_pending: Option<u32>,
+    /// jetshard's `passivate_after` (default: jetshard's default, 30 s).
+    pub passivate_after: Option<Duration>,
     /// The encoded size of each command and of its event (`--command-bytes`; 0: the bare
     /// stamp, about 10 bytes).
     pub command_bytes: usize,

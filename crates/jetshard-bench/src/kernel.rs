@@ -9,7 +9,10 @@
 //!   [`count_this_thread`] on the same threads as [`crate::instructions`]' counters (at most
 //!   `MAX_THREADS`) and summed.
 //!   The kernel allows them to root or with `perf_event_paranoid` at -1; elsewhere the figures
-//!   are "n/a" and the bench goes on.
+//!   are "n/a" and the bench goes on. Opened only with `BENCH_SYSCALLS=1` ([`SWITCH`]): while a
+//!   system call tracepoint is open, the kernel takes every thread of the machine, the
+//!   servers' included, through its traced system call path, which would tax every figure of
+//!   the run a little.
 
 use std::sync::{Mutex, PoisonError};
 
@@ -165,10 +168,18 @@ struct Counters {
     uncounted: usize,
 }
 
-/// Opens the calling thread's tracepoint counters; a refusal is remembered, never an error.
+/// The environment variable that switches the tracepoint counters on (`1`).
+pub const SWITCH: &str = "BENCH_SYSCALLS";
+
+/// Opens the calling thread's tracepoint counters if [`SWITCH`] is `1`; a refusal is
+/// remembered, never an error.
 pub fn count_this_thread() {
     let mut counters = COUNTERS.lock().unwrap_or_else(PoisonError::into_inner);
     if counters.refused.is_some() {
+        return;
+    }
+    if std::env::var_os(SWITCH).is_none_or(|on| on != "1") {
+        counters.refused = Some(format!("off ({SWITCH}=1 counts them)"));
         return;
     }
     if counters.threads.len() >= MAX_THREADS {

@@ -57,6 +57,7 @@ pub async fn run(
                 time_box: std::time::Duration::from_secs(60),
                 pull_batch: options.pull_batch,
                 max_ack_pending: options.max_ack_pending,
+                passivate_after: None,
                 command_bytes: options.command_bytes,
                 stages: false,
             };

@@ -146,6 +146,10 @@ pub struct Options {
     /// Throughput: jetshard's `max_ack_pending` (default: jetshard's default, 1024).
     #[arg(long)]
     pub max_ack_pending: Option<u32>,
+    /// Throughput: jetshard's `passivate_after`, in seconds (default: jetshard's default, 30 s).
+    /// Under valgrind a pass takes minutes: a longer one keeps the warm pass's actors live.
+    #[arg(long)]
+    pub passivate_after_secs: Option<u64>,
     /// Throughput rounds (bare, then jetshard, each round); medians are reported, with the
     /// worst round beside them.
     #[arg(long, default_value_t = 3)]

@@ -38,6 +38,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             time_box: PASS_TIME_BOX,
             pull_batch: None,
             max_ack_pending: None,
+            passivate_after: None,
             command_bytes: options.command_bytes,
             stages: false,
         };
@@ -101,6 +102,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             time_box: PASS_TIME_BOX,
             pull_batch: None,
             max_ack_pending: None,
+            passivate_after: None,
             command_bytes: options.command_bytes,
             stages: false,
         };

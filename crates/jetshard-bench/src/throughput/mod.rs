@@ -53,6 +53,9 @@ pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<DrainRun> {
     if let Some(max_ack_pending) = spec.max_ack_pending {
         config = config.max_ack_pending(max_ack_pending);
     }
+    if let Some(idle) = spec.passivate_after {
+        config = config.passivate_after(idle);
+    }
     let config = config.build()?;
     let client = server.connect().await?;
     crate::messages::watch(&client);
@@ -92,6 +95,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
         time_box: Duration::from_secs(120),
         pull_batch: options.pull_batch,
         max_ack_pending: options.max_ack_pending,
+        passivate_after: options.passivate_after_secs.map(Duration::from_secs),
         command_bytes: options.command_bytes,
         stages: options.pass_stages,
     };

@@ -113,20 +113,24 @@ pub(crate) fn start(
     let consumer = consumer.to_owned();
     let (paused, paused_rx) = watch::channel(false);
     let (forget, forget_rx) = watch::channel(None);
-    let task = tokio::spawn(async move {
-        let signals = Signals {
-            paused: paused_rx,
-            forget: forget_rx,
-            resumed,
-        };
-        let reason = match run(js, request_subject, settings, signals, &sink).await {
-            Ok(Ended::OwnerGone) => return,
-            Ok(Ended::SubscriptionClosed) => "its subscription closed".to_owned(),
-            Err(e) => e.to_string(),
-        };
-        tracing::error!(consumer = %consumer, %reason, "pull loop ended");
-        sink(PinSignal::Ended { reason });
-    });
+    let span = tracing::debug_span!("pull_loop", consumer = %consumer);
+    let task = tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            let signals = Signals {
+                paused: paused_rx,
+                forget: forget_rx,
+                resumed,
+            };
+            let reason = match run(js, request_subject, settings, signals, &sink).await {
+                Ok(Ended::OwnerGone) => return,
+                Ok(Ended::SubscriptionClosed) => "its subscription closed".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            tracing::error!(consumer = %consumer, %reason, "pull loop ended");
+            sink(PinSignal::Ended { reason });
+        },
+        span,
+    ));
     PullLoop {
         task,
         paused,
