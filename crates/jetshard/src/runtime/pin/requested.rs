@@ -38,6 +38,11 @@ pub(super) struct Requested {
     /// When every pull without the pin id has ended (sent `forget_after` before): `unserved`
     /// is zero from then on, however their statuses were told apart.
     unserved_until: Option<Instant>,
+    /// A status ended a pull while some were thought unserved: the loop cannot tell whether it
+    /// was the served one's (then nothing is on its way: the server may serve the oldest pull,
+    /// sent before the pause, which expires just after the resume) or an unserved one's, so it
+    /// pulls once more, with the pin id. Taken wrongly, one batch more is asked for.
+    pull_once: bool,
 }
 
 impl Requested {
@@ -46,6 +51,7 @@ impl Requested {
         self.last_sent = Some(now);
         self.recent.push_back((now, batch));
         self.recent_batches += u64::from(batch);
+        self.pull_once = false;
     }
 
     pub(super) fn delivered(&mut self) {
@@ -69,10 +75,10 @@ impl Requested {
     pub(super) fn ended(&mut self, pending: Option<u64>, batch: u32) {
         let undelivered = pending.unwrap_or(u64::from(batch));
         self.messages = self.messages.saturating_sub(undelivered);
+        self.pull_once |= self.unserved > 0;
         // The pulls without the pin id were sent before any with it, and all expire alike: a
-        // status ends one of them first. (Were it of a pull on its way, the loop would pull
-        // late, at worst at its next refresh, as it did before `unserved` was kept; and only
-        // until `unserved_until`.)
+        // status ends one of them first. Whether it was the one served is not known: hence
+        // `pull_once`.
         self.unserved = self.unserved.saturating_sub(undelivered).min(self.messages);
     }
 
@@ -104,10 +110,12 @@ impl Requested {
     }
 
     /// Whether to send another request now: when at most half a batch is still on its way
-    /// (asked for, less what is [`unserved`](Self::pinned)), or
+    /// (asked for, less what is [`unserved`](Self::pinned)), once after a status that may have
+    /// ended the served pull, or
     /// when the newest request is `expires` old (the pin lives only on fresh requests).
     pub(super) fn wants_pull(&self, batch: u32, expires: Duration, now: Instant) -> bool {
-        self.messages.saturating_sub(self.unserved) <= u64::from(batch / 2)
+        self.pull_once
+            || self.messages.saturating_sub(self.unserved) <= u64::from(batch / 2)
             || self.last_sent.is_none_or(|sent| now >= sent + expires)
     }
 
@@ -300,8 +308,13 @@ mod tests {
         assert!(!requested.is_empty());
         requested.ended(Some(10), 10); // the unserved pull expires
         assert_eq!(requested.messages(), 15);
-        assert!(!requested.wants_pull(10, EXPIRES, now), "15 on their way");
-        (0..10).for_each(|_| requested.delivered());
+        assert!(
+            requested.wants_pull(10, EXPIRES, now),
+            "the status may have been the served pull's: once more"
+        );
+        requested.sent(10, now);
+        assert!(!requested.wants_pull(10, EXPIRES, now), "25 on their way");
+        (0..20).for_each(|_| requested.delivered());
         assert!(requested.wants_pull(10, EXPIRES, now), "5 on their way");
         // Without the 408 (lost with the connection, say), forgotten by `unserved_until`.
         let mut requested = Requested::default();
@@ -320,6 +333,40 @@ mod tests {
         requested.pinned(10, now, forget_after);
         (0..15).for_each(|_| requested.delivered());
         assert_eq!((requested.unserved, requested.messages()), (5, 5));
+    }
+
+    /// Seen in the bench's cold pass (stop 40): the server pinned the loop through its oldest
+    /// pull, sent before the pause, which expired 10 ms after the resume with 26 of its 256
+    /// delivered; the pull sent at the resume, without the pin id, then waited to its own
+    /// expiry, and the loop, taking the status for that one's, waited 650 ms for its refresh.
+    #[test]
+    fn a_status_after_the_pin_makes_the_loop_pull_once_more() {
+        let now = Instant::now();
+        let forget_after = EXPIRES + Duration::from_secs(1);
+        let mut requested = Requested::default();
+        requested.sent(256, now);
+        requested.sent(256, now);
+        requested.pinned(256, now, forget_after);
+        (0..26).for_each(|_| requested.delivered());
+        assert!(!requested.wants_pull(256, EXPIRES, now), "230 on their way");
+        requested.ended(Some(230), 256); // the served pull's expiry
+        assert_eq!(requested.messages(), 256);
+        assert!(
+            requested.wants_pull(256, EXPIRES, now),
+            "nothing on its way"
+        );
+        requested.sent(256, now); // with the pin id
+        assert!(!requested.wants_pull(256, EXPIRES, now), "256 on their way");
+        // The unserved pull's expiry: taken for the served one's as well, one batch more.
+        requested.ended(Some(256), 256);
+        assert!(requested.wants_pull(256, EXPIRES, now));
+        requested.sent(256, now);
+        assert_eq!((requested.unserved, requested.messages()), (0, 512));
+        requested.ended(Some(256), 256);
+        assert!(
+            !requested.wants_pull(256, EXPIRES, now),
+            "none unserved: counted again"
+        );
     }
 
     #[test]
