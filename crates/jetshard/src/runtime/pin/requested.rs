@@ -41,11 +41,11 @@ pub(super) struct Requested {
     /// A status ended a pull while some were thought unserved (until `unserved_until`): the
     /// loop cannot tell whether it was the served one's (then nothing of it is on its way any
     /// more: the server may serve the oldest pull, sent before the pause, which expires just
-    /// after the resume) or an unserved one's, so `unserved` is no longer known. The loop then
-    /// pulls at once, with the pin id, and after that whenever a whole batch was delivered
-    /// since its last pull (so what it asks for does not grow). Taken wrongly, one batch more
-    /// is asked for.
-    unknown_since: Option<u64>,
+    /// after the resume) or an unserved one's, so `unserved` is no longer known. From then on
+    /// (until `unserved_until`) the loop counts only what its pulls sent since ask for, all
+    /// with the pin id: at once nothing, so it pulls at once. Deliveries and statuses of the
+    /// older pulls, taken off this count too, make it pull early: one batch more at most.
+    since_status: Option<u64>,
 }
 
 impl Requested {
@@ -54,15 +54,15 @@ impl Requested {
         self.last_sent = Some(now);
         self.recent.push_back((now, batch));
         self.recent_batches += u64::from(batch);
-        if let Some(delivered) = &mut self.unknown_since {
-            *delivered = 0;
+        if let Some(open) = &mut self.since_status {
+            *open += u64::from(batch);
         }
     }
 
     pub(super) fn delivered(&mut self) {
         self.messages = self.messages.saturating_sub(1);
-        if let Some(delivered) = &mut self.unknown_since {
-            *delivered = delivered.saturating_add(1);
+        if let Some(open) = &mut self.since_status {
+            *open = open.saturating_sub(1);
         }
         // A delivery is of a pull on its way, while any is: else of one thought unserved.
         self.unserved = self.unserved.min(self.messages);
@@ -83,13 +83,14 @@ impl Requested {
     pub(super) fn ended(&mut self, pending: Option<u64>, batch: u32) {
         let undelivered = pending.unwrap_or(u64::from(batch));
         self.messages = self.messages.saturating_sub(undelivered);
-        if self.unserved > 0 {
-            // Pull at once: as if a whole batch had been delivered since the last pull.
-            self.unknown_since = Some(u64::from(batch));
+        match &mut self.since_status {
+            Some(open) => *open = open.saturating_sub(undelivered),
+            None if self.unserved > 0 => self.since_status = Some(0),
+            None => {}
         }
         // The pulls without the pin id were sent before any with it, and all expire alike: a
         // status ends one of them first. Whether it was the one served is not known: hence
-        // `unknown_since`.
+        // `since_status`.
         self.unserved = self.unserved.saturating_sub(undelivered).min(self.messages);
     }
 
@@ -111,7 +112,7 @@ impl Requested {
         if self.unserved_until.is_some_and(|until| now >= until) {
             self.unserved_until = None;
             self.unserved = 0;
-            self.unknown_since = None;
+            self.since_status = None;
         }
         self.unserved = self.unserved.min(self.messages);
     }
@@ -122,16 +123,15 @@ impl Requested {
     }
 
     /// Whether to send another request now: when at most half a batch is still on its way
-    /// (asked for, less what is [`unserved`](Self::pinned)); after a status that may have
-    /// ended the served pull, at once and then whenever a batch was delivered since the last
-    /// pull (`unknown_since`); or
+    /// (asked for, less what is [`unserved`](Self::pinned); after a status that may have
+    /// ended the served pull, what was asked for since, `since_status`); or
     /// when the newest request is `expires` old (the pin lives only on fresh requests).
     pub(super) fn wants_pull(&self, batch: u32, expires: Duration, now: Instant) -> bool {
-        let on_their_way = match self.unknown_since {
-            Some(delivered) => delivered < u64::from(batch),
-            None => self.messages.saturating_sub(self.unserved) > u64::from(batch / 2),
-        };
-        !on_their_way || self.last_sent.is_none_or(|sent| now >= sent + expires)
+        let on_their_way = self
+            .since_status
+            .unwrap_or(self.messages.saturating_sub(self.unserved));
+        on_their_way <= u64::from(batch / 2)
+            || self.last_sent.is_none_or(|sent| now >= sent + expires)
     }
 
     /// What the open requests still ask for.
@@ -330,13 +330,10 @@ mod tests {
         requested.sent(10, now);
         assert!(
             !requested.wants_pull(10, EXPIRES, now),
-            "nothing delivered since"
+            "10 asked for since"
         );
-        (0..10).for_each(|_| requested.delivered());
-        assert!(
-            requested.wants_pull(10, EXPIRES, now),
-            "a batch delivered since"
-        );
+        (0..5).for_each(|_| requested.delivered());
+        assert!(requested.wants_pull(10, EXPIRES, now), "5 asked for since");
         // Without the 408 (lost with the connection, say), forgotten by `unserved_until`.
         let mut requested = Requested::default();
         requested.sent(10, now);
@@ -361,7 +358,7 @@ mod tests {
     /// delivered; the pull sent at the resume, without the pin id, then waited to its own
     /// expiry, and the loop, taking the status for that one's, waited ~650 ms for its refresh.
     #[test]
-    fn a_status_after_the_pin_makes_the_loop_pull_by_what_was_delivered() {
+    fn a_status_after_the_pin_makes_the_loop_count_only_the_pulls_sent_since() {
         let now = Instant::now();
         let forget_after = EXPIRES + Duration::from_secs(1);
         let mut requested = Requested::default();
@@ -378,16 +375,18 @@ mod tests {
         );
         requested.sent(256, now); // with the pin id
         assert!(!requested.wants_pull(256, EXPIRES, now), "256 on their way");
-        // The pull with the pin id is served whole; the one without it still waits, counted
-        // as on its way before (`unserved` 26 of 256): pulling by deliveries, the loop goes on.
-        (0..255).for_each(|_| requested.delivered());
-        assert!(!requested.wants_pull(256, EXPIRES, now));
+        // The pull with the pin id is served; the one without it still waits, counted as on
+        // its way before (`unserved` 26 of 256): counting only the new pulls, the loop goes on.
+        (0..127).for_each(|_| requested.delivered());
+        assert!(!requested.wants_pull(256, EXPIRES, now), "129 on their way");
         requested.delivered();
-        assert!(requested.wants_pull(256, EXPIRES, now), "a batch delivered");
+        assert!(requested.wants_pull(256, EXPIRES, now), "128 on their way");
         requested.sent(256, now);
-        // The unserved pull's expiry: taken for a served one's as well, one batch more.
+        (0..128).for_each(|_| requested.delivered());
+        assert!(!requested.wants_pull(256, EXPIRES, now), "256 on their way");
+        // The unserved pull's expiry, taken off the new pulls' count too: one batch early.
         requested.ended(Some(256), 256);
-        assert!(requested.wants_pull(256, EXPIRES, now));
+        assert!(requested.wants_pull(256, EXPIRES, now), "0 counted");
         requested.sent(256, now);
         assert_eq!((requested.unserved, requested.messages()), (0, 512));
         assert!(!requested.wants_pull(256, EXPIRES, now));
