@@ -383,36 +383,12 @@ async fn an_open_pull_is_not_served_after_an_api_resume_on_r3_either() {
 /// expiry: [`an_open_pull_is_not_served_after_an_api_resume_only_a_new_pull_is`].)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_resume_a_new_pull_wakes_the_consumer_and_the_open_pulls_are_served_too() {
-    use async_nats::jetstream::consumer::{AckPolicy, PriorityPolicy, pull};
-    use async_nats::jetstream::stream::Config;
     use futures::StreamExt;
     use jetshard_testkit::wait_until;
     use std::time::Duration;
     init_tracing();
-    let server = jetshard_testkit::NatsServer::start()
-        .await
-        .expect("nats-server");
-    let client = server.connect().await.expect("connect");
-    let js = async_nats::jetstream::new(client.clone());
-    let stream = js
-        .create_stream(Config {
-            name: "WAKE".into(),
-            subjects: vec!["wake.>".into()],
-            ..Default::default()
-        })
-        .await
-        .expect("stream");
-    stream
-        .create_consumer(pull::Config {
-            durable_name: Some("c".into()),
-            ack_policy: AckPolicy::Explicit,
-            priority_policy: PriorityPolicy::PinnedClient,
-            priority_groups: vec!["owners".into()],
-            priority_timeout: Duration::from_secs(30),
-            ..Default::default()
-        })
-        .await
-        .expect("consumer");
+    let (_server, client, js) = jetshard_tests::served().await;
+    let stream = jetshard_tests::pinned_pull_consumer(&js, "WAKE", "wake.>").await;
     let inbox = client.new_inbox();
     let mut answers = client.subscribe(inbox.clone()).await.expect("subscribe");
     let (client, inbox) = (&client, &inbox);

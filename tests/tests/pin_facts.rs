@@ -3,8 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::consumer::{AckPolicy, PriorityPolicy, pull};
-use async_nats::jetstream::stream::Config;
 use futures::StreamExt;
 use jetshard_tests::init_tracing;
 
@@ -20,30 +18,8 @@ const EXPIRES: Duration = Duration::from_millis(2000);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pulls_without_the_pin_id_wait_once_another_is_pinned() {
     init_tracing();
-    let server = jetshard_testkit::NatsServer::start()
-        .await
-        .expect("nats-server");
-    let client = server.connect().await.expect("connect");
-    let js = async_nats::jetstream::new(client.clone());
-    let stream = js
-        .create_stream(Config {
-            name: "PIN".into(),
-            subjects: vec!["pin.>".into()],
-            ..Default::default()
-        })
-        .await
-        .expect("stream");
-    stream
-        .create_consumer(pull::Config {
-            durable_name: Some("c".into()),
-            ack_policy: AckPolicy::Explicit,
-            priority_policy: PriorityPolicy::PinnedClient,
-            priority_groups: vec!["owners".into()],
-            priority_timeout: Duration::from_secs(30),
-            ..Default::default()
-        })
-        .await
-        .expect("consumer");
+    let (_server, client, js) = jetshard_tests::served().await;
+    jetshard_tests::pinned_pull_consumer(&js, "PIN", "pin.>").await;
     for i in 0..30 {
         js.publish(format!("pin.{i}"), "m".into())
             .await

@@ -112,9 +112,10 @@ pub fn now() -> Option<Counted> {
     Some(total)
 }
 
-/// `perf_event_open(2)` for one thread's user-space hardware counter.
+/// `perf_event_open(2)` for one thread's user-space hardware counter ([`open`]), or any
+/// counting event ([`open_event`]: the kernel's tracepoints, `crate::kernel`).
 #[cfg(target_os = "linux")]
-mod perf {
+pub(crate) mod perf {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
     /// `PERF_COUNT_HW_CPU_CYCLES`.
@@ -150,14 +151,25 @@ mod perf {
 
     /// Opens hardware counter `config` for the calling thread, counting from now.
     pub(super) fn open(config: u64) -> std::io::Result<OwnedFd> {
+        open_event(TYPE_HARDWARE, config, READ_TIMES, USER_ONLY)
+    }
+
+    /// Opens a counting event of type `kind` (`PERF_TYPE_*`) and `config` for the calling
+    /// thread, counting from now.
+    pub(crate) fn open_event(
+        kind: u32,
+        config: u64,
+        read_format: u64,
+        flags: u64,
+    ) -> std::io::Result<OwnedFd> {
         let attr = Attr {
-            kind: TYPE_HARDWARE,
+            kind,
             size: std::mem::size_of::<Attr>() as u32,
             config,
             sample_period: 0,
             sample_type: 0,
-            read_format: READ_TIMES,
-            flags: USER_ONLY,
+            read_format,
+            flags,
             wakeup_events: 0,
             bp_type: 0,
             config1: 0,
@@ -210,13 +222,22 @@ mod perf {
 }
 
 #[cfg(not(target_os = "linux"))]
-mod perf {
+pub(crate) mod perf {
     use std::os::fd::OwnedFd;
 
     pub(super) const CYCLES: u64 = 0;
     pub(super) const INSTRUCTIONS: u64 = 1;
 
     pub(super) fn open(_config: u64) -> std::io::Result<OwnedFd> {
+        Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
+    }
+
+    pub(crate) fn open_event(
+        _kind: u32,
+        _config: u64,
+        _read_format: u64,
+        _flags: u64,
+    ) -> std::io::Result<OwnedFd> {
         Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
     }
 

@@ -286,61 +286,14 @@ fn usage() -> Usage {
 /// `perf_event_open(2)` of one tracepoint for the calling thread.
 #[cfg(target_os = "linux")]
 mod tracepoint {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::{AsRawFd, OwnedFd};
 
     /// `PERF_TYPE_TRACEPOINT`.
     const TYPE_TRACEPOINT: u32 = 2;
-    /// `PERF_FLAG_FD_CLOEXEC`.
-    const FD_CLOEXEC: libc::c_ulong = 8;
-
-    /// `struct perf_event_attr` up to `PERF_ATTR_SIZE_VER0` (64 bytes).
-    #[repr(C)]
-    struct Attr {
-        kind: u32,
-        size: u32,
-        config: u64,
-        sample_period: u64,
-        sample_type: u64,
-        read_format: u64,
-        flags: u64,
-        wakeup_events: u32,
-        bp_type: u32,
-        config1: u64,
-    }
 
     /// Opens a counter of tracepoint `id` for the calling thread, counting from now.
     pub(super) fn open(id: u64) -> std::io::Result<OwnedFd> {
-        let attr = Attr {
-            kind: TYPE_TRACEPOINT,
-            size: std::mem::size_of::<Attr>() as u32,
-            config: id,
-            sample_period: 0,
-            sample_type: 0,
-            read_format: 0,
-            flags: 0,
-            wakeup_events: 0,
-            bp_type: 0,
-            config1: 0,
-        };
-        let (thread, any_cpu, no_group): (libc::pid_t, libc::c_int, libc::c_int) = (0, -1, -1);
-        // SAFETY: `attr` is a valid `perf_event_attr` of the size it declares and outlives the
-        // call; the other arguments are plain values.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_perf_event_open,
-                &attr as *const Attr,
-                thread,
-                any_cpu,
-                no_group,
-                FD_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let fd = libc::c_int::try_from(fd).map_err(std::io::Error::other)?;
-        // SAFETY: the kernel just returned this descriptor and nothing else owns it.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        crate::instructions::perf::open_event(TYPE_TRACEPOINT, id, 0, 0)
     }
 
     /// The counter's value.
