@@ -27,25 +27,21 @@ pub(super) struct Requested {
     /// delivery, and summing `recent` there cost ~2 instructions a request per delivery (at
     /// 25,000 commands a second and batches of 32, ~1,300 requests within 1.67 s: issue 22).
     recent_batches: u64,
-    /// Of `messages`, what this loop's pulls without the pin id still ask for beyond the one the
-    /// server pinned the loop through ([`Self::pinned`]): a consumer pinned to this loop serves
-    /// only pulls that carry the pin id, and leaves the others waiting to their expiry
+    /// What the pulls the server may serve still ask for, from the loop's first delivery under a
+    /// pin ([`Self::pinned`]) until every pull sent before it has ended (`unpinned_until`): a
+    /// consumer pinned to this loop serves the pull it pinned the loop through and those that
+    /// carry the pin id, and leaves the others waiting to their expiry
     /// (`tests/tests/pin_facts.rs`, `pulls_without_the_pin_id_wait_once_another_is_pinned`).
-    /// Not on their way, so not counted by [`Self::wants_pull`]: counted in, the loop held back
-    /// until they expired (up to `expires` after a resume's pull, the first of a pass: issue 22,
-    /// stop 40).
-    unserved: u64,
-    /// When every pull without the pin id has ended (sent `forget_after` before): `unserved`
-    /// is zero from then on, however their statuses were told apart.
-    unserved_until: Option<Instant>,
-    /// A status ended a pull while some were thought unserved (until `unserved_until`): the
-    /// loop cannot tell whether it was the served one's (then nothing of it is on its way any
-    /// more: the server may serve the oldest pull, sent before the pause, which expires just
-    /// after the resume) or an unserved one's, so `unserved` is no longer known. From then on
-    /// (until `unserved_until`) the loop counts only what its pulls sent since ask for, all
-    /// with the pin id: at once nothing, so it pulls at once. Deliveries and statuses of the
-    /// older pulls, taken off this count too, make it pull early: one batch more at most.
-    since_status: Option<u64>,
+    /// Those are not on their way, so not counted by [`Self::wants_pull`]: counted in, the loop
+    /// held back until they expired (up to `expires` after a resume's pull, the first of a
+    /// pass: issue 22, stop 40). A status is taken off it whichever pull it ended (the loop
+    /// cannot tell the served pull's from a waiting one's: the server may pin through the
+    /// oldest, sent before a pause, which expires just after the resume), so it may undercount
+    /// by what the waiting pulls asked for: the loop then pulls early, never late.
+    pinned_open: Option<u64>,
+    /// When every pull sent before the pin has ended (sent `forget_after` before):
+    /// `pinned_open` is dropped then and `messages` counted again.
+    unpinned_until: Option<Instant>,
 }
 
 impl Requested {
@@ -54,18 +50,16 @@ impl Requested {
         self.last_sent = Some(now);
         self.recent.push_back((now, batch));
         self.recent_batches += u64::from(batch);
-        if let Some(open) = &mut self.since_status {
+        if let Some(open) = &mut self.pinned_open {
             *open += u64::from(batch);
         }
     }
 
     pub(super) fn delivered(&mut self) {
         self.messages = self.messages.saturating_sub(1);
-        if let Some(open) = &mut self.since_status {
+        if let Some(open) = &mut self.pinned_open {
             *open = open.saturating_sub(1);
         }
-        // A delivery is of a pull on its way, while any is: else of one thought unserved.
-        self.unserved = self.unserved.min(self.messages);
     }
 
     /// The loop, pinned by none so far, got its first delivery under a pin (before
@@ -73,8 +67,8 @@ impl Requested {
     /// `unpinned_sent`), and the server serves the one it pinned the loop through (`batch`),
     /// not the others.
     pub(super) fn pinned(&mut self, batch: u32, unpinned_sent: Instant, forget_after: Duration) {
-        self.unserved = self.messages.saturating_sub(u64::from(batch));
-        self.unserved_until = Some(unpinned_sent + forget_after);
+        self.pinned_open = Some(self.messages.min(u64::from(batch)));
+        self.unpinned_until = Some(unpinned_sent + forget_after);
     }
 
     /// A status ended one request: `pending` is what it had not been given (from the status's
@@ -83,15 +77,9 @@ impl Requested {
     pub(super) fn ended(&mut self, pending: Option<u64>, batch: u32) {
         let undelivered = pending.unwrap_or(u64::from(batch));
         self.messages = self.messages.saturating_sub(undelivered);
-        match &mut self.since_status {
-            Some(open) => *open = open.saturating_sub(undelivered),
-            None if self.unserved > 0 => self.since_status = Some(0),
-            None => {}
+        if let Some(open) = &mut self.pinned_open {
+            *open = open.saturating_sub(undelivered);
         }
-        // The pulls without the pin id were sent before any with it, and all expire alike: a
-        // status ends one of them first. Whether it was the one served is not known: hence
-        // `since_status`.
-        self.unserved = self.unserved.saturating_sub(undelivered).min(self.messages);
     }
 
     /// Forgets requests that cannot be open any more: one sent `forget_after` ago has expired
@@ -109,12 +97,13 @@ impl Requested {
             }
         }
         self.messages = self.messages.min(self.recent_batches);
-        if self.unserved_until.is_some_and(|until| now >= until) {
-            self.unserved_until = None;
-            self.unserved = 0;
-            self.since_status = None;
+        if self.unpinned_until.is_some_and(|until| now >= until) {
+            self.unpinned_until = None;
+            self.pinned_open = None;
         }
-        self.unserved = self.unserved.min(self.messages);
+        if let Some(open) = &mut self.pinned_open {
+            *open = (*open).min(self.messages);
+        }
     }
 
     /// No request of this loop can still deliver.
@@ -123,13 +112,10 @@ impl Requested {
     }
 
     /// Whether to send another request now: when at most half a batch is still on its way
-    /// (asked for, less what is [`unserved`](Self::pinned); after a status that may have
-    /// ended the served pull, what was asked for since, `since_status`); or
+    /// (asked for; just after a pin, by the pulls the server serves, [`Self::pinned`]); or
     /// when the newest request is `expires` old (the pin lives only on fresh requests).
     pub(super) fn wants_pull(&self, batch: u32, expires: Duration, now: Instant) -> bool {
-        let on_their_way = self
-            .since_status
-            .unwrap_or(self.messages.saturating_sub(self.unserved));
+        let on_their_way = self.pinned_open.unwrap_or(self.messages);
         on_their_way <= u64::from(batch / 2)
             || self.last_sent.is_none_or(|sent| now >= sent + expires)
     }
@@ -303,9 +289,9 @@ mod tests {
     /// The cold pass's slow start (issue 22, stop 40): two pulls without the pin id open when
     /// the consumer is resumed (the loop's refresh and its pull at the resume); the server
     /// pins the loop through one and serves it, the other waits to its expiry. Half the served
-    /// pull delivered, the loop pulls again, with the pin id; the waiting one's `408` then
-    /// takes nothing from the pulls on their way; once it must have ended, nothing is thought
-    /// unserved.
+    /// pull delivered, the loop pulls again, with the pin id; the waiting one's `408` is taken
+    /// off the count too (which pull it ended is not known): the loop pulls early, never late;
+    /// once every pull sent before the pin must have ended, `messages` counts again.
     #[test]
     fn pulls_without_the_pin_id_do_not_count_once_another_is_pinned() {
         let now = Instant::now();
@@ -325,32 +311,36 @@ mod tests {
         assert_eq!(requested.messages(), 15);
         assert!(
             requested.wants_pull(10, EXPIRES, now),
-            "the status may have been the served pull's: once more"
+            "15 on their way, 5 counted: the status may have been the served pull's"
         );
         requested.sent(10, now);
-        assert!(
-            !requested.wants_pull(10, EXPIRES, now),
-            "10 asked for since"
-        );
+        assert!(!requested.wants_pull(10, EXPIRES, now), "15 counted");
         (0..5).for_each(|_| requested.delivered());
-        assert!(requested.wants_pull(10, EXPIRES, now), "5 asked for since");
-        // Without the 408 (lost with the connection, say), forgotten by `unserved_until`.
+        assert!(!requested.wants_pull(10, EXPIRES, now), "10 counted");
+        (0..5).for_each(|_| requested.delivered());
+        assert!(requested.wants_pull(10, EXPIRES, now), "5 counted");
+        // Without the 408 (lost with the connection, say), forgotten by `unpinned_until`.
         let mut requested = Requested::default();
         requested.sent(10, now);
         requested.sent(10, now);
         requested.pinned(10, now, forget_after);
         (0..10).for_each(|_| requested.delivered());
         requested.sent(10, now + EXPIRES);
-        assert_eq!(requested.unserved, 10);
+        assert_eq!(
+            (requested.pinned_open, requested.messages()),
+            (Some(10), 20)
+        );
         requested.expire(now + forget_after, forget_after);
-        assert_eq!((requested.unserved, requested.messages()), (0, 10));
-        // Deliveries beyond what is on its way are of a pull thought unserved after all.
+        assert_eq!((requested.pinned_open, requested.messages()), (None, 10));
+        // Deliveries beyond what is counted are of a pull thought waiting after all: the loop
+        // pulls.
         let mut requested = Requested::default();
         requested.sent(10, now);
         requested.sent(10, now);
         requested.pinned(10, now, forget_after);
         (0..15).for_each(|_| requested.delivered());
-        assert_eq!((requested.unserved, requested.messages()), (5, 5));
+        assert_eq!((requested.pinned_open, requested.messages()), (Some(0), 5));
+        assert!(requested.wants_pull(10, EXPIRES, now));
     }
 
     /// Seen in the bench's cold pass (stop 40): the server pinned the loop through its oldest
@@ -358,7 +348,7 @@ mod tests {
     /// delivered; the pull sent at the resume, without the pin id, then waited to its own
     /// expiry, and the loop, taking the status for that one's, waited ~650 ms for its refresh.
     #[test]
-    fn a_status_after_the_pin_makes_the_loop_count_only_the_pulls_sent_since() {
+    fn a_status_after_the_pin_is_taken_off_what_the_served_pulls_ask_for() {
         let now = Instant::now();
         let forget_after = EXPIRES + Duration::from_secs(1);
         let mut requested = Requested::default();
@@ -375,8 +365,8 @@ mod tests {
         );
         requested.sent(256, now); // with the pin id
         assert!(!requested.wants_pull(256, EXPIRES, now), "256 on their way");
-        // The pull with the pin id is served; the one without it still waits, counted as on
-        // its way before (`unserved` 26 of 256): counting only the new pulls, the loop goes on.
+        // The pull with the pin id is served; the one without it still waits, not counted: the
+        // loop goes on.
         (0..127).for_each(|_| requested.delivered());
         assert!(!requested.wants_pull(256, EXPIRES, now), "129 on their way");
         requested.delivered();
@@ -384,11 +374,14 @@ mod tests {
         requested.sent(256, now);
         (0..128).for_each(|_| requested.delivered());
         assert!(!requested.wants_pull(256, EXPIRES, now), "256 on their way");
-        // The unserved pull's expiry, taken off the new pulls' count too: one batch early.
+        // The waiting pull's expiry, taken off the count too: one batch early.
         requested.ended(Some(256), 256);
         assert!(requested.wants_pull(256, EXPIRES, now), "0 counted");
         requested.sent(256, now);
-        assert_eq!((requested.unserved, requested.messages()), (0, 512));
+        assert_eq!(
+            (requested.pinned_open, requested.messages()),
+            (Some(256), 512)
+        );
         assert!(!requested.wants_pull(256, EXPIRES, now));
         // Once every pull without the pin id must have ended, counted again.
         let later = now + forget_after;
