@@ -64,6 +64,17 @@ pub(crate) enum PinSignal {
 /// At most this many deliveries go to the owner in one [`PinSignal::Delivered`].
 pub(crate) const MAX_DELIVERIES_PER_SIGNAL: usize = 256;
 
+/// The first wait before pulling again after a `503` (no responders: the consumer has no
+/// leader, as while its replicas elect one, or does not exist); doubled at each further `503`
+/// up to [`NO_RESPONDERS_MAX_WAIT`]. Pulling on at once, a loop sent 200-430 pulls a second
+/// for the ~5 s of an election (the `cluster` suite's logs, stop 41): each process, for each
+/// partition whose consumer lost its leader.
+const NO_RESPONDERS_FIRST_WAIT: Duration = Duration::from_millis(10);
+
+/// The longest wait between pulls answered `503`: what a consumer's new leader may wait for
+/// this loop's first pull.
+const NO_RESPONDERS_MAX_WAIT: Duration = Duration::from_millis(250);
+
 /// How the loop pulls.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct PullSettings {
@@ -184,6 +195,8 @@ async fn run(
     let mut unpinned_sent: Option<Instant> = None;
     let mut connects = client.statistics().connects.load(Ordering::Relaxed);
     let mut idle_reported = false;
+    // After a `503`: no pull before `until`; the next wait, if the next pull is refused too.
+    let mut refused: Option<(Instant, Duration)> = None;
     // The consumer sequence of the last delivery under `last_pin`.
     let mut last_pin: Option<Arc<str>> = None;
     let mut last_consumer_seq: Option<u64> = None;
@@ -241,7 +254,11 @@ async fn run(
         } else {
             idle_reported = false;
         }
-        if !is_paused && (resumed_since || requested.wants_pull(settings.batch, expires, now)) {
+        let held_back = refused.is_some_and(|(until, _)| now < until);
+        if !is_paused
+            && !held_back
+            && (resumed_since || requested.wants_pull(settings.batch, expires, now))
+        {
             resumed_since = false;
             let body = pull_request(settings.batch, expires, pin.as_deref());
             let pull = OutboundMessage {
@@ -270,6 +287,9 @@ async fn run(
         if is_paused && let Some(sent) = unpinned_sent.filter(|s| now < *s + forget_after) {
             // Idle once the last pull without the pin id has ended.
             wake_at = wake_at.min(sent + forget_after);
+        }
+        if let Some((until, _)) = refused.filter(|(until, _)| now < *until) {
+            wake_at = wake_at.min(until);
         }
 
         // A message already here is taken at once, into the same batch of deliveries.
@@ -322,6 +342,10 @@ async fn run(
                     }
             }
         };
+        if message.status != Some(StatusCode::NO_RESPONDERS) {
+            // The consumer answered: it has a leader.
+            refused = None;
+        }
         match message.status {
             None | Some(StatusCode::OK) => {
                 // One pass over the headers; the readers below look up only a command that
@@ -409,6 +433,18 @@ async fn run(
                 requested.ended(pending_of(message.headers.as_ref()), settings.batch);
                 tracing::trace!(?requested, "pull request ended");
             }
+            Some(StatusCode::NO_RESPONDERS) => {
+                requested.ended(None, settings.batch);
+                let wait = refused.map_or(NO_RESPONDERS_FIRST_WAIT, |(_, next)| next);
+                refused = Some((
+                    Instant::now() + wait,
+                    (wait * 2).min(NO_RESPONDERS_MAX_WAIT),
+                ));
+                tracing::warn!(
+                    ?wait,
+                    "pull request ended: no responders; pulling again after a wait"
+                );
+            }
             Some(status) => {
                 requested.ended(pending_of(message.headers.as_ref()), settings.batch);
                 tracing::warn!(%status, description = ?message.description, "pull request ended");
@@ -429,7 +465,74 @@ fn pull_request(batch: u32, expires: Duration, pin: Option<&str>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicUsize;
+
     use super::*;
+
+    /// A consumer with no responders (no leader, or none at all) answers every pull `503` at
+    /// once: the loop waits before each next pull, and pulls on once the consumer is there.
+    #[tokio::test]
+    async fn a_consumer_without_responders_is_pulled_again_only_after_a_wait() {
+        use async_nats::jetstream::consumer::{AckPolicy, PriorityPolicy, pull};
+        use async_nats::jetstream::stream;
+        let server = jetshard_testkit::NatsServer::start()
+            .await
+            .expect("nats-server");
+        let client = async_nats::connect(server.url()).await.expect("connect");
+        let js = async_nats::jetstream::new(client.clone());
+        let delivered = Arc::new(AtomicUsize::new(0));
+        let seen = delivered.clone();
+        let (_resumes, resumed) = watch::channel(());
+        let sent = || client.statistics().out_messages.load(Ordering::Relaxed);
+        let before = sent();
+        let settings = PullSettings {
+            batch: 8,
+            expires: Duration::from_millis(500),
+        };
+        let _pulls = start(js.clone(), "later", "c", settings, resumed, move |signal| {
+            if let PinSignal::Delivered(commands) = signal {
+                seen.fetch_add(commands.len(), Ordering::Relaxed);
+            }
+            true
+        });
+        // The measured interval, not a wait for an event: what the loop sends in one second.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let pulls = sent() - before;
+        // 10 + 20 + 40 + 80 + 160 + 250 + 250 + 250 ms: 9 pulls in the second at the most.
+        assert!(
+            (2..=12).contains(&pulls),
+            "{pulls} pulls in a second of 503s"
+        );
+        let stream = js
+            .create_stream(stream::Config {
+                name: "later".into(),
+                subjects: vec!["later.>".into()],
+                ..Default::default()
+            })
+            .await
+            .expect("stream");
+        stream
+            .create_consumer(pull::Config {
+                durable_name: Some("c".into()),
+                ack_policy: AckPolicy::Explicit,
+                priority_policy: PriorityPolicy::PinnedClient,
+                priority_groups: vec![PRIORITY_GROUP.into()],
+                priority_timeout: Duration::from_secs(30),
+                ..Default::default()
+            })
+            .await
+            .expect("consumer");
+        js.publish("later.a", "one".into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while delivered.load(Ordering::Relaxed) == 0 {
+            assert!(Instant::now() < deadline, "never delivered");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 
     #[test]
     fn pull_requests_carry_the_group_and_the_pin_once_pinned() {
