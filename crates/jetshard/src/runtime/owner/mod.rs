@@ -434,9 +434,20 @@ impl<E: Entity> OwnerState<E> {
             .deliveries
             .max(u64::from(fence::claims_holding(&o.held, pending.seq)) + 1);
         let named = Names::entity_of_subject(&subject).unwrap_or_default();
-        // An entity in hand already: its id, shared (no new allocation per command).
-        let known = o.entities.get_key_value(named).map(|(id, _)| id.clone());
-        match known.map_or_else(|| EntityId::new(named), Ok) {
+        // An entity in hand already (most commands): queued through one probe of the table,
+        // its id neither built nor cloned.
+        let pending = match route::enqueue_in_hand(o, named, pending) {
+            Ok(false) => return,
+            Ok(true) => {
+                let known = o.entities.get_key_value(named).map(|(id, _)| id.clone());
+                if let Some(entity) = known {
+                    self.dispatch(&entity);
+                }
+                return;
+            }
+            Err(pending) => pending,
+        };
+        match EntityId::new(named) {
             Ok(entity) => self.route(&entity, pending),
             Err(invalid) => {
                 tracing::warn!(partition, %subject, %invalid, "command subject holds no valid entity id; dead-lettered");
