@@ -30,8 +30,6 @@ mod process;
 mod protocol;
 mod queries;
 mod replay;
-#[cfg(test)]
-mod sizes;
 mod snapshot;
 mod state;
 
@@ -104,95 +102,83 @@ impl<E: Entity> Actor for EntityActor<E> {
                 return Ok(());
             }
             EntityMsg::Passivate => {
-                // Boxed, as a command: its snapshot write and report are not in `handle`.
-                Box::pin(passivate(myself, state)).await;
+                if let Loaded::Yes(seed) = &mut state.seed
+                    && !state.broken
+                    && state.context.snapshots.on_passivation
+                    && seed.unsnapshotted > 0
+                {
+                    Box::pin(write_snapshot(&state.id, &state.context, seed)).await;
+                }
+                let seed = match std::mem::replace(&mut state.seed, Loaded::No) {
+                    Loaded::Yes(seed) if !state.broken => {
+                        Some(Box::new(seed) as Box<dyn Any + Send>)
+                    }
+                    _ => None,
+                };
+                let passivated = Passivated {
+                    entity: state.id.clone(),
+                    generation: state.context.journal.generation(),
+                    seed,
+                };
+                state.broken = true;
+                myself.stop(Some("passivated".to_owned()));
+                (state.context.report)(EntityReport::Passivated(passivated));
                 return Ok(());
             }
         };
         if state.broken {
             return Ok(());
         }
-        // Boxed whole, with everything it holds across its awaits: ractor moves this `handle`
-        // future, unstarted, into the actor's task for every message, so its size is written
-        // to the actor's own (for a round robin over many resident entities, cold) memory per
-        // command: the message and a pointer, not the command's locals (`sizes.rs`).
-        Box::pin(command(myself, state, work)).await;
+        let span = tracing::debug_span!(
+            "command",
+            partition = state.context.partition,
+            entity = %state.id,
+            generation = state.context.journal.generation(),
+            cmd_seq = work.seq,
+            trace_id = work.trace.as_ref().map(|t| tracing::field::display(t.caller.trace_id())),
+            parent_id = work.trace.as_ref().map(|t| tracing::field::display(t.caller.parent_id())),
+            span_id = work.trace.as_ref().map(|t| tracing::field::display(t.span.parent_id())),
+        );
+        let seq = work.seq;
+        let mut quarantine = None;
+        let mut detail = None;
+        let mut timers = Vec::new();
+        // Boxed: the actor's task then holds only a pointer to the (large) future of a command
+        // while it is idle. Unwound: a panic anywhere in it is this command's failure.
+        let processing = Box::pin(
+            process(state, work, &mut quarantine, &mut detail, &mut timers)
+                .instrument(span.clone()),
+        );
+        let verdict = match AssertUnwindSafe(processing).catch_unwind().await {
+            Ok(verdict) => verdict,
+            Err(panic) => Verdict::Failed(Failure::Crashed(format!(
+                "panicked: {}",
+                panic_message(&*panic)
+            ))),
+        };
+        span.in_scope(|| tracing::debug!(verdict = verdict.name(), "command done"));
+        let stops = matches!(verdict, Verdict::Fenced | Verdict::Failed(_)) || quarantine.is_some();
+        if stops {
+            state.broken = true;
+            myself.stop(Some("failed".to_owned()));
+        }
+        let outcome = Outcome {
+            entity: state.id.clone(),
+            seq,
+            generation: state.context.journal.generation(),
+            verdict,
+            quarantine,
+            detail,
+            timers,
+        };
+        (state.context.report)(EntityReport::Outcome(outcome));
+        // After the report, so the command's acknowledgement does not wait for it.
+        if let (Loaded::Yes(seed), false, Some(every)) =
+            (&mut state.seed, state.broken, state.context.snapshots.every)
+            && seed.unsnapshotted >= every
+        {
+            Box::pin(write_snapshot(&state.id, &state.context, seed)).await;
+        }
         Ok(())
     }
-}
-
-/// One command, decided, written, applied and reported; then a snapshot if one is due.
-async fn command<E: Entity>(myself: ActorRef<EntityMsg>, state: &mut EntityState<E>, work: Work) {
-    let span = tracing::debug_span!(
-        "command",
-        partition = state.context.partition,
-        entity = %state.id,
-        generation = state.context.journal.generation(),
-        cmd_seq = work.seq,
-        trace_id = work.trace.as_ref().map(|t| tracing::field::display(t.caller.trace_id())),
-        parent_id = work.trace.as_ref().map(|t| tracing::field::display(t.caller.parent_id())),
-        span_id = work.trace.as_ref().map(|t| tracing::field::display(t.span.parent_id())),
-    );
-    let seq = work.seq;
-    let mut quarantine = None;
-    let mut detail = None;
-    let mut timers = Vec::new();
-    // Boxed apart: this future and it would be over a small allocation together
-    // (`sizes.rs`). Unwound: a panic anywhere in it is this command's failure.
-    let processing = Box::pin(
-        process(state, work, &mut quarantine, &mut detail, &mut timers).instrument(span.clone()),
-    );
-    let verdict = match AssertUnwindSafe(processing).catch_unwind().await {
-        Ok(verdict) => verdict,
-        Err(panic) => Verdict::Failed(Failure::Crashed(format!(
-            "panicked: {}",
-            panic_message(&*panic)
-        ))),
-    };
-    span.in_scope(|| tracing::debug!(verdict = verdict.name(), "command done"));
-    let stops = matches!(verdict, Verdict::Fenced | Verdict::Failed(_)) || quarantine.is_some();
-    if stops {
-        state.broken = true;
-        myself.stop(Some("failed".to_owned()));
-    }
-    let outcome = Outcome {
-        entity: state.id.clone(),
-        seq,
-        generation: state.context.journal.generation(),
-        verdict,
-        quarantine,
-        detail,
-        timers,
-    };
-    (state.context.report)(EntityReport::Outcome(outcome));
-    // After the report, so the command's acknowledgement does not wait for it.
-    if let (Loaded::Yes(seed), false, Some(every)) =
-        (&mut state.seed, state.broken, state.context.snapshots.every)
-        && seed.unsnapshotted >= every
-    {
-        Box::pin(write_snapshot(&state.id, &state.context, seed)).await;
-    }
-}
-
-/// Hands the entity's state back (after a snapshot, if one is due) and stops the actor.
-async fn passivate<E: Entity>(myself: ActorRef<EntityMsg>, state: &mut EntityState<E>) {
-    if let Loaded::Yes(seed) = &mut state.seed
-        && !state.broken
-        && state.context.snapshots.on_passivation
-        && seed.unsnapshotted > 0
-    {
-        write_snapshot(&state.id, &state.context, seed).await;
-    }
-    let seed = match std::mem::replace(&mut state.seed, Loaded::No) {
-        Loaded::Yes(seed) if !state.broken => Some(Box::new(seed) as Box<dyn Any + Send>),
-        _ => None,
-    };
-    let passivated = Passivated {
-        entity: state.id.clone(),
-        generation: state.context.journal.generation(),
-        seed,
-    };
-    state.broken = true;
-    myself.stop(Some("passivated".to_owned()));
-    (state.context.report)(EntityReport::Passivated(passivated));
 }
