@@ -436,17 +436,19 @@ impl<E: Entity> OwnerState<E> {
         let named = Names::entity_of_subject(&subject).unwrap_or_default();
         // An entity in hand already (most commands): queued through one probe of the table,
         // its id neither built nor cloned.
-        let pending = match route::enqueue_in_hand(o, named, pending) {
-            Ok(false) => return,
-            Ok(true) => {
+        let mut pending = Some(pending);
+        match route::enqueue_in_hand(o, named, &mut pending) {
+            Some(false) => return,
+            Some(true) => {
                 let known = o.entities.get_key_value(named).map(|(id, _)| id.clone());
                 if let Some(entity) = known {
                     self.dispatch(&entity);
                 }
                 return;
             }
-            Err(pending) => pending,
-        };
+            None => {}
+        }
+        let Some(pending) = pending else { return };
         match EntityId::new(named) {
             Ok(entity) => self.route(&entity, pending),
             Err(invalid) => {

@@ -23,24 +23,23 @@ pub(super) fn enqueue<E: Entity>(o: &mut Owning<E>, entity: &EntityId, pending: 
 
 /// Queues a command for an entity the owner has a slot for, found by the id as delivered: one
 /// probe of the table, no id built or cloned (the warm path: every command of a resident
-/// entity). Gives the command back if the entity has no slot. Returns whether the entity should
-/// be dispatched.
+/// entity). Takes the command out of `pending` only if the entity has a slot; then returns
+/// whether the entity should be dispatched.
 pub(super) fn enqueue_in_hand<E: Entity>(
     o: &mut Owning<E>,
     named: &str,
-    mut pending: Pending,
-) -> Result<bool, Pending> {
+    pending: &mut Option<Pending>,
+) -> Option<bool> {
+    let slot = o.entities.get_mut(named)?;
+    let mut taken = pending.take()?;
     if !o.quarantined.is_empty()
         && let Some(q) = o.quarantined.get(named)
     {
-        pending
+        taken
             .give_up
             .get_or_insert_with(|| q.dead_letter_reason().into());
     }
-    match o.entities.get_mut(named) {
-        Some(slot) => Ok(enqueue_in(slot, pending)),
-        None => Err(pending),
-    }
+    Some(enqueue_in(slot, taken))
 }
 
 /// Queues a command in its entity's slot, and hands it to the entity's actor at once if it has
