@@ -434,22 +434,9 @@ impl<E: Entity> OwnerState<E> {
             .deliveries
             .max(u64::from(fence::claims_holding(&o.held, pending.seq)) + 1);
         let named = Names::entity_of_subject(&subject).unwrap_or_default();
-        // An entity in hand already (most commands): queued through one probe of the table,
-        // its id neither built nor cloned.
-        let mut pending = Some(pending);
-        match route::enqueue_in_hand(o, named, &mut pending) {
-            Some(false) => return,
-            Some(true) => {
-                let known = o.entities.get_key_value(named).map(|(id, _)| id.clone());
-                if let Some(entity) = known {
-                    self.dispatch(&entity);
-                }
-                return;
-            }
-            None => {}
-        }
-        let Some(pending) = pending else { return };
-        match EntityId::new(named) {
+        // An entity in hand already: its id, shared (no new allocation per command).
+        let known = o.entities.get_key_value(named).map(|(id, _)| id.clone());
+        match known.map_or_else(|| EntityId::new(named), Ok) {
             Ok(entity) => self.route(&entity, pending),
             Err(invalid) => {
                 tracing::warn!(partition, %subject, %invalid, "command subject holds no valid entity id; dead-lettered");

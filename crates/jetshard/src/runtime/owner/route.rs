@@ -17,35 +17,8 @@ use crate::runtime::entity_actor::{
 
 /// Queues a command for its entity. Returns whether the entity should be dispatched.
 pub(super) fn enqueue<E: Entity>(o: &mut Owning<E>, entity: &EntityId, pending: Pending) -> bool {
-    let slot = o.entities.entry(entity.clone()).or_insert_with(Slot::new);
-    enqueue_in(slot, pending)
-}
-
-/// Queues a command for an entity the owner has a slot for, found by the id as delivered: one
-/// probe of the table, no id built or cloned (the warm path: every command of a resident
-/// entity). Takes the command out of `pending` only if the entity has a slot; then returns
-/// whether the entity should be dispatched.
-pub(super) fn enqueue_in_hand<E: Entity>(
-    o: &mut Owning<E>,
-    named: &str,
-    pending: &mut Option<Pending>,
-) -> Option<bool> {
-    let slot = o.entities.get_mut(named)?;
-    let mut taken = pending.take()?;
-    if !o.quarantined.is_empty()
-        && let Some(q) = o.quarantined.get(named)
-    {
-        taken
-            .give_up
-            .get_or_insert_with(|| q.dead_letter_reason().into());
-    }
-    Some(enqueue_in(slot, taken))
-}
-
-/// Queues a command in its entity's slot, and hands it to the entity's actor at once if it has
-/// one and does not wait. Returns whether the entity should be dispatched.
-fn enqueue_in(slot: &mut Slot, pending: Pending) -> bool {
     tracing::trace!(target: crate::telemetry::STAGE_TARGET, seq = pending.seq, "routed");
+    let slot = o.entities.entry(entity.clone()).or_insert_with(Slot::new);
     slot.last_active = Instant::now();
     if let Some(held) = slot.queue.iter_mut().find(|p| p.seq == pending.seq) {
         // A redelivery of a command still in hand: keep the newest delivery to acknowledge.
