@@ -54,6 +54,10 @@ struct Cli {
         default_value = "ractor,ractor-owned,tokio,map"
     )]
     kinds: Vec<String>,
+    /// Each entity awaits a round trip through one shared "writer" task before it answers (as
+    /// an entity actor awaits its journal write's answer): two polls of its task per message.
+    #[arg(long)]
+    write_hop: bool,
     /// Tokio worker threads.
     #[arg(long, default_value_t = 2)]
     workers: usize,
@@ -65,6 +69,33 @@ struct Cmd {
     payload: bytes::Bytes,
 }
 
+/// The shared writer task's inbox: each request is answered at once (`--write-hop`).
+type Writer = mpsc::UnboundedSender<oneshot::Sender<()>>;
+
+/// Starts the shared writer task, if `--write-hop`.
+fn writer(cli: &Cli) -> Option<Writer> {
+    if !cli.write_hop {
+        return None;
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel::<oneshot::Sender<()>>();
+    tokio::spawn(async move {
+        while let Some(answer) = rx.recv().await {
+            let _ = answer.send(());
+        }
+    });
+    Some(tx)
+}
+
+/// One round trip through the writer, if there is one.
+async fn write(writer: Option<&Writer>) {
+    if let Some(writer) = writer {
+        let (tx, rx) = oneshot::channel();
+        if writer.send(tx).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
 /// The answer, as an outcome (the entity's id and the command's sequence).
 struct Done {
     entity: u32,
@@ -74,6 +105,7 @@ struct Done {
 /// An entity's state: what it counts, and where it reports.
 struct EntityState {
     id: u32,
+    writer: Option<Writer>,
     applied: u64,
     sum: u64,
     report: Arc<dyn Fn(Done) + Send + Sync>,
@@ -100,6 +132,7 @@ impl Actor for EntityActor {
         cmd: Cmd,
         state: &mut EntityState,
     ) -> Result<(), ActorProcessingErr> {
+        write(state.writer.as_ref()).await;
         state.applied += 1;
         state.sum = state.sum.wrapping_add(cmd.seq ^ cmd.payload.len() as u64);
         (state.report)(Done {
@@ -281,9 +314,11 @@ async fn run_ractor(n: usize, cli: &Cli, owned: bool) -> anyhow::Result<Measured
     };
     let mut actors = Vec::with_capacity(n);
     let mut tasks = Vec::with_capacity(n);
+    let writer = writer(cli);
     for id in 0..n {
         let state = EntityState {
             id: id as u32,
+            writer: writer.clone(),
             applied: 0,
             sum: 0,
             report: Arc::clone(&report),
@@ -340,12 +375,15 @@ async fn run_tokio(n: usize, cli: &Cli) -> anyhow::Result<Measured> {
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
     let mut senders = Vec::with_capacity(n);
     let mut tasks = Vec::with_capacity(n);
+    let writer = writer(cli);
     for id in 0..n {
         let (tx, mut rx) = mpsc::unbounded_channel::<Cmd>();
         let done_tx = done_tx.clone();
+        let writer = writer.clone();
         let mut state = (0u64, 0u64);
         tasks.push(tokio::spawn(async move {
             while let Some(cmd) = rx.recv().await {
+                write(writer.as_ref()).await;
                 state.0 += 1;
                 state.1 = state.1.wrapping_add(cmd.seq ^ cmd.payload.len() as u64);
                 let _ = done_tx.send(Done {
@@ -476,8 +514,12 @@ fn main() -> anyhow::Result<()> {
         }
     }
     println!(
-        "\nmedians of {} rounds ({} messages each, window {}, {} workers):",
-        cli.rounds, cli.messages, cli.window, cli.workers
+        "\nmedians of {} rounds ({} messages each, window {}, {} workers{}):",
+        cli.rounds,
+        cli.messages,
+        cli.window,
+        cli.workers,
+        if cli.write_hop { ", write hop" } else { "" }
     );
     println!("| kind | N | wall ns/msg | CPU ns/msg | CPU against the smallest N | allocs/msg |");
     println!("|---|---|---|---|---|---|");
