@@ -3,9 +3,15 @@
 
 use crate::wire::Names;
 
+/// The server's answer to a store whose message id another store is still putting in the
+/// stream ("duplicate message id is in process", R3: that one's proposal not yet applied).
+const STORE_IN_PROCESS: u64 = 10158;
+
 /// Stores the unpin record of the fence record at `fence_seq` (`what`: who found whom dead,
 /// for people reading the journal): true if this watch stored it first (it unpins), false if
-/// the server already had it (another watch unpins).
+/// the server already had it or was storing it for another watch (that watch unpins; should its
+/// store fail after all, nobody unpins and the pin moves after its TTL, as for any watch that
+/// cannot store the record).
 pub(super) async fn first_to_unpin(
     js: &async_nats::jetstream::Context,
     names: &Names,
@@ -23,9 +29,12 @@ pub(super) async fn first_to_unpin(
         .publish_with_headers(names.unpin_subject(partition), headers, what.into())
         .await
         .map_err(|e| e.to_string())?
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(!ack.duplicate)
+        .await;
+    match ack {
+        Ok(ack) => Ok(!ack.duplicate),
+        Err(e) if crate::journal::server_error_code(&e) == Some(STORE_IN_PROCESS) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 #[cfg(test)]
@@ -84,5 +93,38 @@ mod tests {
             .state
             .messages;
         assert_eq!(stored, 2);
+    }
+
+    /// On R3 a store of the same record by another watch may still be in process when this
+    /// one's arrives (10158, seen in the `cluster` suite's logs): that watch is first, this one
+    /// is not, and neither fails.
+    #[tokio::test]
+    async fn on_r3_a_watch_whose_record_another_is_storing_is_not_first() {
+        use async_nats::jetstream::stream;
+        let cluster = jetshard_testkit::NatsCluster::start(3)
+            .await
+            .expect("start the cluster");
+        let js = async_nats::jetstream::new(cluster.connect().await.expect("connect"));
+        let names = Names::new("t");
+        js.create_stream(stream::Config {
+            name: names.journal_stream.clone(),
+            subjects: names.journal_subjects(),
+            allow_rollup: true,
+            num_replicas: 3,
+            ..Default::default()
+        })
+        .await
+        .expect("create the journal");
+        for fence_seq in 1..=20 {
+            let firsts = futures::future::join_all(
+                (0..8).map(|i| first_to_unpin(&js, &names, 3, fence_seq, format!("watch {i}"))),
+            )
+            .await;
+            let firsts: Vec<bool> = firsts
+                .into_iter()
+                .map(|r| r.unwrap_or_else(|e| panic!("claim {fence_seq}: {e}")))
+                .collect();
+            assert_eq!(firsts.iter().filter(|f| **f).count(), 1, "{firsts:?}");
+        }
     }
 }
