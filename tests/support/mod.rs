@@ -267,34 +267,3 @@ pub async fn served() -> (
     let js = async_nats::jetstream::new(client.clone());
     (server, client, js)
 }
-
-/// A stream `name` taking `subjects`, with one durable pull consumer `c` (explicit acks) in the
-/// priority group `owners` under the `pinned_client` policy (a 30 s pin TTL), as jetshard's
-/// partitions are: for the fact tests about pinned pulls.
-pub async fn pinned_pull_consumer(
-    js: &async_nats::jetstream::Context,
-    name: &str,
-    subjects: &str,
-) -> async_nats::jetstream::stream::Stream {
-    use async_nats::jetstream::consumer::{AckPolicy, PriorityPolicy, pull};
-    let stream = js
-        .create_stream(async_nats::jetstream::stream::Config {
-            name: name.into(),
-            subjects: vec![subjects.into()],
-            ..Default::default()
-        })
-        .await
-        .expect("stream");
-    stream
-        .create_consumer(pull::Config {
-            durable_name: Some("c".into()),
-            ack_policy: AckPolicy::Explicit,
-            priority_policy: PriorityPolicy::PinnedClient,
-            priority_groups: vec!["owners".into()],
-            priority_timeout: Duration::from_secs(30),
-            ..Default::default()
-        })
-        .await
-        .expect("consumer");
-    stream
-}

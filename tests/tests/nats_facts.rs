@@ -388,7 +388,9 @@ async fn after_a_resume_a_new_pull_wakes_the_consumer_and_the_open_pulls_are_ser
     use std::time::Duration;
     init_tracing();
     let (_server, client, js) = jetshard_tests::served().await;
-    let stream = jetshard_tests::pinned_pull_consumer(&js, "WAKE", "wake.>").await;
+    let stream = jetshard_testkit::pinned_pull_consumer(&js, "WAKE", "wake.>")
+        .await
+        .expect("the pinned consumer");
     let inbox = client.new_inbox();
     let mut answers = client.subscribe(inbox.clone()).await.expect("subscribe");
     let (client, inbox) = (&client, &inbox);

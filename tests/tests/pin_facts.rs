@@ -19,7 +19,9 @@ const EXPIRES: Duration = Duration::from_millis(2000);
 async fn pulls_without_the_pin_id_wait_once_another_is_pinned() {
     init_tracing();
     let (_server, client, js) = jetshard_tests::served().await;
-    jetshard_tests::pinned_pull_consumer(&js, "PIN", "pin.>").await;
+    jetshard_testkit::pinned_pull_consumer(&js, "PIN", "pin.>")
+        .await
+        .expect("the pinned consumer");
     for i in 0..30 {
         js.publish(format!("pin.{i}"), "m".into())
             .await

@@ -132,6 +132,16 @@ pub enum Error {
         after: Duration,
     },
 
+    /// A JetStream request (creating a stream or a consumer) failed.
+    #[error("could not {action}")]
+    JetStream {
+        /// What was being done, e.g. "create the stream PIN".
+        action: String,
+        /// The client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
     /// [`wait_stream_writable`](crate::wait_stream_writable)'s probe, which names another
     /// stream, was stored instead of refused.
     #[error("a probe publish to {subject} naming another stream was stored")]

@@ -63,5 +63,5 @@ pub use cluster::NatsCluster;
 pub use error::Error;
 pub use proxy::TcpProxy;
 pub use server::{NatsServer, NatsServerBuilder};
-pub use stream::wait_stream_writable;
+pub use stream::{PINNED_CONSUMER, PINNED_GROUP, pinned_pull_consumer, wait_stream_writable};
 pub use wait::wait_until;

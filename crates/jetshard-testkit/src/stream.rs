@@ -1,8 +1,10 @@
-//! Waiting for a freshly created stream to take writes from a given connection.
+//! Streams for tests: a stream with a consumer as jetshard's partitions have, and waiting for a
+//! freshly created stream to take writes from a given connection.
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, context::PublishErrorKind};
+use async_nats::jetstream::consumer::{AckPolicy, PriorityPolicy, pull};
+use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 
 use crate::Error;
 
@@ -14,6 +16,53 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The stream a probe names: none is ever called this, so the stream refuses the probe.
 const NO_SUCH_STREAM: &str = "JETSHARD_TESTKIT_NO_SUCH_STREAM";
+
+/// The durable name of [`pinned_pull_consumer`]'s consumer.
+pub const PINNED_CONSUMER: &str = "c";
+
+/// The priority group of [`pinned_pull_consumer`]'s consumer: jetshard's own.
+pub const PINNED_GROUP: &str = "owners";
+
+/// Creates a stream `name` taking `subjects`, with one durable pull consumer
+/// [`PINNED_CONSUMER`] (explicit acks) in the priority group [`PINNED_GROUP`] under the
+/// `pinned_client` policy with a 30 s pin TTL, as jetshard's partitions are: for tests of
+/// pinned pulls against the real server.
+///
+/// # Errors
+///
+/// [`Error::JetStream`] when the stream or the consumer could not be created.
+pub async fn pinned_pull_consumer(
+    context: &jetstream::Context,
+    name: &str,
+    subjects: &str,
+) -> Result<stream::Stream, Error> {
+    let stream = context
+        .create_stream(stream::Config {
+            name: name.to_owned(),
+            subjects: vec![subjects.to_owned()],
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| Error::JetStream {
+            action: format!("create the stream {name}"),
+            source: Box::new(e),
+        })?;
+    stream
+        .create_consumer(pull::Config {
+            durable_name: Some(PINNED_CONSUMER.to_owned()),
+            ack_policy: AckPolicy::Explicit,
+            priority_policy: PriorityPolicy::PinnedClient,
+            priority_groups: vec![PINNED_GROUP.to_owned()],
+            priority_timeout: Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| Error::JetStream {
+            action: format!("create the pinned consumer of {name}"),
+            source: Box::new(e),
+        })?;
+    Ok(stream)
+}
 
 /// Waits until a publish to `subject` through `context`'s connection reaches the stream that
 /// stores it, for at most `deadline`.

@@ -473,8 +473,7 @@ mod tests {
     /// once: the loop waits before each next pull, and pulls on once the consumer is there.
     #[tokio::test]
     async fn a_consumer_without_responders_is_pulled_again_only_after_a_wait() {
-        use async_nats::jetstream::consumer::{AckPolicy, PriorityPolicy, pull};
-        use async_nats::jetstream::stream;
+        assert_eq!(jetshard_testkit::PINNED_GROUP, PRIORITY_GROUP);
         let server = jetshard_testkit::NatsServer::start()
             .await
             .expect("nats-server");
@@ -489,12 +488,20 @@ mod tests {
             batch: 8,
             expires: Duration::from_millis(500),
         };
-        let _pulls = start(js.clone(), "later", "c", settings, resumed, move |signal| {
-            if let PinSignal::Delivered(commands) = signal {
-                seen.fetch_add(commands.len(), Ordering::Relaxed);
-            }
-            true
-        });
+        let consumer = jetshard_testkit::PINNED_CONSUMER;
+        let _pulls = start(
+            js.clone(),
+            "later",
+            consumer,
+            settings,
+            resumed,
+            move |signal| {
+                if let PinSignal::Delivered(commands) = signal {
+                    seen.fetch_add(commands.len(), Ordering::Relaxed);
+                }
+                true
+            },
+        );
         // The measured interval, not a wait for an event: what the loop sends in one second.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let pulls = sent() - before;
@@ -503,25 +510,9 @@ mod tests {
             (2..=12).contains(&pulls),
             "{pulls} pulls in a second of 503s"
         );
-        let stream = js
-            .create_stream(stream::Config {
-                name: "later".into(),
-                subjects: vec!["later.>".into()],
-                ..Default::default()
-            })
+        jetshard_testkit::pinned_pull_consumer(&js, "later", "later.>")
             .await
-            .expect("stream");
-        stream
-            .create_consumer(pull::Config {
-                durable_name: Some("c".into()),
-                ack_policy: AckPolicy::Explicit,
-                priority_policy: PriorityPolicy::PinnedClient,
-                priority_groups: vec![PRIORITY_GROUP.into()],
-                priority_timeout: Duration::from_secs(30),
-                ..Default::default()
-            })
-            .await
-            .expect("consumer");
+            .expect("the pinned consumer");
         js.publish("later.a", "one".into())
             .await
             .expect("publish")
