@@ -92,7 +92,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
         entities: options.entities,
         commands: options.commands,
         passes: 2,
-        time_box: Duration::from_secs(120),
+        time_box: Duration::from_secs(options.time_box_secs),
         pull_batch: options.pull_batch,
         max_ack_pending: options.max_ack_pending,
         passivate_after: options.passivate_after_secs.map(Duration::from_secs),
