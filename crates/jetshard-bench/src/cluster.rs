@@ -202,6 +202,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         pull_batch: None,
         max_ack_pending: None,
         passivate_after: None,
+        pin_ttl: None,
         command_bytes: options.command_bytes,
         stages: options.pass_stages,
     };

@@ -42,6 +42,9 @@ pub struct DrainSpec {
     pub max_ack_pending: Option<u32>,
     /// jetshard's `passivate_after` (default: jetshard's default, 30 s).
     pub passivate_after: Option<Duration>,
+    /// jetshard's `pin_ttl` (`None`: its default); under valgrind a pull loop can be slower
+    /// than the default TTL, and its owner then loses the pin.
+    pub pin_ttl: Option<Duration>,
     /// The encoded size of each command and of its event (`--command-bytes`; 0: the bare
     /// stamp, about 10 bytes).
     pub command_bytes: usize,
@@ -418,10 +421,21 @@ async fn deliveries(control: &async_nats::Client, partitions: u32) -> anyhow::Re
         .context("open the command stream")?;
     let mut total = 0;
     for partition in 0..partitions {
-        let info = stream
-            .consumer_info(names.consumer(partition))
-            .await
-            .with_context(|| format!("read the consumer of partition {partition}"))?;
+        // Under valgrind a request can time out while the server is fine: a few more tries.
+        let mut tries = 0;
+        let info = loop {
+            match stream.consumer_info(names.consumer(partition)).await {
+                Ok(info) => break info,
+                Err(e) if tries < 5 => {
+                    tries += 1;
+                    eprintln!("  read the consumer of partition {partition}: {e}; asking again");
+                }
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("read the consumer of partition {partition}"));
+                }
+            }
+        };
         total += info.delivered.consumer_sequence;
     }
     Ok(total)

@@ -58,6 +58,7 @@ pub async fn run(
                 pull_batch: options.pull_batch,
                 max_ack_pending: options.max_ack_pending,
                 passivate_after: None,
+                pin_ttl: None,
                 command_bytes: options.command_bytes,
                 stages: false,
             };

@@ -150,6 +150,15 @@ pub struct Options {
     /// Under valgrind a pass takes minutes: a longer one keeps the warm pass's actors live.
     #[arg(long)]
     pub passivate_after_secs: Option<u64>,
+    /// Throughput: how long each pass may take to drain, in seconds. Under callgrind's cache
+    /// simulation a cold pass of 10,000 entities takes longer than the default.
+    #[arg(long, default_value_t = 120)]
+    pub time_box_secs: u64,
+    /// Throughput: jetshard's `pin_ttl`, in seconds (default: jetshard's default, 2 s). Under
+    /// callgrind's cache simulation a pull loop can be slower than that, and its owner then
+    /// steps down and reloads its entities in the middle of a pass.
+    #[arg(long)]
+    pub pin_ttl_secs: Option<u64>,
     /// Throughput rounds (bare, then jetshard, each round); medians are reported, with the
     /// worst round beside them.
     #[arg(long, default_value_t = 3)]

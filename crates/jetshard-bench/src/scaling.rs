@@ -39,6 +39,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             pull_batch: None,
             max_ack_pending: None,
             passivate_after: None,
+            pin_ttl: None,
             command_bytes: options.command_bytes,
             stages: false,
         };
@@ -103,6 +104,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             pull_batch: None,
             max_ack_pending: None,
             passivate_after: None,
+            pin_ttl: None,
             command_bytes: options.command_bytes,
             stages: false,
         };

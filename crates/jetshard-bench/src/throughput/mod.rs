@@ -56,6 +56,9 @@ pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<DrainRun> {
     if let Some(idle) = spec.passivate_after {
         config = config.passivate_after(idle);
     }
+    if let Some(ttl) = spec.pin_ttl {
+        config = config.pin_ttl(ttl);
+    }
     let config = config.build()?;
     let client = server.connect().await?;
     crate::messages::watch(&client);
@@ -92,10 +95,11 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
         entities: options.entities,
         commands: options.commands,
         passes: 2,
-        time_box: Duration::from_secs(120),
+        time_box: Duration::from_secs(options.time_box_secs),
         pull_batch: options.pull_batch,
         max_ack_pending: options.max_ack_pending,
         passivate_after: options.passivate_after_secs.map(Duration::from_secs),
+        pin_ttl: options.pin_ttl_secs.map(Duration::from_secs),
         command_bytes: options.command_bytes,
         stages: options.pass_stages,
     };
