@@ -87,108 +87,98 @@ impl<E: Entity> Actor for EntityActor<E> {
         })
     }
 
-    /// Boxed whole: ractor moves the unstarted `handle` future into its signal `select!` for
-    /// every message, in the actor's task memory, which is cold at 10,000 resident entities:
-    /// moved at its full size, it cost ~15 cache misses a command (docs/PERFORMANCE.md, stop
-    /// 42 `ent12`). Boxed, what is moved is the pointer and the box is a recycled allocation.
     async fn handle(
         &self,
         myself: ActorRef<EntityMsg>,
         message: EntityMsg,
         state: &mut EntityState<E>,
     ) -> Result<(), ActorProcessingErr> {
-        Box::pin(handle(myself, message, state)).await
-    }
-}
-
-/// One message of an entity actor ([`EntityActor`]'s `handle`, boxed).
-async fn handle<E: Entity>(
-    myself: ActorRef<EntityMsg>,
-    message: EntityMsg,
-    state: &mut EntityState<E>,
-) -> Result<(), ActorProcessingErr> {
-    let work = match message {
-        EntityMsg::Work(work) => work,
-        EntityMsg::Query(query) => {
-            // Boxed, like a command's processing: the actor's task holds the (large)
-            // future of a query or a snapshot only while it runs, not in every idle actor.
-            Box::pin(answer_query(state, query)).await;
-            return Ok(());
-        }
-        EntityMsg::Passivate => {
-            if let Loaded::Yes(seed) = &mut state.seed
-                && !state.broken
-                && state.context.snapshots.on_passivation
-                && seed.unsnapshotted > 0
-            {
-                Box::pin(write_snapshot(&state.id, &state.context, seed)).await;
+        let work = match message {
+            EntityMsg::Work(work) => work,
+            EntityMsg::Query(query) => {
+                // Boxed, like a command's processing: the actor's task holds the (large)
+                // future of a query or a snapshot only while it runs, not in every idle actor.
+                Box::pin(answer_query(state, query)).await;
+                return Ok(());
             }
-            let seed = match std::mem::replace(&mut state.seed, Loaded::No) {
-                Loaded::Yes(seed) if !state.broken => Some(Box::new(seed) as Box<dyn Any + Send>),
-                _ => None,
-            };
-            let passivated = Passivated {
-                entity: state.id.clone(),
-                generation: state.context.journal.generation(),
-                seed,
-            };
-            state.broken = true;
-            myself.stop(Some("passivated".to_owned()));
-            (state.context.report)(EntityReport::Passivated(passivated));
+            EntityMsg::Passivate => {
+                if let Loaded::Yes(seed) = &mut state.seed
+                    && !state.broken
+                    && state.context.snapshots.on_passivation
+                    && seed.unsnapshotted > 0
+                {
+                    Box::pin(write_snapshot(&state.id, &state.context, seed)).await;
+                }
+                let seed = match std::mem::replace(&mut state.seed, Loaded::No) {
+                    Loaded::Yes(seed) if !state.broken => {
+                        Some(Box::new(seed) as Box<dyn Any + Send>)
+                    }
+                    _ => None,
+                };
+                let passivated = Passivated {
+                    entity: state.id.clone(),
+                    generation: state.context.journal.generation(),
+                    seed,
+                };
+                state.broken = true;
+                myself.stop(Some("passivated".to_owned()));
+                (state.context.report)(EntityReport::Passivated(passivated));
+                return Ok(());
+            }
+        };
+        if state.broken {
             return Ok(());
         }
-    };
-    if state.broken {
-        return Ok(());
+        let span = tracing::debug_span!(
+            "command",
+            partition = state.context.partition,
+            entity = %state.id,
+            generation = state.context.journal.generation(),
+            cmd_seq = work.seq,
+            trace_id = work.trace.as_ref().map(|t| tracing::field::display(t.caller.trace_id())),
+            parent_id = work.trace.as_ref().map(|t| tracing::field::display(t.caller.parent_id())),
+            span_id = work.trace.as_ref().map(|t| tracing::field::display(t.span.parent_id())),
+        );
+        let seq = work.seq;
+        let mut quarantine = None;
+        let mut detail = None;
+        let mut timers = Vec::new();
+        // Boxed: the actor's task then holds only a pointer to the (large) future of a command
+        // while it is idle. Unwound: a panic anywhere in it is this command's failure.
+        let processing = Box::pin(
+            process(state, work, &mut quarantine, &mut detail, &mut timers)
+                .instrument(span.clone()),
+        );
+        let verdict = match AssertUnwindSafe(processing).catch_unwind().await {
+            Ok(verdict) => verdict,
+            Err(panic) => Verdict::Failed(Failure::Crashed(format!(
+                "panicked: {}",
+                panic_message(&*panic)
+            ))),
+        };
+        span.in_scope(|| tracing::debug!(verdict = verdict.name(), "command done"));
+        let stops = matches!(verdict, Verdict::Fenced | Verdict::Failed(_)) || quarantine.is_some();
+        if stops {
+            state.broken = true;
+            myself.stop(Some("failed".to_owned()));
+        }
+        let outcome = Outcome {
+            entity: state.id.clone(),
+            seq,
+            generation: state.context.journal.generation(),
+            verdict,
+            quarantine,
+            detail,
+            timers,
+        };
+        (state.context.report)(EntityReport::Outcome(outcome));
+        // After the report, so the command's acknowledgement does not wait for it.
+        if let (Loaded::Yes(seed), false, Some(every)) =
+            (&mut state.seed, state.broken, state.context.snapshots.every)
+            && seed.unsnapshotted >= every
+        {
+            Box::pin(write_snapshot(&state.id, &state.context, seed)).await;
+        }
+        Ok(())
     }
-    let span = tracing::debug_span!(
-        "command",
-        partition = state.context.partition,
-        entity = %state.id,
-        generation = state.context.journal.generation(),
-        cmd_seq = work.seq,
-        trace_id = work.trace.as_ref().map(|t| tracing::field::display(t.caller.trace_id())),
-        parent_id = work.trace.as_ref().map(|t| tracing::field::display(t.caller.parent_id())),
-        span_id = work.trace.as_ref().map(|t| tracing::field::display(t.span.parent_id())),
-    );
-    let seq = work.seq;
-    let mut quarantine = None;
-    let mut detail = None;
-    let mut timers = Vec::new();
-    // Boxed: the actor's task then holds only a pointer to the (large) future of a command
-    // while it is idle. Unwound: a panic anywhere in it is this command's failure.
-    let processing = Box::pin(
-        process(state, work, &mut quarantine, &mut detail, &mut timers).instrument(span.clone()),
-    );
-    let verdict = match AssertUnwindSafe(processing).catch_unwind().await {
-        Ok(verdict) => verdict,
-        Err(panic) => Verdict::Failed(Failure::Crashed(format!(
-            "panicked: {}",
-            panic_message(&*panic)
-        ))),
-    };
-    span.in_scope(|| tracing::debug!(verdict = verdict.name(), "command done"));
-    let stops = matches!(verdict, Verdict::Fenced | Verdict::Failed(_)) || quarantine.is_some();
-    if stops {
-        state.broken = true;
-        myself.stop(Some("failed".to_owned()));
-    }
-    let outcome = Outcome {
-        entity: state.id.clone(),
-        seq,
-        generation: state.context.journal.generation(),
-        verdict,
-        quarantine,
-        detail,
-        timers,
-    };
-    (state.context.report)(EntityReport::Outcome(outcome));
-    // After the report, so the command's acknowledgement does not wait for it.
-    if let (Loaded::Yes(seed), false, Some(every)) =
-        (&mut state.seed, state.broken, state.context.snapshots.every)
-        && seed.unsnapshotted >= every
-    {
-        Box::pin(write_snapshot(&state.id, &state.context, seed)).await;
-    }
-    Ok(())
 }
