@@ -43,10 +43,7 @@ pub async fn pinned_pull_consumer(
             ..Default::default()
         })
         .await
-        .map_err(|e| Error::JetStream {
-            action: format!("create the stream {name}"),
-            source: Box::new(e),
-        })?;
+        .map_err(failed(format!("create the stream {name}")))?;
     stream
         .create_consumer(pull::Config {
             durable_name: Some(PINNED_CONSUMER.to_owned()),
@@ -57,11 +54,19 @@ pub async fn pinned_pull_consumer(
             ..Default::default()
         })
         .await
-        .map_err(|e| Error::JetStream {
-            action: format!("create the pinned consumer of {name}"),
-            source: Box::new(e),
-        })?;
+        .map_err(failed(format!("create the pinned consumer of {name}")))?;
     Ok(stream)
+}
+
+/// What a failed JetStream request of `action` becomes.
+fn failed<E>(action: String) -> impl FnOnce(E) -> Error
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    move |e| Error::JetStream {
+        action,
+        source: Box::new(e),
+    }
 }
 
 /// Waits until a publish to `subject` through `context`'s connection reaches the stream that
