@@ -130,6 +130,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
             born: Instant::now(),
             metrics,
             last_pin: None,
+            delivered_since_tick: false,
             hold_back: false,
             holding: false,
             declined: None,
@@ -306,6 +307,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
 
 impl<E: Entity> OwnerState<E> {
     async fn on_delivery(&mut self, delivery: Delivery) {
+        self.delivered_since_tick = true;
         if self.last_pin.as_ref() != Some(&delivery.pin) {
             if self.last_pin.is_some() {
                 self.metrics.pin_changes.increment(1);

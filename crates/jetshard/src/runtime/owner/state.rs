@@ -85,6 +85,8 @@ pub(crate) struct OwnerState<E: Entity> {
     pub(super) metrics: PartitionMetrics,
     /// The pin of the last delivery (for `jetshard_pin_changes_total`).
     pub(super) last_pin: Option<Arc<str>>,
+    /// Whether a delivery came since the last tick (`status::count_pending`).
+    pub(super) delivered_since_tick: bool,
     /// The generation this owner handed off, while it cools down: queries get "moving" until
     /// a newer claim exists.
     pub(super) handed_off: Option<u64>,

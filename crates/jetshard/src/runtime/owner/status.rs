@@ -1,6 +1,7 @@
 //! What an owner tells about itself: its phase on the health board, its load, its status.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use super::phase::Phase;
 use super::state::OwnerState;
@@ -8,6 +9,9 @@ use crate::entity::Entity;
 use crate::health::PartitionHealth;
 use crate::status::{PartitionStatus, QuarantinedEntity};
 use crate::telemetry::Load;
+
+/// How long a tick waits for the consumer's info ([`OwnerState::count_pending`]).
+const PENDING_ASK_WITHIN: Duration = Duration::from_secs(1);
 
 impl<E: Entity> OwnerState<E> {
     /// Posts this owner's phase on the system's health board.
@@ -23,11 +27,12 @@ impl<E: Entity> OwnerState<E> {
         self.shared.health.set(self.partition, health);
     }
 
-    /// Sets the partition's gauges: entities and commands in hand.
+    /// Sets the partition's gauges: entities and commands in hand. Returns the commands in
+    /// hand (0 when not owning).
     ///
     /// One walk of the entities' slots for both counts: each walk of 10,000 slots misses the
     /// cache on nearly every one (docs/PERFORMANCE.md, stop 42 `ent12`).
-    pub(super) fn post_load(&self) {
+    pub(super) fn post_load(&self) -> usize {
         let load = self.phase.owning_ref().map(|o| {
             let (resident, ack_pending) =
                 o.entities.values().fold((0, 0), |(resident, pending), s| {
@@ -45,6 +50,30 @@ impl<E: Entity> OwnerState<E> {
             }
         });
         self.metrics.set_load(load);
+        load.map_or(0, |l| l.ack_pending)
+    }
+
+    /// Counts the commands stored and not delivered yet from the consumer's info, when
+    /// `in_hand` commands are in hand and nothing was delivered since the last tick.
+    ///
+    /// `jetshard_pending_commands` is set from each delivery's own count, which costs no
+    /// request but stops with the deliveries: an owner that does not keep up (`max_ack_pending`
+    /// commands in hand) is delivered nothing more, and the gauge would keep its last value
+    /// (0 after the last of a burst) while the commands behind pile up. Only then does the
+    /// tick ask; an idle owner asks nothing.
+    pub(super) async fn count_pending(&mut self, in_hand: usize) {
+        let delivered = std::mem::take(&mut self.delivered_since_tick);
+        if delivered || in_hand == 0 {
+            return;
+        }
+        let partition = self.partition;
+        let consumer = self.shared.names.consumer(partition);
+        let info = self.shared.command_stream.consumer_info(consumer);
+        match tokio::time::timeout(PENDING_ASK_WITHIN, info).await {
+            Ok(Ok(info)) => self.metrics.pending.set(info.num_pending as f64),
+            Ok(Err(e)) => tracing::debug!(partition, error = %e, "pending commands not counted"),
+            Err(_) => tracing::debug!(partition, "pending commands not counted in time"),
+        }
     }
 
     pub(super) fn status(&self) -> PartitionStatus {
