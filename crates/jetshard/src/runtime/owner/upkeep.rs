@@ -118,7 +118,7 @@ impl<E: Entity> OwnerState<E> {
         }
         self.step_isolation().await;
         let in_hand = self.post_load();
-        self.count_pending(in_hand).await;
+        self.count_pending(in_hand);
         self.fire_timers().await;
         let partition = self.partition;
         let Some(o) = self.phase.owning() else { return };
