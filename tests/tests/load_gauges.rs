@@ -76,7 +76,10 @@ impl Load {
             let value: f64 = value
                 .parse()
                 .unwrap_or_else(|e| panic!("{e}: a gauge that does not read: {line}"));
-            assert!(value.fract() == 0.0, "a gauge that counts, not whole: {line}");
+            assert!(
+                value.fract() == 0.0,
+                "a gauge that counts, not whole: {line}"
+            );
             *slot += value as i64;
             if name == "jetshard_partition_owned" {
                 partitions.insert(label(labels, "partition").unwrap_or("").to_owned());
@@ -170,7 +173,10 @@ async fn settled_commands_leave_their_entities_resident_and_nothing_in_hand() {
         resident: entities,
         ..Load::default()
     };
-    wait_gauges(entity_type, &system, "every entity resident", |l| *l == want).await;
+    wait_gauges(entity_type, &system, "every entity resident", |l| {
+        *l == want
+    })
+    .await;
     let status = counts(&system).await;
     assert_eq!(status.resident_entities as i64, entities, "{status:?}");
     assert_eq!(status.commands_in_hand, 0, "{status:?}");
@@ -320,7 +326,9 @@ async fn a_quarantined_entity_is_counted_apart_from_the_resident_and_dormant_one
     recorder();
     let (sender, system) = fragile::start(&client, &config).await;
     for entity in ["a", "b"] {
-        let outcome = sender.request_outcome(entity, &FragileCmd::Add(1), ASK).await;
+        let outcome = sender
+            .request_outcome(entity, &FragileCmd::Add(1), ASK)
+            .await;
         assert!(
             matches!(outcome, Ok(CommandOutcome::Applied { .. })),
             "{outcome:?}"

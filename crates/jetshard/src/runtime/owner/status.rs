@@ -69,7 +69,10 @@ impl<E: Entity> OwnerState<E> {
         let Phase::Owning(o) = &self.phase else {
             return;
         };
-        let counting = self.pending_count.as_ref().is_some_and(|c| !c.is_finished());
+        let counting = self
+            .pending_count
+            .as_ref()
+            .is_some_and(|c| !c.is_finished());
         if delivered || in_hand == 0 || counting {
             return;
         }
