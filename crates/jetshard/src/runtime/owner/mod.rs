@@ -130,6 +130,9 @@ impl<E: Entity> Actor for OwnerActor<E> {
             born: Instant::now(),
             metrics,
             last_pin: None,
+            deliveries: 0,
+            deliveries_at_tick: 0,
+            pending_count: None,
             hold_back: false,
             holding: false,
             declined: None,
@@ -256,6 +259,11 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 }
                 state.keep_resident_cap();
             }
+            OwnerMsg::PendingCounted {
+                generation,
+                deliveries,
+                pending,
+            } => state.on_pending_counted(generation, deliveries, pending),
             OwnerMsg::TimersFound { generation, found } => {
                 let current = state.phase.owning_ref().map(|o| o.generation);
                 if current == Some(generation) {
@@ -306,6 +314,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
 
 impl<E: Entity> OwnerState<E> {
     async fn on_delivery(&mut self, delivery: Delivery) {
+        self.deliveries = self.deliveries.wrapping_add(1);
         if self.last_pin.as_ref() != Some(&delivery.pin) {
             if self.last_pin.is_some() {
                 self.metrics.pin_changes.increment(1);

@@ -39,6 +39,13 @@ pub(crate) enum OwnerMsg {
     Status(RpcReplyPort<PartitionStatus>),
     /// A state query for one of the partition's entities (`<t>.query.<p>.<id>`).
     Query(crate::query::Query),
+    /// The commands stored and not delivered yet, from the consumer's info
+    /// (`status::count_pending`), asked for under `generation` after `deliveries` deliveries.
+    PendingCounted {
+        generation: u64,
+        deliveries: u64,
+        pending: u64,
+    },
     /// The partition's armed timers, read from the journal on acquisition (`find_timers`).
     TimersFound {
         generation: u64,
@@ -85,6 +92,12 @@ pub(crate) struct OwnerState<E: Entity> {
     pub(super) metrics: PartitionMetrics,
     /// The pin of the last delivery (for `jetshard_pin_changes_total`).
     pub(super) last_pin: Option<Arc<str>>,
+    /// Deliveries to this owner so far, and at the last tick (`status::count_pending`).
+    pub(super) deliveries: u64,
+    pub(super) deliveries_at_tick: u64,
+    /// Asks the consumer's info for the commands waiting (`status::count_pending`), while
+    /// the owner is delivered nothing with commands in hand; stopped with the owner.
+    pub(super) pending_count: Option<JoinHandle<()>>,
     /// The generation this owner handed off, while it cools down: queries get "moving" until
     /// a newer claim exists.
     pub(super) handed_off: Option<u64>,
@@ -111,6 +124,9 @@ impl<E: Entity> Drop for OwnerState<E> {
         }
         if let Some(waking) = &self.waking {
             waking.abort();
+        }
+        if let Some(count) = &self.pending_count {
+            count.abort();
         }
     }
 }

@@ -1,13 +1,17 @@
 //! What an owner tells about itself: its phase on the health board, its load, its status.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use super::phase::Phase;
-use super::state::OwnerState;
+use super::state::{OwnerMsg, OwnerState};
 use crate::entity::Entity;
 use crate::health::PartitionHealth;
 use crate::status::{PartitionStatus, QuarantinedEntity};
 use crate::telemetry::Load;
+
+/// How long [`OwnerState::count_pending`] waits for the consumer's info.
+const PENDING_ASK_WITHIN: Duration = Duration::from_secs(5);
 
 impl<E: Entity> OwnerState<E> {
     /// Posts this owner's phase on the system's health board.
@@ -23,11 +27,12 @@ impl<E: Entity> OwnerState<E> {
         self.shared.health.set(self.partition, health);
     }
 
-    /// Sets the partition's gauges: entities and commands in hand.
+    /// Sets the partition's gauges: entities and commands in hand. Returns the commands in
+    /// hand (0 when not owning).
     ///
     /// One walk of the entities' slots for both counts: each walk of 10,000 slots misses the
     /// cache on nearly every one (docs/PERFORMANCE.md, stop 42 `ent12`).
-    pub(super) fn post_load(&self) {
+    pub(super) fn post_load(&self) -> usize {
         let load = self.phase.owning_ref().map(|o| {
             let (resident, ack_pending) =
                 o.entities.values().fold((0, 0), |(resident, pending), s| {
@@ -45,6 +50,62 @@ impl<E: Entity> OwnerState<E> {
             }
         });
         self.metrics.set_load(load);
+        load.map_or(0, |l| l.ack_pending)
+    }
+
+    /// Counts the commands stored and not delivered yet from the consumer's info, in a task
+    /// of its own, when `in_hand` commands are in hand and nothing was delivered since the
+    /// last tick (one count at a time; the answer comes back as
+    /// [`OwnerMsg::PendingCounted`]).
+    ///
+    /// `jetshard_pending_commands` is set from each delivery's own count, which costs no
+    /// request but stops with the deliveries: an owner that does not keep up (`max_ack_pending`
+    /// commands in hand) is delivered nothing more, and the gauge would keep its last value
+    /// (0 after the last of a burst) while the commands behind pile up. Only then is the
+    /// server asked; an idle owner asks nothing.
+    pub(super) fn count_pending(&mut self, in_hand: usize) {
+        let delivered = self.deliveries != self.deliveries_at_tick;
+        self.deliveries_at_tick = self.deliveries;
+        let Phase::Owning(o) = &self.phase else {
+            return;
+        };
+        let counting = self
+            .pending_count
+            .as_ref()
+            .is_some_and(|c| !c.is_finished());
+        if delivered || in_hand == 0 || counting {
+            return;
+        }
+        let (generation, deliveries, partition) = (o.generation, self.deliveries, self.partition);
+        let stream = self.shared.command_stream.clone();
+        let consumer = self.shared.names.consumer(partition);
+        let owner = self.myself.clone();
+        self.pending_count = Some(tokio::spawn(async move {
+            match tokio::time::timeout(PENDING_ASK_WITHIN, stream.consumer_info(consumer)).await {
+                Ok(Ok(info)) => {
+                    let _ = owner.cast(OwnerMsg::PendingCounted {
+                        generation,
+                        deliveries,
+                        pending: info.num_pending,
+                    });
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(partition, error = %e, "pending commands not counted");
+                }
+                Err(_) => tracing::debug!(partition, "pending commands not counted in time"),
+            }
+        }));
+    }
+
+    /// Sets `jetshard_pending_commands` from [`count_pending`](Self::count_pending)'s answer,
+    /// unless the generation changed or a delivery (with a newer count) came since the ask.
+    pub(super) fn on_pending_counted(&self, generation: u64, deliveries: u64, pending: u64) {
+        if let Phase::Owning(o) = &self.phase
+            && o.generation == generation
+            && self.deliveries == deliveries
+        {
+            self.metrics.pending.set(pending as f64);
+        }
     }
 
     pub(super) fn status(&self) -> PartitionStatus {

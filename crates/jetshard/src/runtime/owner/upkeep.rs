@@ -117,7 +117,8 @@ impl<E: Entity> OwnerState<E> {
             _ => {}
         }
         self.step_isolation().await;
-        self.post_load();
+        let in_hand = self.post_load();
+        self.count_pending(in_hand);
         self.fire_timers().await;
         let partition = self.partition;
         let Some(o) = self.phase.owning() else { return };
