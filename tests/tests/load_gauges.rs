@@ -146,6 +146,25 @@ async fn applied(sender: &CommandSender<Ledger>, id: &str, command: &LedgerCmd) 
     );
 }
 
+/// Sends one command to each of `per_partition` entities in each of `partitions` partitions
+/// (ids `<prefix><k>-...`) and waits for each to be applied; their ids.
+async fn settle_spread(
+    sender: &CommandSender<Ledger>,
+    prefix: &str,
+    partitions: u32,
+    per_partition: u32,
+) -> Vec<String> {
+    let ids: Vec<String> = (0..partitions)
+        .flat_map(|p| {
+            (0..per_partition).map(move |k| id_in(&format!("{prefix}{k}-"), p, partitions))
+        })
+        .collect();
+    for id in &ids {
+        applied(sender, id, &LedgerCmd::Append { n: 0 }).await;
+    }
+    ids
+}
+
 /// N entities spread over the partitions, each sent one command that settled: N resident over
 /// the partitions, nothing in hand, nothing pending, every partition owned; and all zeros once
 /// the system shut down (a sum over processes must not count a gone owner).
@@ -160,12 +179,7 @@ async fn settled_commands_leave_their_entities_resident_and_nothing_in_hand() {
     let sender = CommandSender::<Ledger>::new(client.clone(), &config);
     let system = start(&client, &config).await;
 
-    let ids: Vec<String> = (0..PARTITIONS)
-        .flat_map(|p| (0..PER_PARTITION).map(move |k| id_in(&format!("s{k}-"), p, PARTITIONS)))
-        .collect();
-    for id in &ids {
-        applied(&sender, id, &LedgerCmd::Append { n: 0 }).await;
-    }
+    let ids = settle_spread(&sender, "s", PARTITIONS, PER_PARTITION).await;
     let entities = ids.len() as i64;
     let want = Load {
         partitions: PARTITIONS,
@@ -284,12 +298,7 @@ async fn passivated_entities_move_from_resident_to_dormant() {
     let sender = CommandSender::<Ledger>::new(client.clone(), &config);
     let system = start(&client, &config).await;
 
-    let ids: Vec<String> = (0..PARTITIONS)
-        .flat_map(|p| (0..PER_PARTITION).map(move |k| id_in(&format!("d{k}-"), p, PARTITIONS)))
-        .collect();
-    for id in &ids {
-        applied(&sender, id, &LedgerCmd::Append { n: 0 }).await;
-    }
+    let ids = settle_spread(&sender, "d", PARTITIONS, PER_PARTITION).await;
     let entities = ids.len() as i64;
     let want = Load {
         partitions: PARTITIONS,
