@@ -136,13 +136,12 @@ pub(super) fn spawn<E: Entity>(
     // processing task) completes on its first poll, in the owner's turn, and the owner goes on
     // routing; the messages sent meanwhile wait in its mailbox. One task per actor: ractor's
     // `spawn_linked_instant` would spawn a second one just to run that start.
-    let started = ractor::ActorRuntime::spawn_linked(
+    let started = at_once(ractor::ActorRuntime::spawn_linked(
         None,
         EntityActor::<E>::new(),
         (entity.clone(), context, loaded, batch),
         supervisor.clone(),
-    )
-    .now_or_never();
+    ));
     match started {
         Some(Ok((actor, _))) => {
             slot.actor = Some(Resident::new(actor, resident));
@@ -153,13 +152,24 @@ pub(super) fn spawn<E: Entity>(
             false
         }
         None => {
-            // Not reached: nothing in the start waits. Were it to, the actor would be dropped
-            // unstarted and its commands stay in hand, as for a failed spawn.
+            // Not reached: nothing in the start waits, and it runs outside the budget. Were it
+            // to, the actor would be dropped unstarted and its commands stay in hand, as for a
+            // failed spawn, until the owner's next tick starts it again (`upkeep`).
             debug_assert!(false, "an entity actor's start waited");
             tracing::error!(partition = o.context.partition, %entity, "an entity actor's start did not complete at once");
             false
         }
     }
+}
+
+/// Polls `start` once, outside the task's cooperative budget: its output, or `None` if it
+/// waits. ractor runs an actor's pre-start in a `tokio::select!`, which answers `Pending`
+/// once the task has spent its budget (128 operations a turn: an owner's mailbox receives and
+/// acknowledgements count), whatever its branches would say. Polled within the budget, the
+/// starts of the new entities of a burst that an owner took late in a busy turn did not
+/// complete, and their commands waited in hand (found by the bench's latency and memory runs).
+fn at_once<F: Future>(start: F) -> Option<F::Output> {
+    tokio::task::unconstrained(start).now_or_never()
 }
 
 /// Asks an idle entity's actor to hand its state back and stop (the owner takes the state);
@@ -222,5 +232,66 @@ pub(super) fn evict_idle<E: Entity>(o: &mut Owning<E>, count: usize) {
     }
     for (_, entity) in idle.into_iter().take(count) {
         passivate(o, &entity);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+    use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+    use super::at_once;
+
+    struct Idle;
+
+    impl Actor for Idle {
+        type Msg = ();
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(&self, _: ActorRef<()>, (): ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+    }
+
+    /// Spends this task's cooperative budget without yielding: receives from a full channel
+    /// until a receive answers `Pending` with messages still in it.
+    fn spend_budget() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for i in 0..1_000 {
+            tx.send(i).expect("open");
+        }
+        let mut received = 0;
+        while let Some(Some(_)) = rx.recv().now_or_never() {
+            received += 1;
+            assert!(received < 1_000, "the budget was never spent");
+        }
+    }
+
+    /// What the owner leans on: an actor whose pre-start waits for nothing starts on the first
+    /// poll even when the owner's turn has spent its budget, where a plain poll does not.
+    #[tokio::test]
+    async fn an_actor_starts_at_once_even_when_the_task_has_spent_its_budget() {
+        let supervisor = Actor::spawn(None, Idle, ()).await.expect("supervisor").0;
+
+        spend_budget();
+        let plain = ractor::ActorRuntime::spawn_linked(None, Idle, (), supervisor.get_cell())
+            .now_or_never();
+        assert!(
+            plain.is_none(),
+            "tokio's select! waits once the budget is spent"
+        );
+
+        spend_budget();
+        let (actor, _) = at_once(ractor::ActorRuntime::spawn_linked(
+            None,
+            Idle,
+            (),
+            supervisor.get_cell(),
+        ))
+        .expect("started on the first poll")
+        .expect("spawned");
+        actor.stop(None);
+        supervisor.stop(None);
     }
 }

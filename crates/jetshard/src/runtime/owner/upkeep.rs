@@ -143,6 +143,14 @@ impl<E: Entity> OwnerState<E> {
                     stuck.push((entity.clone(), seq));
                 }
                 Some(Blocked::Retry { at }) if now >= at => due.push(entity.clone()),
+                // Commands in hand, nothing awaited, and no actor: its start failed (`route::
+                // spawn`); started again here rather than left until the entity's next command.
+                None if slot.actor.is_none()
+                    && slot.returning.is_none()
+                    && !slot.queue.is_empty() =>
+                {
+                    due.push(entity.clone());
+                }
                 _ => {}
             }
             if slot.is_idle() && now.duration_since(slot.last_active) >= config.passivate_after {
