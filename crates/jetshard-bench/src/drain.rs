@@ -141,6 +141,11 @@ pub enum Figure {
     ServerCpu,
     /// Client CPU microseconds per command.
     ClientCpu,
+    /// Server and client CPU microseconds per command, together.
+    TotalCpu,
+    /// Cores the servers and the client kept busy over the pass (their CPU per command times
+    /// the rate): near the machine's cores, the pass was bound by the CPU.
+    CoresBusy,
     /// Client heap allocations per command.
     Allocs,
     /// Client bytes allocated per command.
@@ -158,6 +163,10 @@ impl Figure {
             Figure::Rate => pass.rate,
             Figure::ServerCpu => pass.server_us_per_command(commands),
             Figure::ClientCpu => pass.client_us_per_command(commands),
+            Figure::TotalCpu => {
+                pass.server_us_per_command(commands) + pass.client_us_per_command(commands)
+            }
+            Figure::CoresBusy => Figure::TotalCpu.of(pass, commands) * pass.rate / 1e6,
             Figure::Allocs => pass.allocs_per_command(commands),
             Figure::AllocBytes => pass.alloc_bytes_per_command(commands),
             Figure::Instructions => pass.instructions_per_command(commands).unwrap_or(f64::NAN),
@@ -169,7 +178,8 @@ impl Figure {
     pub fn unit(self) -> &'static str {
         match self {
             Figure::Rate => "cmd/s",
-            Figure::ServerCpu | Figure::ClientCpu => "us",
+            Figure::ServerCpu | Figure::ClientCpu | Figure::TotalCpu => "us",
+            Figure::CoresBusy => "cores",
             Figure::Allocs => "allocs",
             Figure::AllocBytes => "bytes",
             Figure::Instructions => "instructions",

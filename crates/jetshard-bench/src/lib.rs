@@ -137,7 +137,7 @@ pub struct Options {
     /// Throughput, cluster, scaling and latency: the encoded size of each command and of its
     /// event, in bytes. The default, 128, is `bareloop`'s payload, so that both loops do the
     /// same work; 0 sends the bare stamp (about 10 bytes). The size matters to the server: see
-    /// docs/PERFORMANCE.md "What the server's consumer lookup costs".
+    /// docs/performance/throughput.md "What the server's consumer lookup costs".
     #[arg(long, default_value_t = 128)]
     pub command_bytes: usize,
     /// Throughput: jetshard's `pull_batch` (default: jetshard's default, 256).

@@ -379,7 +379,7 @@ pub fn ids_in_partition(
 ///
 /// With it, each entity's first command loads one record: its share of a batched read of its
 /// last records, which shows its event as its only one (`Jetshard-Previous: 0`, as jetshard
-/// writes an entity's first record); unbatched, one read (docs/PERFORMANCE.md, cluster).
+/// writes an entity's first record); unbatched, one read (docs/performance/cluster.md).
 pub async fn seed_entities(
     client: async_nats::Client,
     entity_type: &str,

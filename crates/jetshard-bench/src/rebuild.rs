@@ -260,10 +260,13 @@ pub async fn run(
         &jetshard,
     )
     .against(raw_rate);
-    let met = replay.ratio.is_some_and(|r| r >= 0.9);
+    // Since lazy loading an acquisition reads no history (issue 12): a replay of nothing
+    // meets the target, which holds any replay there is to the raw read.
+    let replayed_nothing = jetshard.iter().all(|r| r.complete && r.events == 0);
+    let met = replayed_nothing || replay.ratio.is_some_and(|r| r >= 0.9);
     report
         .rows
-        .push(replay.target(">= 0.9 x filtered raw read", met));
+        .push(replay.target("none (lazy loading), or >= 0.9 x filtered raw read", met));
     report.rows.push(
         row(
             "jetshard whole acquisition (claim + replay + in-flight recovery)".to_owned(),
