@@ -102,27 +102,11 @@ impl<E: Entity> Actor for EntityActor<E> {
                 return Ok(());
             }
             EntityMsg::Passivate => {
-                if let Loaded::Yes(seed) = &mut state.seed
-                    && !state.broken
-                    && state.context.snapshots.on_passivation
-                    && seed.unsnapshotted > 0
-                {
-                    Box::pin(write_snapshot(&state.id, &state.context, seed)).await;
-                }
-                let seed = match std::mem::replace(&mut state.seed, Loaded::No) {
-                    Loaded::Yes(seed) if !state.broken => {
-                        Some(Box::new(seed) as Box<dyn Any + Send>)
-                    }
-                    _ => None,
-                };
-                let passivated = Passivated {
-                    entity: state.id.clone(),
-                    generation: state.context.journal.generation(),
-                    seed,
-                };
-                state.broken = true;
-                myself.stop(Some("passivated".to_owned()));
-                (state.context.report)(EntityReport::Passivated(passivated));
+                Box::pin(hand_back(&myself, state, true)).await;
+                return Ok(());
+            }
+            EntityMsg::Surrender => {
+                Box::pin(hand_back(&myself, state, false)).await;
                 return Ok(());
             }
         };
@@ -181,4 +165,34 @@ impl<E: Entity> Actor for EntityActor<E> {
         }
         Ok(())
     }
+}
+
+/// Hands the entity's state back to the owner ([`Passivated`]) and stops the actor: on
+/// passivation (`snapshot`: first a snapshot of what it wrote since its last one, as the policy
+/// says), or on a surrender, when the generation is over and nothing may be written.
+async fn hand_back<E: Entity>(
+    myself: &ActorRef<EntityMsg>,
+    state: &mut EntityState<E>,
+    snapshot: bool,
+) {
+    if let Loaded::Yes(seed) = &mut state.seed
+        && snapshot
+        && !state.broken
+        && state.context.snapshots.on_passivation
+        && seed.unsnapshotted > 0
+    {
+        write_snapshot(&state.id, &state.context, seed).await;
+    }
+    let seed = match std::mem::replace(&mut state.seed, Loaded::No) {
+        Loaded::Yes(seed) if !state.broken => Some(Box::new(seed) as Box<dyn Any + Send>),
+        _ => None,
+    };
+    let passivated = Passivated {
+        entity: state.id.clone(),
+        generation: state.context.journal.generation(),
+        seed,
+    };
+    state.broken = true;
+    myself.stop(Some("passivated".to_owned()));
+    (state.context.report)(EntityReport::Passivated(passivated));
 }

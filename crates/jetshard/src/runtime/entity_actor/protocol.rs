@@ -57,6 +57,10 @@ pub(crate) enum EntityMsg {
     Work(Work),
     /// Idle: give the state back ([`Passivated`]) and stop.
     Passivate,
+    /// The owner stepped down but may claim the partition again: give the state back
+    /// ([`Passivated`]) without writing anything (no snapshot: the generation is over) and
+    /// stop. Work queued before it is done first, as its writes may still be stored.
+    Surrender,
     /// Answer a state query, after the commands before it.
     Query(Query),
 }

@@ -43,6 +43,7 @@ mod state;
 mod status;
 mod takeover;
 mod upkeep;
+mod warm;
 mod window;
 
 use std::marker::PhantomData;
@@ -148,6 +149,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
             compaction: None,
             timers: Timers::default(),
             phase: Phase::Standby,
+            warm: None,
             handed_off: None,
             policy,
             counters: Counters::default(),

@@ -23,13 +23,29 @@ impl<E: Entity> OwnerState<E> {
         let partition = self.partition;
         let policy = self.policy;
         let Some(o) = self.phase.owning() else {
+            self.warm_outcome(&outcome);
             return Ok(());
         };
         if outcome.generation != o.generation {
+            // An actor of the generation before, after a warm re-claim, that stopped on a
+            // command: it hands no state back, and its entity loads.
+            if Some(outcome.generation) == o.warm_from && super::warm::stops(&outcome) {
+                o.doubted.insert(outcome.entity.clone());
+                if let Some(slot) = o.entities.get_mut(&outcome.entity)
+                    && slot.returning.take().is_some()
+                {
+                    if slot.is_idle() {
+                        o.entities.remove(&outcome.entity);
+                    } else {
+                        self.dispatch(&outcome.entity);
+                    }
+                }
+            }
             return Ok(());
         }
         self.timers
             .report(&outcome.entity, std::mem::take(&mut outcome.timers));
+        let stopped = super::warm::stops(&outcome);
         let Some(o) = self.phase.owning() else {
             return Ok(());
         };
@@ -47,14 +63,10 @@ impl<E: Entity> OwnerState<E> {
             attempts: head.attempts,
             delivered: head.reply.is_some(),
         };
-        let stopped = matches!(
-            outcome.verdict,
-            crate::runtime::entity_actor::Verdict::Fenced
-                | crate::runtime::entity_actor::Verdict::Failed(_)
-        ) || outcome.quarantine.is_some();
         if stopped {
             // The actor has stopped, and its state with it: its next actor loads the entity.
             slot.actor = None;
+            o.doubted.insert(entity.clone());
         }
         match &outcome.verdict {
             crate::runtime::entity_actor::Verdict::Applied { events } => {

@@ -25,9 +25,13 @@ impl<E: Entity> OwnerState<E> {
     /// Takes a passivated actor's state into the dormant map, and gives the entity a new actor
     /// if commands came in meanwhile.
     pub(super) fn on_passivated(&mut self, passivated: Passivated) {
-        let Some(o) = self.phase.owning() else { return };
+        let Some(o) = self.phase.owning() else {
+            return self.warm_passivated(passivated);
+        };
         let entity = passivated.entity;
-        if passivated.generation != o.generation {
+        // Of the generation before, after a warm re-claim: a state asked for at the step-down.
+        let kept = Some(passivated.generation) == o.warm_from;
+        if passivated.generation != o.generation && !kept {
             return;
         }
         let Some(slot) = o.entities.get_mut(&entity) else {
@@ -40,6 +44,7 @@ impl<E: Entity> OwnerState<E> {
         // entity.
         if let Some(seed) = passivated
             .seed
+            .filter(|_| !(kept && o.doubted.contains(&entity)))
             .and_then(|seed| seed.downcast::<Seed<E>>().ok())
         {
             o.dormant.keep(&entity, &seed);

@@ -13,7 +13,7 @@
 //!
 //! A stop (graceful release) can start in any phase; its owner stops once released.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use ractor::RpcReplyPort;
@@ -59,6 +59,12 @@ pub(super) struct Owning<E: Entity> {
     /// Each entity in hand, looked up several times per command (routed, planned, queued,
     /// settled): hashed with foldhash, not SipHash (see [`EntityHasher`]).
     pub(super) entities: HashMap<EntityId, Slot, EntityHasher>,
+    /// Entities whose actor stopped on a command under this generation (a write of theirs may
+    /// be in doubt): their states are not kept for a warm re-claim (`warm.rs`).
+    pub(super) doubted: HashSet<EntityId>,
+    /// The generation before, when this one kept its states (a warm re-claim, `warm.rs`): the
+    /// states its actors hand back still come in and are taken.
+    pub(super) warm_from: Option<u64>,
     /// Entity actor crashes, against the restart window.
     pub(super) crashes: RestartWindow,
     /// The claim's count of the commands in hand at acquisition (their delivery counts).

@@ -146,14 +146,13 @@ impl<E: Entity> OwnerState<E> {
         );
         self.handed_off = owning.as_ref().map(|o| o.generation);
         if let Some(o) = owning {
-            self.left(
-                &o,
-                if stopping {
-                    StepDown::Released
-                } else {
-                    StepDown::HandedOff
-                },
-            );
+            let reason = if stopping {
+                StepDown::Released
+            } else {
+                StepDown::HandedOff
+            };
+            self.left(&o, reason);
+            self.myself.stop_children(Some(reason.to_string()));
         }
         match release.reply {
             Some(reply) => {
@@ -173,8 +172,10 @@ impl<E: Entity> OwnerState<E> {
         }
     }
 
-    /// Stops owning: entity actors stopped, state dropped, nothing acknowledged any more under
-    /// this generation. Commands in hand stay unacknowledged for the next owner.
+    /// Stops owning: nothing acknowledged any more under this generation; commands in hand stay
+    /// unacknowledged for the next owner. The entity actors stop; for a reason that may bring
+    /// the partition straight back to this process (`StepDown::keeps_warm`), they hand their
+    /// states back first, kept for a claim of the next generation (`warm.rs`).
     pub(super) async fn step_down(&mut self, reason: StepDown) {
         let releasing = matches!(self.phase, Phase::Releasing(..));
         let Some(o) = self.phase.take_owning() else {
@@ -182,22 +183,27 @@ impl<E: Entity> OwnerState<E> {
         };
         self.stop_compaction();
         self.left(&o, reason);
+        let pin = o.pin.clone();
+        if !releasing && reason.keeps_warm() {
+            self.keep_warm(o);
+        } else {
+            self.myself.stop_children(Some(reason.to_string()));
+        }
         if releasing {
             // The release goes on (pulls paused); there is nothing left to drain.
             self.finish_release_if_drained().await;
             return;
         }
         if reason.refuses_pin() {
-            self.refuse(o.pin.clone(), reason == StepDown::CrashLoop)
-                .await;
+            self.refuse(pin, reason == StepDown::CrashLoop).await;
         } else {
             self.phase = Phase::Standby;
         }
     }
 
-    /// Says that this owner left generation `o`, stopping its entity actors.
+    /// Says that this owner left generation `o` (its caller stops the entity actors, or asks
+    /// them for their states).
     pub(super) fn left(&self, o: &Owning<E>, reason: StepDown) {
-        self.myself.stop_children(Some(reason.to_string()));
         self.metrics.step_down(reason.label());
         self.metrics.set_load(None);
         let node = self.config().node_id.clone();

@@ -65,6 +65,16 @@ impl StepDown {
             StepDown::PinLost | StepDown::PinMoved | StepDown::Fenced | StepDown::CrashLoop
         )
     }
+
+    /// Whether the owner keeps its entity states for a claim of the next generation
+    /// (`owner/warm.rs`): it left for a reason of the pin's or the delivery's, not because
+    /// another owner claimed the partition (fenced) or its entities fail.
+    pub(crate) fn keeps_warm(self) -> bool {
+        matches!(
+            self,
+            StepDown::PinLost | StepDown::PinMoved | StepDown::DeliveriesLost
+        )
+    }
 }
 
 impl StepDown {

@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use super::phase::{Counters, Phase};
 use super::settle::Policy;
 use super::shared::Shared;
+use super::warm::Warm;
 use crate::config::ShardConfig;
 use crate::entity::{Entity, EntityId};
 use crate::journal::group_commit::CommitStats;
@@ -98,6 +99,9 @@ pub(crate) struct OwnerState<E: Entity> {
     /// Asks the consumer's info for the commands waiting (`status::count_pending`), while
     /// the owner is delivered nothing with commands in hand; stopped with the owner.
     pub(super) pending_count: Option<JoinHandle<()>>,
+    /// The states of the generation this owner last stepped down from, kept for a claim of
+    /// the next one (`warm.rs`).
+    pub(super) warm: Option<Box<Warm<E>>>,
     /// The generation this owner handed off, while it cools down: queries get "moving" until
     /// a newer claim exists.
     pub(super) handed_off: Option<u64>,

@@ -1,7 +1,7 @@
 //! The actor's side of taking a partition: the claim and recovery ([`acquire`]), then a
 //! fenced writer, the timer scan and outbox recovery started, the recovered commands routed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -94,6 +94,20 @@ impl<E: Entity> OwnerState<E> {
         if let Some(previous) = self.outbox_recovery.replace(recovery) {
             previous.abort();
         }
+        // The states this owner kept when it stepped down, if its claim proves them still true.
+        let (dormant, entities, doubted, warm_from) = match self.take_warm(fence.generation) {
+            Some(mut kept) => {
+                let entities = kept.returning_slots().collect();
+                (kept.dormant, entities, kept.doubted, Some(kept.from))
+            }
+            None => (
+                Dormant::new(Arc::clone(&self.shared.dormant), self.shared.config.codec),
+                HashMap::default(),
+                HashSet::new(),
+                None,
+            ),
+        };
+        let kept_warm = dormant.len() + entities.len();
         let trial = acquired.claimed.trial;
         let isolation = trial.map(|_| {
             let held = acquired.recovered.iter().map(|(_, p)| p.seq);
@@ -121,9 +135,11 @@ impl<E: Entity> OwnerState<E> {
             generation: fence.generation,
             pin,
             context,
-            dormant: Dormant::new(Arc::clone(&self.shared.dormant), self.shared.config.codec),
+            dormant,
             quarantined: HashMap::new(),
-            entities: HashMap::default(),
+            doubted,
+            warm_from,
+            entities,
             crashes: RestartWindow::new(
                 self.shared.config.max_entity_restarts,
                 self.shared.config.restart_window,
@@ -148,6 +164,8 @@ impl<E: Entity> OwnerState<E> {
             // command); the fields stay for the readers of this line (jetshard-bench).
             rebuilt_events = 0u64,
             recovered = acquired.recovered.len(),
+            // Entity states kept from this owner's previous generation (`warm.rs`).
+            kept_warm,
             replay_ms = 0u64,
             elapsed_ms = started.elapsed().as_millis() as u64,
             in_hand_us = acquired.steps.in_hand_us,

@@ -116,6 +116,7 @@ impl<E: Entity> OwnerState<E> {
             }
             _ => {}
         }
+        self.expire_warm();
         self.step_isolation().await;
         let in_hand = self.post_load();
         self.count_pending(in_hand);
