@@ -338,6 +338,21 @@ impl Model for Ownership {
                     })
                 })
             }),
+            Property::always(THE_LATEST_OWNER_KNOWS_THE_JOURNAL, |_, s: &State| {
+                s.partitions.iter().enumerate().all(|(p, part)| {
+                    s.processes.iter().all(|proc| {
+                        let owner = &proc.owners[p];
+                        match owner.phase {
+                            Phase::Owning { seq, .. } | Phase::Releasing { seq, .. }
+                                if seq == part.latest() =>
+                            {
+                                (owner.applied, owner.given_up) == part.known()
+                            }
+                            _ => true,
+                        }
+                    })
+                })
+            }),
             Property::always(ONE_WATCH_UNPIN_PER_CLAIM, |_, s: &State| {
                 s.partitions
                     .iter()
@@ -386,6 +401,12 @@ pub const NO_INNOCENT_COMMAND_GIVEN_UP: &str = "no innocent command given up";
 /// dead owner's pin, the pin lapses and goes to a standby, and the watch's unpin (which names no
 /// pin) takes it from that standby. It costs one more takeover; the fence keeps it safe.
 pub const WATCH_UNPINS_THE_LIVING: &str = "a crash watch unpins a process it did not find dead";
+/// Property: an owner whose fence record is the latest knows exactly what the journal holds
+/// (the commands applied and given up): it never runs a command on a view of the journal that
+/// lacks a stored record of the partition. Only the latest generation's writes can be stored,
+/// and a stale view makes it apply a command again or run one already given up.
+pub const THE_LATEST_OWNER_KNOWS_THE_JOURNAL: &str =
+    "the latest generation's owner knows what the journal holds";
 /// Property: each claim is unpinned by a crash watch at most once.
 pub const ONE_WATCH_UNPIN_PER_CLAIM: &str = "at most one crash-watch unpin per claim";
 /// Property (liveness): every behaviour ends with every command acknowledged or given up, so

@@ -192,6 +192,17 @@ impl Partition {
             .any(|r| r.command == command && r.dead_letter == dead_letter)
     }
 
+    /// What the journal holds: the commands applied and the commands given up, as bits.
+    pub(crate) fn known(&self) -> (u16, u16) {
+        self.journal.iter().fold((0, 0), |(applied, given_up), r| {
+            if r.dead_letter {
+                (applied, given_up | bit(r.command))
+            } else {
+                (applied | bit(r.command), given_up)
+            }
+        })
+    }
+
     pub(crate) fn settled(&self) -> bool {
         self.commands
             .iter()

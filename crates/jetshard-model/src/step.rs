@@ -196,15 +196,7 @@ impl Ownership {
                     }
                 }
                 // Entities are loaded after the claim: what the journal holds now.
-                owner.applied = 0;
-                owner.given_up = 0;
-                for r in &part.journal {
-                    if r.dead_letter {
-                        owner.given_up |= bit(r.command);
-                    } else {
-                        owner.applied |= bit(r.command);
-                    }
-                }
+                (owner.applied, owner.given_up) = part.known();
                 owner.writing = false;
                 owner.fenced = false;
                 owner.phase = Phase::Owning {

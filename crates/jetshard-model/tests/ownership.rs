@@ -10,13 +10,14 @@ use jetshard_model::*;
 use stateright::{Checker, HasDiscoveries, Model};
 
 /// The properties whose discovery is a failure (always and eventually).
-const SAFETY_AND_LIVENESS: [&str; 8] = [
+const SAFETY_AND_LIVENESS: [&str; 9] = [
     ONE_WRITER_PER_GENERATION,
     ONLY_THE_LATEST_FENCE_WRITES,
     NO_ACKNOWLEDGED_COMMAND_LOST,
     NO_COMMAND_APPLIED_TWICE,
     GIVEN_UP_ONLY_AFTER_MAX_DELIVER,
     NO_INNOCENT_COMMAND_GIVEN_UP,
+    THE_LATEST_OWNER_KNOWS_THE_JOURNAL,
     ONE_WATCH_UNPIN_PER_CLAIM,
     EVERY_PARTITION_WITH_WORK_OWNED,
 ];
