@@ -33,6 +33,11 @@ pub struct Bugs {
     pub ack_before_durable: bool,
     /// Journal writes carry no fence headers: the server stores them whatever the latest fence.
     pub write_without_fence: bool,
+    /// A claim keeps the warm entities whatever generation it wins, not only the one after
+    /// theirs (`takeover.rs` without the `generation + 1` check).
+    pub warm_without_fence_chain: bool,
+    /// A step-down keeps an entity warm although its write is in doubt (sent, unanswered).
+    pub warm_in_doubt: bool,
 }
 
 /// How many isolated owners in a row must have died with a command first in hand before it is

@@ -161,6 +161,11 @@ impl Ownership {
                         }
                     })
                     .collect();
+                // The warm entities are kept only by the claim of the generation after theirs
+                // (`takeover.rs`): then no other generation claimed, so none wrote, since.
+                let warm = owner.warm.take().filter(|w| {
+                    bugs.warm_without_fence_chain || w.generation.checked_add(1) == Some(generation)
+                });
                 // `fence::trial`: the head of what earlier owners held, once a command was
                 // counted at `isolate_at` claims; its runs count the isolated owners that died
                 // with it first in hand.
@@ -185,6 +190,7 @@ impl Ownership {
                     pin,
                     held,
                     trial,
+                    warm: warm.is_some(),
                 });
                 part.watch_unpins.push(0);
                 let seq = part.latest();
@@ -195,8 +201,11 @@ impl Ownership {
                         c.in_hand += 1;
                     }
                 }
-                // Entities are loaded after the claim: what the journal holds now.
-                (owner.applied, owner.given_up) = part.known();
+                // Entities are kept warm, or loaded after the claim: what the journal holds now.
+                (owner.applied, owner.given_up) = match warm {
+                    Some(w) => (w.applied, w.given_up),
+                    None => part.known(),
+                };
                 owner.writing = false;
                 owner.fenced = false;
                 owner.phase = Phase::Owning {
@@ -206,7 +215,11 @@ impl Ownership {
                 };
             }
             OwnerStep::StepDown => {
-                if let Phase::Owning { pin, .. } = owner.phase {
+                if let Phase::Owning {
+                    generation, pin, ..
+                } = owner.phase
+                {
+                    owner.warm = owner.keep_warm(generation, bugs);
                     owner.phase = Phase::Refused { pin };
                     owner.writing = false;
                 }
@@ -270,10 +283,14 @@ impl Ownership {
                 };
             }
             OwnerStep::Unpin => {
-                if let Phase::Releasing { pin, .. } = owner.phase
-                    && part.pin == Some((q, pin))
+                if let Phase::Releasing {
+                    generation, pin, ..
+                } = owner.phase
                 {
-                    part.pin = None;
+                    owner.warm = owner.keep_warm(generation, bugs);
+                    if part.pin == Some((q, pin)) {
+                        part.pin = None;
+                    }
                 }
                 owner.phase = Phase::CoolingDown;
                 owner.writing = false;
@@ -300,5 +317,18 @@ impl Ownership {
                 .then_some(WatchStep::Found(seq))
             }
         }
+    }
+}
+
+impl Owner {
+    /// What a step-down under `generation` keeps warm: nothing after a fenced write (a newer
+    /// generation claimed: the states may lack its writes), nothing while its own write is in
+    /// doubt (it may be stored later, and the state lacks it); else what it knows.
+    fn keep_warm(&self, generation: u8, bugs: Bugs) -> Option<Warm> {
+        (!self.fenced && (!self.writing || bugs.warm_in_doubt)).then_some(Warm {
+            generation,
+            applied: self.applied,
+            given_up: self.given_up,
+        })
     }
 }

@@ -85,6 +85,7 @@ fn breaks(config: Config, property: &'static str) {
 const CRASH_UNPIN: &str = "a crash watch unpins";
 const FENCED: &str = "a write is fenced";
 const GIVEN_UP: &str = "a command is given up";
+const WARM: &str = A_WARM_RECLAIM;
 
 fn two_commands() -> Config {
     Config::default()
@@ -96,7 +97,7 @@ fn one_command_two_processes_every_fault() {
         commands: 1,
         ..Config::default()
     };
-    holds(config, &[CRASH_UNPIN, FENCED]);
+    holds(config, &[CRASH_UNPIN, FENCED, WARM]);
 }
 
 #[test]
@@ -105,7 +106,7 @@ fn two_commands_crash_and_stall() {
         hand_offs: 0,
         ..two_commands()
     };
-    holds(config, &[CRASH_UNPIN, FENCED]);
+    holds(config, &[CRASH_UNPIN, FENCED, WARM]);
 }
 
 #[test]
@@ -114,7 +115,7 @@ fn two_commands_crash_and_hand_off() {
         stalls: 0,
         ..two_commands()
     };
-    holds(config, &[CRASH_UNPIN]);
+    holds(config, &[CRASH_UNPIN, WARM]);
 }
 
 #[test]
@@ -123,7 +124,7 @@ fn two_commands_stall_and_hand_off() {
         crashes: 0,
         ..two_commands()
     };
-    holds(config, &[FENCED]);
+    holds(config, &[FENCED, WARM]);
 }
 
 #[test]
@@ -134,7 +135,7 @@ fn three_processes_crash_and_stall() {
         hand_offs: 0,
         ..Config::default()
     };
-    holds(config, &[CRASH_UNPIN, FENCED]);
+    holds(config, &[CRASH_UNPIN, FENCED, WARM]);
 }
 
 #[test]
@@ -148,7 +149,7 @@ fn a_watch_can_unpin_a_standby_pinned_after_its_check_and_nothing_breaks() {
         hand_offs: 0,
         ..Config::default()
     };
-    holds(config, &[CRASH_UNPIN, WATCH_UNPINS_THE_LIVING]);
+    holds(config, &[CRASH_UNPIN, WATCH_UNPINS_THE_LIVING, WARM]);
 }
 
 #[test]
@@ -160,7 +161,7 @@ fn two_partitions_crash() {
         hand_offs: 0,
         ..Config::default()
     };
-    holds(config, &[CRASH_UNPIN]);
+    holds(config, &[CRASH_UNPIN, WARM]);
 }
 
 #[test]
@@ -173,14 +174,14 @@ fn a_failing_command_is_given_up_after_max_deliver_deliveries() {
             stalls: 0,
             ..Config::default()
         };
-        holds(config, &[GIVEN_UP, CRASH_UNPIN]);
+        holds(config, &[GIVEN_UP, CRASH_UNPIN, WARM]);
     }
     let config = Config {
         failing: Some((0, 0)),
         commands: 1,
         ..Config::default()
     };
-    holds(config, &[GIVEN_UP, CRASH_UNPIN, FENCED]);
+    holds(config, &[GIVEN_UP, CRASH_UNPIN, FENCED, WARM]);
 }
 
 #[test]
@@ -205,7 +206,7 @@ fn a_command_that_kills_its_owners_is_isolated_and_given_up() {
     };
     let safety = &SAFETY_AND_LIVENESS[..SAFETY_AND_LIVENESS.len() - 1];
     assert!(!safety.contains(&EVERY_PARTITION_WITH_WORK_OWNED));
-    holds_these(config, safety, &[GIVEN_UP, CRASH_UNPIN]);
+    holds_these(config, safety, &[GIVEN_UP, CRASH_UNPIN, WARM]);
 }
 
 #[test]
@@ -267,4 +268,39 @@ fn a_write_without_the_fence_is_applied_twice() {
     };
     breaks(config, NO_COMMAND_APPLIED_TWICE);
     breaks(config, ONLY_THE_LATEST_FENCE_WRITES);
+}
+
+#[test]
+fn a_warm_claim_after_another_generation_runs_a_command_again() {
+    // The warm entities kept by a claim that is not the next generation after theirs: another
+    // owner applied a command in between, which they lack.
+    let config = Config {
+        bugs: Bugs {
+            warm_without_fence_chain: true,
+            ..Bugs::default()
+        },
+        commands: 1,
+        hand_offs: 0,
+        ..Config::default()
+    };
+    breaks(config, THE_LATEST_OWNER_KNOWS_THE_JOURNAL);
+    breaks(config, NO_COMMAND_APPLIED_TWICE);
+}
+
+#[test]
+fn a_warm_entity_whose_write_was_in_doubt_runs_a_command_again() {
+    // The write in flight at the step-down is stored before the re-claim (its fence record is
+    // still the latest), the entity kept warm lacks it.
+    let config = Config {
+        bugs: Bugs {
+            warm_in_doubt: true,
+            ..Bugs::default()
+        },
+        commands: 1,
+        crashes: 0,
+        hand_offs: 0,
+        ..Config::default()
+    };
+    breaks(config, THE_LATEST_OWNER_KNOWS_THE_JOURNAL);
+    breaks(config, NO_COMMAND_APPLIED_TWICE);
 }
