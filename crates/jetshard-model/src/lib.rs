@@ -3,8 +3,9 @@
 //! compare-and-set), the server's pin (assigned on a delivery, kept by pulls, lapsing after its
 //! TTL, moved by an unpin), the crash watch's verdict and its unpin record, hand-off,
 //! group-committed fenced writes, acknowledgements, redeliveries and the delivery count that
-//! decides when a failing command is given up, and the warm re-claim (an owner that stepped down
-//! unfenced keeps its entity states for its next claim if that claim is the next generation).
+//! decides when a failing command is given up, and the warm re-claim (an owner whose pin moved
+//! keeps its entity states for its next claim if that claim is the next generation; a fenced
+//! write or a hand-off keeps none).
 //! Processes crash and stall.
 //!
 //! What each part stands for in the library, what the model leaves out and how to run it:

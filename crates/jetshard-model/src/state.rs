@@ -113,12 +113,13 @@ pub struct Owner {
     pub writing: bool,
     /// A write of its own was refused by the fence.
     pub fenced: bool,
-    /// What it kept in memory when it last stepped down unfenced, for its next claim.
+    /// What it kept in memory when it last lost its pin unfenced, for its next claim.
     pub warm: Option<Warm>,
 }
 
-/// The entity states an owner keeps when it steps down for a reason other than a fenced write
-/// (`owner/release.rs`'s `Warm`): what it knew applied and given up under `generation`. Its
+/// The entity states an owner keeps when it steps down because its pin moved (`PinLost`; the
+/// library's `StepDown::keeps_warm`, `owner/warm.rs`'s `Warm`), not after a fenced write or a
+/// hand-off: what it knew applied and given up under `generation`. Its
 /// next claim keeps them, not loading the entity from the journal, only if that claim wins
 /// `generation + 1`: the claim is a compare-and-set on the latest fence record, so winning the
 /// next generation proves that the record it superseded was this owner's and that no other

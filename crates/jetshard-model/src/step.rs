@@ -219,6 +219,8 @@ impl Ownership {
                     generation, pin, ..
                 } = owner.phase
                 {
+                    // The only step-down that may keep states warm (`StepDown::keeps_warm`): a
+                    // lost pin may come straight back to this process; a fenced one keeps none.
                     owner.warm = owner.keep_warm(generation, bugs);
                     owner.phase = Phase::Refused { pin };
                     owner.writing = false;
@@ -283,14 +285,13 @@ impl Ownership {
                 };
             }
             OwnerStep::Unpin => {
-                if let Phase::Releasing {
-                    generation, pin, ..
-                } = owner.phase
+                // Nothing is kept warm (`StepDown::HandedOff` stops the actors): the process
+                // cools down so that the partition goes to another one, and its claim would
+                // not be the next generation after this one's.
+                if let Phase::Releasing { pin, .. } = owner.phase
+                    && part.pin == Some((q, pin))
                 {
-                    owner.warm = owner.keep_warm(generation, bugs);
-                    if part.pin == Some((q, pin)) {
-                        part.pin = None;
-                    }
+                    part.pin = None;
                 }
                 owner.phase = Phase::CoolingDown;
                 owner.writing = false;
@@ -321,9 +322,10 @@ impl Ownership {
 }
 
 impl Owner {
-    /// What a step-down under `generation` keeps warm: nothing after a fenced write (a newer
-    /// generation claimed: the states may lack its writes), nothing while its own write is in
-    /// doubt (it may be stored later, and the state lacks it); else what it knows.
+    /// What a step-down from `Owning` under `generation` keeps warm: nothing after a fenced
+    /// write (a newer generation claimed: the states may lack its writes), nothing while its
+    /// own write is in doubt (it may be stored later, and the state lacks it); after a lost
+    /// pin, what it knows.
     fn keep_warm(&self, generation: u8, bugs: Bugs) -> Option<Warm> {
         (!self.fenced && (!self.writing || bugs.warm_in_doubt)).then_some(Warm {
             generation,
