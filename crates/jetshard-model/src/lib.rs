@@ -3,7 +3,10 @@
 //! compare-and-set), the server's pin (assigned on a delivery, kept by pulls, lapsing after its
 //! TTL, moved by an unpin), the crash watch's verdict and its unpin record, hand-off,
 //! group-committed fenced writes, acknowledgements, redeliveries and the delivery count that
-//! decides when a failing command is given up. Processes crash and stall.
+//! decides when a failing command is given up, and the warm re-claim (an owner whose pin moved
+//! keeps its entity states for its next claim if that claim is the next generation; a fenced
+//! write or a hand-off keeps none).
+//! Processes crash and stall.
 //!
 //! What each part stands for in the library, what the model leaves out and how to run it:
 //! `docs/MODEL.md`. The checks are the crate's tests (`cargo test -p jetshard-model`).
@@ -33,6 +36,11 @@ pub struct Bugs {
     pub ack_before_durable: bool,
     /// Journal writes carry no fence headers: the server stores them whatever the latest fence.
     pub write_without_fence: bool,
+    /// A claim keeps the warm entities whatever generation it wins, not only the one after
+    /// theirs (`takeover.rs` without the `generation + 1` check).
+    pub warm_without_fence_chain: bool,
+    /// A step-down keeps an entity warm although its write is in doubt (sent, unanswered).
+    pub warm_in_doubt: bool,
 }
 
 /// How many isolated owners in a row must have died with a command first in hand before it is

@@ -32,6 +32,7 @@ impl Model for Ownership {
             given_up: 0,
             writing: false,
             fenced: false,
+            warm: None,
         };
         vec![State {
             processes: (0..c.processes)
@@ -266,10 +267,15 @@ impl Model for Ownership {
             }
             Action::Resume(q) => s.processes[q as usize].stalled = false,
         }
-        // A refused pin that has moved on leaves a standby (`Refused` pulls without a pin id;
-        // one step of its own in the library, none here: nothing can tell them apart).
         for proc in &mut s.processes {
             for (owner, part) in proc.owners.iter_mut().zip(&s.partitions) {
+                // A dead process's memory is gone (a crash, or a command that kills its owner).
+                if !proc.alive {
+                    owner.warm = None;
+                }
+                // A refused pin that has moved on leaves a standby (`Refused` pulls without a
+                // pin id; one step of its own in the library, none here: nothing can tell them
+                // apart).
                 if let Phase::Refused { pin } = owner.phase
                     && part.pin.is_none_or(|(_, id)| id != pin)
                 {
@@ -338,6 +344,21 @@ impl Model for Ownership {
                     })
                 })
             }),
+            Property::always(THE_LATEST_OWNER_KNOWS_THE_JOURNAL, |_, s: &State| {
+                s.partitions.iter().enumerate().all(|(p, part)| {
+                    s.processes.iter().all(|proc| {
+                        let owner = &proc.owners[p];
+                        match owner.phase {
+                            Phase::Owning { seq, .. } | Phase::Releasing { seq, .. }
+                                if seq == part.latest() =>
+                            {
+                                (owner.applied, owner.given_up) == part.known()
+                            }
+                            _ => true,
+                        }
+                    })
+                })
+            }),
             Property::always(ONE_WATCH_UNPIN_PER_CLAIM, |_, s: &State| {
                 s.partitions
                     .iter()
@@ -358,6 +379,15 @@ impl Model for Ownership {
             }),
             Property::sometimes(WATCH_UNPINS_THE_LIVING, |_, s: &State| {
                 s.partitions.iter().any(|part| part.unpinned_the_living)
+            }),
+            Property::sometimes(A_WARM_RECLAIM, |_, s: &State| {
+                // A warm claim after a record stored under an earlier generation: what it kept
+                // was not nothing.
+                s.partitions.iter().any(|part| {
+                    part.fence
+                        .iter()
+                        .any(|f| f.warm && part.journal.iter().any(|r| r.generation < f.generation))
+                })
             }),
             Property::sometimes("a write is fenced", |_, s: &State| {
                 s.processes
@@ -386,6 +416,15 @@ pub const NO_INNOCENT_COMMAND_GIVEN_UP: &str = "no innocent command given up";
 /// dead owner's pin, the pin lapses and goes to a standby, and the watch's unpin (which names no
 /// pin) takes it from that standby. It costs one more takeover; the fence keeps it safe.
 pub const WATCH_UNPINS_THE_LIVING: &str = "a crash watch unpins a process it did not find dead";
+/// Property: an owner whose fence record is the latest knows exactly what the journal holds
+/// (the commands applied and given up): it never runs a command on a view of the journal that
+/// lacks a stored record of the partition. Only the latest generation's writes can be stored,
+/// and a stale view makes it apply a command again or run one already given up.
+pub const THE_LATEST_OWNER_KNOWS_THE_JOURNAL: &str =
+    "the latest generation's owner knows what the journal holds";
+/// Reachable: a process re-claims a partition it stepped down from and keeps the entities it held
+/// warm (one with a record in the journal), instead of loading them.
+pub const A_WARM_RECLAIM: &str = "an owner re-claims warm, keeping what it knew";
 /// Property: each claim is unpinned by a crash watch at most once.
 pub const ONE_WATCH_UNPIN_PER_CLAIM: &str = "at most one crash-watch unpin per claim";
 /// Property (liveness): every behaviour ends with every command acknowledged or given up, so

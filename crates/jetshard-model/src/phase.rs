@@ -108,7 +108,7 @@ pub const STEP_DOWNS_LEFT_OUT: &[(&str, &str)] = &[
     ),
     (
         "CrashLoop",
-        "entity actors are not modelled: a step down like PinLost",
+        "entity actors are not modelled: a step down refusing the pin like PinLost's, keeping nothing warm like Fenced's",
     ),
     (
         "PullLoopEnded",

@@ -47,6 +47,8 @@ pub struct FenceRecord {
     /// died with it first in hand (set once a command was in hand at `min(max_deliver, 2)`
     /// claims after deaths).
     pub trial: Option<(u8, u8)>,
+    /// Ghost: the claimant kept the entities it held warm instead of loading them.
+    pub warm: bool,
 }
 
 /// A journal record: a command's events, or its dead letter.
@@ -111,6 +113,27 @@ pub struct Owner {
     pub writing: bool,
     /// A write of its own was refused by the fence.
     pub fenced: bool,
+    /// What it kept in memory when it last lost its pin unfenced, for its next claim.
+    pub warm: Option<Warm>,
+}
+
+/// The entity states an owner keeps when it steps down because its pin moved (`PinLost`; the
+/// library's `StepDown::keeps_warm`, `owner/warm.rs`'s `Warm`), not after a fenced write or a
+/// hand-off: what it knew applied and given up under `generation`. Its
+/// next claim keeps them, not loading the entity from the journal, only if that claim wins
+/// `generation + 1`: the claim is a compare-and-set on the latest fence record, so winning the
+/// next generation proves that the record it superseded was this owner's and that no other
+/// generation claimed, hence wrote, in between. An entity whose write was in doubt at the
+/// step-down (sent, unanswered: it may be stored later) is not kept; with the model's one
+/// entity per partition, nothing is kept then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Warm {
+    /// The generation it owned.
+    pub generation: u8,
+    /// Commands it knew applied.
+    pub applied: u16,
+    /// Commands it knew given up.
+    pub given_up: u16,
 }
 
 /// The crash watch of one process, for one partition.
@@ -190,6 +213,17 @@ impl Partition {
         self.journal
             .iter()
             .any(|r| r.command == command && r.dead_letter == dead_letter)
+    }
+
+    /// What the journal holds: the commands applied and the commands given up, as bits.
+    pub(crate) fn known(&self) -> (u16, u16) {
+        self.journal.iter().fold((0, 0), |(applied, given_up), r| {
+            if r.dead_letter {
+                (applied, given_up | bit(r.command))
+            } else {
+                (applied | bit(r.command), given_up)
+            }
+        })
     }
 
     pub(crate) fn settled(&self) -> bool {

@@ -161,6 +161,11 @@ impl Ownership {
                         }
                     })
                     .collect();
+                // The warm entities are kept only by the claim of the generation after theirs
+                // (`takeover.rs`): then no other generation claimed, so none wrote, since.
+                let warm = owner.warm.take().filter(|w| {
+                    bugs.warm_without_fence_chain || w.generation.checked_add(1) == Some(generation)
+                });
                 // `fence::trial`: the head of what earlier owners held, once a command was
                 // counted at `isolate_at` claims; its runs count the isolated owners that died
                 // with it first in hand.
@@ -185,6 +190,7 @@ impl Ownership {
                     pin,
                     held,
                     trial,
+                    warm: warm.is_some(),
                 });
                 part.watch_unpins.push(0);
                 let seq = part.latest();
@@ -195,16 +201,11 @@ impl Ownership {
                         c.in_hand += 1;
                     }
                 }
-                // Entities are loaded after the claim: what the journal holds now.
-                owner.applied = 0;
-                owner.given_up = 0;
-                for r in &part.journal {
-                    if r.dead_letter {
-                        owner.given_up |= bit(r.command);
-                    } else {
-                        owner.applied |= bit(r.command);
-                    }
-                }
+                // Entities are kept warm, or loaded after the claim: what the journal holds now.
+                (owner.applied, owner.given_up) = match warm {
+                    Some(w) => (w.applied, w.given_up),
+                    None => part.known(),
+                };
                 owner.writing = false;
                 owner.fenced = false;
                 owner.phase = Phase::Owning {
@@ -214,7 +215,13 @@ impl Ownership {
                 };
             }
             OwnerStep::StepDown => {
-                if let Phase::Owning { pin, .. } = owner.phase {
+                if let Phase::Owning {
+                    generation, pin, ..
+                } = owner.phase
+                {
+                    // The only step-down that may keep states warm (`StepDown::keeps_warm`): a
+                    // lost pin may come straight back to this process; a fenced one keeps none.
+                    owner.warm = owner.keep_warm(generation, bugs);
                     owner.phase = Phase::Refused { pin };
                     owner.writing = false;
                 }
@@ -278,6 +285,9 @@ impl Ownership {
                 };
             }
             OwnerStep::Unpin => {
+                // Nothing is kept warm (`StepDown::HandedOff` stops the actors): the process
+                // cools down so that the partition goes to another one, and its claim would
+                // not be the next generation after this one's.
                 if let Phase::Releasing { pin, .. } = owner.phase
                     && part.pin == Some((q, pin))
                 {
@@ -308,5 +318,19 @@ impl Ownership {
                 .then_some(WatchStep::Found(seq))
             }
         }
+    }
+}
+
+impl Owner {
+    /// What a step-down from `Owning` under `generation` keeps warm: nothing after a fenced
+    /// write (a newer generation claimed: the states may lack its writes), nothing while its
+    /// own write is in doubt (it may be stored later, and the state lacks it); after a lost
+    /// pin, what it knows.
+    fn keep_warm(&self, generation: u8, bugs: Bugs) -> Option<Warm> {
+        (!self.fenced && (!self.writing || bugs.warm_in_doubt)).then_some(Warm {
+            generation,
+            applied: self.applied,
+            given_up: self.given_up,
+        })
     }
 }

@@ -10,13 +10,14 @@ use jetshard_model::*;
 use stateright::{Checker, HasDiscoveries, Model};
 
 /// The properties whose discovery is a failure (always and eventually).
-const SAFETY_AND_LIVENESS: [&str; 8] = [
+const SAFETY_AND_LIVENESS: [&str; 9] = [
     ONE_WRITER_PER_GENERATION,
     ONLY_THE_LATEST_FENCE_WRITES,
     NO_ACKNOWLEDGED_COMMAND_LOST,
     NO_COMMAND_APPLIED_TWICE,
     GIVEN_UP_ONLY_AFTER_MAX_DELIVER,
     NO_INNOCENT_COMMAND_GIVEN_UP,
+    THE_LATEST_OWNER_KNOWS_THE_JOURNAL,
     ONE_WATCH_UNPIN_PER_CLAIM,
     EVERY_PARTITION_WITH_WORK_OWNED,
 ];
@@ -43,7 +44,11 @@ fn holds(config: Config, reached: &[&'static str]) {
     holds_these(config, &SAFETY_AND_LIVENESS, reached);
 }
 
-fn holds_these(config: Config, properties: &[&'static str], reached: &[&'static str]) {
+fn holds_these(
+    config: Config,
+    properties: &[&'static str],
+    reached: &[&'static str],
+) -> impl Checker<Ownership> {
     // Depth first with symmetry reduction (processes are interchangeable: `State::representative`).
     let started = Instant::now();
     let checker = Ownership::new(config)
@@ -70,6 +75,7 @@ fn holds_these(config: Config, properties: &[&'static str], reached: &[&'static 
             "never reached: {example}"
         );
     }
+    checker
 }
 
 /// Checks that `bugs` break `property`, and prints the counterexample's steps.
@@ -84,6 +90,10 @@ fn breaks(config: Config, property: &'static str) {
 const CRASH_UNPIN: &str = "a crash watch unpins";
 const FENCED: &str = "a write is fenced";
 const GIVEN_UP: &str = "a command is given up";
+/// Only a lost pin keeps states warm: the pin lapses from a stalled owner, or, without stalls,
+/// a crash watch's unpin takes it from the owner that took over from the dead one (the race of
+/// `WATCH_UNPINS_THE_LIVING`). Every configuration below but the hand-off-only one reaches it.
+const WARM: &str = A_WARM_RECLAIM;
 
 fn two_commands() -> Config {
     Config::default()
@@ -95,7 +105,7 @@ fn one_command_two_processes_every_fault() {
         commands: 1,
         ..Config::default()
     };
-    holds(config, &[CRASH_UNPIN, FENCED]);
+    holds(config, &[CRASH_UNPIN, FENCED, WARM]);
 }
 
 #[test]
@@ -104,7 +114,7 @@ fn two_commands_crash_and_stall() {
         hand_offs: 0,
         ..two_commands()
     };
-    holds(config, &[CRASH_UNPIN, FENCED]);
+    holds(config, &[CRASH_UNPIN, FENCED, WARM]);
 }
 
 #[test]
@@ -113,7 +123,7 @@ fn two_commands_crash_and_hand_off() {
         stalls: 0,
         ..two_commands()
     };
-    holds(config, &[CRASH_UNPIN]);
+    holds(config, &[CRASH_UNPIN, WARM]);
 }
 
 #[test]
@@ -122,7 +132,24 @@ fn two_commands_stall_and_hand_off() {
         crashes: 0,
         ..two_commands()
     };
-    holds(config, &[FENCED]);
+    holds(config, &[FENCED, WARM]);
+}
+
+#[test]
+fn a_hand_off_keeps_nothing_warm() {
+    // Without crashes or stalls no pin is lost, so only a hand-off could keep states warm, and
+    // it does not (`StepDown::HandedOff` stops the actors): its process may still claim the next
+    // generation (it rejoins before the server pins the other one) and loads the entity then.
+    let config = Config {
+        crashes: 0,
+        stalls: 0,
+        ..two_commands()
+    };
+    let checker = holds_these(config, &SAFETY_AND_LIVENESS, &[]);
+    assert!(
+        checker.discovery(WARM).is_none(),
+        "a hand-off kept states warm"
+    );
 }
 
 #[test]
@@ -133,7 +160,7 @@ fn three_processes_crash_and_stall() {
         hand_offs: 0,
         ..Config::default()
     };
-    holds(config, &[CRASH_UNPIN, FENCED]);
+    holds(config, &[CRASH_UNPIN, FENCED, WARM]);
 }
 
 #[test]
@@ -147,7 +174,7 @@ fn a_watch_can_unpin_a_standby_pinned_after_its_check_and_nothing_breaks() {
         hand_offs: 0,
         ..Config::default()
     };
-    holds(config, &[CRASH_UNPIN, WATCH_UNPINS_THE_LIVING]);
+    holds(config, &[CRASH_UNPIN, WATCH_UNPINS_THE_LIVING, WARM]);
 }
 
 #[test]
@@ -159,7 +186,7 @@ fn two_partitions_crash() {
         hand_offs: 0,
         ..Config::default()
     };
-    holds(config, &[CRASH_UNPIN]);
+    holds(config, &[CRASH_UNPIN, WARM]);
 }
 
 #[test]
@@ -172,14 +199,14 @@ fn a_failing_command_is_given_up_after_max_deliver_deliveries() {
             stalls: 0,
             ..Config::default()
         };
-        holds(config, &[GIVEN_UP, CRASH_UNPIN]);
+        holds(config, &[GIVEN_UP, CRASH_UNPIN, WARM]);
     }
     let config = Config {
         failing: Some((0, 0)),
         commands: 1,
         ..Config::default()
     };
-    holds(config, &[GIVEN_UP, CRASH_UNPIN, FENCED]);
+    holds(config, &[GIVEN_UP, CRASH_UNPIN, FENCED, WARM]);
 }
 
 #[test]
@@ -204,7 +231,7 @@ fn a_command_that_kills_its_owners_is_isolated_and_given_up() {
     };
     let safety = &SAFETY_AND_LIVENESS[..SAFETY_AND_LIVENESS.len() - 1];
     assert!(!safety.contains(&EVERY_PARTITION_WITH_WORK_OWNED));
-    holds_these(config, safety, &[GIVEN_UP, CRASH_UNPIN]);
+    holds_these(config, safety, &[GIVEN_UP, CRASH_UNPIN, WARM]);
 }
 
 #[test]
@@ -266,4 +293,39 @@ fn a_write_without_the_fence_is_applied_twice() {
     };
     breaks(config, NO_COMMAND_APPLIED_TWICE);
     breaks(config, ONLY_THE_LATEST_FENCE_WRITES);
+}
+
+#[test]
+fn a_warm_claim_after_another_generation_runs_a_command_again() {
+    // The warm entities kept by a claim that is not the next generation after theirs: another
+    // owner applied a command in between, which they lack.
+    let config = Config {
+        bugs: Bugs {
+            warm_without_fence_chain: true,
+            ..Bugs::default()
+        },
+        commands: 1,
+        hand_offs: 0,
+        ..Config::default()
+    };
+    breaks(config, THE_LATEST_OWNER_KNOWS_THE_JOURNAL);
+    breaks(config, NO_COMMAND_APPLIED_TWICE);
+}
+
+#[test]
+fn a_warm_entity_whose_write_was_in_doubt_runs_a_command_again() {
+    // The write in flight at the step-down is stored before the re-claim (its fence record is
+    // still the latest), the entity kept warm lacks it.
+    let config = Config {
+        bugs: Bugs {
+            warm_in_doubt: true,
+            ..Bugs::default()
+        },
+        commands: 1,
+        crashes: 0,
+        hand_offs: 0,
+        ..Config::default()
+    };
+    breaks(config, THE_LATEST_OWNER_KNOWS_THE_JOURNAL);
+    breaks(config, NO_COMMAND_APPLIED_TWICE);
 }
