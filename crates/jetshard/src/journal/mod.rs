@@ -7,6 +7,7 @@
 //! telemetry, retry). What it needs to know of the runtime comes in as a narrow trait
 //! ([`fence::Liveness`]).
 
+pub(crate) mod chain;
 pub(crate) mod compact;
 pub(crate) mod fence;
 pub(crate) mod group_commit;
@@ -17,8 +18,8 @@ pub(crate) mod write;
 
 pub(crate) use read::{
     Reads, Record, Scan, SnapshotRecord, StoredEvent, TimerRecord, first_sequence, last_record,
-    last_sequence, latest_snapshot, replay, replay_known, replay_with, scan, snapshot_record,
-    tail_is_known,
+    last_sequence, latest_snapshot, replay, replay_found, replay_known, replay_with, scan,
+    snapshot_record, tail_is_known,
 };
 pub(crate) use server::{WriteError, server_error_code};
 pub(crate) use write::{Attached, JournalWriter};

@@ -54,11 +54,20 @@ pub const HDR_STATE_VERSION: &str = "Jetshard-State-Version";
 /// Header on a snapshot: the journal sequence of the last record of the entity it covers.
 pub const HDR_SNAPSHOT_UPTO: &str = "Jetshard-Snapshot-Upto";
 /// Header on an entity's record (event, timer record, dead letter) that is its command's only
-/// record: a journal sequence every earlier record of the entity (snapshots aside) is at or
-/// below. So the records between it and this one are none, and an entity whose last records
-/// (`multi_last`) chain down this way past its snapshot loads without reading its tail. Only the
-/// entity's actor writes on its subjects, and only while it knows (its `Seed::tail`).
+/// record of the entity: a journal sequence every earlier record of the entity (snapshots
+/// aside) is at or below. So the records between it and this one are none: an entity whose
+/// last records (`multi_last`) chain down this way past its snapshot loads without reading its
+/// tail, and any other follows the chain back record by record (`journal/chain.rs`), never
+/// through the records of other entities. Only the entity's actor writes on its subjects, and
+/// only while it knows (its `Seed::tail`).
 pub const HDR_PREVIOUS: &str = "Jetshard-Previous";
+/// Header on the last record of a command that wrote several records of its entity (events,
+/// timer records): `<k> <s>`, the command's `k` records of the entity being the `k` journal
+/// sequences up to this one (a command's records are stored in one piece, the entity's last),
+/// and `s` a sequence every earlier record of the entity is at or below, as
+/// [`HDR_PREVIOUS`] says of a command's only record. Readers that do not know it read the
+/// entity's tail as before.
+pub(crate) const HDR_UNIT: &str = "Jetshard-Unit";
 /// Header on a snapshot: what the entity's last command came to (`applied <events>`,
 /// `rejected <reason>`, `dead_lettered <reason>`), told again to a redelivery of it.
 pub const HDR_LAST_OUTCOME: &str = "Jetshard-Last-Outcome";

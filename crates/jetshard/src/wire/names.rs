@@ -256,6 +256,27 @@ impl Names {
         format!("{}.*.{partition}.{id}", self.entity_type)
     }
 
+    /// Whether `subject` is one of an entity's own records other than its snapshot: an event
+    /// (`<t>.evt.<p>.<id>`), a timer record (`<t>.tmr.<p>.<id>`) or a dead letter
+    /// (`<t>.dlq.<p>.<id>`) of `id` in `partition`.
+    pub(crate) fn is_record_of(&self, subject: &str, partition: u32, id: &str) -> bool {
+        let Some(rest) = subject
+            .strip_prefix(self.entity_type.as_str())
+            .and_then(|rest| rest.strip_prefix('.'))
+        else {
+            return false;
+        };
+        let Some(rest) = ["evt.", "tmr.", "dlq."]
+            .iter()
+            .find_map(|kind| rest.strip_prefix(kind))
+        else {
+            return false;
+        };
+        rest.split_once('.').is_some_and(|(p, rest)| {
+            rest == id && !p.starts_with('+') && p.parse::<u32>() == Ok(partition)
+        })
+    }
+
     /// Whether `subject` is a snapshot's (`<t>.snap.<p>.<id>`), of any entity type.
     /// Scans bytes: a load asks it of each of its records several times, and `split` costs
     /// hundreds of instructions a subject.

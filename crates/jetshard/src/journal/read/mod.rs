@@ -311,6 +311,19 @@ pub(crate) fn replay_known(
     Ok(events)
 }
 
+/// Hands `records`, an entity's records in journal order (found by following their links,
+/// `journal/chain.rs`), to `each`, as [`replay`] would read them; how many were events.
+pub(crate) fn replay_found(
+    records: &[StreamMessage],
+    mut each: impl FnMut(StoredEvent<'_>) -> Result<(), Error>,
+) -> Result<u64, Error> {
+    let mut events = 0;
+    for message in records {
+        events += take_message(message, &mut each)?;
+    }
+    Ok(events)
+}
+
 /// The records of `known` (snapshots aside) from `from` to `end`.
 fn in_range(known: &[StreamMessage], from: u64, end: u64) -> impl Iterator<Item = &StreamMessage> {
     known.iter().filter(move |m| {

@@ -31,7 +31,7 @@ use crate::wire::{
     HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_MSG_ID, HDR_ORIGIN,
     HDR_ORIGINS, HDR_OUTBOX_DONE, HDR_OUTBOX_INDEX, HDR_OUTBOX_TARGET, HDR_PREVIOUS, HDR_REASON,
     HDR_ROLLUP, HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE, HDR_TIMER_OP,
-    HDR_TIMER_SET, HDR_TRACEPARENT, Names, decimal_string,
+    HDR_TIMER_SET, HDR_TRACEPARENT, HDR_UNIT, Names, decimal_string,
 };
 
 /// The records a command writes beside its events, in the same unit.
@@ -127,9 +127,11 @@ impl JournalWriter {
     /// `event_subject` is the entity's [`Names::event_subject`], kept by its actor.
     ///
     /// `previous`: a journal sequence every earlier record of the entity is at or below, if the
-    /// caller knows one and wants it recorded (`Jetshard-Previous`); written only when the unit
-    /// is a single record of the entity (one event, or one timer record) with no outbox record,
-    /// and no write of this generation is in doubt ([`Self::certain`]).
+    /// caller knows one, recorded on the unit's last record of the entity (`Jetshard-Previous`
+    /// on a command's only record of it, `Jetshard-Unit` with the count of several) unless a
+    /// write of this generation is in doubt ([`Self::certain`]). The unit's records of the
+    /// entity come last in it, after its outbox records, so that it is stored in the sequences
+    /// up to the one the write returns: loads follow these links back (`journal/chain.rs`).
     ///
     /// Not an `async fn`: the records are built when it is called, so that the future (part of
     /// every command's future) holds them and the write, not the arguments besides.
@@ -201,11 +203,11 @@ impl JournalWriter {
                 }
             })
             .collect::<Vec<_>>();
-        let single = records == 1 && outbox.is_empty();
-        let mut records: Vec<Outgoing> = events
-            .into_iter()
-            .enumerate()
-            .map(|(index, event)| {
+        // The command's records of the entity: its events and timer records, stored last in the
+        // unit (after its outbox records), so that they hold the unit's last sequences.
+        let own = records - outbox.len();
+        let mut records: Vec<Outgoing> = outbox_records
+            .chain(events.into_iter().enumerate().map(|(index, event)| {
                 let mut headers = self.event_headers(version);
                 headers.insert(name(HDR_COMMAND_SEQ), decimal_string(command_seq));
                 headers.insert(
@@ -223,16 +225,19 @@ impl JournalWriter {
                     headers,
                     payload: event,
                 }
-            })
-            .chain(outbox_records)
+            }))
             .chain(timer_records)
             .collect();
-        if let (true, Some(previous), [record]) =
-            (single, self.certain(previous), records.as_mut_slice())
-        {
-            record
-                .headers
-                .insert(name(HDR_PREVIOUS), previous.to_string());
+        if let (Some(previous), Some(last)) = (self.certain(previous), records.last_mut()) {
+            match own {
+                0 => {}
+                1 => last
+                    .headers
+                    .insert(name(HDR_PREVIOUS), decimal_string(previous)),
+                k => last
+                    .headers
+                    .insert(name(HDR_UNIT), format!("{k} {previous}")),
+            }
         }
         Either::Left(self.commit.write(records).map(|r| r.map(Some)))
     }

@@ -14,7 +14,7 @@ use crate::codec::Codec;
 use crate::data::origin::Origins;
 use crate::entity::{Entity, EntityId, Snapshots};
 use crate::error::Error;
-use crate::journal::{self, Reads, Record, SnapshotRecord, StoredEvent, TimerRecord};
+use crate::journal::{self, Reads, Record, SnapshotRecord, StoredEvent, TimerRecord, chain};
 use crate::wire::Names;
 
 /// Why an entity could not be revived.
@@ -205,17 +205,37 @@ async fn read_entity<E: Entity>(
         journal::replay_known(lasts, skipped + 1, end, each).map_err(unreadable)?;
     } else {
         reads.permit(context).await;
-        let replayed = Box::pin(journal::replay_with(
-            journal_stream,
-            records(),
-            from,
-            end,
-            how,
-            each,
-        ))
-        .await
-        .map_err(unreadable)?;
-        reads.single += replayed.requests;
+        // Back from its last record, link by link: its own records only.
+        let walk = chain::Walk {
+            journal: journal_stream,
+            names: &context.names,
+            partition,
+            entity: id.as_str(),
+            known: lasts,
+        };
+        let mut requests = 0;
+        let walked = Box::pin(chain::records_back(&walk, last, from, how, &mut requests))
+            .await
+            .map_err(unreadable)?;
+        reads.single += requests;
+        match walked {
+            Some(found) => {
+                journal::replay_found(&found, each).map_err(unreadable)?;
+            }
+            None => {
+                let replayed = Box::pin(journal::replay_with(
+                    journal_stream,
+                    records(),
+                    from,
+                    end,
+                    how,
+                    each,
+                ))
+                .await
+                .map_err(unreadable)?;
+                reads.single += replayed.requests;
+            }
+        }
     }
     seed.tail = Some(end);
     if !seed.timers.is_empty() {

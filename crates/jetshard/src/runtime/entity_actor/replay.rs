@@ -50,12 +50,11 @@ impl<E: Entity> Default for Seed<E> {
 }
 
 impl<E: Entity> Seed<E> {
-    /// What the entity's next record says of the records before it (`Jetshard-Previous`, on a
-    /// command's only record): its [`tail`](Self::tail), while it has no event since its latest
-    /// snapshot (or none at all). Past that the next load reads its records after the snapshot
-    /// anyway (its last records show one event per subject), so the header would only cost.
+    /// What the entity's next record says of the records before it (`Jetshard-Previous`, or
+    /// `Jetshard-Unit`): its [`tail`](Self::tail), so that a load follows its records back
+    /// one by one instead of reading through the journal between them (`journal/chain.rs`).
     pub(crate) fn previous(&self) -> Option<u64> {
-        self.tail.filter(|_| self.unsnapshotted == 0)
+        self.tail
     }
 
     /// A write of the entity's records is durable at `stored` (the sequence of its last; 0 if
@@ -185,8 +184,8 @@ mod tests {
         // A write stored at a known sequence: every record of the entity is at or below it.
         seed.wrote(Some(9));
         assert_eq!(seed.previous(), Some(9));
-        // With events since its snapshot, the entity names nothing (its load reads anyway).
+        // With events since its snapshot too: its load follows the chain back.
         seed.unsnapshotted = 1;
-        assert_eq!(seed.previous(), None);
+        assert_eq!(seed.previous(), Some(9));
     }
 }

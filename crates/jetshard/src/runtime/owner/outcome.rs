@@ -23,7 +23,9 @@ impl<E: Entity> OwnerState<E> {
         let partition = self.partition;
         let policy = self.policy;
         let Some(o) = self.phase.owning() else {
-            self.warm_outcome(&outcome);
+            if let Some(warm) = &mut self.warm {
+                warm.outcome(&outcome);
+            }
             return Ok(());
         };
         if outcome.generation != o.generation {

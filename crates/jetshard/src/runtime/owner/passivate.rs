@@ -26,7 +26,10 @@ impl<E: Entity> OwnerState<E> {
     /// if commands came in meanwhile.
     pub(super) fn on_passivated(&mut self, passivated: Passivated) {
         let Some(o) = self.phase.owning() else {
-            return self.warm_passivated(passivated);
+            if let Some(warm) = &mut self.warm {
+                warm.passivated(passivated);
+            }
+            return;
         };
         let entity = passivated.entity;
         // Of the generation before, after a warm re-claim: a state asked for at the step-down.

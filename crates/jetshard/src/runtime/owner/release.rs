@@ -13,6 +13,7 @@ use super::phase::{Owning, Phase, Refused, Release};
 use super::route;
 use super::settle::StepDown;
 use super::state::OwnerState;
+use super::warm::Warm;
 use crate::entity::Entity;
 use crate::runtime::pin::{self, Delivery};
 use crate::status::{OwnershipChange, OwnershipEvent};
@@ -185,7 +186,7 @@ impl<E: Entity> OwnerState<E> {
         self.left(&o, reason);
         let pin = o.pin.clone();
         if !releasing && reason.keeps_warm() {
-            self.keep_warm(o);
+            self.warm = Some(Box::new(Warm::keep(o)));
         } else {
             self.myself.stop_children(Some(reason.to_string()));
         }

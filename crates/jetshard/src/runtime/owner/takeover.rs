@@ -95,7 +95,11 @@ impl<E: Entity> OwnerState<E> {
             previous.abort();
         }
         // The states this owner kept when it stepped down, if its claim proves them still true.
-        let (dormant, entities, doubted, warm_from) = match self.take_warm(fence.generation) {
+        let (dormant, entities, doubted, warm_from) = match self
+            .warm
+            .take()
+            .and_then(|warm| warm.reclaimed(fence.generation))
+        {
             Some(mut kept) => {
                 let entities = kept.returning_slots().collect();
                 (kept.dormant, entities, kept.doubted, Some(kept.from))

@@ -116,7 +116,13 @@ impl<E: Entity> OwnerState<E> {
             }
             _ => {}
         }
-        self.expire_warm();
+        if self.warm.as_ref().is_some_and(|warm| warm.expired()) {
+            tracing::debug!(
+                partition = self.partition,
+                "states kept for a re-claim dropped: no claim came"
+            );
+            self.warm = None;
+        }
         self.step_isolation().await;
         let in_hand = self.post_load();
         self.count_pending(in_hand);

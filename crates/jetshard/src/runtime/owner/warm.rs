@@ -28,7 +28,6 @@ use ractor::ActorId;
 use super::dormant::Dormant;
 use super::phase::Owning;
 use super::slot::Slot;
-use super::state::OwnerState;
 use crate::entity::{Entity, EntityId};
 use crate::runtime::entity_actor::{EntityMsg, Outcome, Passivated, Seed, Verdict};
 
@@ -52,68 +51,9 @@ pub(super) struct Warm<E: Entity> {
 }
 
 impl<E: Entity> Warm<E> {
-    /// An actor's state handed back under the kept generation.
-    fn keep(&mut self, passivated: Passivated) {
-        if passivated.generation != self.generation {
-            return;
-        }
-        self.returning.remove(&passivated.entity);
-        if self.doubted.contains(&passivated.entity) {
-            return;
-        }
-        if let Some(seed) = passivated
-            .seed
-            .and_then(|seed| seed.downcast::<Seed<E>>().ok())
-        {
-            self.dormant.keep(&passivated.entity, &seed);
-        }
-    }
-
-    /// A command's outcome under the kept generation: an actor that stopped on it keeps
-    /// nothing, and a write it left in doubt rules its entity out.
-    fn doubt(&mut self, outcome: &Outcome) {
-        if outcome.generation == self.generation && stops(outcome) {
-            self.dormant.forget(outcome.entity.as_str());
-            // It stops without taking the surrender: nothing more comes from it.
-            self.returning.remove(&outcome.entity);
-            self.doubted.insert(outcome.entity.clone());
-        }
-    }
-}
-
-/// What a warm re-claim keeps of the generation before it.
-pub(super) struct Kept<E: Entity> {
-    /// That generation.
-    pub(super) from: u64,
-    pub(super) dormant: Dormant<E>,
-    /// Its entities whose states are not kept (a state of theirs handed back later neither).
-    pub(super) doubted: HashSet<EntityId>,
-    /// Its actors whose states are still on their way.
-    returning: HashMap<EntityId, ActorId>,
-}
-
-impl<E: Entity> Kept<E> {
-    /// The slots of the entities whose states are on their way: marked returning, so that
-    /// their commands wait for them (`route`), as for a passivated actor's.
-    pub(super) fn returning_slots(&mut self) -> impl Iterator<Item = (EntityId, Slot)> + '_ {
-        self.returning.drain().map(|(entity, actor)| {
-            let mut slot = Slot::new();
-            slot.returning = Some(actor);
-            (entity, slot)
-        })
-    }
-}
-
-/// Whether the actor stopped on this outcome (its state is gone, and with a failed write, what
-/// the journal holds of its entity is not known).
-pub(super) fn stops(outcome: &Outcome) -> bool {
-    matches!(outcome.verdict, Verdict::Fenced | Verdict::Failed(_)) || outcome.quarantine.is_some()
-}
-
-impl<E: Entity> OwnerState<E> {
-    /// Steps down from `o` keeping its states: the dormant ones as they are, and each live
-    /// actor asked to hand its state back and stop.
-    pub(super) fn keep_warm(&mut self, o: Box<Owning<E>>) {
+    /// The states of `o`, which this owner steps down from: the dormant ones as they are, and
+    /// each live actor asked to hand its state back and stop.
+    pub(super) fn keep(o: Box<Owning<E>>) -> Self {
         let Owning {
             generation,
             dormant,
@@ -151,50 +91,82 @@ impl<E: Entity> OwnerState<E> {
         for entity in &warm.doubted {
             warm.dormant.forget(entity.as_str());
         }
-        self.warm = Some(Box::new(warm));
+        warm
     }
 
-    /// The states kept for a claim that won `generation`: only if it is the next after the
-    /// one they are true under. Whatever the claim, nothing is kept after it.
-    pub(super) fn take_warm(&mut self, generation: u64) -> Option<Kept<E>> {
-        let warm = self.warm.take()?;
-        if warm.generation.checked_add(1) != Some(generation) || warm.until <= Instant::now() {
+    /// What a claim that won `generation` keeps: everything, if it is the next after the one
+    /// the states are true under; else nothing.
+    pub(super) fn reclaimed(self, generation: u64) -> Option<Kept<E>> {
+        if self.generation.checked_add(1) != Some(generation) || self.until <= Instant::now() {
             return None;
         }
         Some(Kept {
-            from: warm.generation,
-            dormant: warm.dormant,
-            doubted: warm.doubted,
-            returning: warm.returning,
+            from: self.generation,
+            dormant: self.dormant,
+            doubted: self.doubted,
+            returning: self.returning,
         })
     }
 
-    /// A report of an actor of a generation this owner stepped down from.
-    pub(super) fn warm_passivated(&mut self, passivated: Passivated) {
-        if let Some(warm) = &mut self.warm {
-            warm.keep(passivated);
-        }
+    /// Whether it is kept past [`KEEP_FOR`].
+    pub(super) fn expired(&self) -> bool {
+        self.until <= Instant::now()
     }
 
-    /// An outcome of a generation this owner stepped down from.
-    pub(super) fn warm_outcome(&mut self, outcome: &Outcome) {
-        if let Some(warm) = &mut self.warm {
-            warm.doubt(outcome);
+    /// An actor's state handed back under the kept generation.
+    pub(super) fn passivated(&mut self, passivated: Passivated) {
+        if passivated.generation != self.generation {
+            return;
         }
-    }
-
-    /// Drops states kept past [`KEEP_FOR`] (the tick).
-    pub(super) fn expire_warm(&mut self) {
-        if self
-            .warm
-            .as_ref()
-            .is_some_and(|w| w.until <= Instant::now())
+        self.returning.remove(&passivated.entity);
+        if self.doubted.contains(&passivated.entity) {
+            return;
+        }
+        if let Some(seed) = passivated
+            .seed
+            .and_then(|seed| seed.downcast::<Seed<E>>().ok())
         {
-            tracing::debug!(
-                partition = self.partition,
-                "states kept for a re-claim dropped: no claim came"
-            );
-            self.warm = None;
+            self.dormant.keep(&passivated.entity, &seed);
         }
     }
+
+    /// A command's outcome under the kept generation: an actor that stopped on it keeps
+    /// nothing, and a write it left in doubt rules its entity out.
+    pub(super) fn outcome(&mut self, outcome: &Outcome) {
+        if outcome.generation == self.generation && stops(outcome) {
+            self.dormant.forget(outcome.entity.as_str());
+            // It stops without taking the surrender: nothing more comes from it.
+            self.returning.remove(&outcome.entity);
+            self.doubted.insert(outcome.entity.clone());
+        }
+    }
+}
+
+/// What a warm re-claim keeps of the generation before it.
+pub(super) struct Kept<E: Entity> {
+    /// That generation.
+    pub(super) from: u64,
+    pub(super) dormant: Dormant<E>,
+    /// Its entities whose states are not kept (a state of theirs handed back later neither).
+    pub(super) doubted: HashSet<EntityId>,
+    /// Its actors whose states are still on their way.
+    returning: HashMap<EntityId, ActorId>,
+}
+
+impl<E: Entity> Kept<E> {
+    /// The slots of the entities whose states are on their way: marked returning, so that
+    /// their commands wait for them (`route`), as for a passivated actor's.
+    pub(super) fn returning_slots(&mut self) -> impl Iterator<Item = (EntityId, Slot)> + '_ {
+        self.returning.drain().map(|(entity, actor)| {
+            let mut slot = Slot::new();
+            slot.returning = Some(actor);
+            (entity, slot)
+        })
+    }
+}
+
+/// Whether the actor stopped on this outcome (its state is gone, and with a failed write, what
+/// the journal holds of its entity is not known).
+pub(super) fn stops(outcome: &Outcome) -> bool {
+    matches!(outcome.verdict, Verdict::Fenced | Verdict::Failed(_)) || outcome.quarantine.is_some()
 }
