@@ -197,6 +197,8 @@ async fn trials(ttl_ms: u64, fault: Fault, count: usize) -> anyhow::Result<Vec<S
         // The owner keeps every partition: each trial moves them all at once.
         balance: false,
         without_snapshots: false,
+        overload_entity: None,
+        compaction_interval_secs: 0,
     };
     let mut owner = NodeProcess::start(&node_args(0)).await?;
 

@@ -18,6 +18,7 @@
 //! | `recovery` | acquisition -> first command with a long history; first-command latency; dormant memory; snapshot cost | the full replay of the partition; loaded entities; snapshots off |
 //! | `compaction` | journal messages and bytes over a long run; command p99; the acquisition's timer read after 100k timers | compaction off; 1k timers ever set |
 //! | `overload` | a SIGSTOP of the server at a sustainable rate: seconds until the backlog drains, the completed rate after the stall | the offered rate; the latency before the stall |
+//! | `loads` | one entity's load (latency, server CPU) with 10x more records of other entities in the journal | the same with 1x; a journal written without links |
 //!
 //! Figures are printed as a table and written as JSON; targets are reported, never asserted.
 //! A figure measured over rounds is their median, with the worst round beside it (`worst`,
@@ -38,6 +39,7 @@ pub mod instructions;
 pub mod kernel;
 pub mod latency;
 pub mod load;
+pub mod loads;
 pub mod memory;
 pub mod messages;
 pub mod node;
@@ -94,6 +96,9 @@ pub enum Scenario {
     /// A stall (SIGSTOP of the server) at a sustainable rate: whether and when the backlog
     /// drains and the completed rate comes back to the offered rate.
     Overload,
+    /// One entity's load with 10x more records of other entities in the journal: the same
+    /// latency and server CPU (it reads the entity's own records only).
+    Loads,
 }
 
 /// The sizes and settings of a run.
@@ -212,9 +217,28 @@ pub struct Options {
     /// How long the overload scenario keeps the server frozen, seconds.
     #[arg(long, default_value_t = 15)]
     pub overload_stall_secs: u64,
+    /// The overload scenario's fault: the server frozen, or the busier of two node processes
+    /// SIGKILLed at `--overload-stall-at`.
+    #[arg(long, value_enum, default_value_t = overload::Fault::Stall)]
+    pub overload_fault: overload::Fault,
     /// Background compaction's interval in the overload scenario, seconds (0: off).
     #[arg(long, default_value_t = 30)]
     pub overload_compaction_interval_secs: u64,
+    /// Records of other entities in the journal of the loads scenario's baseline case.
+    #[arg(long, default_value_t = 100_000)]
+    pub loads_others: usize,
+    /// How many times as many other records the loads scenario's grown case holds.
+    #[arg(long, default_value_t = 10)]
+    pub loads_factor: usize,
+    /// Entities loaded (one after another) in each case of the loads scenario.
+    #[arg(long, default_value_t = 2000)]
+    pub loads_targets: usize,
+    /// Events of each loaded entity (no snapshot: all read by its load).
+    #[arg(long, default_value_t = 8)]
+    pub loads_tail: usize,
+    /// Replicas of the loads scenario's streams (3: on a 3-server cluster).
+    #[arg(long, default_value_t = 1)]
+    pub loads_replicas: usize,
     /// Commands per pass of the cluster scenario (3 servers, R3 streams).
     #[arg(long, default_value_t = 20_000)]
     pub cluster_commands: usize,
@@ -429,6 +453,7 @@ async fn run(
             Scenario::Scale => scale::run(&options, &mut report).await,
             Scenario::Compaction => compaction::run(&options, &mut report).await,
             Scenario::Overload => overload::run(&options, &mut report).await,
+            Scenario::Loads => loads::run(&options, &mut report).await,
         };
         if let Err(e) = result {
             // One failed scenario does not cost the figures of the others.

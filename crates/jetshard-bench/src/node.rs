@@ -13,11 +13,12 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
-use jetshard::{OwnershipChange, ShardConfig, ShardSystem};
+use jetshard::{Codec, OwnershipChange, ShardConfig, ShardSystem};
 use jetshard_testkit::ChildNode;
 use tokio::process::Command;
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::compaction::CompactionEntity;
 use crate::entity::{BenchEntity, UnsnapshottedBenchEntity};
 use crate::probe;
 
@@ -49,6 +50,13 @@ pub struct NodeArgs {
     /// jetshard's default).
     #[arg(long)]
     pub without_snapshots: bool,
+    /// Run the overload scenario's entity (`CompactionEntity`: JSON, an outbox message per
+    /// command, timers) with snapshots every this many events, instead of the bench entity.
+    #[arg(long)]
+    pub overload_entity: Option<u32>,
+    /// Background compaction's interval in seconds, for `--overload-entity` (0: off).
+    #[arg(long, default_value_t = 0)]
+    pub compaction_interval_secs: u64,
 }
 
 impl NodeArgs {
@@ -72,6 +80,14 @@ impl NodeArgs {
             self.without_snapshots
                 .then(|| "--without-snapshots".to_owned()),
         )
+        .chain(self.overload_entity.into_iter().flat_map(|every| {
+            [
+                "--overload-entity".to_owned(),
+                every.to_string(),
+                "--compaction-interval-secs".to_owned(),
+                self.compaction_interval_secs.to_string(),
+            ]
+        }))
         .collect()
     }
 }
@@ -90,17 +106,29 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         .connect(args.url.as_str())
         .await
         .with_context(|| format!("connect to {}", args.url))?;
-    let config = ShardConfig::builder(args.entity_type.as_str())
+    let builder = ShardConfig::builder(args.entity_type.as_str())
         .partitions(args.partitions)
         .node_id(args.node_id.as_str())
         .pin_ttl(Duration::from_millis(args.pin_ttl_ms))
-        .balance(args.balance)
-        .build()
-        .context("node configuration")?;
-    let system = if args.without_snapshots {
-        ShardSystem::start::<UnsnapshottedBenchEntity>(client, config).await
-    } else {
-        ShardSystem::start::<BenchEntity>(client, config).await
+        .balance(args.balance);
+    let system = match args.overload_entity {
+        Some(every) => {
+            let builder = builder.codec(Codec::Json).snapshot_every(every);
+            let builder = match args.compaction_interval_secs {
+                0 => builder.compaction(false),
+                secs => builder.compaction_interval(Duration::from_secs(secs)),
+            };
+            let config = builder.build().context("node configuration")?;
+            ShardSystem::start::<CompactionEntity>(client, config).await
+        }
+        None => {
+            let config = builder.build().context("node configuration")?;
+            if args.without_snapshots {
+                ShardSystem::start::<UnsnapshottedBenchEntity>(client, config).await
+            } else {
+                ShardSystem::start::<BenchEntity>(client, config).await
+            }
+        }
     }
     .context("start the shard system")?;
     let mut events = system.ownership_events();

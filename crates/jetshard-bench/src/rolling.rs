@@ -76,6 +76,8 @@ pub async fn run(report: &mut Report, snapshots: bool) -> anyhow::Result<serde_j
         pin_ttl_ms: PIN_TTL_MS,
         balance: true,
         without_snapshots: !snapshots,
+        overload_entity: None,
+        compaction_interval_secs: 0,
     };
     let mut nodes = Vec::new();
     for id in 0..NODES {

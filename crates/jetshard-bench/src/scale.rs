@@ -237,6 +237,8 @@ async fn failover_in_fleet(nodes: usize, trials: usize) -> anyhow::Result<Vec<f6
         pin_ttl_ms: FAILOVER_PIN_TTL_MS,
         balance: true,
         without_snapshots: false,
+        overload_entity: None,
+        compaction_interval_secs: 0,
     };
     let mut fleet = Vec::with_capacity(nodes);
     for id in 0..nodes {

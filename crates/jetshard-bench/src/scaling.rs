@@ -180,6 +180,8 @@ async fn drain_processes(spec: DrainSpec, processes: usize) -> anyhow::Result<Pr
             pin_ttl_ms: 2000,
             balance: true,
             without_snapshots: false,
+            overload_entity: None,
+            compaction_interval_secs: 0,
         };
         nodes.push(NodeProcess::start(&args).await?);
     }

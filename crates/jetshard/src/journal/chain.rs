@@ -33,7 +33,11 @@ pub(crate) const MAX_HOPS: usize = 256;
 
 /// Where a walk reads from.
 pub(crate) struct Walk<'a> {
+    /// The journal, as its direct gets reach it (any replica answers).
     pub(crate) journal: &'a Stream<()>,
+    /// The journal, as its API reaches it (the leader answers): the same handle, but for a
+    /// test that reads a replica behind its leader through a client of that replica alone.
+    pub(crate) leader: &'a Stream<()>,
     pub(crate) names: &'a Names,
     pub(crate) partition: u32,
     pub(crate) entity: &'a str,
@@ -107,7 +111,7 @@ async fn record_at(
 ) -> Result<Option<StreamMessage>, Error> {
     let message = match walk.known.iter().find(|m| m.sequence == seq) {
         Some(known) => Some(known.clone()),
-        None => read_at(walk.journal, seq, reads, requests).await?,
+        None => read_at(walk, seq, reads, requests).await?,
     };
     Ok(message.filter(|m| {
         walk.names
@@ -120,14 +124,14 @@ async fn record_at(
 /// prefix of the stream), which is asked again of the leader; a failure of a direct get other
 /// than "none" turns them off for the rest of the walk.
 async fn read_at(
-    journal: &Stream<()>,
+    walk: &Walk<'_>,
     seq: u64,
     reads: &mut Reads,
     requests: &mut u64,
 ) -> Result<Option<StreamMessage>, Error> {
     *requests += 1;
     if *reads != Reads::Leader {
-        match journal.direct_get(seq).await {
+        match walk.journal.direct_get(seq).await {
             Ok(message) => return Ok(Some(message)),
             Err(e) if e.kind() == DirectGetErrorKind::NotFound && *reads == Reads::Direct => {
                 return Ok(None);
@@ -140,7 +144,7 @@ async fn read_at(
             }
         }
     }
-    match journal.get_raw_message(seq).await {
+    match walk.leader.get_raw_message(seq).await {
         Ok(message) => Ok(Some(message)),
         Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
         Err(e) => Err(Error::jetstream(format!("read journal sequence {seq}"), e)),
@@ -161,7 +165,7 @@ mod tests {
     /// A journal on a fresh server, with the entity `a`'s records interleaved with `others`
     /// records of entity `b` between each two of `a`'s.
     struct Journal {
-        _server: jetshard_testkit::NatsServer,
+        _server: Option<jetshard_testkit::NatsServer>,
         js: Context,
         stream: Stream<()>,
         names: Names,
@@ -188,7 +192,7 @@ mod tests {
                 .await
                 .expect("open the journal");
             Self {
-                _server: server,
+                _server: Some(server),
                 js,
                 stream,
                 names,
@@ -223,6 +227,7 @@ mod tests {
         fn walk<'a>(&'a self, known: &'a [StreamMessage]) -> Walk<'a> {
             Walk {
                 journal: &self.stream,
+                leader: &self.stream,
                 names: &self.names,
                 partition: 0,
                 entity: "a",
@@ -315,5 +320,129 @@ mod tests {
             .await
             .expect("read");
         assert!(walked.is_none());
+    }
+
+    /// On R3, a walk whose direct gets reach a replica behind its leader: the cluster's `s2`
+    /// reaches its peers through a proxy, which is cut once `s2` holds the entity's first
+    /// records; the next ones are stored by the other two. Read through a client of `s2` alone,
+    /// its direct gets answer what `s2` holds, and "none" for what it lacks, which the walk asks
+    /// of the leader: every record, in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_r3_a_walk_through_a_replica_behind_its_leader_reads_what_it_lacks_from_the_leader()
+    {
+        use jetshard_testkit::{NatsCluster, wait_until};
+        const PATIENCE: std::time::Duration = std::time::Duration::from_secs(15);
+        let cluster = NatsCluster::start_with_proxied_routes(3)
+            .await
+            .expect("start the cluster");
+        let client = cluster.node(0).connect().await.expect("connect to s0");
+        let js = async_nats::jetstream::new(client.clone());
+        let names = Names::new("t");
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: names.journal_stream().to_owned(),
+            subjects: names.journal_subjects(),
+            allow_direct: true,
+            num_replicas: 3,
+            ..Default::default()
+        })
+        .await
+        .expect("create the journal");
+        jetshard_testkit::wait_stream_writable(&js, "t.evt.0.x", PATIENCE)
+            .await
+            .expect("the journal answers");
+        // The quorum goes on without s2: its leader elsewhere.
+        wait_until(PATIENCE, "the journal's leader off s2", || async {
+            let leader = js
+                .get_stream(names.journal_stream())
+                .await
+                .ok()
+                .and_then(|s| s.cached_info().cluster.clone())
+                .and_then(|c| c.leader);
+            if leader.as_deref() == Some("s2") {
+                let subject = format!("$JS.API.STREAM.LEADER.STEPDOWN.{}", names.journal_stream());
+                let _ = client.request(subject, "".into()).await;
+            }
+            leader.is_some_and(|l| l != "s2")
+        })
+        .await
+        .expect("a leader off s2");
+        let leader = js
+            .get_stream_no_info(names.journal_stream())
+            .await
+            .expect("open the journal");
+        let behind = async_nats::jetstream::new(cluster.node(2).connect().await.expect("s2"));
+        let through_behind = behind
+            .get_stream_no_info(names.journal_stream())
+            .await
+            .expect("open the journal on s2");
+        let journal = Journal {
+            _server: None,
+            js: js.clone(),
+            stream: leader.clone(),
+            names: Names::new("t"),
+        };
+        let a = EntityId::new("a").expect("an id");
+        let evt = names.event_subject(0, &a);
+        let mut own = Vec::new();
+        let mut previous = 0;
+        for _ in 0..3 {
+            journal.others(20).await;
+            let link = Some((HDR_PREVIOUS, previous.to_string()));
+            previous = journal.publish(evt.clone(), link).await;
+            own.push(previous);
+        }
+        // s2 holds them, then is cut off: its clients' direct gets are answered by it alone.
+        let held = previous;
+        wait_until(PATIENCE, "s2 holds the first records", || async {
+            through_behind.direct_get(held).await.is_ok()
+        })
+        .await
+        .expect("s2 caught up");
+        cluster.route_proxy().expect("proxied").cut();
+        for _ in 0..3 {
+            journal.others(20).await;
+            let link = Some((HDR_PREVIOUS, previous.to_string()));
+            previous = journal.publish(evt.clone(), link).await;
+            own.push(previous);
+        }
+        let lacking = previous;
+        wait_until(
+            PATIENCE,
+            "s2 answers alone, without the new records",
+            || async {
+                let read = tokio::time::timeout(
+                    std::time::Duration::from_millis(300),
+                    through_behind.direct_get(lacking),
+                )
+                .await;
+                matches!(read, Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound)
+            },
+        )
+        .await
+        .expect("s2 cut off, behind its leader");
+
+        let last = leader
+            .get_raw_message(lacking)
+            .await
+            .expect("the last record");
+        let walk = Walk {
+            journal: &through_behind,
+            leader: &leader,
+            names: &names,
+            partition: 0,
+            entity: "a",
+            known: &[],
+        };
+        let mut requests = 0;
+        let found = records_back(&walk, &last, 1, Reads::DirectConfirmed, &mut requests)
+            .await
+            .expect("read")
+            .expect("followed");
+        let seqs: Vec<u64> = found.iter().map(|m| m.sequence).collect();
+        assert_eq!(seqs, own);
+        // Five records read: the two s2 lacks asked again of the leader (7 requests at least),
+        // the three it holds answered by it.
+        assert!(requests >= 7, "{requests} requests");
+        cluster.route_proxy().expect("proxied").heal();
     }
 }

@@ -112,8 +112,9 @@ impl JournalWriter {
     }
 
     /// Makes a command's events durable, fenced, de-duplicated by `<t>:<command seq>:<index>`,
-    /// each marked with the event encoding's `version`. Returns the journal sequence of the last
-    /// event (`None` for no events; 0 if the server answered that it had them already).
+    /// each marked with the event encoding's `version`. Returns the journal sequence of the
+    /// command's last record of the entity (`None` for none: no events nor timer records; 0 if
+    /// the server answered that it had them already).
     ///
     /// A command's events are stored all or none (a fence moved mid-way must not leave half a
     /// command in the journal), together with the other commands the group commit gathers. The
@@ -239,7 +240,13 @@ impl JournalWriter {
                     .insert(name(HDR_UNIT), format!("{k} {previous}")),
             }
         }
-        Either::Left(self.commit.write(records).map(|r| r.map(Some)))
+        // A command with outbox records only wrote nothing of the entity: its sequence is not
+        // the entity's (its next record links past it, to its last own record).
+        Either::Left(
+            self.commit
+                .write(records)
+                .map(move |r| r.map(|seq| (own > 0).then_some(seq))),
+        )
     }
 
     /// Records that every outbox message of the command at `command_seq` was published.

@@ -205,18 +205,28 @@ async fn read_entity<E: Entity>(
         journal::replay_known(lasts, skipped + 1, end, each).map_err(unreadable)?;
     } else {
         reads.permit(context).await;
-        // Back from its last record, link by link: its own records only.
+        // Back from its last record, link by link: its own records only, down past the
+        // snapshot's own sequence (a record between its `upto` and it is of a command it
+        // covers; the link of the entity's first record after a snapshot names the snapshot
+        // when the entity was loaded from it).
         let walk = chain::Walk {
             journal: journal_stream,
+            leader: journal_stream,
             names: &context.names,
             partition,
             entity: id.as_str(),
             known: lasts,
         };
         let mut requests = 0;
-        let walked = Box::pin(chain::records_back(&walk, last, from, how, &mut requests))
-            .await
-            .map_err(unreadable)?;
+        let walked = Box::pin(chain::records_back(
+            &walk,
+            last,
+            skipped + 1,
+            how,
+            &mut requests,
+        ))
+        .await
+        .map_err(unreadable)?;
         reads.single += requests;
         match walked {
             Some(found) => {
@@ -395,6 +405,7 @@ mod tests {
             loads: Arc::new(tokio::sync::Semaphore::new(permits)),
             batch_reads: Arc::new(tokio::sync::Semaphore::new(permits)),
             load_stats: Arc::default(),
+            retired: std::sync::atomic::AtomicBool::new(false),
         });
         (server, context)
     }

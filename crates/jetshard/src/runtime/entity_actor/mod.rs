@@ -110,7 +110,12 @@ impl<E: Entity> Actor for EntityActor<E> {
                 return Ok(());
             }
         };
-        if state.broken {
+        if state.broken
+            || state
+                .context
+                .retired
+                .load(std::sync::atomic::Ordering::Acquire)
+        {
             return Ok(());
         }
         let span = tracing::debug_span!(

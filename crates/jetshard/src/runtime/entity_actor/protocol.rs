@@ -181,6 +181,11 @@ pub(crate) struct EntityContext {
     pub(crate) batch_reads: Arc<tokio::sync::Semaphore>,
     /// What the partition's entity loads came to (the owner's status).
     pub(crate) load_stats: Arc<LoadStats>,
+    /// Set when the owner stepped down from this generation and asked its actors for their
+    /// states ([`EntityMsg::Surrender`]): the commands still queued to them are dropped, not
+    /// written (their outcomes would not be acknowledged, and on a replicated journal a write
+    /// of the old generation in flight makes any new claim wait: 10164).
+    pub(crate) retired: std::sync::atomic::AtomicBool,
 }
 
 /// What the entity loads of a partition came to in this process, over every generation.

@@ -295,10 +295,14 @@ impl<E: Entity> Actor for OwnerActor<E> {
             return Ok(());
         };
         let partition = state.partition;
+        let id = cell.get_id();
         let Some(o) = state.phase.owning() else {
+            // An actor asked for its state at a step-down: none comes now.
+            if let Some(warm) = &mut state.warm {
+                warm.actor_failed(id);
+            }
             return Ok(());
         };
-        let id = cell.get_id();
         let Some((entity, slot)) = o.entities.iter_mut().find(|(_, slot)| {
             slot.returning == Some(id)
                 || slot.actor.as_ref().is_some_and(|r| r.actor.get_id() == id)
@@ -309,6 +313,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
         let entity = entity.clone();
         slot.returning = None;
         slot.actor = None;
+        o.surrendering.remove(&entity);
         state.dispatch(&entity);
         Ok(())
     }

@@ -33,6 +33,7 @@ impl<E: Entity> OwnerState<E> {
             // command: it hands no state back, and its entity loads.
             if Some(outcome.generation) == o.warm_from && super::warm::stops(&outcome) {
                 o.doubted.insert(outcome.entity.clone());
+                o.surrendering.remove(&outcome.entity);
                 if let Some(slot) = o.entities.get_mut(&outcome.entity)
                     && slot.returning.take().is_some()
                 {

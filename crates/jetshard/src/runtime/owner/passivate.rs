@@ -37,6 +37,9 @@ impl<E: Entity> OwnerState<E> {
         if passivated.generation != o.generation && !kept {
             return;
         }
+        if kept {
+            o.surrendering.remove(&entity);
+        }
         let Some(slot) = o.entities.get_mut(&entity) else {
             return;
         };

@@ -65,6 +65,9 @@ pub(super) struct Owning<E: Entity> {
     /// The generation before, when this one kept its states (a warm re-claim, `warm.rs`): the
     /// states its actors hand back still come in and are taken.
     pub(super) warm_from: Option<u64>,
+    /// The entities whose slots wait for the state of an actor of [`Self::warm_from`]'s
+    /// generation (`returning`): not kept again if this generation steps down before it comes.
+    pub(super) surrendering: HashSet<EntityId>,
     /// Entity actor crashes, against the restart window.
     pub(super) crashes: RestartWindow,
     /// The claim's count of the commands in hand at acquisition (their delivery counts).

@@ -9,9 +9,10 @@ use tokio::time::Instant;
 use super::dormant::Dormant;
 use super::isolate::Isolation;
 use super::phase::{Owning, Phase};
+use super::slot::Slot;
 use super::state::{OwnerMsg, OwnerState};
 use super::{acquire, route, settle};
-use crate::entity::Entity;
+use crate::entity::{Entity, EntityId};
 use crate::health::PartitionHealth;
 use crate::journal::JournalWriter;
 use crate::journal::group_commit::{self, Mode};
@@ -83,6 +84,7 @@ impl<E: Entity> OwnerState<E> {
             batch_reads: Arc::clone(&self.shared.batch_reads),
             load_stats: Arc::clone(&self.load_stats),
             metrics: self.metrics.command.clone(),
+            retired: std::sync::atomic::AtomicBool::new(false),
         });
         let recovery = tokio::spawn(crate::runtime::outbox::recover(
             self.shared.js.clone(),
@@ -95,22 +97,24 @@ impl<E: Entity> OwnerState<E> {
             previous.abort();
         }
         // The states this owner kept when it stepped down, if its claim proves them still true.
-        let (dormant, entities, doubted, warm_from) = match self
+        let (dormant, slots, doubted, warm_from) = match self
             .warm
             .take()
             .and_then(|warm| warm.reclaimed(fence.generation))
         {
             Some(mut kept) => {
-                let entities = kept.returning_slots().collect();
-                (kept.dormant, entities, kept.doubted, Some(kept.from))
+                let slots = kept.returning_slots();
+                (kept.dormant, slots, kept.doubted, Some(kept.from))
             }
             None => (
                 Dormant::new(Arc::clone(&self.shared.dormant), self.shared.config.codec),
-                HashMap::default(),
+                Vec::new(),
                 HashSet::new(),
                 None,
             ),
         };
+        let surrendering: HashSet<EntityId> = slots.iter().map(|(id, _)| id.clone()).collect();
+        let entities: HashMap<EntityId, Slot, _> = slots.into_iter().collect();
         let kept_warm = dormant.len() + entities.len();
         let trial = acquired.claimed.trial;
         let isolation = trial.map(|_| {
@@ -143,6 +147,7 @@ impl<E: Entity> OwnerState<E> {
             quarantined: HashMap::new(),
             doubted,
             warm_from,
+            surrendering,
             entities,
             crashes: RestartWindow::new(
                 self.shared.config.max_entity_restarts,

@@ -56,14 +56,24 @@ impl<E: Entity> Warm<E> {
     pub(super) fn keep(o: Box<Owning<E>>) -> Self {
         let Owning {
             generation,
+            context,
             dormant,
             entities,
             doubted,
             quarantined,
+            surrendering,
             ..
         } = *o;
+        context
+            .retired
+            .store(true, std::sync::atomic::Ordering::Release);
         let mut returning = HashMap::new();
         for (entity, slot) in entities {
+            // Still awaited from the generation before this one: its report will be of that
+            // generation, which nothing takes any more; the entity loads.
+            if surrendering.contains(&entity) {
+                continue;
+            }
             let actor = match (&slot.actor, slot.returning) {
                 // An actor already stopping (after a failure) sends nothing back; one that does
                 // not take the message (stopped meanwhile) neither: their entities load.
@@ -106,6 +116,11 @@ impl<E: Entity> Warm<E> {
             doubted: self.doubted,
             returning: self.returning,
         })
+    }
+
+    /// An actor asked for its state died instead (a panic: no report comes): its entity loads.
+    pub(super) fn actor_failed(&mut self, actor: ActorId) {
+        self.returning.retain(|_, awaited| *awaited != actor);
     }
 
     /// Whether it is kept past [`KEEP_FOR`].
@@ -154,14 +169,17 @@ pub(super) struct Kept<E: Entity> {
 }
 
 impl<E: Entity> Kept<E> {
-    /// The slots of the entities whose states are on their way: marked returning, so that
-    /// their commands wait for them (`route`), as for a passivated actor's.
-    pub(super) fn returning_slots(&mut self) -> impl Iterator<Item = (EntityId, Slot)> + '_ {
-        self.returning.drain().map(|(entity, actor)| {
-            let mut slot = Slot::new();
-            slot.returning = Some(actor);
-            (entity, slot)
-        })
+    /// The entities whose states are still on their way, and their slots: marked returning,
+    /// so that their commands wait for them (`route`), as for a passivated actor's.
+    pub(super) fn returning_slots(&mut self) -> Vec<(EntityId, Slot)> {
+        self.returning
+            .drain()
+            .map(|(entity, actor)| {
+                let mut slot = Slot::new();
+                slot.returning = Some(actor);
+                (entity, slot)
+            })
+            .collect()
     }
 }
 
