@@ -173,7 +173,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
 
 /// Servers for one case: one, or a 3-server cluster.
 enum Servers {
-    One(NatsServer),
+    One(Box<NatsServer>),
     Cluster(NatsCluster),
 }
 
@@ -186,7 +186,9 @@ impl Servers {
                     .context("start a 3-server cluster")?,
             )
         } else {
-            Servers::One(NatsServer::start().await.context("start nats-server")?)
+            Servers::One(Box::new(
+                NatsServer::start().await.context("start nats-server")?,
+            ))
         })
     }
 
