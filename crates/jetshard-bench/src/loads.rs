@@ -279,6 +279,9 @@ async fn measure(options: &Options, case: Case) -> anyhow::Result<Measured> {
     // The partition taken by a command to an entity without history: no load of a target.
     let wake = load::ids_in_partition("w", PARTITION, PARTITIONS, 1).remove(0);
     applied(&sender, &wake).await?;
+    // On R3 the replicas go on applying what was written for a while after it was
+    // acknowledged: the loads are measured once the servers are idle.
+    quiet(&servers.pids()).await;
     let reads_before = load_reads(&reader).await?;
     let meter = CpuMeter::start(&servers.pids());
     let mut samples = Vec::with_capacity(targets.len());
@@ -299,6 +302,21 @@ async fn measure(options: &Options, case: Case) -> anyhow::Result<Measured> {
         reads_per_load: reads as f64 / loads,
         journal_messages,
     })
+}
+
+/// Waits (at most a minute) until the servers together spend under 5% of a core over half a
+/// second.
+async fn quiet(pids: &[u32]) {
+    const WINDOW: Duration = Duration::from_millis(500);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let meter = CpuMeter::start(pids);
+        tokio::time::sleep(WINDOW).await;
+        if meter.spent().server_secs < 0.05 * WINDOW.as_secs_f64() {
+            return;
+        }
+    }
+    eprintln!("loads: the servers did not go quiet within a minute");
 }
 
 async fn applied(sender: &CommandSender<RecoveryEntity>, id: &str) -> anyhow::Result<()> {

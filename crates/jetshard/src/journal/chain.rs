@@ -60,16 +60,16 @@ pub(crate) async fn records_back(
     let mut at = last.clone();
     for _ in 0..MAX_HOPS {
         let Some((count, previous)) = link(&at) else {
-            return Ok(None);
+            return Ok(gave_up(walk, at.sequence, "no link"));
         };
         let first = at.sequence + 1 - count;
         // The unit's records lie above the sequence it names.
         if previous >= first {
-            return Ok(None);
+            return Ok(gave_up(walk, at.sequence, "a link that does not go back"));
         }
         for seq in first..at.sequence {
             let Some(sibling) = record_at(walk, seq, &mut reads, requests).await? else {
-                return Ok(None);
+                return Ok(gave_up(walk, seq, "no record of the entity in its command's place"));
             };
             found.push(sibling);
         }
@@ -80,11 +80,17 @@ pub(crate) async fn records_back(
             return Ok(Some(found));
         }
         let Some(before) = record_at(walk, previous, &mut reads, requests).await? else {
-            return Ok(None);
+            return Ok(gave_up(walk, previous, "no record of the entity where a link leads"));
         };
         at = before;
     }
-    Ok(None)
+    Ok(gave_up(walk, at.sequence, "too many commands back"))
+}
+
+/// Says why a walk stopped at `seq` (its load reads the entity's subjects instead).
+fn gave_up(walk: &Walk<'_>, seq: u64, why: &str) -> Option<Vec<StreamMessage>> {
+    tracing::debug!(entity = walk.entity, seq, why, "the chain is not followed");
+    None
 }
 
 /// What `message` says of the records of its entity before it: how many of its command's

@@ -92,7 +92,7 @@ pub(crate) struct GroupCommit {
     /// The highest journal sequence a write of this generation was acknowledged at, or
     /// [`UNKNOWN`] once a write may be stored at a sequence it was not told.
     acked: Arc<AtomicU64>,
-    /// Set once a write of this generation was not confirmed ([`Self::in_doubt`]).
+    /// Set once a write of this generation was given up before its answer ([`Self::in_doubt`]).
     doubt: Arc<AtomicBool>,
 }
 
@@ -166,10 +166,11 @@ impl GroupCommit {
         (acked != UNKNOWN).then_some(acked)
     }
 
-    /// Whether a write of this generation was answered "not confirmed" (a timeout, a lost
-    /// connection, a leader change, the writer stopped): its records may still be stored, at
-    /// any later time, after reads and writes made since. Never cleared: only the next
-    /// generation's claim fences them out. Set before that write's submitter hears its answer.
+    /// Whether a write of this generation was given up before its answer (its submitter's
+    /// future dropped): its records may still be stored, at any later time, after reads and
+    /// writes made since, and whose they are is not known here (a write answered "not
+    /// confirmed" is its submitter's to note: `JournalWriter::certain`). Never cleared: only
+    /// the next generation's claim fences them out.
     pub(crate) fn in_doubt(&self) -> bool {
         self.doubt.load(Ordering::Acquire)
     }
@@ -182,9 +183,6 @@ impl GroupCommit {
         let mut unanswered = Unanswered(Some(&self.doubt));
         let written = self.write_unit(records).await;
         unanswered.0 = None;
-        if let Err(WriteError::Unconfirmed(_)) = &written {
-            self.doubt.store(true, Ordering::Release);
-        }
         match &written {
             Ok(0) | Err(WriteError::Unconfirmed(_)) => self.acked.store(UNKNOWN, Ordering::Release),
             Ok(seq) => {

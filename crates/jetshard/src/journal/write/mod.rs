@@ -60,6 +60,44 @@ pub(crate) struct JournalWriter {
     /// [`Self::event_headers`]: the first event version written, and its headers.
     event_headers: Arc<std::sync::OnceLock<(u32, HeaderMap)>>,
     commit: GroupCommit,
+    /// The entities a write of this generation was answered "not confirmed" for
+    /// ([`Self::certain`]).
+    doubted: Arc<Doubted>,
+}
+
+/// Entities with a write in doubt, of one generation.
+#[derive(Default)]
+struct Doubted {
+    /// Whether there is any: most generations have none, and ask without a lock.
+    any: std::sync::atomic::AtomicBool,
+    entities: std::sync::Mutex<std::collections::HashSet<Box<str>>>,
+}
+
+impl Doubted {
+    fn insert(&self, entity: &str) {
+        let mut entities = self
+            .entities
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        entities.insert(entity.into());
+        self.any.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn contains(&self, entity: &str) -> bool {
+        self.any.load(std::sync::atomic::Ordering::Acquire)
+            && self
+                .entities
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .contains(entity)
+    }
+
+    /// Takes note of `written`, a write of `entity`'s records.
+    fn note<T>(&self, entity: &str, written: &Result<T, WriteError>) {
+        if let Err(WriteError::Unconfirmed(_)) = written {
+            self.insert(entity);
+        }
+    }
 }
 
 impl JournalWriter {
@@ -81,6 +119,7 @@ impl JournalWriter {
             fenced,
             event_headers: Arc::default(),
             commit,
+            doubted: Arc::default(),
         }
     }
 
@@ -102,13 +141,16 @@ impl JournalWriter {
     }
 
     /// `previous` (what an entity's actor knows of its records before the one it writes, for
-    /// `Jetshard-Previous`), unless a write of this generation is in doubt
-    /// ([`GroupCommit::in_doubt`]): a record answered "not confirmed" may be stored after the
-    /// reads that loaded its entity again and after the writes since, so what its actor knows
-    /// may have a gap. Then no record of this generation carries the header, and loads read as
-    /// before until the next generation, whose claim fences such records out.
-    fn certain(&self, previous: Option<u64>) -> Option<u64> {
-        previous.filter(|_| !self.commit.in_doubt())
+    /// `Jetshard-Previous`), unless a write of `entity` under this generation is in doubt: a
+    /// record answered "not confirmed" may be stored after the reads that loaded its entity
+    /// again and after the writes since, so what its actor knows may have a gap. Then no record
+    /// of that entity under this generation carries a link (its loads read as before until the
+    /// next generation, whose claim fences such records out). A link speaks of its own
+    /// entity's records only, so the other entities go on linking; unless a write was given up
+    /// before its answer ([`GroupCommit::in_doubt`]), whose entity is not known here: then no
+    /// record of the generation carries one.
+    fn certain(&self, entity: &str, previous: Option<u64>) -> Option<u64> {
+        previous.filter(|_| !self.commit.in_doubt() && !self.doubted.contains(entity))
     }
 
     /// Makes a command's events durable, fenced, de-duplicated by `<t>:<command seq>:<index>`,
@@ -229,7 +271,9 @@ impl JournalWriter {
             }))
             .chain(timer_records)
             .collect();
-        if let (Some(previous), Some(last)) = (self.certain(previous), records.last_mut()) {
+        if let (Some(previous), Some(last)) =
+            (self.certain(entity.as_str(), previous), records.last_mut())
+        {
             match own {
                 0 => {}
                 1 => last
@@ -242,11 +286,11 @@ impl JournalWriter {
         }
         // A command with outbox records only wrote nothing of the entity: its sequence is not
         // the entity's (its next record links past it, to its last own record).
-        Either::Left(
-            self.commit
-                .write(records)
-                .map(move |r| r.map(|seq| (own > 0).then_some(seq))),
-        )
+        let (doubted, entity) = (Arc::clone(&self.doubted), entity.clone());
+        Either::Left(self.commit.write(records).map(move |written| {
+            doubted.note(entity.as_str(), &written);
+            written.map(|seq| (own > 0).then_some(seq))
+        }))
     }
 
     /// Records that every outbox message of the command at `command_seq` was published.
@@ -287,7 +331,7 @@ impl JournalWriter {
         headers.insert(name(HDR_DELIVERIES), deliveries.to_string());
         headers.insert(name(HDR_REASON), sanitize_header(reason));
         headers.insert(name(HDR_MSG_ID), self.names.dead_letter_msg_id(command_seq));
-        if let Some(previous) = self.certain(previous) {
+        if let Some(previous) = self.certain(entity, previous) {
             headers.insert(name(HDR_PREVIOUS), previous.to_string());
         }
         let record = Outgoing {
@@ -298,7 +342,9 @@ impl JournalWriter {
             headers,
             payload,
         };
-        self.commit.write(vec![record]).await
+        let written = self.commit.write(vec![record]).await;
+        self.doubted.note(entity, &written);
+        written
     }
 
     /// Writes a snapshot of an entity's state on `<t>.snap.<p>.<id>`, fenced like an event (a

@@ -8,7 +8,7 @@ use jetshard_testkit::NatsServer;
 /// of the generation, asked or not: the unconfirmed record is stored once the server runs
 /// again, after whatever an entity's actor read or wrote since.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_write_not_confirmed_no_record_of_the_generation_names_a_previous_one() {
+async fn after_a_write_not_confirmed_no_record_of_its_entity_names_a_previous_one() {
     let server = NatsServer::start().await.expect("start nats-server");
     let js = async_nats::jetstream::new(server.connect().await.expect("connect"));
     let stream = js
@@ -79,7 +79,8 @@ async fn after_a_write_not_confirmed_no_record_of_the_generation_names_a_previou
     .await
     .expect("the late record stored");
 
-    // From now on this generation names nothing, events and dead letters alike.
+    // From now on this entity's records under this generation name nothing, events and dead
+    // letters alike.
     let after = event(3, late_seq)
         .await
         .expect("written")
@@ -94,6 +95,24 @@ async fn after_a_write_not_confirmed_no_record_of_the_generation_names_a_previou
         None,
         "a dead letter after the doubt"
     );
+    // Another entity's records go on naming theirs: a link speaks of its own entity only.
+    let other = EntityId::new("b").expect("an id");
+    let other_subject: Subject = names.event_subject(0, &other).into();
+    let others = writer
+        .append(
+            &other,
+            &other_subject,
+            5,
+            vec![Bytes::from_static(b"e")],
+            1,
+            None,
+            Attached::default(),
+            Some(fence_seq),
+        )
+        .await
+        .expect("written")
+        .expect("a record");
+    assert_eq!(previous_of(others).await, Some(fence_seq.to_string()));
 }
 
 #[test]
