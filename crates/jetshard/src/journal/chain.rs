@@ -69,7 +69,11 @@ pub(crate) async fn records_back(
         }
         for seq in first..at.sequence {
             let Some(sibling) = record_at(walk, seq, &mut reads, requests).await? else {
-                return Ok(gave_up(walk, seq, "no record of the entity in its command's place"));
+                return Ok(gave_up(
+                    walk,
+                    seq,
+                    "no record of the entity in its command's place",
+                ));
             };
             found.push(sibling);
         }
@@ -80,7 +84,11 @@ pub(crate) async fn records_back(
             return Ok(Some(found));
         }
         let Some(before) = record_at(walk, previous, &mut reads, requests).await? else {
-            return Ok(gave_up(walk, previous, "no record of the entity where a link leads"));
+            return Ok(gave_up(
+                walk,
+                previous,
+                "no record of the entity where a link leads",
+            ));
         };
         at = before;
     }
