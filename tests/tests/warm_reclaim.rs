@@ -23,13 +23,16 @@ const ENTITIES: u32 = 20;
 /// goes on from the state it held, and none is loaded from the journal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_reclaimed_by_its_own_process_serves_its_entities_without_loading_them() {
-    init_tracing();
-    let (_server, client, js) = jetshard_tests::served().await;
-    let (config, sender, system, ids) = serving(&client).await;
-    let before = status(&system).await;
-    let generation = before.generation.expect("owned");
-
-    lose_the_pin(&client).await;
+    let Unpinned {
+        _server,
+        js,
+        config,
+        sender,
+        system,
+        ids,
+        before,
+        generation,
+    } = unpinned().await;
     add_to_each(&sender, &ids, 1).await;
 
     let after = status(&system).await;
@@ -47,13 +50,16 @@ async fn a_partition_reclaimed_by_its_own_process_serves_its_entities_without_lo
 /// every entity is loaded again, that event included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reclaim_after_another_generation_wrote_loads_every_entity_again() {
-    init_tracing();
-    let (_server, client, js) = jetshard_tests::served().await;
-    let (config, sender, system, ids) = serving(&client).await;
-    let before = status(&system).await;
-    let generation = before.generation.expect("owned");
-
-    lose_the_pin(&client).await;
+    let Unpinned {
+        _server,
+        js,
+        config,
+        sender,
+        system,
+        ids,
+        before,
+        generation,
+    } = unpinned().await;
     let written = another_generation_writes(&js, &config, &ids[0]).await;
     assert_eq!(written, generation + 1);
     add_to_each(&sender, &ids, 1).await;
@@ -75,25 +81,45 @@ async fn a_reclaim_after_another_generation_wrote_loads_every_entity_again() {
 }
 
 /// A one-partition `Tally` system that has applied a command to each of [`ENTITIES`]
-/// entities, all of them resident.
-async fn serving(
-    client: &async_nats::Client,
-) -> (ShardConfig, CommandSender<Tally>, ShardSystem, Vec<String>) {
+/// entities (all of them resident), its status then, and its partition unpinned since.
+struct Unpinned {
+    _server: jetshard_testkit::NatsServer,
+    js: Context,
+    config: ShardConfig,
+    sender: CommandSender<Tally>,
+    system: ShardSystem,
+    ids: Vec<String>,
+    before: PartitionStatus,
+    /// The generation it owned the partition under.
+    generation: u64,
+}
+
+/// [`Unpinned`]. The owner learns of the unpin from the next delivery, which comes under a new
+/// pin (with no command waiting, nobody is pinned meanwhile).
+async fn unpinned() -> Unpinned {
+    init_tracing();
+    let (server, client, js) = jetshard_tests::served().await;
     let config = config("tally", 1)
         .passivate_after(Duration::from_secs(600))
         .build()
         .unwrap();
     let sender = CommandSender::<Tally>::new(client.clone(), &config);
-    let system = start(client, &config).await;
+    let system = start(&client, &config).await;
     let ids: Vec<String> = (0..ENTITIES).map(|i| format!("e{i}")).collect();
     add_to_each(&sender, &ids, 0).await;
-    (config, sender, system, ids)
-}
-
-/// Unpins the partition: the owner learns it from the next delivery, which comes under a new
-/// pin (with no command waiting, nobody is pinned meanwhile).
-async fn lose_the_pin(client: &async_nats::Client) {
+    let before = status(&system).await;
+    let generation = before.generation.expect("owned");
     Admin::new(client.clone(), "tally").unpin(0).await.unwrap();
+    Unpinned {
+        _server: server,
+        js,
+        config,
+        sender,
+        system,
+        ids,
+        before,
+        generation,
+    }
 }
 
 /// Claims the next generation as another process would, and writes an event of `entity`
