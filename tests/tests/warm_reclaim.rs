@@ -23,26 +23,17 @@ const ENTITIES: u32 = 20;
 /// goes on from the state it held, and none is loaded from the journal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_reclaimed_by_its_own_process_serves_its_entities_without_loading_them() {
-    let Unpinned {
-        _server,
-        js,
-        config,
-        sender,
-        system,
-        ids,
-        before,
-        generation,
-    } = unpinned().await;
-    add_to_each(&sender, &ids, 1).await;
+    let u = unpinned().await;
+    add_to_each(&u.sender, &u.ids, 1).await;
 
-    let after = status(&system).await;
-    assert_eq!(after.generation, Some(generation + 1), "{after:?}");
+    let after = status(&u.system).await;
+    assert_eq!(after.generation, Some(u.generation + 1), "{after:?}");
     assert_eq!(
-        after.entity_loads, before.entity_loads,
+        after.entity_loads, u.before.entity_loads,
         "a warm re-claim loads nothing: {after:?}"
     );
-    same_as_the_journal(&js, &sender, &config, &ids).await;
-    system.shutdown().await.unwrap();
+    same_as_the_journal(&u.js, &u.sender, &u.config, &u.ids).await;
+    u.system.shutdown().await.unwrap();
 }
 
 /// The same, but another claimant takes a generation in between and writes an event of one
@@ -50,34 +41,26 @@ async fn a_partition_reclaimed_by_its_own_process_serves_its_entities_without_lo
 /// every entity is loaded again, that event included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reclaim_after_another_generation_wrote_loads_every_entity_again() {
-    let Unpinned {
-        _server,
-        js,
-        config,
-        sender,
-        system,
-        ids,
-        before,
-        generation,
-    } = unpinned().await;
-    let written = another_generation_writes(&js, &config, &ids[0]).await;
-    assert_eq!(written, generation + 1);
-    add_to_each(&sender, &ids, 1).await;
+    let u = unpinned().await;
+    let written = another_generation_writes(&u.js, &u.config, &u.ids[0]).await;
+    assert_eq!(written, u.generation + 1);
+    add_to_each(&u.sender, &u.ids, 1).await;
 
-    let after = status(&system).await;
-    assert_eq!(after.generation, Some(generation + 2), "{after:?}");
+    let after = status(&u.system).await;
+    assert_eq!(after.generation, Some(u.generation + 2), "{after:?}");
     assert!(
-        after.entity_loads >= before.entity_loads + u64::from(ENTITIES),
-        "every entity loaded again: {before:?} -> {after:?}"
+        after.entity_loads >= u.before.entity_loads + u64::from(ENTITIES),
+        "every entity loaded again: {:?} -> {after:?}",
+        u.before
     );
-    let first = state_of(&sender, &ids[0]).await;
+    let first = state_of(&u.sender, &u.ids[0]).await;
     assert_eq!(
         first.sums.get(&9),
         Some(&100),
         "the other generation's event: {first:?}"
     );
-    same_as_the_journal(&js, &sender, &config, &ids).await;
-    system.shutdown().await.unwrap();
+    same_as_the_journal(&u.js, &u.sender, &u.config, &u.ids).await;
+    u.system.shutdown().await.unwrap();
 }
 
 /// A one-partition `Tally` system that has applied a command to each of [`ENTITIES`]
