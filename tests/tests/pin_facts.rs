@@ -14,7 +14,7 @@ const EXPIRES: Duration = Duration::from_millis(2000);
 /// holds (the same client sent it, but without the id) and ends `408` at its expiry with its
 /// whole batch pending. A pull with the pin id is then served at once. So the pull loop does not
 /// count such a pull as on its way once it is pinned (`Requested::pinned`): counted, it held the
-/// loop back until it expired (the cold pass's first `expires`, issue 22, stop 40).
+/// loop back until it expired (the cold pass's first `expires`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pulls_without_the_pin_id_wait_once_another_is_pinned() {
     init_tracing();

@@ -1,4 +1,4 @@
-//! Scale out (issue 21): each owning process is watched by a few others and each partition is
+//! Scale out: each owning process is watched by a few others and each partition is
 //! pulled by a few processes, chosen by rendezvous hashing over the membership; a crash still
 //! moves in well under the pin TTL in a fleet of 16, and what the bounded sets miss (the watchers
 //! or the standbys die with the owner) is still taken, later.

@@ -1,5 +1,5 @@
 //! A counting global allocator: the bench binaries install [`Counting`] so that a pass can
-//! report the client's heap allocations and bytes per command (issue 22's allocation diet).
+//! report the client's heap allocations and bytes per command (the allocation budget).
 //! It wraps the system allocator (glibc's, so `cpu::heap_in_use_bytes` still reads it) and adds
 //! two relaxed atomic increments per allocation. Built with the feature `cross-thread-frees`, it
 //! also counts the frees made on another thread than the allocation's (a tag before each
@@ -25,7 +25,7 @@ static CROSS_FREES: AtomicU64 = AtomicU64::new(0);
 
 /// The largest request glibc serves from its small bins on x86-64 (a chunk under 1,024 bytes):
 /// a larger one, when its tcache is empty, first merges every free fast-bin chunk
-/// (`malloc_consolidate`), a cost per request that grows with the heap's churn (issue 22).
+/// (`malloc_consolidate`), a cost per request that grows with the heap's churn.
 pub const SMALL_BIN_LIMIT: usize = 1000;
 
 fn count(size: usize) {

@@ -241,7 +241,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             Figure::Rate,
         );
         report.rows.push(piped.against(baseline));
-        // Issue 22: warm and cold alike (a cold pass waits for each entity's first load).
+        // Warm and cold alike (a cold pass waits for each entity's first load).
         let ours = PassRows::new("cluster", &jetshard, pass, commands)
             .row(
                 format!("jetshard (group commit), {name} pass"),

@@ -14,9 +14,9 @@
 //! first node starts, as earlier owners would have), so that the takeover's cost of reading
 //! history shows.
 //!
-//! Targets: after SIGKILL (issue 15) p99 <= [`KILL_TARGET_MS`], whatever the pin TTL and the
+//! Targets: after SIGKILL p99 <= [`KILL_TARGET_MS`], whatever the pin TTL and the
 //! history: the survivors see the owner's `<t>.alive.<incarnation>` get "no responders" and
-//! unpin its partitions. After SIGSTOP (issue 6) p99 <= pin TTL + 300 ms + rebuild time, with
+//! unpin its partitions. After SIGSTOP p99 <= pin TTL + 300 ms + rebuild time, with
 //! the rebuild time taken from the new owner's own `acquired partition` line (the largest in the
 //! series): a stalled owner still answers nothing, so it keeps its pin until the TTL.
 //!

@@ -1,6 +1,6 @@
 //! Instructions the client executes per command: a CPU yardstick that holds on a loaded
 //! machine, where CPU time per command moves between two runs of one binary more than most cuts
-//! do (issue 22). Two sources, each read at a drain pass's boundaries ([`crate::drain`]):
+//! do. Two sources, each read at a drain pass's boundaries ([`crate::drain`]):
 //!
 //! - **Hardware counters** ([`Counted`]): user-space instructions and cycles of this process,
 //!   from `perf_event_open`. A counter opened with `inherit` folds a thread's counts into its

@@ -1,4 +1,4 @@
-//! What the kernel does for the client per pass (issue 22, stop 40): counts, not times, so they
+//! What the kernel does for the client per pass: counts, not times, so they
 //! hold on a loaded machine where the CPU time of a task hop does not.
 //!
 //! - **Context switches** of the whole process (`getrusage(RUSAGE_SELF)`: every thread's,

@@ -185,7 +185,7 @@ impl Gate {
     /// Pauses every partition's consumer, and waits until each consumer's leader has applied
     /// the pause: a clustered server answers a pause before it is applied (server source,
     /// `jsConsumerPauseRequest`), and commands pre-loaded meanwhile were delivered before the
-    /// pass opened (stop 38, R3: 3 of 24 acquisitions held 2-57 commands before it opened).
+    /// pass opened (R3: 3 of 24 acquisitions held 2-57 commands before it opened).
     pub async fn close(&self) -> anyhow::Result<()> {
         let pauses = (0..self.partitions).map(|p| self.admin.pause(p, PAUSE_FOR));
         for result in futures::future::join_all(pauses).await {

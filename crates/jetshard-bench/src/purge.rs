@@ -1,5 +1,5 @@
 //! What one purge costs the server, part (c) of the compaction scenario
-//! (`--compaction-purge-cost true`): the capacity of background compaction (issue 24).
+//! (`--compaction-purge-cost true`): the capacity of background compaction.
 //!
 //! A fresh server and a plain stream (file storage, server defaults) holding `records`
 //! messages written round-robin over `entities` entities, on subjects of the journal's shape

@@ -1,6 +1,5 @@
 //! What a purge costs on a 3-server cluster (R3), and how it delays the writes beside it: part
-//! (c) of the compaction scenario with `--compaction-purge-cost true --compaction-replicas 3`
-//! (issue 24).
+//! (c) of the compaction scenario with `--compaction-purge-cost true --compaction-replicas 3`.
 //!
 //! One cluster, a fresh R3 stream per case (file storage, server defaults) holding `records`
 //! messages written round-robin over `entities` entities on subjects of the journal's shape:
@@ -54,7 +53,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Form {
     /// `pc.*.0.e<i>` below the entity's cut: every record kind, one request (compaction's
-    /// request before issue 24's split; still its form for an entity with timer records the
+    /// request before the split; still its form for an entity with timer records the
     /// partition's request leaves).
     Entity,
     /// `pc.evt.0.e<i>` below the cut, and at the end one `pc.tmr.0.*` below the partition's

@@ -260,7 +260,7 @@ pub async fn run(
         &jetshard,
     )
     .against(raw_rate);
-    // Since lazy loading an acquisition reads no history (issue 12): a replay of nothing
+    // Since lazy loading an acquisition reads no history: a replay of nothing
     // meets the target, which holds any replay there is to the raw read.
     let replayed_nothing = jetshard.iter().all(|r| r.complete && r.events == 0);
     let met = replayed_nothing || replay.ratio.is_some_and(|r| r >= 0.9);

@@ -9,7 +9,7 @@
 //! seen on a core subscription minus the command's *scheduled* send time) during the rollout
 //! against the steady state before it.
 //!
-//! Targets (issue 15): 0 failed commands; a partition moves at most twice per restart (once off
+//! Targets: 0 failed commands; a partition moves at most twice per restart (once off
 //! the stopping node, once onto its replacement); p99 during the rollout <= steady p99 + 50 ms.
 
 use std::collections::HashMap;

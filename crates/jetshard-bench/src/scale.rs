@@ -13,7 +13,7 @@
 //! - the time from the first system's start until every partition was owned, and until the
 //!   spread was even.
 //!
-//! The target (issue 21): idle messages per process at the largest N within 1.5x of the
+//! The target: idle messages per process at the largest N within 1.5x of the
 //! smallest N at the same P; per partition independent of N. Measured, never asserted.
 //!
 //! Then a SIGKILL failover in a fleet of `--scale-failover-nodes` node processes (balancing on,
@@ -21,7 +21,7 @@
 //! commands/s: each trial waits for an even spread, kills a process that owns partitions, and
 //! measures per partition it owned the time to the first event written under a newer
 //! generation; a fresh process replaces the victim. The same trials with 2 processes, in the same
-//! sitting, are the baseline. Target: p99 <= 100 ms, as with 2 processes.
+//! run, are the baseline. Target: p99 <= 100 ms, as with 2 processes.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -177,7 +177,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         );
     }
     if options.scale_failover_nodes > 2 && options.scale_failover_trials > 0 {
-        // The same trials with 2 processes, in the same sitting: the baseline.
+        // The same trials with 2 processes, in the same run: the baseline.
         let mut p99 = Vec::new();
         for nodes in [2, options.scale_failover_nodes] {
             eprintln!("scale: SIGKILL failover among {nodes} processes");

@@ -24,8 +24,8 @@ pub enum Codec {
 
 /// How many bytes the buffer events are cut from is allocated at a time
 /// ([`Codec::encode_bytes`]; a larger value gets a buffer of its size): within glibc's small
-/// bins (at most 1,000 bytes on x86-64: a larger request first merges the free fast-bin chunks,
-/// issue 22), a dozen or more small events.
+/// bins (at most 1,000 bytes on x86-64: a larger request first merges the free fast-bin chunks),
+/// a dozen or more small events.
 const ENCODING_CHUNK: usize = 960;
 
 impl Codec {
@@ -66,7 +66,7 @@ impl Codec {
     /// that allocation: a chunk is freed once every value cut from it is dropped (events are:
     /// once written). A copy of its own per value (as before) cost an allocation, and the
     /// client's first clone of a `Bytes` that owns its allocation (async-nats clones every
-    /// payload it writes) another (issue 22).
+    /// payload it writes) another.
     ///
     /// # Errors
     /// [`CodecError`] if the value cannot be serialized.

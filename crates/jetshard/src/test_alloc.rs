@@ -23,7 +23,7 @@ pub(crate) fn held_by_this_thread() -> isize {
 
 /// The largest request glibc serves from its small bins. A larger one first merges every free
 /// fast-bin chunk (`malloc_consolidate`), which cost 13% of the client's CPU when every command's
-/// future was larger (issue 22): a future boxed per command must stay at or below it.
+/// future was larger: a future boxed per command must stay at or below it.
 pub(crate) const SMALL_ALLOCATION: usize = 1000;
 
 /// The size of the future `make` would return; `make` is never called.

@@ -1,5 +1,5 @@
 //! `actor-floor`: what one message costs a round robin over N live actors, by kind of actor, with
-//! no NATS at all: the floor the actors alone set under jetshard's warm pass (issue 22, stop 41).
+//! no NATS at all: the floor the actors alone set under jetshard's warm pass.
 //!
 //! One driver (like an owner) sends messages round-robin, one per entity in turn, keeping
 //! `--window` in flight; each entity updates its state and answers the driver (like an outcome);

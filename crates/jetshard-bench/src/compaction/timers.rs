@@ -89,7 +89,7 @@ const TIMER_READ_ROUNDS: usize = 3;
 /// [`TIMER_READ_ROUNDS`] rounds alternated over the cases, two ways each: partition by
 /// partition (`<t>.tmr.<p>.*`, one ordered consumer each, in turn: the filter of a new owner's
 /// timer scan, `armed_in_partition`, summed over the 8 partitions) and with one consumer over
-/// the whole type (`<t>.tmr.>`, the read stop 29 measured). Rows: the medians.
+/// the whole type (`<t>.tmr.>`, the read it replaced). Rows: the medians.
 pub(super) async fn timer_reads(report: &mut Report) -> anyhow::Result<Vec<serde_json::Value>> {
     let mut cases = Vec::new();
     for &(case, churned, compacted) in &TIMER_CASES {

@@ -25,7 +25,7 @@
 //! Since entities load lazily (on their first command), the **rebuilt** point reads no state:
 //! its figure is about 0, and the resident figures include the entity's load.
 //!
-//! The **bounded** variant is issue 12's memory target: every entity is known (it has an event
+//! The **bounded** variant is the memory target: every entity is known (it has an event
 //! in the journal), a hundredth of them may be resident (`max_resident_entities`) and as many
 //! dormant (`max_dormant_entities`), and traffic moves over all of them (one `Touch` each, in
 //! waves). RSS and glibc's heap in use are sampled after every tenth of the entities: the heap
@@ -77,7 +77,7 @@ const PASSIVATE_AFTER: Duration = Duration::from_secs(2);
 /// The idle time of the other variants: longer than any run, so nothing is passivated.
 const NEVER: Duration = Duration::from_secs(3600);
 
-/// The target of issue 6 for an idle resident entity beyond its state.
+/// The target for an idle resident entity beyond its state.
 const TARGET_BYTES: f64 = 4096.0;
 
 /// The settings of the child process.

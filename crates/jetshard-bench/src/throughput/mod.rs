@@ -12,7 +12,7 @@
 //! first command of a never-seen entity costs is measured apart ([`fresh_entities`]).
 //!
 //! Every figure is the median of the rounds with the worst round beside it, and each side's
-//! worst round is also set against its median: a round that stalls (issue 11: one partition
+//! worst round is also set against its median: a round that stalls (one partition
 //! served at a few hundred commands/s, a warm pass 7x its median) fails that row's target long
 //! before it moves a median. The bare loop drains consumers provisioned with its own
 //! `max_ack_pending` ([`crate::bare::MAX_ACK_PENDING`]); jetshard runs with its defaults unless
@@ -165,7 +165,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
     let jetshard_warm = rows::passes(report, spec, &bare_runs, &jetshard_runs);
     if bareloop_runs.is_empty() {
         eprintln!(
-            "throughput: bareloop not run (--bareloop <path> or BARELOOP_BIN): issue 22's targets against it (bench bare loop within 10%; jetshard warm >= 0.8x, cold >= 0.7x, server CPU <= 1.2x, client CPU <= 2x) are not checked"
+            "throughput: bareloop not run (--bareloop <path> or BARELOOP_BIN): the throughput targets against it (bench bare loop within 10%; jetshard warm >= 0.8x, cold >= 0.7x, server CPU <= 1.2x, client CPU <= 2x) are not checked"
         );
     } else {
         rows::against_bareloop(

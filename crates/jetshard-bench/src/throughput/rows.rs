@@ -1,6 +1,6 @@
 //! The throughput scenario's report rows: each side's rate and CPU per command per pass, the
 //! worst round against the median, jetshard against the bench's bare loop and both against the
-//! independent `bareloop` (issue 22's targets), and the never-seen entities.
+//! independent `bareloop` (the throughput targets), and the never-seen entities.
 
 use crate::drain::{DrainRun, DrainSpec, Figure, PassRows};
 use crate::report::{Report, Row, Worse};
@@ -36,7 +36,7 @@ pub(super) fn passes(
         });
         for (side, rows) in [("bare loop", &bare), ("jetshard", &jetshard)] {
             // A round that stalls (a partition served far below the others) shows here
-            // long before it moves a median: the warm pass of issue 11 took 7x its median.
+            // long before it moves a median: one stalled warm pass took 7x its median.
             let rates = rows.rounds(Figure::Rate);
             if rates.len() > 1 {
                 let median = crate::stats::median(&rates);
@@ -83,7 +83,7 @@ pub(super) fn passes(
 }
 
 /// The rows that set the bench's bare loop and jetshard against the independent `bareloop`
-/// run in the same rounds, with issue 22's targets: the bench's loop within 10% of it (rate
+/// run in the same rounds, with the throughput targets: the bench's loop within 10% of it (rate
 /// and server CPU per command); jetshard warm >= 0.8 x its rate, cold >= 0.7 x, server CPU
 /// per command <= 1.2 x its, client CPU per command <= 2 x its.
 pub(super) fn against_bareloop(

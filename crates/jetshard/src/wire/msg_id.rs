@@ -9,7 +9,7 @@ pub(crate) const DECIMAL_DIGITS: usize = 20;
 /// `number` in decimal, written into the end of `digits`: what `format!("{number}")` writes,
 /// without `fmt`'s machinery, for the numbers written into every command's message ids,
 /// headers and reply subjects. Bytes, not a `&str`: `str::from_utf8` over them cost as much
-/// as writing them (~50 instructions a number, issue 22); [`push_decimal`] makes text of them.
+/// as writing them (~50 instructions a number); [`push_decimal`] makes text of them.
 pub(crate) fn decimal(mut number: u64, digits: &mut [u8; DECIMAL_DIGITS]) -> &[u8] {
     let mut at = DECIMAL_DIGITS;
     loop {
@@ -70,7 +70,7 @@ impl Names {
     pub fn event_msg_id(&self, command_seq: u64, index: usize) -> String {
         // Sized up front (two numbers of up to 20 digits): `format!` would start this one from
         // an empty string and grow it, an allocation more for every event written; the numbers
-        // written by `decimal`, not `fmt` (a fifth of the instructions: issue 22).
+        // written by `decimal`, not `fmt` (a fifth of the instructions).
         let mut id = String::with_capacity(self.entity_type.len() + 42);
         id.push_str(&self.entity_type);
         id.push(':');

@@ -5,7 +5,7 @@
 //! strings), a reply subject built from it (two more, each made a `Subject` with one more
 //! allocation), an entry keyed by a `String` in the client's request map, and an answer parsed
 //! into a `PublishAck` that holds the stream's name: about seven allocations per command, on the
-//! command path of every single-record write (issue 22). Here the writer subscribes once to
+//! command path of every single-record write. Here the writer subscribes once to
 //! `<inbox>.*`, names each publish's reply `<inbox>.<n>` (cut from a shared buffer: no
 //! allocation of its own), and reads each answer in place: the sequence it was stored at, or the
 //! server's error code.
@@ -54,7 +54,7 @@ struct Inner {
 type Waiting = Arc<Mutex<Inner>>;
 
 /// Room for this many bytes of reply subjects is allocated at a time: within glibc's small bins
-/// (a larger request consolidates the fast bins first: issue 22), about 20 reply subjects.
+/// (a larger request consolidates the fast bins first), about 20 reply subjects.
 const REPLY_BUFFER: usize = 960;
 
 /// One writer's answers: its reply subscription and who waits for what. The subscription and
@@ -142,7 +142,7 @@ impl Acks {
         // The write timeout covers the publish too: a client whose command channel is full
         // (its connection stalled) does not hold the write past it. Published as a whole
         // message: `publish_with_reply_and_headers` clones the subject and the reply first (to
-        // check them), a clone and a drop of each per write (issue 22); the subject is checked
+        // check them), a clone and a drop of each per write; the subject is checked
         // the same way here, the reply is this writer's own.
         let message = OutboundMessage {
             subject,
@@ -258,8 +258,8 @@ fn answer_of(status: Option<StatusCode>, payload: &[u8]) -> Answer {
 }
 
 /// The sequence of an answer of exactly the form the server gives a stored write,
-/// `{"stream":"<name>","seq":<digits>}`, read without serde_json (~1,100 instructions a write:
-/// issue 22); `None` for any other form (a duplicate, an error, a domain, an escaped name),
+/// `{"stream":"<name>","seq":<digits>}`, read without serde_json (~1,100 instructions a write);
+/// `None` for any other form (a duplicate, an error, a domain, an escaped name),
 /// which [`answer_of`] reads with serde_json.
 fn plain_ack(payload: &[u8]) -> Option<u64> {
     let rest = payload.strip_prefix(br#"{"stream":""#)?;
@@ -357,7 +357,7 @@ mod tests {
     }
 
     /// A new reply buffer is a request glibc serves from its small bins
-    /// ([`crate::test_alloc::SMALL_ALLOCATION`]): at 4 KiB it was one of the warm pass's large allocations (issue 22).
+    /// ([`crate::test_alloc::SMALL_ALLOCATION`]): at 4 KiB it was one of the warm pass's large allocations.
     #[test]
     fn a_reply_buffer_is_a_small_allocation() {
         let mut buffer = BytesMut::new();

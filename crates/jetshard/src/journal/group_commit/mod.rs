@@ -14,7 +14,7 @@
 //!   The fence is named by the batch's last message only (the commit): the server checks it
 //!   when the batch commits and stores the batch all or none, so every write of the batch is
 //!   fenced by it, and the staged messages are stored without the two fence headers
-//!   (`committer.rs`, `unfenced`; issue 22).
+//!   (`committer.rs`, `unfenced`).
 //! - [`Mode::Pipelined`] (a single server, R1): a command's single record goes on its own, all
 //!   in flight side by side, published by the submitter's own task (no hop to the writer task). A single server never refuses them for being in flight together,
 //!   and stores pipelined single writes with less CPU than the same records in batches
@@ -86,7 +86,7 @@ pub(crate) struct GroupCommit {
     client: async_nats::Client,
     /// [`Mode::Pipelined`]: a unit of one record is published by its submitter's own task,
     /// through the committer shared with the writer task, with no hop to that task and back
-    /// (issue 22: the hop cost a channel send, a task wake-up, a boxed future and a oneshot
+    /// (the hop cost a channel send, a task wake-up, a boxed future and a oneshot
     /// per command).
     direct: Option<Arc<Committer>>,
     /// The highest journal sequence a write of this generation was acknowledged at, or
@@ -218,8 +218,8 @@ impl GroupCommit {
             // entity actor boxes, it made that allocation 1.4 KB:
             // over the largest request glibc serves from its small bins (1,000 bytes), so each
             // one first merged the free fast-bin chunks (`malloc_consolidate`, 13% of the
-            // client's CPU). Two allocations under the limit cost less (issue 22,
-            // docs/PERFORMANCE.md).
+            // client's CPU). Two allocations under the limit cost less
+            // (docs/PERFORMANCE.md).
             return Box::pin(committer.write_single(records)).await;
         }
         let (answer, answered) = oneshot::channel();

@@ -382,7 +382,7 @@ impl JournalWriter {
     /// A new event's headers: the fence's and the encoding's `version`, which is left out when
     /// it is 1 (readers take an event without it as version 1: the events written before
     /// versions were recorded). Leaving it out saves the header's two allocations and ~27 bytes
-    /// per event (issue 22); the fence's map then grows once when the event's own go in.
+    /// per event; the fence's map then grows once when the event's own go in.
     /// Another version: cloned from a map built once, whose capacity (4 headers: room for 7)
     /// takes the event's own without growing.
     fn event_headers(&self, version: u32) -> HeaderMap {

@@ -34,7 +34,7 @@ pub(super) async fn unpin(shared: &Shared, partition: u32) -> bool {
 ///
 /// Published as a whole message ([`Publisher::publish_message`]), which takes the subject as
 /// it is: `Client::publish` clones it first, and the first clone of a subject the client read
-/// off the wire (every delivery's reply) allocates (issue 22). Checked and sent the same way.
+/// off the wire (every delivery's reply) allocates. Checked and sent the same way.
 pub(super) async fn acknowledge(client: &Client, partition: u32, reply: Subject, kind: AckKind) {
     let ack = OutboundMessage {
         subject: reply,

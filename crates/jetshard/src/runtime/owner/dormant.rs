@@ -10,7 +10,7 @@
 //!
 //! Each dormant entity is one allocation ([`Packed`]: its id, its small fields as varints and
 //! its state's encoding) and one 16-byte slot of a hash set: a few dozen bytes beyond the
-//! encoded state (issue 24's target, `2 x encoded + 100`, is guarded by the `layout` tests).
+//! encoded state (the target, `2 x encoded + 100`, is guarded by the `layout` tests).
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashSet};

@@ -369,7 +369,7 @@ impl<E: Entity> OwnerState<E> {
     /// Takes a delivery while owning: routed at once, or, in isolation, when its turn comes.
     ///
     /// The isolation's path is boxed apart: ractor moves the `handle` future twice per message,
-    /// at the size of its largest path (issue 22), and isolation is rare.
+    /// at the size of its largest path, and isolation is rare.
     async fn deliver(&mut self, delivery: Delivery) {
         let Some(o) = self.phase.owning() else { return };
         if o.isolation.is_none() {
@@ -437,7 +437,7 @@ impl<E: Entity> OwnerState<E> {
         let partition = self.partition;
         if delivery.wake {
             // It has done its work: this owner holds the partition and fires its due timers.
-            // Boxed apart, as the other rare paths of the `handle` future (issue 22).
+            // Boxed apart, as the other rare paths of the `handle` future.
             let client = &self.shared.client;
             Box::pin(acknowledge(client, partition, delivery.reply, AckKind::Ack)).await;
             return;

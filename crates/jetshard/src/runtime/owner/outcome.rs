@@ -146,7 +146,7 @@ impl<E: Entity> OwnerState<E> {
                 Effect::Finish { terminate, answer } => {
                     // Only what the answers need is kept across their awaits (the rest of the
                     // command is dropped here): the smaller the owner's `handle` future, the
-                    // cheaper ractor's two moves of it per message (issue 22).
+                    // cheaper ractor's two moves of it per message.
                     let Some(Pending {
                         reply,
                         respond_to,
@@ -183,7 +183,7 @@ impl<E: Entity> OwnerState<E> {
                         let trace = trace.map(|t| t.span);
                         // Boxed apart (one small allocation, beside the reply's own): inline,
                         // it set the size of the owner's `handle` future, which ractor moves
-                        // twice per message, replied to or not (issue 22).
+                        // twice per message, replied to or not.
                         let client = &self.shared.client;
                         Box::pin(respond(client, to, answer, detail.as_ref(), trace)).await;
                     }
@@ -242,7 +242,7 @@ impl<E: Entity> OwnerState<E> {
             }
         }
         // Isolation is rare: its steps are boxed apart (this future is moved twice per message
-        // at its largest path's size, issue 22); without it they do nothing.
+        // at its largest path's size); without it they do nothing.
         if self
             .phase
             .owning_ref()

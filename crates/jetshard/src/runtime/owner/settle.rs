@@ -151,7 +151,7 @@ impl Settled {
     }
 
     /// Takes the next effect out, in order. In place: an iterator beside the effects would
-    /// double their room in the owner's `handle` future, which awaits between them (issue 22).
+    /// double their room in the owner's `handle` future, which awaits between them.
     pub(crate) fn take_next(&mut self) -> Option<Effect> {
         self.0.iter_mut().find_map(Option::take)
     }

@@ -1,4 +1,4 @@
-//! The sizes of the owner's futures (issue 22): ractor moves the whole `handle` future twice per
+//! The sizes of the owner's futures: ractor moves the whole `handle` future twice per
 //! message (into `run_with_signal` and into its `select!`), and a move costs in proportion to
 //! the size, which the largest arm sets. Printed (`cargo test -p jetshard --lib owner_future
 //! -- --nocapture`), with a bound on the handle future: the rare paths are boxed apart.
@@ -153,7 +153,7 @@ fn owner_future_sizes() {
         eprintln!("FUTURE {name}: {size} bytes");
     }
     // 5,552 bytes while the rare paths (step-downs, isolation, acquisition, release, tick,
-    // dead letters without an entity, replies) were inline; 2,336 boxed apart (stop 37). The
+    // dead letters without an entity, replies) were inline; 2,336 boxed apart. The
     // common paths' own awaits (the acknowledgement: async-nats' publish, 848 bytes) set it now.
     let handle = sizes[0].1;
     assert!(

@@ -43,7 +43,7 @@ pub(crate) struct Delivery {
 ///
 /// Each reader looks its header up in the map, hashing the name (SipHash) per lookup: six
 /// lookups per command, where most commands carry only the pin id and a message id. The pass
-/// lets them skip the map when none of their headers is there (issue 22).
+/// lets them skip the map when none of their headers is there.
 pub(crate) struct Scanned<'a> {
     /// `Nats-Pin-Id`'s value.
     pub(crate) pin: Option<&'a str>,
@@ -157,7 +157,7 @@ pub(crate) fn trace_of(headers: Option<&async_nats::HeaderMap>) -> Option<Box<Co
 pub(super) fn ack_info(reply: &str) -> Option<AckInfo> {
     // Read in place, in one pass over the bytes, into a fixed array of tokens: this runs for
     // every delivered command (split by `char`, with `str::parse`, it cost ~2,300 instructions
-    // a delivery; through `slice::split`, ~650: issue 22). A plain loop over the bytes that
+    // a delivery; through `slice::split`, ~650). A plain loop over the bytes that
     // notes where each of the first 9 tokens ends.
     use crate::wire::read_decimal;
     let rest = reply.strip_prefix(crate::wire::ACK_PREFIX)?.as_bytes();

@@ -67,7 +67,7 @@ pub(crate) const MAX_DELIVERIES_PER_SIGNAL: usize = 256;
 /// The first wait before pulling again after a `503` (no responders: the consumer has no
 /// leader, as while its replicas elect one, or does not exist); doubled at each further `503`
 /// up to [`NO_RESPONDERS_MAX_WAIT`]. Pulling on at once, a loop sent 200-430 pulls a second
-/// for the ~5 s of an election (the `cluster` suite's logs, stop 41): each process, for each
+/// for the ~5 s of an election (the `cluster` suite's logs): each process, for each
 /// partition whose consumer lost its leader.
 const NO_RESPONDERS_FIRST_WAIT: Duration = Duration::from_millis(10);
 
@@ -206,7 +206,7 @@ async fn run(
     let mut delivered: Vec<Delivery> = Vec::new();
     // How many the last burst held: the next burst's vector is allocated that large at its
     // first delivery. Grown from empty, a burst of n reallocates about log2(n) times, each
-    // block larger (issue 22: `pin::run` under `malloc_consolidate`); none is kept while idle.
+    // block larger (`pin::run` under `malloc_consolidate`); none is kept while idle.
     // (An atomic, not a `Cell`: the loop's future is sent between threads.)
     let last_burst = std::sync::atomic::AtomicUsize::new(0);
     let flush = |delivered: &mut Vec<Delivery>| {

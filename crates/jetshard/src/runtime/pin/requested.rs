@@ -25,7 +25,7 @@ pub(super) struct Requested {
     recent: std::collections::VecDeque<(Instant, u32)>,
     /// The sum of `recent`'s batches, kept as they come and go: [`Self::expire`] runs at every
     /// delivery, and summing `recent` there cost ~2 instructions a request per delivery (at
-    /// 25,000 commands a second and batches of 32, ~1,300 requests within 1.67 s: issue 22).
+    /// 25,000 commands a second and batches of 32, ~1,300 requests within 1.67 s).
     recent_batches: u64,
     /// What the pulls the server may serve still ask for, from the loop's first delivery under a
     /// pin ([`Self::pinned`]) until every pull sent before it has ended (`unpinned_until`): a
@@ -34,7 +34,7 @@ pub(super) struct Requested {
     /// (`tests/tests/pin_facts.rs`, `pulls_without_the_pin_id_wait_once_another_is_pinned`).
     /// Those are not on their way, so not counted by [`Self::wants_pull`]: counted in, the loop
     /// held back until they expired (up to `expires` after a resume's pull, the first of a
-    /// pass: issue 22, stop 40). A status is taken off it whichever pull it ended (the loop
+    /// pass). A status is taken off it whichever pull it ended (the loop
     /// cannot tell the served pull's from a waiting one's: the server may pin through the
     /// oldest, sent before a pause, which expires just after the resume), so it may undercount
     /// by what the waiting pulls asked for: the loop then pulls early, never late.
@@ -163,7 +163,7 @@ mod tests {
 
     const EXPIRES: Duration = Duration::from_millis(500);
 
-    /// The warm-pass stall of issue 11: two open requests served in turn, the older expiring
+    /// The warm-pass stall : two open requests served in turn, the older expiring
     /// partly served. Counting per request (deliveries taken from the oldest, a status ending
     /// the oldest) left 5 messages counted that nobody would deliver; a few such rounds and
     /// the loop believed half a batch was on its way, and pulled only once per `expires`.
@@ -286,7 +286,7 @@ mod tests {
         );
     }
 
-    /// The cold pass's slow start (issue 22, stop 40): two pulls without the pin id open when
+    /// The cold pass's slow start: two pulls without the pin id open when
     /// the consumer is resumed (the loop's refresh and its pull at the resume); the server
     /// pins the loop through one and serves it, the other waits to its expiry. Half the served
     /// pull delivered, the loop pulls again, with the pin id; the waiting one's `408` is taken
@@ -343,7 +343,7 @@ mod tests {
         assert!(requested.wants_pull(10, EXPIRES, now));
     }
 
-    /// Seen in the bench's cold pass (stop 40): the server pinned the loop through its oldest
+    /// Seen in the bench's cold pass: the server pinned the loop through its oldest
     /// pull, sent before the pause, which expired just after the resume with 21-26 of its 256
     /// delivered; the pull sent at the resume, without the pin id, then waited to its own
     /// expiry, and the loop, taking the status for that one's, waited ~650 ms for its refresh.

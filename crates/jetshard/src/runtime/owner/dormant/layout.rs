@@ -72,7 +72,7 @@ fn measure(n: usize) -> (usize, usize, usize) {
     (heap / n, counted / n, encoded)
 }
 
-/// The target of issue 24 for a small state, at a table's fullest (10,000 states: 0.61 of
+/// The target for a small state, at a table's fullest (10,000 states: 0.61 of
 /// its slots) and emptiest (7,169 states, just after it doubled: 0.44): a dormant entity
 /// holds at most 2 x its encoded state + 100 bytes of heap, and is counted (the budget in
 /// bytes, `PartitionStatus::dormant_bytes`) at no less than what it holds.

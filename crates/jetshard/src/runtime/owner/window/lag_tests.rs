@@ -1,4 +1,4 @@
-//! The window read against a replica genuinely behind its leader (issue 22, stop 36's proof):
+//! The window read against a replica genuinely behind its leader:
 //! a 3-node cluster whose node `s2` reaches its peers only through a TCP proxy; the proxy is
 //! cut while commands are acknowledged (deleted on the leader, still on `s2`) and new ones
 //! delivered (on the leader, not on `s2`), and the window is read with the direct gets sent
