@@ -13,6 +13,13 @@
 //! their entities (each with the history the load gave it so far) as their commands come.
 //! Then the completed rate in the 10 s after the kill is held against the offered rate.
 //!
+//! With `--overload-fault leader` the streams are R3 on a 3-server cluster, and at
+//! `--overload-stall-at` s the journal stream's leader is frozen for `--overload-stall-secs` s.
+//! The clients use another server (as a client of a healthy server would), and the time the
+//! other two elect a new journal leader is taken from the stream's info; the backlog must
+//! drain within 15 s of it. The frozen server may lead more (the command stream, consumers,
+//! the meta group): what such a freeze does to a real cluster.
+//!
 //! Every 2 s it prints the commands completed in the window (events seen by a core
 //! subscription on `<t>.evt.>`) and their latency (scheduled send -> event stored), the
 //! backlog (commands offered by their schedule and not yet completed), and the command
@@ -20,20 +27,25 @@
 //! journal's size. At the end: when the backlog drained after the stall (the first window
 //! whose backlog is under a second of commands), or that it never did within the run.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
+use async_nats::jetstream::message::PublishMessage;
+use jetshard::wire::Names;
 use jetshard::{Codec, ShardConfig, ShardSystem};
-use jetshard_testkit::NatsServer;
+use jetshard_testkit::{NatsCluster, NatsServer};
 use serde::Serialize;
 use serde_json::json;
+use tokio::time::Instant;
 
 use crate::Options;
-use crate::compaction::{CompactionEntity, publish_work};
+use crate::compaction::{CompactionEntity, work};
 use crate::entity::entity_id;
 use crate::latency::{Stamps, offer};
-use crate::load::AckWindow;
+use crate::load::PUBLISH_WINDOW;
 use crate::node::{NodeArgs, NodeProcess};
 use crate::report::{Report, Row};
 use crate::stats::{Summary, now_ns};
@@ -47,7 +59,37 @@ pub enum Fault {
     Stall,
     /// The node process owning more partitions SIGKILLed; the other takes them over.
     Kill,
+    /// R3 streams on 3 servers; the journal stream's leader frozen for `--overload-stall-secs`.
+    Leader,
 }
+
+/// Where the scenario runs.
+enum Servers {
+    One(NatsServer),
+    /// A 3-server cluster; the clients use node `clients`, which did not lead the journal when
+    /// its streams were made.
+    Three {
+        cluster: NatsCluster,
+        clients: usize,
+    },
+}
+
+impl Servers {
+    /// The server the scenario's clients use.
+    fn of_clients(&self) -> &NatsServer {
+        match self {
+            Servers::One(server) => server,
+            Servers::Three { cluster, clients } => cluster.node(*clients),
+        }
+    }
+}
+
+/// After a freeze of the journal's leader, the backlog is gone within this after the new
+/// leader is elected, seconds.
+const DRAIN_AFTER_LEADER_SECS: f64 = 15.0;
+
+/// How often the journal's leader is asked for while it is frozen.
+const LEADER_POLL: Duration = Duration::from_millis(100);
 
 /// After a kill, the completed rate over this long is held against the offered rate.
 const AFTER_KILL: f64 = 10.0;
@@ -60,6 +102,12 @@ const DRAIN_WITHIN_SECS: f64 = 10.0;
 
 /// The p99 of the commands sent in the run's last 30 s, against those sent before the stall.
 const P99_WITHIN: f64 = 2.0;
+
+/// How long a command's publish waits for its acknowledgement before it is sent again.
+const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many times a command is published before the run gives up.
+const PUBLISH_ATTEMPTS: usize = 60;
 
 /// How often the run is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_secs(2);
@@ -93,17 +141,13 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         "--overload-stall-at + --overload-stall-secs must end before --overload-secs"
     );
     let rate = options.overload_rate;
-    let server = NatsServer::start().await.context("start nats-server")?;
-    let control = server.connect().await?;
-    // Publishes wait through the stall instead of failing after the default ack timeout.
-    let js = async_nats::jetstream::ContextBuilder::new()
-        .timeout(Duration::from_secs(120))
-        .ack_timeout(Duration::from_secs(120))
-        .build(control.clone());
+    let fault = options.overload_fault;
+    let replicas = if fault == Fault::Leader { 3 } else { 1 };
     let builder = ShardConfig::builder(ENTITY_TYPE)
         .partitions(options.partitions)
         .node_id("bench")
         .codec(Codec::Json)
+        .replicas(replicas)
         .snapshot_every(options.compaction_snapshot_every);
     let builder = match options.overload_compaction_interval_secs {
         0 => builder.compaction(false),
@@ -111,9 +155,40 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     };
     let config = builder.build()?;
     let names = config.names();
-    let fault = options.overload_fault;
+    let servers = match fault {
+        Fault::Stall | Fault::Kill => {
+            Servers::One(NatsServer::start().await.context("start nats-server")?)
+        }
+        Fault::Leader => {
+            let cluster = NatsCluster::start(3)
+                .await
+                .context("start a 3-server cluster")?;
+            // The streams first, so that the clients can keep off the journal's leader.
+            ShardSystem::start::<CompactionEntity>(cluster.connect().await?, config.clone())
+                .await
+                .context("make the streams")?
+                .shutdown()
+                .await
+                .context("stop the system that made the streams")?;
+            let js = async_nats::jetstream::new(cluster.connect().await?);
+            let leader = journal_leader(&js, &names)
+                .await?
+                .context("the journal has no leader")?;
+            let clients = (0..cluster.nodes().len())
+                .find(|i| cluster.node(*i).name() != Some(leader.as_str()))
+                .context("every server leads the journal")?;
+            Servers::Three { cluster, clients }
+        }
+    };
+    let server = servers.of_clients();
+    let control = server.connect().await?;
+    // Publishes are sent again after their own deadline (`Resending`), not the context's.
+    let js = async_nats::jetstream::ContextBuilder::new()
+        .timeout(Duration::from_secs(120))
+        .ack_timeout(Duration::from_secs(120))
+        .build(control.clone());
     let (system, nodes) = match fault {
-        Fault::Stall => {
+        Fault::Stall | Fault::Leader => {
             let system = ShardSystem::start::<CompactionEntity>(server.connect().await?, config)
                 .await
                 .context("start the shard system")?;
@@ -127,7 +202,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     let windows = Arc::new(Mutex::new(Vec::<Window>::new()));
     eprintln!(
         "overload: {total} commands at {rate} cmd/s over {} entities, {} partitions, compaction {}, \
-         server stalled at {} s for {} s",
+         {fault:?} at {} s for {} s",
         options.entities,
         options.partitions,
         match options.overload_compaction_interval_secs {
@@ -215,46 +290,88 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             }
         })
     };
+    // The fault; what it gives back: the nodes still running, and when (seconds since the
+    // first send) a new journal leader was elected after a freeze of the old one.
     let stall = {
         let at = Duration::from_secs(options.overload_stall_at);
         let length = Duration::from_secs(options.overload_stall_secs);
-        let server = &server;
+        let servers = &servers;
+        let js = &js;
+        let names = &names;
         let mut nodes = nodes;
         async move {
             tokio::time::sleep(at).await;
-            if fault == Fault::Kill {
-                let victim = (0..nodes.len())
-                    .max_by_key(|i| nodes[*i].owned().len())
-                    .context("no node")?;
-                let node = nodes.remove(victim);
-                eprintln!(
-                    "overload: SIGKILL node {} owning partitions {:?}",
-                    node.id(),
-                    node.owned()
-                );
-                node.kill().await?;
-                return anyhow::Ok(nodes);
-            }
-            eprintln!("overload: SIGSTOP nats-server for {} s", length.as_secs());
+            let stalled = match (fault, servers) {
+                (Fault::Kill, _) => {
+                    let victim = (0..nodes.len())
+                        .max_by_key(|i| nodes[*i].owned().len())
+                        .context("no node")?;
+                    let node = nodes.remove(victim);
+                    eprintln!(
+                        "overload: SIGKILL node {} owning partitions {:?}",
+                        node.id(),
+                        node.owned()
+                    );
+                    node.kill().await?;
+                    return anyhow::Ok((nodes, None));
+                }
+                (Fault::Leader, Servers::Three { cluster, .. }) => {
+                    let leader = journal_leader(js, names)
+                        .await?
+                        .context("the journal has no leader")?;
+                    eprintln!(
+                        "overload: SIGSTOP the journal's leader {leader} for {} s",
+                        length.as_secs()
+                    );
+                    let server = cluster
+                        .node_by_name(&leader)
+                        .context("the journal's leader is not one of the cluster's servers")?;
+                    (server, Some(leader))
+                }
+                (_, servers) => {
+                    eprintln!("overload: SIGSTOP nats-server for {} s", length.as_secs());
+                    (servers.of_clients(), None)
+                }
+            };
+            let (server, leader) = stalled;
+            let frozen_at = tokio::time::Instant::now();
             server.pause().context("SIGSTOP the server")?;
-            tokio::time::sleep(length).await;
+            let mut elected = None;
+            if let Some(leader) = leader {
+                while frozen_at.elapsed() < length {
+                    tokio::time::sleep(LEADER_POLL).await;
+                    let asked = tokio::time::timeout(LEADER_POLL * 5, journal_leader(js, names));
+                    if let Ok(Ok(Some(new))) = asked.await
+                        && new != leader
+                    {
+                        let secs = now_ns().saturating_sub(started_ns) as f64 / 1e9;
+                        eprintln!(
+                            "overload: {new} leads the journal, {:.1} s into the freeze",
+                            frozen_at.elapsed().as_secs_f64()
+                        );
+                        elected = Some(secs);
+                        break;
+                    }
+                }
+            }
+            tokio::time::sleep_until(frozen_at + length).await;
             server.resume().context("SIGCONT the server")?;
             eprintln!("overload: SIGCONT nats-server");
-            anyhow::Ok(nodes)
+            anyhow::Ok((nodes, elected))
         }
     };
     let ids: Vec<String> = (0..options.entities).map(entity_id).collect();
     let load = async {
-        let mut window = AckWindow::default();
+        let mut window = Resending::default();
         offer(rate, total, async |i, at_ns| {
-            let ack = publish_work(&js, ENTITY_TYPE, &ids, i, at_ns).await?;
-            window.push(ack).await
+            let (subject, payload) = work(ENTITY_TYPE, &ids, i, at_ns)?;
+            window.push(&js, subject, payload, i).await
         })
         .await?;
-        window.drain().await
+        window.drain(&js).await
     };
     let (stalled, loaded) = tokio::join!(stall, load);
-    let survivors = stalled?;
+    let (survivors, elected) = stalled?;
     loaded?;
     // The backlog's drain after the load, bounded: a collapsed system may never finish it.
     stamps.wait_for(total, Duration::from_secs(60)).await;
@@ -272,9 +389,12 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
+    let stall_end = (options.overload_stall_at + options.overload_stall_secs) as f64;
     let resumed = match fault {
-        Fault::Stall => (options.overload_stall_at + options.overload_stall_secs) as f64,
+        Fault::Stall => stall_end,
         Fault::Kill => options.overload_stall_at as f64,
+        // No leader elected during the freeze: the old one is back at its end.
+        Fault::Leader => elected.unwrap_or(stall_end),
     };
     let drained = drained_after(&windows, resumed, rate);
     let latency = |from_s: f64, to_s: f64| {
@@ -294,7 +414,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     // The completed rate after the fault, over this long, and the share of the offered rate
     // it must reach.
     let (span, share) = match fault {
-        Fault::Stall => (30.0, 1.0),
+        Fault::Stall | Fault::Leader => (30.0, 1.0),
         Fault::Kill => (AFTER_KILL, AFTER_KILL_SHARE),
     };
     let after: usize = windows
@@ -312,10 +432,19 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             "SIGKILL of the busier of 2 nodes at {} s",
             options.overload_stall_at
         ),
+        Fault::Leader => format!(
+            "R3, SIGSTOP of the journal's leader {} s at {} s",
+            options.overload_stall_secs, options.overload_stall_at
+        ),
     };
-    let since = match fault {
-        Fault::Stall => "the resume",
-        Fault::Kill => "the kill",
+    let since = match (fault, elected) {
+        (Fault::Stall, _) | (Fault::Leader, None) => "the resume",
+        (Fault::Kill, _) => "the kill",
+        (Fault::Leader, Some(_)) => "the new leader",
+    };
+    let drain_within = match fault {
+        Fault::Leader => DRAIN_AFTER_LEADER_SECS,
+        Fault::Stall | Fault::Kill => DRAIN_WITHIN_SECS,
     };
     let case = format!(
         "{rate} cmd/s over {} entities, {} partitions, compaction {}, {what}",
@@ -344,8 +473,8 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             "s",
         )
         .target(
-            format!("<= {DRAIN_WITHIN_SECS} s"),
-            drained.is_some_and(|secs| secs <= DRAIN_WITHIN_SECS),
+            format!("<= {drain_within} s"),
+            drained.is_some_and(|secs| secs <= drain_within),
         ),
     );
     report.rows.push(
@@ -375,7 +504,8 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         "overload".to_owned(),
         json!({
             "case": case, "received": received, "total": total,
-            "drained_after_resume_secs": drained, "before": before, "last_30s": last,
+            "drained_after_resume_secs": drained, "new_leader_secs": elected,
+            "before": before, "last_30s": last,
             "windows": windows,
         }),
     );
@@ -401,6 +531,108 @@ async fn start_nodes(server: &NatsServer, options: &Options) -> anyhow::Result<V
         nodes.push(NodeProcess::start(&args(id)).await?);
     }
     Ok(nodes)
+}
+
+/// Commands published and not yet acknowledged, in publish order, each with what it takes to
+/// publish it again: a publish forwarded to a frozen stream leader is lost with it, and a
+/// producer sends it again after its acknowledgement's timeout, under the same message id so
+/// that the command stream stores it once. On one server a frozen server answers every publish
+/// after it resumes: the first attempt is acknowledged.
+#[derive(Default)]
+struct Resending {
+    /// Each with when it is to be sent again if not acknowledged by then.
+    in_flight: VecDeque<(PublishAckFuture, Instant, Command)>,
+}
+
+/// A command as it is published.
+struct Command {
+    subject: String,
+    payload: bytes::Bytes,
+    id: String,
+}
+
+impl Command {
+    async fn publish(
+        &self,
+        js: &async_nats::jetstream::Context,
+    ) -> anyhow::Result<PublishAckFuture> {
+        let publish = PublishMessage::build()
+            .payload(self.payload.clone())
+            .message_id(self.id.as_str());
+        js.send_publish(self.subject.clone(), publish)
+            .await
+            .context("publish a command")
+    }
+}
+
+impl Resending {
+    /// Publishes the `i`-th command; waits for the oldest while more than [`PUBLISH_WINDOW`]
+    /// are in flight.
+    async fn push(
+        &mut self,
+        js: &async_nats::jetstream::Context,
+        subject: String,
+        payload: bytes::Bytes,
+        i: usize,
+    ) -> anyhow::Result<()> {
+        let command = Command {
+            subject,
+            payload,
+            id: format!("{ENTITY_TYPE}-{i}"),
+        };
+        let ack = command.publish(js).await?;
+        self.in_flight
+            .push_back((ack, Instant::now() + ACK_TIMEOUT, command));
+        while self.in_flight.len() > PUBLISH_WINDOW {
+            self.settle_oldest(js).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until every command is acknowledged.
+    async fn drain(&mut self, js: &async_nats::jetstream::Context) -> anyhow::Result<()> {
+        while !self.in_flight.is_empty() {
+            self.settle_oldest(js).await?;
+        }
+        Ok(())
+    }
+
+    async fn settle_oldest(&mut self, js: &async_nats::jetstream::Context) -> anyhow::Result<()> {
+        let Some((mut ack, mut resend_at, command)) = self.in_flight.pop_front() else {
+            return Ok(());
+        };
+        // The deadline runs from the send, not from this wait: after a leader change, the lost
+        // publishes of a whole window are found out one after another.
+        for _ in 0..PUBLISH_ATTEMPTS {
+            match tokio::time::timeout_at(resend_at, ack).await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(error)) if error.kind() != PublishErrorKind::TimedOut => {
+                    return Err(error).context("a publish was refused");
+                }
+                Ok(Err(_)) | Err(_) => {
+                    ack = command.publish(js).await?;
+                    resend_at = Instant::now() + ACK_TIMEOUT;
+                }
+            }
+        }
+        anyhow::bail!("a publish was not acknowledged in {PUBLISH_ATTEMPTS} attempts")
+    }
+}
+
+/// The server leading the journal stream, as its info names it.
+async fn journal_leader(
+    js: &async_nats::jetstream::Context,
+    names: &Names,
+) -> anyhow::Result<Option<String>> {
+    let journal = js
+        .get_stream(names.journal_stream())
+        .await
+        .context("read the journal's info")?;
+    Ok(journal
+        .cached_info()
+        .cluster
+        .as_ref()
+        .and_then(|c| c.leader.clone()))
 }
 
 /// Seconds after `resumed` until the first window whose backlog is under a second of commands

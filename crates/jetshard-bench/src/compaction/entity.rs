@@ -105,9 +105,23 @@ pub(super) fn config(
     Ok(builder.build()?)
 }
 
-/// Publishes the long runs' `i`-th command (to `entity_type`'s entity `ids[i % ids.len()]`,
-/// every tenth command of an entity arming a timer), stamped `at_ns`: the compaction and
+/// The long runs' `i`-th command (to `entity_type`'s entity `ids[i % ids.len()]`, every tenth
+/// command of an entity arming a timer), stamped `at_ns`, and its subject: the compaction and
 /// overload scenarios offer the same load.
+pub(crate) fn work(
+    entity_type: &str,
+    ids: &[String],
+    i: usize,
+    at_ns: u64,
+) -> anyhow::Result<(String, bytes::Bytes)> {
+    let entity = i % ids.len();
+    let timer = (i / ids.len()).is_multiple_of(10);
+    let command = CompactionCmd::Work { at_ns, timer };
+    let payload = Codec::Json.encode(&command).context("encode a command")?;
+    Ok((format!("{entity_type}.cmd.{}", ids[entity]), payload.into()))
+}
+
+/// Publishes [`work`]'s command.
 pub(crate) async fn publish_work(
     js: &async_nats::jetstream::Context,
     entity_type: &str,
@@ -115,11 +129,8 @@ pub(crate) async fn publish_work(
     i: usize,
     at_ns: u64,
 ) -> anyhow::Result<async_nats::jetstream::context::PublishAckFuture> {
-    let entity = i % ids.len();
-    let timer = (i / ids.len()).is_multiple_of(10);
-    let command = CompactionCmd::Work { at_ns, timer };
-    let payload = Codec::Json.encode(&command).context("encode a command")?;
-    js.publish(format!("{entity_type}.cmd.{}", ids[entity]), payload.into())
+    let (subject, payload) = work(entity_type, ids, i, at_ns)?;
+    js.publish(subject, payload)
         .await
         .context("publish a command")
 }

@@ -28,7 +28,7 @@ use serde_json::json;
 use crate::Options;
 use crate::report::{Report, Row, Worse};
 
-pub(crate) use entity::publish_work;
+pub(crate) use entity::work;
 pub use entity::{CompactionCmd, CompactionEntity};
 use long_run::{LongRun, long_run};
 use timers::timer_reads;
