@@ -495,3 +495,102 @@ async fn after_a_resume_a_new_pull_wakes_the_consumer_and_the_open_pulls_are_ser
     );
     assert!(woken.elapsed() < PULL_EXPIRES / 2, "{:?}", woken.elapsed());
 }
+
+/// What spreading an entity type's journal over several streams could lean on to spread their
+/// leaders: a stream leader step-down that names the preferred server
+/// (`$JS.API.STREAM.LEADER.STEPDOWN.<stream>` with `{"placement":{"preferred":"<server>"}}`)
+/// hands the leadership to that server. Each of three R3 streams is moved twice, one request
+/// each time, to a server not leading it: a server that ignored the preference would pick
+/// either of the two followers, and pass all six moves with odds of 1 in 64. It is a hand-over,
+/// not a placement: when that server restarts, another takes the leadership.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_down_hands_a_streams_leadership_to_the_server_it_names() {
+    use async_nats::jetstream::stream::Config;
+    use jetshard_testkit::wait_until;
+    use std::time::Duration;
+    init_tracing();
+    let cluster = jetshard_testkit::NatsCluster::start(3)
+        .await
+        .expect("cluster");
+    let client = cluster.connect().await.expect("connect");
+    let js = async_nats::jetstream::new(client.clone());
+    let leader_of = |name: String| {
+        let js = js.clone();
+        async move {
+            js.get_stream(&name)
+                .await
+                .ok()
+                .and_then(|stream| stream.cached_info().cluster.clone())
+                .and_then(|cluster| cluster.leader)
+        }
+    };
+    let servers = ["s0", "s1", "s2"];
+    for i in 0..servers.len() {
+        let name = format!("SPREAD_{i}");
+        js.create_stream(Config {
+            name: name.clone(),
+            subjects: vec![format!("spread.{i}.>")],
+            num_replicas: 3,
+            ..Default::default()
+        })
+        .await
+        .expect("stream");
+        let subject = format!("spread.{i}.x");
+        jetshard_testkit::wait_stream_writable(&js, &subject, Duration::from_secs(30))
+            .await
+            .expect("the stream takes writes");
+        for _ in 0..2 {
+            let leader = leader_of(name.clone()).await.expect("a leader");
+            let named = servers
+                .iter()
+                .find(|s| **s != leader)
+                .copied()
+                .expect("a follower");
+            let request = format!(r#"{{"placement":{{"preferred":"{named}"}}}}"#);
+            let answer = client
+                .request(
+                    format!("$JS.API.STREAM.LEADER.STEPDOWN.{name}"),
+                    request.into(),
+                )
+                .await
+                .expect("the step-down answered");
+            let answer = String::from_utf8_lossy(&answer.payload).into_owned();
+            assert!(answer.contains(r#""success":true"#), "{answer}");
+            let what = format!("{name} led by a server after {leader}");
+            wait_until(Duration::from_secs(30), &what, || {
+                let leader_now = leader_of(name.clone());
+                let leader = leader.clone();
+                async move { leader_now.await.is_some_and(|now| now != leader) }
+            })
+            .await
+            .expect("a new leader");
+            assert_eq!(
+                leader_of(name.clone()).await.as_deref(),
+                Some(named),
+                "{name}: led by the server the step-down named"
+            );
+            jetshard_testkit::wait_stream_writable(&js, &subject, Duration::from_secs(30))
+                .await
+                .expect("the stream takes writes again");
+        }
+    }
+    // A hand-over, not a placement: the server leading SPREAD_0 restarts, another leads it.
+    let leader = leader_of("SPREAD_0".to_owned()).await.expect("a leader");
+    cluster
+        .node_by_name(&leader)
+        .expect("a server of the cluster")
+        .restart()
+        .await
+        .expect("restart the leader");
+    wait_until(
+        Duration::from_secs(30),
+        "SPREAD_0 led by another server",
+        || {
+            let now = leader_of("SPREAD_0".to_owned());
+            let leader = leader.clone();
+            async move { now.await.is_some_and(|now| now != leader) }
+        },
+    )
+    .await
+    .expect("another leader");
+}

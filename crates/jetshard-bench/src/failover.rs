@@ -90,6 +90,10 @@ pub struct Sample {
     pub partition: u32,
     /// Signal -> first event of the new generation, ms.
     pub first_event_ms: f64,
+    /// How long that event's command waited because of the fault, ms: from the signal, or
+    /// from its send if it was sent after the signal (the load sends a partition a command
+    /// every 40 ms on average, so the first one after a takeover may come well after it).
+    pub command_wait_ms: Option<f64>,
     /// Signal -> the new owner's `acquired partition` line, ms (its clock, unix ms).
     pub acquired_ms: Option<f64>,
     /// The new owner's claim + replay + recovery, ms.
@@ -144,6 +148,26 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
                 .rows
                 .push(over_samples("p99", summary.p99).target(target, summary.p99 <= bound));
             report.rows.push(over_samples("max", summary.max));
+            let waits: Vec<f64> = samples.iter().filter_map(|s| s.command_wait_ms).collect();
+            let waited = Summary::of(&waits);
+            eprintln!(
+                "failover: {} at TTL {ttl_ms} ms: first command p50 {:.0} p99 {:.0} ms; its \
+                 wait from the signal or its send p50 {:.0} p99 {:.0} ms",
+                fault.name(),
+                summary.p50,
+                summary.p99,
+                waited.p50,
+                waited.p99
+            );
+            report.rows.push(
+                Row::new(
+                    "failover",
+                    case("its command's wait (from the signal or its send), p99"),
+                    waited.p99,
+                    "ms",
+                )
+                .worst_of(waited.max, waited.count),
+            );
             details.insert(
                 format!("{}_ttl_{ttl_ms}", fault.name()),
                 json!({ "summary_ms": summary, "max_rebuild_ms": rebuild_ms, "samples": samples }),
@@ -182,7 +206,18 @@ async fn write_history(client: async_nats::Client, ttl_ms: u64) -> anyhow::Resul
 }
 
 /// Per partition, when each generation's first event was seen.
-pub(crate) type FirstSeen = Arc<Mutex<HashMap<u32, HashMap<u64, Instant>>>>;
+pub(crate) type FirstSeen = Arc<Mutex<HashMap<u32, HashMap<u64, FirstEvent>>>>;
+
+/// A generation's first event seen.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FirstEvent {
+    /// When it was seen.
+    pub(crate) at: Instant,
+    /// ... in unix ns.
+    pub(crate) at_ns: u64,
+    /// When its command was sent, unix ns (as the command carries it).
+    pub(crate) sent_ns: Option<u64>,
+}
 
 /// Runs `count` trials of one fault at one pin TTL on a fresh server.
 async fn trials(ttl_ms: u64, fault: Fault, count: usize) -> anyhow::Result<Vec<Sample>> {
@@ -231,6 +266,7 @@ async fn trials(ttl_ms: u64, fault: Fault, count: usize) -> anyhow::Result<Vec<S
             }
             let signalled = Instant::now();
             let signalled_unix = unix_ms();
+            let signalled_ns = now_ns();
             match fault {
                 Fault::Kill => owner.signal(libc::SIGKILL)?,
                 Fault::Stop => owner.signal(libc::SIGSTOP)?,
@@ -250,7 +286,10 @@ async fn trials(ttl_ms: u64, fault: Fault, count: usize) -> anyhow::Result<Vec<S
                 samples.push(Sample {
                     trial,
                     partition,
-                    first_event_ms: first_event.duration_since(signalled).as_secs_f64() * 1000.0,
+                    first_event_ms: first_event.at.duration_since(signalled).as_secs_f64() * 1000.0,
+                    command_wait_ms: first_event.sent_ns.map(|sent| {
+                        first_event.at_ns.saturating_sub(sent.max(signalled_ns)) as f64 / 1e6
+                    }),
                     acquired_ms: acquired
                         .map(|a| a.at_unix_ms.saturating_sub(signalled_unix) as f64),
                     rebuild_ms: acquired.map(|a| a.elapsed_ms),
@@ -340,7 +379,14 @@ pub(crate) async fn watch_generations(
         .context("subscribe to the journal's events")?;
     Ok(tokio::spawn(async move {
         while let Some(message) = events.next().await {
-            let received = Instant::now();
+            let received = FirstEvent {
+                at: Instant::now(),
+                at_ns: now_ns(),
+                sent_ns: match Codec::default().decode(&message.payload) {
+                    Ok(BenchEvt::Stamped { at_ns } | BenchEvt::Padded { at_ns, .. }) => Some(at_ns),
+                    _ => None,
+                },
+            };
             let partition = message
                 .subject
                 .split('.')
@@ -372,8 +418,8 @@ pub(crate) fn latest_generations(seen: &FirstSeen) -> HashMap<u32, u64> {
         .collect()
 }
 
-/// Per partition with a generation newer than in `before`, when its first event was seen.
-pub(crate) fn taken_over(seen: &FirstSeen, before: &HashMap<u32, u64>) -> HashMap<u32, Instant> {
+/// Per partition with a generation newer than in `before`, its first event.
+pub(crate) fn taken_over(seen: &FirstSeen, before: &HashMap<u32, u64>) -> HashMap<u32, FirstEvent> {
     seen.lock()
         .unwrap_or_else(PoisonError::into_inner)
         .iter()
@@ -381,9 +427,9 @@ pub(crate) fn taken_over(seen: &FirstSeen, before: &HashMap<u32, u64>) -> HashMa
             let old = before.get(p).copied().unwrap_or(0);
             gens.iter()
                 .filter(|(g, _)| **g > old)
-                .map(|(_, at)| *at)
-                .min()
-                .map(|at| (*p, at))
+                .map(|(_, first)| *first)
+                .min_by_key(|first| first.at)
+                .map(|first| (*p, first))
         })
         .collect()
 }

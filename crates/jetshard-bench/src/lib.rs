@@ -17,7 +17,7 @@
 //! | `scale` | idle messages and CPU per process and per partition as the fleet grows; time to an even spread | the same figure at the smallest fleet |
 //! | `recovery` | acquisition -> first command with a long history; first-command latency; dormant memory; snapshot cost | the full replay of the partition; loaded entities; snapshots off |
 //! | `compaction` | journal messages and bytes over a long run; command p99; the acquisition's timer read after 100k timers | compaction off; 1k timers ever set |
-//! | `overload` | a SIGSTOP of the server at a sustainable rate: seconds until the backlog drains, the completed rate after the stall | the offered rate; the latency before the stall |
+//! | `overload` | a SIGSTOP of the server (or of the journal's leader on R3, or a SIGKILL of a node) at a sustainable rate: seconds until the backlog drains, the completed rate after the fault | the offered rate; the latency before the fault |
 //! | `loads` | one entity's load (latency, server CPU) with 10x more records of other entities in the journal | the same with 1x; a journal written without links |
 //!
 //! Figures are printed as a table and written as JSON; targets are reported, never asserted.
@@ -211,14 +211,14 @@ pub struct Options {
     /// Seconds the overload scenario offers its rate.
     #[arg(long, default_value_t = 150)]
     pub overload_secs: u64,
-    /// When the overload scenario freezes the server (SIGSTOP), seconds into the load.
+    /// When the overload scenario injects its fault, seconds into the load.
     #[arg(long, default_value_t = 40)]
     pub overload_stall_at: u64,
-    /// How long the overload scenario keeps the server frozen, seconds.
+    /// How long the overload scenario keeps the server (or the journal's leader) frozen, seconds.
     #[arg(long, default_value_t = 15)]
     pub overload_stall_secs: u64,
-    /// The overload scenario's fault: the server frozen, or the busier of two node processes
-    /// SIGKILLed at `--overload-stall-at`.
+    /// The overload scenario's fault at `--overload-stall-at`: the server frozen, the busier of
+    /// two node processes SIGKILLed, or the journal's leader of a 3-server cluster frozen.
     #[arg(long, value_enum, default_value_t = overload::Fault::Stall)]
     pub overload_fault: overload::Fault,
     /// Background compaction's interval in the overload scenario, seconds (0: off).

@@ -28,12 +28,15 @@
 //! whose backlog is under a second of commands), or that it never did within the run.
 
 use std::collections::VecDeque;
+use std::future::IntoFuture as _;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::publish::PublishAck;
 use jetshard::wire::Names;
 use jetshard::{Codec, ShardConfig, ShardSystem};
 use jetshard_testkit::{NatsCluster, NatsServer};
@@ -106,8 +109,11 @@ const P99_WITHIN: f64 = 2.0;
 /// How long a command's publish waits for its acknowledgement before it is sent again.
 const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a publish answered "no stream" (a leader being elected) waits to be sent again.
+const NO_STREAM_PAUSE: Duration = Duration::from_millis(100);
+
 /// How many times a command is published before the run gives up.
-const PUBLISH_ATTEMPTS: usize = 60;
+const PUBLISH_ATTEMPTS: usize = 300;
 
 /// How often the run is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_secs(2);
@@ -182,10 +188,13 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     };
     let server = servers.of_clients();
     let control = server.connect().await?;
-    // Publishes are sent again after their own deadline (`Resending`), not the context's.
+    // A publish not acknowledged within ACK_TIMEOUT is sent again (`Resending`). The context
+    // holds one of its in-flight permits (5,000) for each acknowledgement awaited, one dropped
+    // too until the ack timeout: longer than ACK_TIMEOUT, the publishes sent again after a
+    // lost leader would hold them all and block the next publish.
     let js = async_nats::jetstream::ContextBuilder::new()
         .timeout(Duration::from_secs(120))
-        .ack_timeout(Duration::from_secs(120))
+        .ack_timeout(ACK_TIMEOUT)
         .build(control.clone());
     let (system, nodes) = match fault {
         Fault::Stall | Fault::Leader => {
@@ -534,34 +543,40 @@ async fn start_nodes(server: &NatsServer, options: &Options) -> anyhow::Result<V
 }
 
 /// Commands published and not yet acknowledged, in publish order, each with what it takes to
-/// publish it again: a publish forwarded to a frozen stream leader is lost with it, and a
-/// producer sends it again after its acknowledgement's timeout, under the same message id so
-/// that the command stream stores it once. On one server a frozen server answers every publish
-/// after it resumes: the first attempt is acknowledged.
+/// publish it again: a publish forwarded to a frozen stream leader is lost with it, and one made
+/// while a leader is elected is answered "no stream"; a producer sends it again, after its
+/// acknowledgement's timeout (the client's default) or a pause, under the same message id so
+/// that the command stream stores it once. On one server a frozen
+/// server answers every publish after it resumes: the first attempt is acknowledged.
 #[derive(Default)]
 struct Resending {
-    /// Each with when it is to be sent again if not acknowledged by then.
-    in_flight: VecDeque<(PublishAckFuture, Instant, Command)>,
+    in_flight: VecDeque<InFlight>,
 }
 
-/// A command as it is published.
-struct Command {
+/// A command published and not yet acknowledged.
+struct InFlight {
+    ack: Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>,
+    /// When it is sent again if not acknowledged by then.
+    resend_at: Instant,
+    attempts: usize,
     subject: String,
     payload: bytes::Bytes,
     id: String,
 }
 
-impl Command {
-    async fn publish(
-        &self,
-        js: &async_nats::jetstream::Context,
-    ) -> anyhow::Result<PublishAckFuture> {
+impl InFlight {
+    async fn publish(&mut self, js: &async_nats::jetstream::Context) -> anyhow::Result<()> {
         let publish = PublishMessage::build()
             .payload(self.payload.clone())
             .message_id(self.id.as_str());
-        js.send_publish(self.subject.clone(), publish)
+        let ack = js
+            .send_publish(self.subject.clone(), publish)
             .await
-            .context("publish a command")
+            .context("publish a command")?;
+        self.ack = Box::pin(ack.into_future());
+        self.resend_at = Instant::now() + ACK_TIMEOUT;
+        self.attempts += 1;
+        Ok(())
     }
 }
 
@@ -575,14 +590,16 @@ impl Resending {
         payload: bytes::Bytes,
         i: usize,
     ) -> anyhow::Result<()> {
-        let command = Command {
+        let mut command = InFlight {
+            ack: Box::pin(std::future::pending()),
+            resend_at: Instant::now(),
+            attempts: 0,
             subject,
             payload,
             id: format!("{ENTITY_TYPE}-{i}"),
         };
-        let ack = command.publish(js).await?;
-        self.in_flight
-            .push_back((ack, Instant::now() + ACK_TIMEOUT, command));
+        command.publish(js).await?;
+        self.in_flight.push_back(command);
         while self.in_flight.len() > PUBLISH_WINDOW {
             self.settle_oldest(js).await?;
         }
@@ -597,25 +614,51 @@ impl Resending {
         Ok(())
     }
 
+    /// Waits for the oldest's acknowledgement; at its deadline, sends again every command
+    /// past its own (all lost with the same leader, found out at once, not one by one).
     async fn settle_oldest(&mut self, js: &async_nats::jetstream::Context) -> anyhow::Result<()> {
-        let Some((mut ack, mut resend_at, command)) = self.in_flight.pop_front() else {
-            return Ok(());
-        };
-        // The deadline runs from the send, not from this wait: after a leader change, the lost
-        // publishes of a whole window are found out one after another.
-        for _ in 0..PUBLISH_ATTEMPTS {
-            match tokio::time::timeout_at(resend_at, ack).await {
-                Ok(Ok(_)) => return Ok(()),
+        loop {
+            let Some(oldest) = self.in_flight.front_mut() else {
+                return Ok(());
+            };
+            match tokio::time::timeout_at(oldest.resend_at, &mut oldest.ack).await {
+                Ok(Ok(_)) => {
+                    self.in_flight.pop_front();
+                    return Ok(());
+                }
+                // No stream leader to take it yet (one is being elected): every command in
+                // flight is sent again, after a pause; those stored already are acknowledged
+                // as duplicates.
+                Ok(Err(error)) if error.kind() == PublishErrorKind::StreamNotFound => {
+                    tokio::time::sleep(NO_STREAM_PAUSE).await;
+                    self.send_again(js, |_| true).await?;
+                }
                 Ok(Err(error)) if error.kind() != PublishErrorKind::TimedOut => {
                     return Err(error).context("a publish was refused");
                 }
                 Ok(Err(_)) | Err(_) => {
-                    ack = command.publish(js).await?;
-                    resend_at = Instant::now() + ACK_TIMEOUT;
+                    let now = Instant::now();
+                    self.send_again(js, |command| command.resend_at <= now)
+                        .await?;
                 }
             }
         }
-        anyhow::bail!("a publish was not acknowledged in {PUBLISH_ATTEMPTS} attempts")
+    }
+
+    /// Sends again every command in flight that `due` picks.
+    async fn send_again(
+        &mut self,
+        js: &async_nats::jetstream::Context,
+        due: impl Fn(&InFlight) -> bool,
+    ) -> anyhow::Result<()> {
+        for command in self.in_flight.iter_mut().filter(|c| due(c)) {
+            anyhow::ensure!(
+                command.attempts < PUBLISH_ATTEMPTS,
+                "a publish was not acknowledged in {PUBLISH_ATTEMPTS} attempts"
+            );
+            command.publish(js).await?;
+        }
+        Ok(())
     }
 }
 

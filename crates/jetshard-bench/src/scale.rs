@@ -289,8 +289,8 @@ async fn failover_in_fleet(nodes: usize, trials: usize) -> anyhow::Result<Vec<f6
             .await?;
             let taken = failover::taken_over(&seen, &before);
             for partition in &lost {
-                if let Some(at) = taken.get(partition) {
-                    samples.push(at.duration_since(signalled).as_secs_f64() * 1000.0);
+                if let Some(first) = taken.get(partition) {
+                    samples.push(first.at.duration_since(signalled).as_secs_f64() * 1000.0);
                 }
             }
             in_hand_at_last_kill = failover::delivered(&js).await?;
