@@ -68,7 +68,7 @@ pub enum Fault {
 
 /// Where the scenario runs.
 enum Servers {
-    One(NatsServer),
+    One(Box<NatsServer>),
     /// A 3-server cluster; the clients use node `clients`, which did not lead the journal when
     /// its streams were made.
     Three {
@@ -162,9 +162,9 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     let config = builder.build()?;
     let names = config.names();
     let servers = match fault {
-        Fault::Stall | Fault::Kill => {
-            Servers::One(NatsServer::start().await.context("start nats-server")?)
-        }
+        Fault::Stall | Fault::Kill => Servers::One(Box::new(
+            NatsServer::start().await.context("start nats-server")?,
+        )),
         Fault::Leader => {
             let cluster = NatsCluster::start(3)
                 .await
@@ -203,7 +203,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
                 .context("start the shard system")?;
             (Some(system), Vec::new())
         }
-        Fault::Kill => (None, start_nodes(&server, options).await?),
+        Fault::Kill => (None, start_nodes(server, options).await?),
     };
     let stamps = Stamps::listen(&server.connect().await?, ENTITY_TYPE, Codec::Json).await?;
     let total = (rate * options.overload_secs as f64) as usize;
