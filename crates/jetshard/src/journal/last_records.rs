@@ -13,27 +13,18 @@ use std::time::Duration;
 
 use async_nats::Client;
 use async_nats::jetstream::message::StreamMessage;
-use futures::StreamExt;
 
+use super::direct::{self, Ended};
 use crate::error::Error;
-use crate::wire::{HDR_NUM_PENDING, HDR_UPTO_SEQUENCE, direct_get_subject};
 
 /// The most messages a `multi_last` direct get answers with (the server's limit).
 pub(crate) const MAX_MESSAGES: usize = 1024;
-
-/// How long one answer may take, all its messages together.
-const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How often a request whose answer is short of the watermark is sent again.
 const ATTEMPTS: usize = 3;
 
 /// The wait before the second ask (twice as long before the third).
 const RETRY_AFTER: Duration = Duration::from_millis(20);
-
-/// `204 EOB`: the answer's last message, with its headers.
-const END_OF_BATCH: u16 = 204;
-/// `404 No Results`: nothing matched.
-const NO_RESULTS: u16 = 404;
 
 /// The request's body: serialized straight from the filters (a `serde_json::Value` would copy
 /// each of them first).
@@ -103,53 +94,19 @@ async fn ask(
     stream: &str,
     body: bytes::Bytes,
 ) -> Result<Option<LastRecords>, Error> {
-    let failed = |e: &dyn std::fmt::Display| {
-        Error::jetstream(format!("read the last records of {stream}"), e.to_string())
-    };
-    let inbox = client.new_inbox();
-    let mut answers = client
-        .subscribe(inbox.clone())
+    let answer = direct::ask(client, stream, body, None)
         .await
-        .map_err(|e| failed(&e))?;
-    client
-        .publish_with_reply(direct_get_subject(stream), inbox, body)
-        .await
-        .map_err(|e| failed(&e))?;
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    let mut messages = Vec::new();
-    loop {
-        let message = match tokio::time::timeout_at(deadline, answers.next()).await {
-            Ok(Some(message)) => message,
-            Ok(None) => return Err(failed(&"the subscription ended")),
-            Err(_) => return Err(failed(&format!("no answer in {TIMEOUT:?}"))),
-        };
-        match message.status.map(|s| s.as_u16()) {
-            None => messages.push(StreamMessage::try_from(message).map_err(|e| failed(&e))?),
-            // The end of the answer.
-            Some(END_OF_BATCH) => {
-                let header = |name: &str| {
-                    message
-                        .headers
-                        .as_ref()
-                        .and_then(|h| h.get(name))
-                        .and_then(|v| v.as_str().parse::<u64>().ok())
-                };
-                let (Some(upto), pending) = (header(HDR_UPTO_SEQUENCE), header(HDR_NUM_PENDING))
-                else {
-                    return Ok(None);
-                };
-                if pending.is_some_and(|p| p > 0) {
-                    return Ok(None);
-                }
-                return Ok(Some(LastRecords { upto, messages }));
-            }
-            Some(NO_RESULTS) => return Ok(None),
-            Some(status) => {
-                let description = message.description.unwrap_or_default();
-                return Err(failed(&format!("{status} {description}")));
-            }
-        }
-    }
+        .map_err(|e| Error::jetstream(format!("read the last records of {stream}"), e))?;
+    Ok(match answer.ended {
+        Ended::Batch {
+            upto: Some(upto),
+            pending,
+        } if pending.is_none_or(|p| p == 0) => Some(LastRecords {
+            upto,
+            messages: answer.messages,
+        }),
+        Ended::Batch { .. } | Ended::NotFound => None,
+    })
 }
 
 #[cfg(test)]
@@ -298,7 +255,11 @@ mod tests {
         let answer = last_records(&client, "T", &filters(), last, &mut requests).await;
         // No responders: each entity then loads alone, through the API.
         assert!(answer.is_err(), "{answer:?}");
-        assert!(started.elapsed() < TIMEOUT, "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < direct::TIMEOUT,
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,6 +9,7 @@
 
 pub(crate) mod chain;
 pub(crate) mod compact;
+pub(crate) mod direct;
 pub(crate) mod fence;
 pub(crate) mod group_commit;
 pub(crate) mod last_records;

@@ -6,6 +6,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use async_nats::jetstream::message::StreamMessage;
+
 use super::batch::InBatch;
 use super::outcome_header::LastOutcome;
 use super::protocol::{EntityContext, Quarantine, panic_message};
@@ -34,8 +36,9 @@ pub(super) enum Revival {
 ///   last record of each of its subjects together with other entities' ([`BatchLoad`]): an
 ///   entity without history, and one whose last record is its snapshot, are loaded by it alone;
 /// - otherwise its latest snapshot (one read, or taken from the batch), then its records after
-///   the snapshot, in journal order, on the same filter (snapshots passed), by direct gets;
-///   none when its last records hold them all: each of them its command's only record, naming
+///   the snapshot, in journal order, on the same filter (snapshots passed), by direct gets
+///   (following the links its records carry, or all in one read where they lie close together:
+///   `journal/chain.rs`); none when its last records hold them all: each of them its command's only record, naming
 ///   (`Jetshard-Previous`) a sequence all the entity's records before it are at or below, down
 ///   past the snapshot (`journal::tail_is_known`; an entity with one event since its snapshot,
 ///   or in all, written by this version).
@@ -205,11 +208,13 @@ async fn read_entity<E: Entity>(
         journal::replay_known(lasts, skipped + 1, end, each).map_err(unreadable)?;
     } else {
         reads.permit(context).await;
-        // Back from its last record, link by link: its own records only, down past the
+        // Back from its last record, link by link (or in one read where they lie close
+        // together, `chain::one_read_is_cheaper`): its own records only, down past the
         // snapshot's own sequence (a record between its `upto` and it is of a command it
         // covers; the link of the entity's first record after a snapshot names the snapshot
         // when the entity was loaded from it).
         let walk = chain::Walk {
+            client: &context.client,
             journal: journal_stream,
             leader: journal_stream,
             names: &context.names,
@@ -218,8 +223,9 @@ async fn read_entity<E: Entity>(
             known: lasts,
         };
         let mut requests = 0;
-        let walked = Box::pin(chain::records_back(
+        let walked = Box::pin(records_after(
             &walk,
+            records(),
             last,
             skipped + 1,
             how,
@@ -267,6 +273,26 @@ async fn read_entity<E: Entity>(
         Some(q) => Err(Revival::Quarantined(q)),
         None => Ok(seed),
     }
+}
+
+/// The entity's records from `from` up to `last`, its last record, in journal order: in one
+/// read of its subjects (`filter`) where they lie close together and the answer proves them
+/// all, else followed back link by link; `None` when neither finds them all.
+async fn records_after(
+    walk: &chain::Walk<'_>,
+    filter: String,
+    last: &StreamMessage,
+    from: u64,
+    how: Reads,
+    requests: &mut u64,
+) -> Result<Option<Vec<StreamMessage>>, Error> {
+    if chain::one_read_is_cheaper(last, from) {
+        let found = chain::records_in_one_read(walk, &filter, last, from, requests).await;
+        if found.is_some() {
+            return Ok(found);
+        }
+    }
+    chain::records_back(walk, last, from, how, requests).await
 }
 
 /// The state a snapshot holds, or why it cannot be used.

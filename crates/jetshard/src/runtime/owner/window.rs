@@ -37,15 +37,15 @@
 use async_nats::Client;
 use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::stream::Stream;
-use futures::StreamExt;
 use std::time::Duration;
 
 use super::shared::Shared;
 use super::slot::Pending;
 use crate::entity::EntityId;
 use crate::error::Error;
+use crate::journal::direct::{self, Ended};
 use crate::runtime::pin;
-use crate::wire::{HDR_NUM_PENDING, Names, direct_get_subject};
+use crate::wire::Names;
 
 /// Concurrent readers of the leader's part of the window, each walking its own slice of it.
 const RECOVERY_READERS: u64 = 16;
@@ -57,18 +57,12 @@ const MAX_BATCH: u64 = 1024;
 const MIN_BATCH: u64 = 16;
 /// The most direct gets in a row before the rest is read from the leader.
 const MAX_ASKS: usize = 8;
-/// How long one direct get's answer may take, all its messages together.
-const TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a direct get waits for the next message of its answer. The server gives the request
 /// to a replica at random, and one may be stalled (its process stopped, or its route silent,
 /// while its peers still count it a subscriber): nothing comes, and the rest of the window is
-/// read from the leader after this silence, not after [`TIMEOUT`]. A replica that answers
+/// read from the leader after this silence, not after [`direct::TIMEOUT`]. A replica that answers
 /// sends its messages back to back.
 const SILENCE: Duration = Duration::from_secs(1);
-/// `204 EOB`: the answer's last message.
-const END_OF_BATCH: u16 = 204;
-/// `404`: no message on the filter at or past the sequence asked.
-const NOT_FOUND: u16 = 404;
 
 /// Reads, straight from the command stream, the commands the consumer has delivered but that
 /// were not acknowledged at the claim: those the previous owners held. Applying them first
@@ -234,66 +228,27 @@ async fn ask(
     batch: u64,
 ) -> Result<(Vec<StreamMessage>, bool), String> {
     let body = serde_json::json!({"seq": seq, "next_by_subj": filter, "batch": batch});
-    let inbox = client.new_inbox();
-    let mut answers = client
-        .subscribe(inbox.clone())
-        .await
-        .map_err(|e| e.to_string())?;
-    client
-        .publish_with_reply(direct_get_subject(stream), inbox, body.to_string().into())
-        .await
-        .map_err(|e| e.to_string())?;
     let asked = tokio::time::Instant::now();
-    let deadline = asked + TIMEOUT;
-    let mut messages: Vec<StreamMessage> = Vec::new();
-    // When the answer's first message came (for the debug line: how long the request waited
-    // for a replica, apart from how long its messages took).
-    let mut first_message_us = None;
-    loop {
-        let wait = deadline.min(tokio::time::Instant::now() + SILENCE);
-        let message = match tokio::time::timeout_at(wait, answers.next()).await {
-            Ok(Some(message)) => message,
-            Ok(None) => return Err("the subscription ended".to_owned()),
-            Err(_) if wait < deadline => return Err(format!("silent for {SILENCE:?}")),
-            Err(_) => return Err(format!("no whole answer in {TIMEOUT:?}")),
-        };
-        first_message_us.get_or_insert_with(|| micros(asked.elapsed()));
-        match message.status.map(|s| s.as_u16()) {
-            None => {
-                let message = StreamMessage::try_from(message).map_err(|e| e.to_string())?;
-                // In order, each past the last (a reordered answer proves nothing).
-                if messages
-                    .last()
-                    .is_some_and(|m| m.sequence >= message.sequence)
-                    || message.sequence < seq
-                {
-                    return Err("an answer out of order".to_owned());
-                }
-                messages.push(message);
-            }
-            Some(END_OF_BATCH) => {
-                let pending = message
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get(HDR_NUM_PENDING))
-                    .and_then(|v| v.as_str().parse::<u64>().ok());
-                tracing::debug!(
-                    seq,
-                    batch,
-                    messages = messages.len(),
-                    first_message_us,
-                    answer_us = micros(asked.elapsed()),
-                    "window direct get answered"
-                );
-                return Ok((messages, pending.is_some_and(|p| p > 0)));
-            }
-            Some(NOT_FOUND) => return Ok((messages, false)),
-            Some(status) => {
-                let description = message.description.unwrap_or_default();
-                return Err(format!("{status} {description}"));
-            }
-        }
+    let answer = direct::ask(client, stream, body.to_string().into(), Some(SILENCE)).await?;
+    let messages = answer.messages;
+    // In order, each past the last (a reordered answer proves nothing).
+    let ordered = messages.first().is_none_or(|m| m.sequence >= seq)
+        && messages.windows(2).all(|w| w[0].sequence < w[1].sequence);
+    if !ordered {
+        return Err("an answer out of order".to_owned());
     }
+    tracing::debug!(
+        seq,
+        batch,
+        messages = messages.len(),
+        answer_us = micros(asked.elapsed()),
+        "window direct get answered"
+    );
+    let more = match answer.ended {
+        Ended::Batch { pending, .. } => pending.is_some_and(|p| p > 0),
+        Ended::NotFound => false,
+    };
+    Ok((messages, more))
 }
 
 /// Microseconds in `elapsed`.

@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 
 use async_nats::jetstream::{self, AckKind, Context, consumer, stream};
+use futures::StreamExt;
 use jetshard_testkit::{NatsCluster, NatsServer};
 
 use super::*;
@@ -214,7 +215,11 @@ async fn without_direct_gets_the_window_is_read_from_the_leader_at_once() {
     let started = std::time::Instant::now();
     let (read, requests) = read_window(&client, &commands, window, unacked.len()).await;
     // No responders: answered at once, and the leader read it all.
-    assert!(started.elapsed() < TIMEOUT, "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < direct::TIMEOUT,
+        "{:?}",
+        started.elapsed()
+    );
     check(&read, window, &acked, &unacked);
     assert_eq!(
         read.len(),
