@@ -17,22 +17,12 @@
 //! answered as a duplicate), or a link leads to a record that is gone (a compaction purged a
 //! timer record) or is not the entity's, the walk gives up and the caller reads the tail as
 //! before ([`replay_with`](crate::journal::read::replay_with)).
-//!
-//! Where the entity's records lie close together (a few hot entities, or a tail that spans few
-//! records of others) one scan costs the server less than a read a record, and the client one
-//! round trip instead of one a record: [`records_in_one_read`] asks for them all in one direct
-//! get (`next_by_subj` on the entity's subjects, a batch), which scans the span between them.
-//! [`one_read_is_cheaper`] decides from the gap the last link spans, so a load never scans more
-//! than about a read's worth of other entities' records per record of its own, and never more
-//! than [`MAX_SCAN`] records in all: its cost still follows the entity's own records.
 
-use async_nats::Client;
 use async_nats::header::HeaderName;
 use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::stream::{DirectGetErrorKind, RawMessageErrorKind, Stream};
 
 use crate::error::Error;
-use crate::journal::direct::{self, Ended};
 use crate::journal::read::Reads;
 use crate::wire::{HDR_PREVIOUS, HDR_UNIT, Names, header_u64};
 
@@ -41,21 +31,8 @@ use crate::wire::{HDR_PREVIOUS, HDR_UNIT, Names, header_u64};
 /// round trips.
 pub(crate) const MAX_HOPS: usize = 256;
 
-/// How many records a scan passes for about the server's work of one read by sequence: a
-/// direct get's handling costs ~100 us of server CPU, a wildcard `next_by_subj` scan ~90 ns a
-/// record passed (`nats-facts.md`, "Reading one subject out of an interleaved stream").
-pub(crate) const SCAN_PER_READ: u64 = 1024;
-
-/// The most journal sequences one read scans (a few milliseconds of server CPU).
-pub(crate) const MAX_SCAN: u64 = 64 * 1024;
-
-/// The most records one read asks for.
-const MAX_BATCH: u64 = 1024;
-
 /// Where a walk reads from.
 pub(crate) struct Walk<'a> {
-    /// The client batched direct gets are sent through.
-    pub(crate) client: &'a Client,
     /// The journal, as its direct gets reach it (any replica answers).
     pub(crate) journal: &'a Stream<()>,
     /// The journal, as its API reaches it (the leader answers): the same handle, but for a
@@ -116,73 +93,6 @@ pub(crate) async fn records_back(
         at = before;
     }
     Ok(gave_up(walk, at.sequence, "too many commands back"))
-}
-
-/// Whether reading the entity's records from journal sequence `from` up to `last` (its last
-/// record) in one scan costs less than following their links: the span is short, or the
-/// entity's last command came within [`SCAN_PER_READ`] records of its one before (its records
-/// as dense as that, the scan passes about a read's worth of others' per record of its own);
-/// and never a span over [`MAX_SCAN`]. Not when the links lead past `from` at once (nothing
-/// to read but the last command's own records).
-pub(crate) fn one_read_is_cheaper(last: &StreamMessage, from: u64) -> bool {
-    let Some(span) = (last.sequence + 1).checked_sub(from).filter(|s| *s > 0) else {
-        return false;
-    };
-    if span > MAX_SCAN {
-        return false;
-    }
-    match link(last) {
-        Some((1, previous)) if previous < from => false,
-        Some((count, previous)) => {
-            span <= SCAN_PER_READ
-                || (last.sequence + 1 - count).saturating_sub(previous) <= SCAN_PER_READ
-        }
-        // No link to follow: the tail would be scanned anyway, one record a request.
-        None => true,
-    }
-}
-
-/// The entity's records from journal sequence `from` up to `last` (its last record), in
-/// journal order, in one direct get of its subjects (`filter`, `<t>.*.<p>.<id>`): `None` when
-/// the answer does not prove them all (the caller follows the links instead). Any replica may
-/// answer; one holds a prefix of the stream, so an answer that holds `last` holds every record
-/// of the entity up to it. `requests` counts the request.
-pub(crate) async fn records_in_one_read(
-    walk: &Walk<'_>,
-    filter: &str,
-    last: &StreamMessage,
-    from: u64,
-    requests: &mut u64,
-) -> Option<Vec<StreamMessage>> {
-    let end = last.sequence;
-    let batch = (end + 1 - from).min(MAX_BATCH);
-    let body = serde_json::json!({"seq": from, "next_by_subj": filter, "batch": batch});
-    *requests += 1;
-    let stream = walk.names.journal_stream();
-    let answer = match direct::ask(walk.client, stream, body.to_string().into(), None).await {
-        Ok(answer) => answer,
-        Err(why) => return gave_up(walk, from, &format!("one read failed: {why}")),
-    };
-    if answer.ended == Ended::NotFound {
-        return gave_up(walk, from, "one read found nothing");
-    }
-    let mut found = answer.messages;
-    found.retain(|m| m.sequence <= end);
-    let whole = found.last().is_some_and(|m| m.sequence == end)
-        && found.first().is_some_and(|m| m.sequence >= from)
-        && found.windows(2).all(|w| w[0].sequence < w[1].sequence);
-    if !whole {
-        return gave_up(walk, end, "one read does not reach the last record");
-    }
-    // Snapshots (of a load that could not use them) are passed, as a replay passes them.
-    found.retain(|m| !Names::is_snapshot_subject(&m.subject));
-    if !found.iter().all(|m| {
-        walk.names
-            .is_record_of(&m.subject, walk.partition, walk.entity)
-    }) {
-        return gave_up(walk, end, "one read answered another entity's record");
-    }
-    Some(found)
 }
 
 /// Says why a walk stopped at `seq` (its load reads the entity's subjects instead).
@@ -270,7 +180,6 @@ mod tests {
     /// records of entity `b` between each two of `a`'s.
     struct Journal {
         _server: Option<jetshard_testkit::NatsServer>,
-        client: Client,
         js: Context,
         stream: Stream<()>,
         names: Names,
@@ -282,7 +191,7 @@ mod tests {
                 .await
                 .expect("start nats-server");
             let client = server.connect().await.expect("connect");
-            let js = async_nats::jetstream::new(client.clone());
+            let js = async_nats::jetstream::new(client);
             let names = Names::new("t");
             js.create_stream(async_nats::jetstream::stream::Config {
                 name: names.journal_stream().to_owned(),
@@ -298,7 +207,6 @@ mod tests {
                 .expect("open the journal");
             Self {
                 _server: Some(server),
-                client,
                 js,
                 stream,
                 names,
@@ -332,7 +240,6 @@ mod tests {
 
         fn walk<'a>(&'a self, known: &'a [StreamMessage]) -> Walk<'a> {
             Walk {
-                client: &self.client,
                 journal: &self.stream,
                 leader: &self.stream,
                 names: &self.names,
@@ -398,126 +305,6 @@ mod tests {
         let seqs: Vec<u64> = found.iter().map(|m| m.sequence).collect();
         assert_eq!(seqs, own[2..]);
         assert_eq!(requests, 3);
-    }
-
-    /// The same records as the walk's, in one read: every record of `a` from `from` on (a
-    /// command's two records among them), snapshots passed, in journal order; and none when
-    /// the last record asked for is not where the answer ends.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn one_read_finds_what_the_walk_finds() {
-        let journal = Journal::new().await;
-        let a = EntityId::new("a").expect("an id");
-        let (evt, tmr, snap) = (
-            journal.names.event_subject(0, &a),
-            journal.names.timer_subject(0, &a),
-            journal.names.snapshot_subject(0, &a),
-        );
-        let mut own = Vec::new();
-        let mut previous = 0;
-        for command in 0..5 {
-            journal.others(50).await;
-            if command == 1 {
-                // A snapshot between them (a load that could not restore it reads past it).
-                journal.publish(snap.clone(), None).await;
-            }
-            if command == 2 {
-                own.push(journal.publish(evt.clone(), None).await);
-                let unit = format!("2 {previous}");
-                own.push(journal.publish(tmr.clone(), Some((HDR_UNIT, unit))).await);
-            } else {
-                let link = Some((HDR_PREVIOUS, previous.to_string()));
-                own.push(journal.publish(evt.clone(), link).await);
-            }
-            previous = *own.last().expect("a record");
-        }
-        journal.others(50).await;
-        let last = journal.stream.direct_get(previous).await.expect("the last");
-        let filter = journal.names.entity_records(0, &a);
-        let walk = journal.walk(&[]);
-        for from in [1, own[1] + 1, previous] {
-            let mut requests = 0;
-            let one = records_in_one_read(&walk, &filter, &last, from, &mut requests)
-                .await
-                .expect("one read proves the tail");
-            let walked = records_back(&walk, &last, from, Reads::Direct, &mut 0)
-                .await
-                .expect("read")
-                .expect("followed");
-            let seqs =
-                |found: &[StreamMessage]| found.iter().map(|m| m.sequence).collect::<Vec<_>>();
-            assert_eq!(seqs(&one), seqs(&walked), "from {from}");
-            assert_eq!(
-                seqs(&one),
-                own.iter()
-                    .copied()
-                    .filter(|s| *s >= from)
-                    .collect::<Vec<_>>()
-            );
-            assert_eq!(requests, 1);
-        }
-        // Asked up to a record of another entity: the answer does not end on one of `a`'s.
-        let other = journal
-            .stream
-            .direct_get(previous + 1)
-            .await
-            .expect("b's record");
-        let mut requests = 0;
-        let one = records_in_one_read(&walk, &filter, &other, 1, &mut requests).await;
-        assert!(one.is_none());
-    }
-
-    /// A record of `a` at `seq` whose command's records (`count`) follow the entity's records
-    /// at or below `previous`.
-    fn linked(seq: u64, count: u64, previous: u64) -> StreamMessage {
-        let mut headers = HeaderMap::new();
-        match count {
-            1 => headers.insert(HDR_PREVIOUS, previous.to_string()),
-            _ => headers.insert(HDR_UNIT, format!("{count} {previous}")),
-        }
-        StreamMessage {
-            subject: "t.evt.0.a".into(),
-            sequence: seq,
-            headers,
-            payload: bytes::Bytes::new(),
-            time: time::OffsetDateTime::UNIX_EPOCH,
-        }
-    }
-
-    /// One read where it passes about a read's worth of others' records per record of the
-    /// entity, or the whole span is short; never over `MAX_SCAN`, nor where the links need
-    /// no read at all.
-    #[test]
-    fn one_read_where_the_entitys_records_are_dense() {
-        let dense = SCAN_PER_READ / 2;
-        let sparse = SCAN_PER_READ * 4;
-        // Dense records over a long span.
-        assert!(one_read_is_cheaper(
-            &linked(50_000, 1, 50_000 - dense),
-            10_000
-        ));
-        // Sparse ones over a long span: the links.
-        assert!(!one_read_is_cheaper(
-            &linked(50_000, 1, 50_000 - sparse),
-            10_000
-        ));
-        // Sparse ones over a short span.
-        assert!(one_read_is_cheaper(&linked(1_000, 1, 990), 100));
-        assert!(one_read_is_cheaper(&linked(1_000, 3, 500), 100));
-        // A span over the bound, however dense.
-        assert!(!one_read_is_cheaper(
-            &linked(MAX_SCAN + 10, 1, MAX_SCAN + 9),
-            1
-        ));
-        // The last command's only record, the one before it below `from`: nothing to read.
-        assert!(!one_read_is_cheaper(&linked(500, 1, 10), 100));
-        // The last command's two records, the one before below `from`: a short span.
-        assert!(one_read_is_cheaper(&linked(500, 2, 10), 100));
-        // Nothing asked for.
-        assert!(!one_read_is_cheaper(&linked(500, 1, 10), 501));
-        // No link: the tail would be scanned anyway.
-        let mut unlinked = linked(5_000, 1, 0);
-        unlinked.headers = HeaderMap::new();
-        assert!(one_read_is_cheaper(&unlinked, 1));
     }
 
     /// A record without a link, and a link that leads to another entity's record, end the walk:
@@ -597,15 +384,13 @@ mod tests {
             .get_stream_no_info(names.journal_stream())
             .await
             .expect("open the journal");
-        let behind_client = cluster.node(2).connect().await.expect("s2");
-        let behind = async_nats::jetstream::new(behind_client.clone());
+        let behind = async_nats::jetstream::new(cluster.node(2).connect().await.expect("s2"));
         let through_behind = behind
             .get_stream_no_info(names.journal_stream())
             .await
             .expect("open the journal on s2");
         let journal = Journal {
             _server: None,
-            client: client.clone(),
             js: js.clone(),
             stream: leader.clone(),
             names: Names::new("t"),
@@ -655,7 +440,6 @@ mod tests {
             .await
             .expect("the last record");
         let walk = Walk {
-            client: &behind_client,
             journal: &through_behind,
             leader: &leader,
             names: &names,
@@ -673,19 +457,6 @@ mod tests {
         // Five records read: the two s2 lacks asked again of the leader (7 requests at least),
         // the three it holds answered by it.
         assert!(requests >= 7, "{requests} requests");
-        // One read answered by s2 alone does not reach the last record: it proves nothing.
-        let filter = names.entity_records(0, &a);
-        let one = records_in_one_read(&walk, &filter, &last, 1, &mut requests).await;
-        assert!(one.is_none(), "{:?}", one.map(|f| f.len()));
-        // Through the leader's side (a client of s0, which the proxy does not cut), it does.
-        let whole = Walk {
-            client: &client,
-            ..walk
-        };
-        let one = records_in_one_read(&whole, &filter, &last, 1, &mut requests)
-            .await
-            .expect("one read through s0 proves the tail");
-        assert_eq!(one.iter().map(|m| m.sequence).collect::<Vec<_>>(), own);
         cluster.route_proxy().expect("proxied").heal();
     }
 }

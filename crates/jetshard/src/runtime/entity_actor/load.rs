@@ -36,9 +36,8 @@ pub(super) enum Revival {
 ///   last record of each of its subjects together with other entities' ([`BatchLoad`]): an
 ///   entity without history, and one whose last record is its snapshot, are loaded by it alone;
 /// - otherwise its latest snapshot (one read, or taken from the batch), then its records after
-///   the snapshot, in journal order, on the same filter (snapshots passed), by direct gets
-///   (following the links its records carry, or all in one read where they lie close together:
-///   `journal/chain.rs`); none when its last records hold them all: each of them its command's only record, naming
+///   the snapshot, in journal order, on the same filter (snapshots passed), by direct gets;
+///   none when its last records hold them all: each of them its command's only record, naming
 ///   (`Jetshard-Previous`) a sequence all the entity's records before it are at or below, down
 ///   past the snapshot (`journal::tail_is_known`; an entity with one event since its snapshot,
 ///   or in all, written by this version).
@@ -208,31 +207,20 @@ async fn read_entity<E: Entity>(
         journal::replay_known(lasts, skipped + 1, end, each).map_err(unreadable)?;
     } else {
         reads.permit(context).await;
-        // Back from its last record, link by link (or in one read where they lie close
-        // together, `chain::one_read_is_cheaper`): its own records only, down past the
+        // Back from its last record, link by link: its own records only, down past the
         // snapshot's own sequence (a record between its `upto` and it is of a command it
         // covers; the link of the entity's first record after a snapshot names the snapshot
         // when the entity was loaded from it).
-        let walk = chain::Walk {
-            client: &context.client,
-            journal: journal_stream,
-            leader: journal_stream,
-            names: &context.names,
-            partition,
-            entity: id.as_str(),
-            known: lasts,
-        };
         let mut requests = 0;
-        let walked = Box::pin(records_after(
-            &walk,
-            records(),
+        let tail = Tail {
+            lasts,
             last,
-            skipped + 1,
+            from: skipped + 1,
             how,
-            &mut requests,
-        ))
-        .await
-        .map_err(unreadable)?;
+        };
+        let walked = Box::pin(records_after(context, id, tail, &mut requests))
+            .await
+            .map_err(unreadable)?;
         reads.single += requests;
         match walked {
             Some(found) => {
@@ -275,24 +263,42 @@ async fn read_entity<E: Entity>(
     }
 }
 
-/// The entity's records from `from` up to `last`, its last record, in journal order: in one
-/// read of its subjects (`filter`) where they lie close together and the answer proves them
-/// all, else followed back link by link; `None` when neither finds them all.
-async fn records_after(
-    walk: &chain::Walk<'_>,
-    filter: String,
-    last: &StreamMessage,
+/// Where an entity's tail is read from: its last records in hand (`lasts`, `last` the very
+/// last), down to journal sequence `from`, by direct gets as `how` says.
+struct Tail<'a> {
+    lasts: &'a [StreamMessage],
+    last: &'a StreamMessage,
     from: u64,
     how: Reads,
+}
+
+/// The entity's records from `tail.from` up to its last record, in journal order, followed
+/// back link by link (`journal/chain.rs`); `None` when the chain breaks.
+async fn records_after(
+    context: &EntityContext,
+    id: &EntityId,
+    tail: Tail<'_>,
     requests: &mut u64,
 ) -> Result<Option<Vec<StreamMessage>>, Error> {
-    if chain::one_read_is_cheaper(last, from) {
-        let found = chain::records_in_one_read(walk, &filter, last, from, requests).await;
-        if found.is_some() {
-            return Ok(found);
-        }
-    }
-    chain::records_back(walk, last, from, how, requests).await
+    let started = std::time::Instant::now();
+    let walk = chain::Walk {
+        journal: &context.journal_stream,
+        leader: &context.journal_stream,
+        names: &context.names,
+        partition: context.partition,
+        entity: id.as_str(),
+        known: tail.lasts,
+    };
+    let found = chain::records_back(&walk, tail.last, tail.from, tail.how, requests).await?;
+    tracing::debug!(
+        from = tail.from,
+        end = tail.last.sequence,
+        records = found.as_ref().map(Vec::len),
+        requests = *requests,
+        read_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        "tail read"
+    );
+    Ok(found)
 }
 
 /// The state a snapshot holds, or why it cannot be used.
