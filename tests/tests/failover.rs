@@ -70,6 +70,32 @@ async fn a_command_written_before_its_owner_crashed_is_not_applied_again() {
     assert_eq!(report.summary().events, 11, "{report}");
 }
 
+/// A takeover acknowledges the commands it recovered from the dead owner's deliveries once it
+/// has applied them (or found them applied), on ack subjects built from their stream sequences:
+/// the consumer is rid of them at once, not one ack wait later, when the server would deliver
+/// them again (and, at `max_ack_pending`, deliver nothing else until then). `a` dies after the
+/// durable write of command 5, holding it and whatever came after it; the ack wait is 20 s,
+/// and the command stream must drain within 10 s of the takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_acknowledges_the_dead_owners_deliveries_without_waiting_for_them() {
+    init_tracing();
+    let mut s = Scenario::single(1).await.ack_wait(Duration::from_secs(20));
+    let a = s.node_with("a", &[("LEDGER_ABORT_ON_APPLY", "5")]).await;
+    s.send("warmup", Op::Push(100)).await;
+    s.wait_owns_all(&a).await;
+    let b = s.node("b").await;
+    for n in 0..10 {
+        s.send("x", Op::Push(n)).await;
+    }
+    wait_until(Duration::from_secs(30), "b took over", || async {
+        b.owned() == vec![0]
+    })
+    .await
+    .unwrap();
+    let report = s.check_within(Duration::from_secs(10)).await;
+    assert_eq!(report.summary().events, 11, "{report}");
+}
+
 /// A previous owner dead-lettered command `S` and died before terminating it: the next owner
 /// loads the entity from its dead letters as well as its events, so `S`, recovered from the
 /// stream, is a duplicate and is never applied.

@@ -594,3 +594,116 @@ async fn a_step_down_hands_a_streams_leadership_to_the_server_it_names() {
     .await
     .expect("another leader");
 }
+
+/// What a takeover leans on to free the consumer of the previous owner's deliveries
+/// (`runtime/owner/outcome.rs`): an explicit acknowledgement is looked up by its stream
+/// sequence alone. A client other than the one the messages were delivered to acknowledges
+/// one of them on an ack subject it builds from that sequence, with a wrong delivery sequence
+/// (`$JS.ACK.<stream>.<consumer>.1.<seq>.<seq>.0.0`, as jetshard builds it): the server answers,
+/// the consumer's count of deliveries awaiting acknowledgement drops, a work queue removes the
+/// message, and the room it frees under `max_ack_pending` is used by the next pull at once. The
+/// same for a sequence not delivered yet changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_built_from_the_stream_sequence_acknowledges_another_clients_delivery() {
+    use async_nats::jetstream::consumer::{AckPolicy, pull};
+    use async_nats::jetstream::stream::{Config, RetentionPolicy};
+    use futures::StreamExt;
+    use jetshard_testkit::wait_until;
+    use std::time::Duration;
+    init_tracing();
+    const PATIENCE: Duration = Duration::from_secs(10);
+    let server = jetshard_testkit::NatsServer::start()
+        .await
+        .expect("nats-server");
+    let owner = async_nats::jetstream::new(server.connect().await.expect("connect"));
+    let other = server.connect().await.expect("connect another client");
+    let stream = owner
+        .create_stream(Config {
+            name: "FACTQ".into(),
+            subjects: vec!["q.>".into()],
+            retention: RetentionPolicy::WorkQueue,
+            ..Default::default()
+        })
+        .await
+        .expect("stream");
+    // One message off the consumer's filter first: stream and delivery sequences differ.
+    for subject in ["q.b", "q.a", "q.a", "q.a", "q.a", "q.a"] {
+        owner
+            .publish(subject, "x".into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+    }
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some("c".into()),
+            filter_subject: "q.a".into(),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(60),
+            max_ack_pending: 3,
+            ..Default::default()
+        })
+        .await
+        .expect("consumer");
+    let delivered: Vec<u64> = consumer
+        .fetch()
+        .max_messages(3)
+        .messages()
+        .await
+        .expect("fetch")
+        .map(|m| m.expect("a message").info().expect("info").stream_sequence)
+        .collect()
+        .await;
+    assert_eq!(delivered, vec![2, 3, 4]);
+    let mut consumer = consumer;
+    let awaiting = consumer.info().await.expect("info").num_ack_pending;
+    assert_eq!(awaiting, 3);
+    // Full: a pull gets nothing more.
+    let more = consumer
+        .fetch()
+        .max_messages(1)
+        .expires(Duration::from_millis(300))
+        .messages()
+        .await
+        .expect("fetch")
+        .count()
+        .await;
+    assert_eq!(more, 0, "max_ack_pending reached");
+    // A sequence not delivered yet (6): the server does not answer, and nothing changes (seen
+    // below, once the next acknowledgement, handled after it, is answered).
+    other
+        .publish("$JS.ACK.FACTQ.c.1.6.6.0.0", "+ACK".into())
+        .await
+        .expect("publish");
+    // The delivery of sequence 3 (its delivery sequence is 2), acknowledged by the other client.
+    other
+        .request("$JS.ACK.FACTQ.c.1.3.3.0.0", "+ACK".into())
+        .await
+        .expect("the server answers the acknowledgement");
+    wait_until(PATIENCE, "the acknowledgement counted", || {
+        let mut consumer = consumer.clone();
+        async move { consumer.info().await.is_ok_and(|i| i.num_ack_pending == 2) }
+    })
+    .await
+    .expect("one delivery fewer awaiting acknowledgement");
+    assert!(
+        stream.get_raw_message(3).await.is_err(),
+        "the work queue removed the acknowledged message"
+    );
+    assert!(
+        stream.get_raw_message(6).await.is_ok(),
+        "an acknowledgement of a sequence not delivered removed it"
+    );
+    let next: Vec<u64> = consumer
+        .fetch()
+        .max_messages(1)
+        .expires(Duration::from_secs(2))
+        .messages()
+        .await
+        .expect("fetch")
+        .map(|m| m.expect("a message").info().expect("info").stream_sequence)
+        .collect()
+        .await;
+    assert_eq!(next, vec![5], "the freed room serves the next pull");
+}

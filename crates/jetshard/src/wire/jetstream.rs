@@ -5,6 +5,15 @@
 /// The prefix of a JetStream ack reply subject (`$JS.ACK.…`, ADR-15).
 pub(crate) const ACK_PREFIX: &str = "$JS.ACK.";
 
+/// An ack subject for the delivery of stream sequence `seq` by `consumer` of `stream`, in the
+/// classic layout (ADR-15: `<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>` after the
+/// prefix), whoever it was delivered to. The server reads only the stream sequence of an
+/// explicit acknowledgement (the delivery it acknowledges is looked up by it), so the other
+/// numbers are placeholders (`tests/tests/nats_facts.rs`).
+pub(crate) fn ack_subject(stream: &str, consumer: &str, seq: u64) -> String {
+    format!("{ACK_PREFIX}{stream}.{consumer}.1.{seq}.{seq}.0.0")
+}
+
 /// The subject a pull request for `consumer` of `stream` is sent to.
 pub(crate) fn pull_request_subject(stream: &str, consumer: &str) -> String {
     format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}")

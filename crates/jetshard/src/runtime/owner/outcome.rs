@@ -14,6 +14,7 @@ use crate::data::CommandOutcome;
 use crate::entity::{Entity, EntityId};
 use crate::reply::Detail;
 use crate::runtime::entity_actor::Outcome;
+use crate::wire::ack_subject;
 
 impl<E: Entity> OwnerState<E> {
     pub(super) async fn on_outcome(
@@ -156,28 +157,36 @@ impl<E: Entity> OwnerState<E> {
                     else {
                         continue;
                     };
-                    if let Some(reply) = reply {
-                        tracing::trace!(target: crate::telemetry::STAGE_TARGET, seq, "acking");
-                        let kind = if terminate {
-                            AckKind::Term
-                        } else {
-                            AckKind::Ack
-                        };
-                        if o.isolation.is_some() {
-                            // The next command runs only once this one is surely off the
-                            // consumer's books: the next claim must find the one running first.
-                            let timeout = self.shared.config.write_timeout;
-                            Box::pin(acknowledge_confirmed(
-                                &self.shared.client,
-                                partition,
-                                reply,
-                                kind,
-                                timeout,
-                            ))
-                            .await;
-                        } else {
-                            acknowledge(&self.shared.client, partition, reply, kind).await;
-                        }
+                    // A command recovered from the stream (its delivery was the previous
+                    // owner's, or went back to the server) is acknowledged by its stream
+                    // sequence, all the server reads of an explicit acknowledgement: its
+                    // place under the consumer's `max_ack_pending` is free at once, not one
+                    // ack wait later when it comes back to be found done.
+                    let reply = reply.unwrap_or_else(|| {
+                        let names = &self.shared.names;
+                        let consumer = names.consumer(partition);
+                        ack_subject(&names.command_stream, &consumer, seq).into()
+                    });
+                    tracing::trace!(target: crate::telemetry::STAGE_TARGET, seq, "acking");
+                    let kind = if terminate {
+                        AckKind::Term
+                    } else {
+                        AckKind::Ack
+                    };
+                    if o.isolation.is_some() {
+                        // The next command runs only once this one is surely off the
+                        // consumer's books: the next claim must find the one running first.
+                        let timeout = self.shared.config.write_timeout;
+                        Box::pin(acknowledge_confirmed(
+                            &self.shared.client,
+                            partition,
+                            reply,
+                            kind,
+                            timeout,
+                        ))
+                        .await;
+                    } else {
+                        acknowledge(&self.shared.client, partition, reply, kind).await;
                     }
                     if let Some(to) = respond_to {
                         let trace = trace.map(|t| t.span);

@@ -83,7 +83,8 @@ pub(super) struct Pending {
     pub(super) seq: u64,
     pub(super) payload: Bytes,
     /// The delivery to acknowledge; `None` for a command recovered from the stream on
-    /// acquisition (its delivery belongs to the previous owner) or after a nak.
+    /// acquisition (its delivery belongs to the previous owner) or after a nak: once done, such
+    /// a command is acknowledged on a subject built from its stream sequence (`wire::ack_subject`).
     pub(super) reply: Option<Subject>,
     /// Deliveries so far, takeovers included.
     pub(super) deliveries: u64,
