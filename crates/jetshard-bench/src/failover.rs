@@ -118,7 +118,8 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
                 options.failover_trials,
                 fault.name()
             );
-            let samples = trials(ttl_ms, fault, options.failover_trials).await?;
+            let pause = Duration::from_millis(options.failover_pause_ms);
+            let samples = trials(ttl_ms, fault, options.failover_trials, pause).await?;
             let first_event: Vec<f64> = samples.iter().map(|s| s.first_event_ms).collect();
             let summary = Summary::of(&first_event);
             let rebuild_ms = samples
@@ -220,7 +221,12 @@ pub(crate) struct FirstEvent {
 }
 
 /// Runs `count` trials of one fault at one pin TTL on a fresh server.
-async fn trials(ttl_ms: u64, fault: Fault, count: usize) -> anyhow::Result<Vec<Sample>> {
+async fn trials(
+    ttl_ms: u64,
+    fault: Fault,
+    count: usize,
+    pause: Duration,
+) -> anyhow::Result<Vec<Sample>> {
     let server = NatsServer::start().await.context("start nats-server")?;
     write_history(server.connect().await?, ttl_ms).await?;
     let node_args = |id: usize| NodeArgs {
@@ -254,12 +260,16 @@ async fn trials(ttl_ms: u64, fault: Fault, count: usize) -> anyhow::Result<Vec<S
     let mut in_hand_at_last_kill: Vec<u64> = Vec::new();
     let result = async {
         for trial in 0..count {
-            // The commands the last takeover found in hand stay unacknowledged until their
-            // redelivery (one ack wait): a crash before that finds them in hand at a second
-            // takeover in a row, and the owner after it isolates (owner/isolate.rs), which is
-            // not what this measures. Wait until each consumer's ack floor has passed what was
-            // delivered when the last takeover was complete.
+            // The commands the last takeover found in hand are acknowledged once it has
+            // applied them: a crash before that finds them in hand at a second takeover in a
+            // row, and the owner after it isolates (owner/isolate.rs), which is not what this
+            // measures. Wait until each consumer's ack floor has passed what was delivered when
+            // the last takeover was complete.
             wait_recovered_acknowledged(&js, &in_hand_at_last_kill).await?;
+            if trial > 0 {
+                // The spacing asked for (`--failover-pause-ms`), itself what is compared.
+                tokio::time::sleep(pause).await;
+            }
             let before = latest_generations(&seen);
             if before.len() < PARTITIONS as usize {
                 bail!("trial {trial}: not every partition has written an event yet");

@@ -282,6 +282,12 @@ pub struct Options {
     /// Failover trials per pin TTL and signal.
     #[arg(long, default_value_t = 20)]
     pub failover_trials: usize,
+    /// A pause before each failover trial, milliseconds, once the commands the last takeover
+    /// recovered are acknowledged. Takeovers that follow each other within a second or two
+    /// are faster than one after a quiet spell, which is what a real failover meets
+    /// (docs/PERFORMANCE.md, "failover"): the default spaces trials 10 s.
+    #[arg(long, default_value_t = 10_000)]
+    pub failover_pause_ms: u64,
     /// Run the rolling deploy (part of `failover`) with the bench entity opted out of
     /// snapshots (`UnsnapshottedBenchEntity`; the default runs it as jetshard's defaults leave
     /// it, snapshots on): each move of a partition then loads every entity from its whole
