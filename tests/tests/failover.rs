@@ -44,40 +44,15 @@ async fn a_killed_owner_is_replaced_and_nothing_acknowledged_is_lost() {
     }
 }
 
+/// `a` dies in the gap between the durable write of `Appended { n: 5 }` and the ack, holding
+/// command 5 and whatever came after it. `b` takes over and recovers them from the stream: it
+/// finds command 5 applied and does not apply it again, and acknowledges each recovered command
+/// once done, on an ack subject built from its stream sequence, so the consumer is rid of them
+/// at once, not one ack wait later when the server would deliver them again (and, at
+/// `max_ack_pending`, deliver nothing else until then): with a 20-s ack wait, the command
+/// stream drains within 10 s of the takeover.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_command_written_before_its_owner_crashed_is_not_applied_again() {
-    init_tracing();
-    let mut s = Scenario::single(1).await;
-
-    // `a` dies in the gap between the durable write of `Appended { n: 5 }` and the ack.
-    let a = s.node_with("a", &[("LEDGER_ABORT_ON_APPLY", "5")]).await;
-    s.send("warmup", Op::Push(100)).await;
-    s.wait_owns_all(&a).await;
-    let b = s.node("b").await;
-
-    for n in 0..10 {
-        s.send("x", Op::Push(n)).await;
-    }
-    wait_until(Duration::from_secs(30), "b took over", || async {
-        b.owned() == vec![0]
-    })
-    .await
-    .unwrap();
-    // Push is not idempotent: a second application of command 5 would leave a second 5. The
-    // check waits until the command stream is empty, so the redelivery of command 5 has come
-    // and gone: nothing can arrive after it.
-    let report = s.check().await;
-    assert_eq!(report.summary().events, 11, "{report}");
-}
-
-/// A takeover acknowledges the commands it recovered from the dead owner's deliveries once it
-/// has applied them (or found them applied), on ack subjects built from their stream sequences:
-/// the consumer is rid of them at once, not one ack wait later, when the server would deliver
-/// them again (and, at `max_ack_pending`, deliver nothing else until then). `a` dies after the
-/// durable write of command 5, holding it and whatever came after it; the ack wait is 20 s,
-/// and the command stream must drain within 10 s of the takeover.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_takeover_acknowledges_the_dead_owners_deliveries_without_waiting_for_them() {
+async fn a_command_written_before_its_owner_crashed_is_not_applied_again_nor_waited_for() {
     init_tracing();
     let mut s = Scenario::single(1).await.ack_wait(Duration::from_secs(20));
     let a = s.node_with("a", &[("LEDGER_ABORT_ON_APPLY", "5")]).await;
@@ -92,6 +67,8 @@ async fn a_takeover_acknowledges_the_dead_owners_deliveries_without_waiting_for_
     })
     .await
     .unwrap();
+    // Push is not idempotent: a second application of command 5 would leave a second 5. The
+    // check waits until the command stream is empty: nothing can arrive after that.
     let report = s.check_within(Duration::from_secs(10)).await;
     assert_eq!(report.summary().events, 11, "{report}");
 }

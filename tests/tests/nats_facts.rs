@@ -646,30 +646,29 @@ async fn an_ack_built_from_the_stream_sequence_acknowledges_another_clients_deli
         })
         .await
         .expect("consumer");
-    let delivered: Vec<u64> = consumer
-        .fetch()
-        .max_messages(3)
-        .messages()
-        .await
-        .expect("fetch")
-        .map(|m| m.expect("a message").info().expect("info").stream_sequence)
-        .collect()
-        .await;
-    assert_eq!(delivered, vec![2, 3, 4]);
-    let mut consumer = consumer;
+    // The stream sequences of the messages one pull of `count` brings within `expires`.
+    let pull = |count: usize, expires: Duration| {
+        let consumer = consumer.clone();
+        async move {
+            consumer
+                .fetch()
+                .max_messages(count)
+                .expires(expires)
+                .messages()
+                .await
+                .expect("fetch")
+                .map(|m| m.expect("a message").info().expect("info").stream_sequence)
+                .collect::<Vec<u64>>()
+                .await
+        }
+    };
+    assert_eq!(pull(3, Duration::from_secs(2)).await, vec![2, 3, 4]);
+    let mut consumer = consumer.clone();
     let awaiting = consumer.info().await.expect("info").num_ack_pending;
     assert_eq!(awaiting, 3);
     // Full: a pull gets nothing more.
-    let more = consumer
-        .fetch()
-        .max_messages(1)
-        .expires(Duration::from_millis(300))
-        .messages()
-        .await
-        .expect("fetch")
-        .count()
-        .await;
-    assert_eq!(more, 0, "max_ack_pending reached");
+    let more = pull(1, Duration::from_millis(300)).await;
+    assert_eq!(more, Vec::<u64>::new(), "max_ack_pending reached");
     // A sequence not delivered yet (6): the server does not answer, and nothing changes (seen
     // below, once the next acknowledgement, handled after it, is answered).
     other
@@ -695,15 +694,6 @@ async fn an_ack_built_from_the_stream_sequence_acknowledges_another_clients_deli
         stream.get_raw_message(6).await.is_ok(),
         "an acknowledgement of a sequence not delivered removed it"
     );
-    let next: Vec<u64> = consumer
-        .fetch()
-        .max_messages(1)
-        .expires(Duration::from_secs(2))
-        .messages()
-        .await
-        .expect("fetch")
-        .map(|m| m.expect("a message").info().expect("info").stream_sequence)
-        .collect()
-        .await;
+    let next = pull(1, Duration::from_secs(2)).await;
     assert_eq!(next, vec![5], "the freed room serves the next pull");
 }
