@@ -605,27 +605,54 @@ async fn a_step_down_hands_a_streams_leadership_to_the_server_it_names() {
 /// same for a sequence not delivered yet changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_built_from_the_stream_sequence_acknowledges_another_clients_delivery() {
+    init_tracing();
+    let server = jetshard_testkit::NatsServer::start()
+        .await
+        .expect("nats-server");
+    let owner = server.connect().await.expect("connect");
+    let other = server.connect().await.expect("connect another client");
+    ack_by_stream_sequence(owner, other, 1).await;
+}
+
+/// The same on a 3-server cluster, R3 stream and consumer, the two clients on different
+/// servers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_built_from_the_stream_sequence_acknowledges_another_clients_delivery_on_r3() {
+    init_tracing();
+    let cluster = jetshard_testkit::NatsCluster::start(3)
+        .await
+        .expect("cluster");
+    let owner = cluster.node(0).connect().await.expect("connect to s0");
+    let other = cluster.node(1).connect().await.expect("connect to s1");
+    ack_by_stream_sequence(owner, other, 3).await;
+}
+
+/// The fact above, on streams of `replicas`: `owner` pulls, `other` acknowledges.
+async fn ack_by_stream_sequence(
+    owner: async_nats::Client,
+    other: async_nats::Client,
+    replicas: usize,
+) {
     use async_nats::jetstream::consumer::{AckPolicy, pull};
     use async_nats::jetstream::stream::{Config, RetentionPolicy};
     use futures::StreamExt;
     use jetshard_testkit::wait_until;
     use std::time::Duration;
-    init_tracing();
-    const PATIENCE: Duration = Duration::from_secs(10);
-    let server = jetshard_testkit::NatsServer::start()
-        .await
-        .expect("nats-server");
-    let owner = async_nats::jetstream::new(server.connect().await.expect("connect"));
-    let other = server.connect().await.expect("connect another client");
+    const PATIENCE: Duration = Duration::from_secs(15);
+    let owner = async_nats::jetstream::new(owner);
     let stream = owner
         .create_stream(Config {
             name: "FACTQ".into(),
             subjects: vec!["q.>".into()],
             retention: RetentionPolicy::WorkQueue,
+            num_replicas: replicas,
             ..Default::default()
         })
         .await
         .expect("stream");
+    jetshard_testkit::wait_stream_writable(&owner, "q.c", PATIENCE)
+        .await
+        .expect("the stream answers");
     // One message off the consumer's filter first: stream and delivery sequences differ.
     for subject in ["q.b", "q.a", "q.a", "q.a", "q.a", "q.a"] {
         owner
@@ -642,6 +669,7 @@ async fn an_ack_built_from_the_stream_sequence_acknowledges_another_clients_deli
             ack_policy: AckPolicy::Explicit,
             ack_wait: Duration::from_secs(60),
             max_ack_pending: 3,
+            num_replicas: replicas,
             ..Default::default()
         })
         .await
@@ -686,10 +714,11 @@ async fn an_ack_built_from_the_stream_sequence_acknowledges_another_clients_deli
     })
     .await
     .expect("one delivery fewer awaiting acknowledgement");
-    assert!(
-        stream.get_raw_message(3).await.is_err(),
-        "the work queue removed the acknowledged message"
-    );
+    wait_until(PATIENCE, "the work queue to remove the message", || async {
+        stream.get_raw_message(3).await.is_err()
+    })
+    .await
+    .expect("the acknowledged message removed");
     assert!(
         stream.get_raw_message(6).await.is_ok(),
         "an acknowledgement of a sequence not delivered removed it"

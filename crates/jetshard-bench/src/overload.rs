@@ -24,8 +24,9 @@
 //! subscription on `<t>.evt.>`) and their latency (scheduled send -> event stored), the
 //! backlog (commands offered by their schedule and not yet completed), and the command
 //! consumers' state summed over the partitions (pending, in hand, redelivered) beside the
-//! journal's size. At the end: when the backlog drained after the stall (the first window
-//! whose backlog is under a second of commands), or that it never did within the run.
+//! journal's size. At the end: when the backlog drained after the fault (the first window
+//! from which every backlog is under a second of commands), or that it never did within the
+//! run.
 
 use std::collections::VecDeque;
 use std::future::IntoFuture as _;
@@ -678,13 +679,16 @@ async fn journal_leader(
         .and_then(|c| c.leader.clone()))
 }
 
-/// Seconds after `resumed` until the first window whose backlog is under a second of commands
-/// at `rate`; `None` if none is.
+/// Seconds after `resumed` until the backlog is under a second of commands at `rate` for good:
+/// the first window after `resumed` from which every later one's is (a backlog that builds only
+/// after the fault, as after a kill, counts); `None` if the run ends with more.
 fn drained_after(windows: &[Window], resumed: f64, rate: f64) -> Option<f64> {
-    windows
+    let after: Vec<&Window> = windows.iter().filter(|w| w.secs > resumed).collect();
+    let from = after
         .iter()
-        .find(|w| w.secs > resumed && (w.backlog as f64) < rate)
-        .map(|w| w.secs - resumed)
+        .rposition(|w| (w.backlog as f64) >= rate)
+        .map_or(0, |last_over| last_over + 1);
+    after.get(from).map(|w| w.secs - resumed)
 }
 
 #[cfg(test)]
@@ -706,7 +710,7 @@ mod tests {
     }
 
     #[test]
-    fn the_backlog_drains_at_the_first_window_under_a_second_of_commands_after_the_resume() {
+    fn the_backlog_drains_at_the_window_from_which_it_stays_under_a_second_of_commands() {
         let windows = [
             window(10.0, 50),
             window(20.0, 9_000),
@@ -718,5 +722,16 @@ mod tests {
         assert_eq!(drained_after(&windows, 25.0, 1_000.0), Some(25.0));
         assert_eq!(drained_after(&windows, 55.0, 1_000.0), None);
         assert_eq!(drained_after(&windows[..4], 25.0, 1_000.0), None);
+        // A backlog that builds only after the fault (a kill): drained once it is gone.
+        let windows = [
+            window(10.0, 50),
+            window(26.0, 200),
+            window(30.0, 5_000),
+            window(40.0, 300),
+            window(50.0, 100),
+        ];
+        assert_eq!(drained_after(&windows, 25.0, 1_000.0), Some(15.0));
+        // Never over: the first window after the fault.
+        assert_eq!(drained_after(&windows[..2], 25.0, 1_000.0), Some(1.0));
     }
 }
