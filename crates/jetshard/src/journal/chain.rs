@@ -17,6 +17,13 @@
 //! answered as a duplicate), or a link leads to a record that is gone (a compaction purged a
 //! timer record) or is not the entity's, the walk gives up and the caller reads the tail as
 //! before ([`replay_with`](crate::journal::read::replay_with)).
+//!
+//! A link leads one record back, so a walk of `n` commands would wait for `n` answers one
+//! after another. Each linked record also says where the entity's commands before its link
+//! ended ([`HDR_EARLIER`], kept by its actor as a [`Lineage`]): the walk asks for all of those
+//! records at once, then for the other records of their commands at once, and follows the
+//! links through what it holds. The hint saves round trips, never a check: a record read
+//! ahead counts only where a link the walk follows leads to it.
 
 use async_nats::header::HeaderName;
 use async_nats::jetstream::message::StreamMessage;
@@ -24,12 +31,124 @@ use async_nats::jetstream::stream::{DirectGetErrorKind, RawMessageErrorKind, Str
 
 use crate::error::Error;
 use crate::journal::read::Reads;
-use crate::wire::{HDR_PREVIOUS, HDR_UNIT, Names, header_u64};
+use crate::wire::{HDR_EARLIER, HDR_PREVIOUS, HDR_UNIT, Names, header_u64};
 
 /// The most commands a walk follows back before it leaves the tail to a scan: a tail that
 /// long (an entity type without snapshots) is read faster in one consumer than by as many
 /// round trips.
 pub(crate) const MAX_HOPS: usize = 256;
+
+/// The most earlier commands a record names ([`HDR_EARLIER`]): a walk asks for up to this
+/// many of the entity's commands at once (two rounds: their last records, then the rest of
+/// theirs). A tail of more commands takes two rounds per this many, read from the oldest
+/// record named, whose own header names the ones before it. At 15, the header is about 100
+/// bytes in a journal where an entity's records lie ~10^5 sequences apart.
+pub(crate) const EARLIER: usize = 15;
+
+/// Where an entity's records are, as its actor knows them (the entity's only writer): its last
+/// record's journal sequence (what its next record's link names) and the last records of the
+/// entity's commands before it, newest first, back to its snapshot and at most [`EARLIER`] of
+/// them (what its next record's [`HDR_EARLIER`] says).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Lineage {
+    last: u64,
+    earlier: Vec<u64>,
+}
+
+impl Lineage {
+    /// An entity whose last record is at `last` (0: it has none), nothing known before it.
+    pub(crate) fn at(last: u64) -> Self {
+        Self {
+            last,
+            earlier: Vec::new(),
+        }
+    }
+
+    /// As the entity's last record `message` tells it, the records below `from` left out (a
+    /// snapshot covers them).
+    pub(crate) fn of_last(message: &StreamMessage, from: u64) -> Self {
+        let mut lineage = Self::at(message.sequence);
+        if let Some((_, previous)) = link(message) {
+            lineage.earlier = std::iter::once(previous)
+                .chain(earlier(message, previous))
+                .take_while(|seq| *seq >= from && *seq > 0)
+                .take(EARLIER)
+                .collect();
+        }
+        lineage
+    }
+
+    /// Its last record's sequence: what the next record's link names.
+    pub(crate) fn last(&self) -> u64 {
+        self.last
+    }
+
+    /// The entity's next command's last record is at `seq`.
+    pub(crate) fn followed_by(&mut self, seq: u64) {
+        if self.last > 0 {
+            self.earlier.insert(0, self.last);
+            self.earlier.truncate(EARLIER);
+        }
+        self.last = seq;
+    }
+
+    /// A snapshot covers the entity's records up to `upto`: no load reads them again.
+    pub(crate) fn covered(&mut self, upto: u64) {
+        self.earlier.retain(|seq| *seq > upto);
+    }
+
+    /// The earlier commands' last records, newest first.
+    pub(crate) fn earlier(&self) -> &[u64] {
+        &self.earlier
+    }
+
+    /// An entity whose last record is at `last` with `earlier` before it (as [`Self::earlier`]
+    /// returned them), as kept apart from its actor.
+    pub(crate) fn from_parts(last: u64, earlier: Vec<u64>) -> Self {
+        Self { last, earlier }
+    }
+
+    /// The value of the next record's [`HDR_EARLIER`]: the gaps down from [`Self::last`];
+    /// `None` when nothing is known before it.
+    pub(crate) fn earlier_header(&self) -> Option<String> {
+        use std::fmt::Write;
+        let mut value = String::new();
+        let mut above = self.last;
+        for seq in &self.earlier {
+            let gap = above.checked_sub(*seq).filter(|gap| *gap > 0)?;
+            if !value.is_empty() {
+                value.push(' ');
+            }
+            let _ = write!(value, "{gap}");
+            above = *seq;
+        }
+        (!value.is_empty()).then_some(value)
+    }
+}
+
+/// The sequences `message`'s [`HDR_EARLIER`] names, newest first, down from its link's
+/// `previous`; as far as they read as sequences going down.
+fn earlier(message: &StreamMessage, previous: u64) -> impl Iterator<Item = u64> + '_ {
+    let gaps = message
+        .headers
+        .get(EARLIER_HEADER)
+        .map(|v| v.as_str())
+        .unwrap_or("");
+    gaps.split(' ')
+        .map_while(|gap| gap.parse::<u64>().ok().filter(|gap| *gap > 0))
+        .scan(previous, |above, gap| {
+            *above = above.checked_sub(gap)?;
+            Some(*above)
+        })
+}
+
+/// What a walk asked of the server: its requests, and the rounds it waited for them in (the
+/// requests of one round are in flight together).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Asked {
+    pub(crate) requests: u64,
+    pub(crate) rounds: u64,
+}
 
 /// Where a walk reads from.
 pub(crate) struct Walk<'a> {
@@ -47,16 +166,18 @@ pub(crate) struct Walk<'a> {
 
 /// The entity's records from journal sequence `from` up to `last` (its last record), in
 /// journal order, found by following the links back from `last`; `None` when the chain cannot
-/// be followed all the way (the caller reads the tail otherwise). `requests` counts the reads
+/// be followed all the way (the caller reads the tail otherwise). `asked` counts the reads
 /// made of the server.
 pub(crate) async fn records_back(
     walk: &Walk<'_>,
     last: &StreamMessage,
     from: u64,
     mut reads: Reads,
-    requests: &mut u64,
+    asked: &mut Asked,
 ) -> Result<Option<Vec<StreamMessage>>, Error> {
     let mut found = Vec::new();
+    // Records read before a link led to them: each counts only once one does.
+    let mut ahead = Vec::new();
     let mut at = last.clone();
     for _ in 0..MAX_HOPS {
         let Some((count, previous)) = link(&at) else {
@@ -67,8 +188,15 @@ pub(crate) async fn records_back(
         if previous >= first {
             return Ok(gave_up(walk, at.sequence, "a link that does not go back"));
         }
+        // The command's other records, and the commands before it that `at` names, at once.
+        let mut wanted: Vec<u64> = (first..at.sequence).collect();
+        if previous >= from && !held(walk, &ahead, previous) {
+            wanted.push(previous);
+            wanted.extend(earlier(&at, previous).take_while(|seq| *seq >= from));
+        }
+        read_ahead(walk, wanted, from, reads, asked, &mut ahead).await;
         for seq in first..at.sequence {
-            let Some(sibling) = record_at(walk, seq, &mut reads, requests).await? else {
+            let Some(sibling) = record_at(walk, &ahead, seq, &mut reads, asked).await? else {
                 return Ok(gave_up(
                     walk,
                     seq,
@@ -83,7 +211,7 @@ pub(crate) async fn records_back(
             found.retain(|m| m.sequence >= from);
             return Ok(Some(found));
         }
-        let Some(before) = record_at(walk, previous, &mut reads, requests).await? else {
+        let Some(before) = record_at(walk, &ahead, previous, &mut reads, asked).await? else {
             return Ok(gave_up(
                 walk,
                 previous,
@@ -93,6 +221,46 @@ pub(crate) async fn records_back(
         at = before;
     }
     Ok(gave_up(walk, at.sequence, "too many commands back"))
+}
+
+/// Reads the records at `wanted` that are not held yet, all at once, into `ahead`; then, at
+/// once again, the other records of the commands among them that wrote several (down to
+/// `from`). Best effort, by direct gets only: a record not read here is read where a link
+/// leads to it, as `reads` says (a replica behind its leader, a failure).
+async fn read_ahead(
+    walk: &Walk<'_>,
+    mut wanted: Vec<u64>,
+    from: u64,
+    reads: Reads,
+    asked: &mut Asked,
+    ahead: &mut Vec<StreamMessage>,
+) {
+    if reads == Reads::Leader {
+        return;
+    }
+    for _ in 0..2 {
+        wanted.retain(|seq| !held(walk, ahead, *seq));
+        if wanted.is_empty() {
+            return;
+        }
+        asked.requests += wanted.len() as u64;
+        asked.rounds += 1;
+        let answers =
+            futures::future::join_all(wanted.iter().map(|seq| walk.journal.direct_get(*seq))).await;
+        let read = ahead.len();
+        ahead.extend(answers.into_iter().filter_map(Result::ok));
+        wanted = ahead[read..]
+            .iter()
+            .filter_map(|m| link(m).map(|(count, _)| (m.sequence + 1 - count)..m.sequence))
+            .flatten()
+            .filter(|seq| *seq >= from)
+            .collect();
+    }
+}
+
+/// The record at `seq` is in hand: known to the walk or read ahead.
+fn held(walk: &Walk<'_>, ahead: &[StreamMessage], seq: u64) -> bool {
+    walk.known.iter().chain(ahead).any(|m| m.sequence == seq)
 }
 
 /// Says why a walk stopped at `seq` (its load reads the entity's subjects instead).
@@ -119,13 +287,14 @@ fn link(message: &StreamMessage) -> Option<(u64, u64)> {
 /// or it is not one of the entity's own records.
 async fn record_at(
     walk: &Walk<'_>,
+    ahead: &[StreamMessage],
     seq: u64,
     reads: &mut Reads,
-    requests: &mut u64,
+    asked: &mut Asked,
 ) -> Result<Option<StreamMessage>, Error> {
-    let message = match walk.known.iter().find(|m| m.sequence == seq) {
-        Some(known) => Some(known.clone()),
-        None => read_at(walk, seq, reads, requests).await?,
+    let message = match walk.known.iter().chain(ahead).find(|m| m.sequence == seq) {
+        Some(held) => Some(held.clone()),
+        None => read_at(walk, seq, reads, asked).await?,
     };
     Ok(message.filter(|m| {
         walk.names
@@ -141,23 +310,25 @@ async fn read_at(
     walk: &Walk<'_>,
     seq: u64,
     reads: &mut Reads,
-    requests: &mut u64,
+    asked: &mut Asked,
 ) -> Result<Option<StreamMessage>, Error> {
-    *requests += 1;
     if *reads != Reads::Leader {
+        asked.requests += 1;
+        asked.rounds += 1;
         match walk.journal.direct_get(seq).await {
             Ok(message) => return Ok(Some(message)),
             Err(e) if e.kind() == DirectGetErrorKind::NotFound && *reads == Reads::Direct => {
                 return Ok(None);
             }
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => *requests += 1,
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => {}
             Err(e) => {
                 tracing::debug!(seq, error = %e, "direct get failed; asking the API");
                 *reads = Reads::Leader;
-                *requests += 1;
             }
         }
     }
+    asked.requests += 1;
+    asked.rounds += 1;
     match walk.leader.get_raw_message(seq).await {
         Ok(message) => Ok(Some(message)),
         Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
@@ -167,6 +338,7 @@ async fn read_at(
 
 const PREVIOUS: HeaderName = HeaderName::from_static(HDR_PREVIOUS);
 const UNIT: HeaderName = HeaderName::from_static(HDR_UNIT);
+const EARLIER_HEADER: HeaderName = HeaderName::from_static(HDR_EARLIER);
 
 #[cfg(test)]
 mod tests {
@@ -216,10 +388,15 @@ mod tests {
         /// Publishes a record on `subject` with `link` (a header name and value), returning
         /// its sequence.
         async fn publish(&self, subject: String, link: Option<(&'static str, String)>) -> u64 {
+            self.publish_with(subject, link.into_iter().collect()).await
+        }
+
+        /// Publishes a record on `subject` with `links` (header names and values).
+        async fn publish_with(&self, subject: String, links: Vec<(&'static str, String)>) -> u64 {
             let mut headers = HeaderMap::new();
             headers.insert(crate::wire::HDR_GENERATION, "1");
             headers.insert(crate::wire::HDR_COMMAND_SEQ, "1");
-            if let Some((name, value)) = link {
+            for (name, value) in links {
                 headers.insert(name, value.as_str());
             }
             self.js
@@ -281,30 +458,148 @@ mod tests {
             .await
             .expect("the last record");
         // From the start: all six records; the last one held, five read.
-        let mut requests = 0;
-        let found = records_back(&journal.walk(&[]), &last, 1, Reads::Direct, &mut requests)
+        let mut asked = Asked::default();
+        let found = records_back(&journal.walk(&[]), &last, 1, Reads::Direct, &mut asked)
             .await
             .expect("read")
             .expect("followed");
         let seqs: Vec<u64> = found.iter().map(|m| m.sequence).collect();
         assert_eq!(seqs, own);
-        assert_eq!(requests, 5);
+        assert_eq!(
+            asked,
+            Asked {
+                requests: 5,
+                rounds: 5
+            }
+        );
         // From above the second command's record (as after a snapshot covering two commands):
         // the last four records, three read (the last one held).
-        let mut requests = 0;
+        let mut asked = Asked::default();
         let found = records_back(
             &journal.walk(&[]),
             &last,
             own[1] + 1,
             Reads::Direct,
-            &mut requests,
+            &mut asked,
         )
         .await
         .expect("read")
         .expect("followed");
         let seqs: Vec<u64> = found.iter().map(|m| m.sequence).collect();
         assert_eq!(seqs, own[2..]);
-        assert_eq!(requests, 3);
+        assert_eq!(
+            asked,
+            Asked {
+                requests: 3,
+                rounds: 3
+            }
+        );
+    }
+
+    /// Records that say where the commands before them ended (`Jetshard-Earlier`, as an
+    /// actor's [`Lineage`] writes it): the walk asks for the commands' last records at once,
+    /// then for the other record of the command that wrote two, and finds exactly the records
+    /// it finds link by link, in two rounds where the links alone take one per record. A hint
+    /// that names another entity's record costs a read, never a wrong record.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_walk_reads_the_commands_a_record_names_at_once() {
+        let journal = Journal::new().await;
+        let a = EntityId::new("a").expect("an id");
+        let (evt, tmr) = (
+            journal.names.event_subject(0, &a),
+            journal.names.timer_subject(0, &a),
+        );
+        let mut own = Vec::new();
+        let mut lineage = Lineage::at(0);
+        let links = |name: &'static str, value: String, lineage: &Lineage| {
+            let mut links = vec![(name, value)];
+            links.extend(lineage.earlier_header().map(|e| (HDR_EARLIER, e)));
+            links
+        };
+        for command in 0..8 {
+            journal.others(50).await;
+            let last = lineage.last();
+            let seq = if command == 3 {
+                own.push(journal.publish(evt.clone(), None).await);
+                let unit = links(HDR_UNIT, format!("2 {last}"), &lineage);
+                journal.publish_with(tmr.clone(), unit).await
+            } else {
+                let link = links(HDR_PREVIOUS, last.to_string(), &lineage);
+                journal.publish_with(evt.clone(), link).await
+            };
+            own.push(seq);
+            lineage.followed_by(seq);
+        }
+        // The last record names the seven commands before it (the first one's link names 0).
+        let last = journal
+            .stream
+            .direct_get(lineage.last())
+            .await
+            .expect("read");
+        assert_eq!(
+            Lineage::of_last(&last, 1).earlier(),
+            lineage.earlier(),
+            "read back as written"
+        );
+        let mut asked = Asked::default();
+        let found = records_back(&journal.walk(&[]), &last, 1, Reads::Direct, &mut asked)
+            .await
+            .expect("read")
+            .expect("followed");
+        let seqs: Vec<u64> = found.iter().map(|m| m.sequence).collect();
+        assert_eq!(seqs, own);
+        assert_eq!(
+            asked,
+            Asked {
+                requests: 8,
+                rounds: 2
+            }
+        );
+
+        // From above the fifth command's record (a snapshot covering five commands): the
+        // last three commands' records, one round.
+        let mut asked = Asked::default();
+        let from = own[5] + 1;
+        let found = records_back(&journal.walk(&[]), &last, from, Reads::Direct, &mut asked)
+            .await
+            .expect("read")
+            .expect("followed");
+        let seqs: Vec<u64> = found.iter().map(|m| m.sequence).collect();
+        assert_eq!(seqs, own[6..]);
+        assert_eq!(
+            asked,
+            Asked {
+                requests: 2,
+                rounds: 1
+            }
+        );
+
+        // A record whose hint names another entity's record (the one just below `a`'s last)
+        // among `a`'s: the walk reads it ahead for nothing and follows the links to `a`'s
+        // records only.
+        let mut hinted = vec![lineage.last() - 1];
+        hinted.extend(lineage.earlier().iter().copied());
+        let lying = Lineage::from_parts(lineage.last(), hinted);
+        let next = journal
+            .publish_with(evt, links(HDR_PREVIOUS, lineage.last().to_string(), &lying))
+            .await;
+        own.push(next);
+        let last = journal.stream.direct_get(next).await.expect("read");
+        let mut asked = Asked::default();
+        let found = records_back(&journal.walk(&[]), &last, 1, Reads::Direct, &mut asked)
+            .await
+            .expect("read")
+            .expect("followed");
+        let seqs: Vec<u64> = found.iter().map(|m| m.sequence).collect();
+        assert_eq!(seqs, own);
+        // The eight commands' last records and the stranger at once, then the unit's other.
+        assert_eq!(
+            asked,
+            Asked {
+                requests: 10,
+                rounds: 2
+            }
+        );
     }
 
     /// A record without a link, and a link that leads to another entity's record, end the walk:
@@ -320,8 +615,8 @@ mod tests {
             .publish(evt.clone(), Some((HDR_PREVIOUS, unlinked.to_string())))
             .await;
         let last = journal.stream.direct_get(linked).await.expect("read");
-        let mut requests = 0;
-        let walked = records_back(&journal.walk(&[]), &last, 1, Reads::Direct, &mut requests)
+        let mut asked = Asked::default();
+        let walked = records_back(&journal.walk(&[]), &last, 1, Reads::Direct, &mut asked)
             .await
             .expect("read");
         assert!(walked.is_none());
@@ -330,7 +625,7 @@ mod tests {
             .publish(evt, Some((HDR_PREVIOUS, (linked + 1).to_string())))
             .await;
         let last = journal.stream.direct_get(wrong).await.expect("read");
-        let walked = records_back(&journal.walk(&[]), &last, 1, Reads::Direct, &mut requests)
+        let walked = records_back(&journal.walk(&[]), &last, 1, Reads::Direct, &mut asked)
             .await
             .expect("read");
         assert!(walked.is_none());
@@ -447,8 +742,8 @@ mod tests {
             entity: "a",
             known: &[],
         };
-        let mut requests = 0;
-        let found = records_back(&walk, &last, 1, Reads::DirectConfirmed, &mut requests)
+        let mut asked = Asked::default();
+        let found = records_back(&walk, &last, 1, Reads::DirectConfirmed, &mut asked)
             .await
             .expect("read")
             .expect("followed");
@@ -456,7 +751,7 @@ mod tests {
         assert_eq!(seqs, own);
         // Five records read: the two s2 lacks asked again of the leader (7 requests at least),
         // the three it holds answered by it.
-        assert!(requests >= 7, "{requests} requests");
+        assert!(asked.requests >= 7, "{asked:?}");
         cluster.route_proxy().expect("proxied").heal();
     }
 }

@@ -68,6 +68,14 @@ pub const HDR_PREVIOUS: &str = "Jetshard-Previous";
 /// [`HDR_PREVIOUS`] says of a command's only record. Readers that do not know it read the
 /// entity's tail as before.
 pub(crate) const HDR_UNIT: &str = "Jetshard-Unit";
+/// Header on a record that carries a link ([`HDR_PREVIOUS`] or [`HDR_UNIT`]): where the
+/// entity's commands before the one its link names ended, newest first, as the gaps between
+/// their last records' journal sequences (`<g1> <g2> ...`: the first at the link's sequence
+/// minus `g1`, the next `g2` below that), back to the entity's snapshot and at most
+/// `journal::chain::EARLIER` of them. A hint only: a load reads those records all at once
+/// instead of one link after another, and still trusts each record's own link alone.
+/// Readers that do not know it follow the links one by one.
+pub(crate) const HDR_EARLIER: &str = "Jetshard-Earlier";
 /// Header on a snapshot: what the entity's last command came to (`applied <events>`,
 /// `rejected <reason>`, `dead_lettered <reason>`), told again to a redelivery of it.
 pub const HDR_LAST_OUTCOME: &str = "Jetshard-Last-Outcome";

@@ -30,7 +30,7 @@ pub use header::{
     HDR_TIMER, HDR_TIMER_DUE, HDR_TIMER_OP, HDR_TIMER_SET, HDR_TRACEPARENT, HDR_UPTO_SEQUENCE,
     HDR_WAKE,
 };
-pub(crate) use header::{HDR_UNIT, header_u64, origin_header};
+pub(crate) use header::{HDR_EARLIER, HDR_UNIT, header_u64, origin_header};
 pub(crate) use jetstream::{
     ACK_PREFIX, ack_subject, direct_get_subject, pause_advisories, pull_request_subject,
     write_answers,

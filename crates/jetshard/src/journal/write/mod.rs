@@ -21,17 +21,18 @@ use crate::data::OutboxMessage;
 use crate::data::origin::Origin;
 use crate::data::timers::{Firing, TimerChange};
 use crate::entity::EntityId;
+use crate::journal::chain::Lineage;
 use crate::journal::fence::Fence;
 use crate::journal::group_commit::{self, GroupCommit, Outgoing};
 use crate::journal::read::SnapshotRecord;
 use crate::journal::server::{MAX_EVENTS_PER_COMMAND, WriteError};
 use crate::trace::TraceParent;
 use crate::wire::{
-    HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_EVENT_VERSION, HDR_EXPECTED_SUBJECT,
-    HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_MSG_ID, HDR_ORIGIN,
-    HDR_ORIGINS, HDR_OUTBOX_DONE, HDR_OUTBOX_INDEX, HDR_OUTBOX_TARGET, HDR_PREVIOUS, HDR_REASON,
-    HDR_ROLLUP, HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE, HDR_TIMER_OP,
-    HDR_TIMER_SET, HDR_TRACEPARENT, HDR_UNIT, Names, decimal_string,
+    HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_EARLIER, HDR_ENTITY, HDR_EVENT_VERSION,
+    HDR_EXPECTED_SUBJECT, HDR_EXPECTED_SUBJECT_SEQ, HDR_GENERATION, HDR_LAST_OUTCOME, HDR_MSG_ID,
+    HDR_ORIGIN, HDR_ORIGINS, HDR_OUTBOX_DONE, HDR_OUTBOX_INDEX, HDR_OUTBOX_TARGET, HDR_PREVIOUS,
+    HDR_REASON, HDR_ROLLUP, HDR_SNAPSHOT_UPTO, HDR_STATE_VERSION, HDR_TIMER, HDR_TIMER_DUE,
+    HDR_TIMER_OP, HDR_TIMER_SET, HDR_TRACEPARENT, HDR_UNIT, Names, decimal_string,
 };
 
 /// The records a command writes beside its events, in the same unit.
@@ -149,8 +150,23 @@ impl JournalWriter {
     /// entity's records only, so the other entities go on linking; unless a write was given up
     /// before its answer ([`GroupCommit::in_doubt`]), whose entity is not known here: then no
     /// record of the generation carries one.
-    fn certain(&self, entity: &str, previous: Option<u64>) -> Option<u64> {
+    fn certain<'l>(&self, entity: &str, previous: Option<&'l Lineage>) -> Option<&'l Lineage> {
         previous.filter(|_| !self.commit.in_doubt() && !self.doubted.contains(entity))
+    }
+
+    /// Puts the links of `previous` on an entity's record: `Jetshard-Previous` on a command's
+    /// only record of it, `Jetshard-Unit` with the count `own` of several, and where the
+    /// commands before them ended (`Jetshard-Earlier`) when known.
+    fn link(headers: &mut HeaderMap, own: usize, previous: &Lineage) {
+        let last = previous.last();
+        match own {
+            0 => return,
+            1 => headers.insert(name(HDR_PREVIOUS), decimal_string(last)),
+            k => headers.insert(name(HDR_UNIT), format!("{k} {last}")),
+        }
+        if let Some(earlier) = previous.earlier_header() {
+            headers.insert(name(HDR_EARLIER), earlier);
+        }
     }
 
     /// Makes a command's events durable, fenced, de-duplicated by `<t>:<command seq>:<index>`,
@@ -171,7 +187,8 @@ impl JournalWriter {
     ///
     /// `previous`: a journal sequence every earlier record of the entity is at or below, if the
     /// caller knows one, recorded on the unit's last record of the entity (`Jetshard-Previous`
-    /// on a command's only record of it, `Jetshard-Unit` with the count of several) unless a
+    /// on a command's only record of it, `Jetshard-Unit` with the count of several, and
+    /// `Jetshard-Earlier` for where the commands before ended) unless a
     /// write of this generation is in doubt ([`Self::certain`]). The unit's records of the
     /// entity come last in it, after its outbox records, so that it is stored in the sequences
     /// up to the one the write returns: loads follow these links back (`journal/chain.rs`).
@@ -188,7 +205,7 @@ impl JournalWriter {
         version: u32,
         trace: Option<&TraceParent>,
         attached: Attached<'_>,
-        previous: Option<u64>,
+        previous: Option<&Lineage>,
     ) -> impl Future<Output = Result<Option<u64>, WriteError>> + Send + use<'a> {
         let Attached {
             outbox,
@@ -274,15 +291,7 @@ impl JournalWriter {
         if let (Some(previous), Some(last)) =
             (self.certain(entity.as_str(), previous), records.last_mut())
         {
-            match own {
-                0 => {}
-                1 => last
-                    .headers
-                    .insert(name(HDR_PREVIOUS), decimal_string(previous)),
-                k => last
-                    .headers
-                    .insert(name(HDR_UNIT), format!("{k} {previous}")),
-            }
+            Self::link(&mut last.headers, own, previous);
         }
         // A command with outbox records only wrote nothing of the entity: its sequence is not
         // the entity's (its next record links past it, to its last own record).
@@ -323,7 +332,7 @@ impl JournalWriter {
         deliveries: u64,
         reason: &str,
         payload: Bytes,
-        previous: Option<u64>,
+        previous: Option<&Lineage>,
     ) -> Result<u64, WriteError> {
         let mut headers = self.fenced_headers();
         headers.insert(name(HDR_COMMAND_SEQ), command_seq.to_string());
@@ -332,7 +341,7 @@ impl JournalWriter {
         headers.insert(name(HDR_REASON), sanitize_header(reason));
         headers.insert(name(HDR_MSG_ID), self.names.dead_letter_msg_id(command_seq));
         if let Some(previous) = self.certain(entity, previous) {
-            headers.insert(name(HDR_PREVIOUS), previous.to_string());
+            Self::link(&mut headers, 1, previous);
         }
         let record = Outgoing {
             subject: self

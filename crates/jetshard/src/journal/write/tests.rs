@@ -39,7 +39,7 @@ async fn after_a_write_not_confirmed_no_record_of_its_entity_names_a_previous_on
             1,
             None,
             Attached::default(),
-            Some(previous),
+            Some(&Lineage::at(previous)),
         )
     };
     let previous_of = |seq: u64| {
@@ -87,7 +87,14 @@ async fn after_a_write_not_confirmed_no_record_of_its_entity_names_a_previous_on
         .expect("a record");
     assert_eq!(previous_of(after).await, None, "an event after the doubt");
     let letter = writer
-        .dead_letter("a", 4, 1, "given up", Bytes::new(), Some(after))
+        .dead_letter(
+            "a",
+            4,
+            1,
+            "given up",
+            Bytes::new(),
+            Some(&Lineage::at(after)),
+        )
         .await
         .expect("written");
     assert_eq!(
@@ -107,7 +114,7 @@ async fn after_a_write_not_confirmed_no_record_of_its_entity_names_a_previous_on
             1,
             None,
             Attached::default(),
-            Some(fence_seq),
+            Some(&Lineage::at(fence_seq)),
         )
         .await
         .expect("written")
@@ -161,4 +168,96 @@ async fn an_event_at_version_one_carries_no_version_header_and_another_version_d
             Some(expected.as_str())
         );
     }
+}
+
+/// An entity's record names where the entity's commands before its link ended
+/// (`Jetshard-Earlier`, the gaps down from the link), on a command's only record as on the last
+/// of several and on a dead letter; a record with nothing known before its link names none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_names_where_its_entitys_earlier_commands_ended() {
+    let server = NatsServer::start().await.expect("start nats-server");
+    let js = async_nats::jetstream::new(server.connect().await.expect("connect"));
+    let stream = js
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "T".to_owned(),
+            subjects: vec!["t.>".to_owned()],
+            allow_atomic_publish: true,
+            ..Default::default()
+        })
+        .await
+        .expect("create the journal");
+    let names = Arc::new(Names::new("t"));
+    let writer = test_writer(
+        js.clone(),
+        Arc::clone(&names),
+        std::time::Duration::from_secs(5),
+    )
+    .await;
+    let id = EntityId::new("a").expect("an id");
+    let subject: Subject = names.event_subject(0, &id).into();
+    let headers_of = |seq: u64| {
+        let stream = stream.clone();
+        async move {
+            let message = stream.get_raw_message(seq).await.expect("read it back");
+            let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
+            (header(HDR_PREVIOUS), header(HDR_UNIT), header(HDR_EARLIER))
+        }
+    };
+    let mut lineage = Lineage::at(writer.watermark().expect("the fence"));
+    let fence_seq = lineage.last();
+    let first = writer
+        .append(
+            &id,
+            &subject,
+            1,
+            vec![Bytes::from_static(b"e")],
+            1,
+            None,
+            Attached::default(),
+            Some(&lineage),
+        )
+        .await
+        .expect("written")
+        .expect("a record");
+    assert_eq!(
+        headers_of(first).await,
+        (Some(fence_seq.to_string()), None, None)
+    );
+    lineage.followed_by(first);
+    let two = vec![Bytes::from_static(b"e"), Bytes::from_static(b"f")];
+    let second = writer
+        .append(
+            &id,
+            &subject,
+            2,
+            two,
+            1,
+            None,
+            Attached::default(),
+            Some(&lineage),
+        )
+        .await
+        .expect("written")
+        .expect("a record");
+    assert_eq!(
+        headers_of(second).await,
+        (
+            None,
+            Some(format!("2 {first}")),
+            Some((first - fence_seq).to_string())
+        )
+    );
+    lineage.followed_by(second);
+    let letter = writer
+        .dead_letter("a", 3, 1, "given up", Bytes::new(), Some(&lineage))
+        .await
+        .expect("written");
+    assert_eq!(
+        headers_of(letter).await,
+        (
+            Some(second.to_string()),
+            None,
+            Some(format!("{} {}", second - first, first - fence_seq))
+        )
+    );
 }

@@ -16,7 +16,8 @@ use crate::codec::Codec;
 use crate::data::origin::Origins;
 use crate::entity::{Entity, EntityId, Snapshots};
 use crate::error::Error;
-use crate::journal::{self, Reads, Record, SnapshotRecord, StoredEvent, TimerRecord, chain};
+use crate::journal::chain::{self, Lineage};
+use crate::journal::{self, Reads, Record, SnapshotRecord, StoredEvent, TimerRecord};
 use crate::wire::Names;
 
 /// Why an entity could not be revived.
@@ -128,7 +129,7 @@ async fn read_entity<E: Entity>(
     // Its last records: of each subject (batched), or its very last.
     let lasts = known.unwrap_or(read_alone.as_slice());
     let Some(last) = last else {
-        seed.tail = Some(0);
+        seed.tail = Some(Lineage::at(0));
         return Ok(seed);
     };
     let end = last.sequence;
@@ -167,7 +168,7 @@ async fn read_entity<E: Entity>(
                 seed = restored;
                 if snapshot_seq == end {
                     // Its last record: nothing after it.
-                    seed.tail = Some(end);
+                    seed.tail = Some(Lineage::at(end));
                     return Ok(seed);
                 }
             }
@@ -211,17 +212,17 @@ async fn read_entity<E: Entity>(
         // snapshot's own sequence (a record between its `upto` and it is of a command it
         // covers; the link of the entity's first record after a snapshot names the snapshot
         // when the entity was loaded from it).
-        let mut requests = 0;
+        let mut asked = chain::Asked::default();
         let tail = Tail {
             lasts,
             last,
             from: skipped + 1,
             how,
         };
-        let walked = Box::pin(records_after(context, id, tail, &mut requests))
+        let walked = Box::pin(records_after(context, id, tail, &mut asked))
             .await
             .map_err(unreadable)?;
-        reads.single += requests;
+        reads.single += asked.requests;
         match walked {
             Some(found) => {
                 journal::replay_found(&found, each).map_err(unreadable)?;
@@ -241,7 +242,9 @@ async fn read_entity<E: Entity>(
             }
         }
     }
-    seed.tail = Some(end);
+    // Where its commands since the snapshot ended, as its last record says: what its next
+    // record names for the load after this one.
+    seed.tail = Some(Lineage::of_last(last, skipped + 1));
     if !seed.timers.is_empty() {
         reads.permit(context).await;
         reads.single += 1;
@@ -278,7 +281,7 @@ async fn records_after(
     context: &EntityContext,
     id: &EntityId,
     tail: Tail<'_>,
-    requests: &mut u64,
+    asked: &mut chain::Asked,
 ) -> Result<Option<Vec<StreamMessage>>, Error> {
     let started = std::time::Instant::now();
     let walk = chain::Walk {
@@ -289,12 +292,13 @@ async fn records_after(
         entity: id.as_str(),
         known: tail.lasts,
     };
-    let found = chain::records_back(&walk, tail.last, tail.from, tail.how, requests).await?;
+    let found = chain::records_back(&walk, tail.last, tail.from, tail.how, asked).await?;
     tracing::debug!(
         from = tail.from,
         end = tail.last.sequence,
         records = found.as_ref().map(Vec::len),
-        requests = *requests,
+        requests = asked.requests,
+        rounds = asked.rounds,
         read_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
         "tail read"
     );

@@ -10,6 +10,7 @@ use crate::codec::Codec;
 use crate::data::origin::{Origin, Origins};
 use crate::data::timers::Armed;
 use crate::entity::{Entity, decode_event};
+use crate::journal::chain::Lineage;
 use crate::journal::{self, Record, TimerRecord};
 
 /// An entity's state and what its last command came to.
@@ -25,9 +26,10 @@ pub(crate) struct Seed<E: Entity> {
     pub(crate) unsnapshotted: u32,
     /// A journal sequence every record of the entity (snapshots aside) is at or below, when
     /// known for sure: the end of what its load read, then each write's sequence (its actor is
-    /// the entity's only writer). `None` after a write whose sequence was not told (the server
-    /// had it already). What its next record says it follows (`Jetshard-Previous`, [`Self::previous`]).
-    pub(crate) tail: Option<u64>,
+    /// the entity's only writer), with where its commands before it ended. `None` after a
+    /// write whose sequence was not told (the server had it already). What its next record
+    /// says it follows (`Jetshard-Previous`, `Jetshard-Earlier`, [`Self::previous`]).
+    pub(crate) tail: Option<Lineage>,
     /// Its armed timers, by name (`timer.rs`).
     pub(crate) timers: BTreeMap<Box<str>, Armed>,
     /// The origins of the outbox messages it applied, the latest (`data/origin.rs`).
@@ -53,17 +55,18 @@ impl<E: Entity> Seed<E> {
     /// What the entity's next record says of the records before it (`Jetshard-Previous`, or
     /// `Jetshard-Unit`): its [`tail`](Self::tail), so that a load follows its records back
     /// one by one instead of reading through the journal between them (`journal/chain.rs`).
-    pub(crate) fn previous(&self) -> Option<u64> {
-        self.tail
+    pub(crate) fn previous(&self) -> Option<&Lineage> {
+        self.tail.as_ref()
     }
 
     /// A write of the entity's records is durable at `stored` (the sequence of its last; 0 if
     /// the server had them already: not known; `None`: nothing was written).
     pub(crate) fn wrote(&mut self, stored: Option<u64>) {
-        match stored {
-            None => {}
-            Some(0) => self.tail = None,
-            Some(seq) => self.tail = Some(seq),
+        match (stored, &mut self.tail) {
+            (None, _) => {}
+            (Some(0), _) => self.tail = None,
+            (Some(seq), Some(tail)) => tail.followed_by(seq),
+            (Some(seq), None) => self.tail = Some(Lineage::at(seq)),
         }
     }
 }
@@ -169,23 +172,27 @@ mod tests {
     #[test]
     fn a_write_answered_as_a_duplicate_leaves_the_tail_unknown_until_a_known_sequence() {
         let mut seed = Seed::<Counter> {
-            tail: Some(5),
+            tail: Some(Lineage::at(5)),
             ..Seed::default()
         };
-        assert_eq!(seed.previous(), Some(5));
+        let last = |seed: &Seed<Counter>| seed.previous().map(Lineage::last);
+        assert_eq!(last(&seed), Some(5));
         // Nothing written (a rejection): the tail stands.
         seed.wrote(None);
-        assert_eq!(seed.previous(), Some(5));
+        assert_eq!(last(&seed), Some(5));
         // Stored before, at a sequence not told: nothing is named.
         seed.wrote(Some(0));
-        assert_eq!((seed.tail, seed.previous()), (None, None));
+        assert_eq!((seed.tail.clone(), last(&seed)), (None, None));
         seed.wrote(None);
-        assert_eq!(seed.previous(), None);
-        // A write stored at a known sequence: every record of the entity is at or below it.
+        assert_eq!(last(&seed), None);
+        // A write stored at a known sequence: every record of the entity is at or below it,
+        // nothing known of the ones before.
         seed.wrote(Some(9));
-        assert_eq!(seed.previous(), Some(9));
-        // With events since its snapshot too: its load follows the chain back.
-        seed.unsnapshotted = 1;
-        assert_eq!(seed.previous(), Some(9));
+        assert_eq!(seed.previous(), Some(&Lineage::at(9)));
+        // The next ones name where the commands before them ended, newest first.
+        seed.wrote(Some(14));
+        seed.wrote(Some(20));
+        let tail = seed.previous().expect("known");
+        assert_eq!((tail.last(), tail.earlier()), (20, &[14, 9][..]));
     }
 }

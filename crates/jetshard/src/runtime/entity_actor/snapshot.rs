@@ -50,6 +50,7 @@ pub(super) async fn write_snapshot<E: Entity>(
         last_outcome: seed.last_outcome.as_ref().map(LastOutcome::to_header),
         origins: seed.origins.to_header(),
     };
+    let upto = record.upto;
     let writing = std::time::Instant::now();
     match context.journal.snapshot(id, record).await {
         Ok(journal_seq) => {
@@ -63,6 +64,10 @@ pub(super) async fn write_snapshot<E: Entity>(
                 "snapshot written"
             );
             seed.unsnapshotted = 0;
+            // Its next records name none of the commands the snapshot covers.
+            if let Some(tail) = &mut seed.tail {
+                tail.covered(upto);
+            }
         }
         // Not confirmed (a clustered stream refuses concurrent fenced writes, a leader change):
         // tried again after the entity's next command.

@@ -143,7 +143,16 @@ fn a_seed_comes_back_as_it_was_kept() {
             last_outcome,
             journal_seq: 1 << 40,
             unsnapshotted: u32::MAX,
-            tail: [None, Some(0), Some(1 << 40), Some(u64::MAX - 1)][n],
+            tail: [
+                None,
+                Some(Lineage::at(0)),
+                Some(Lineage::from_parts(
+                    1 << 40,
+                    vec![(1 << 40) - 7, 1 << 20, 1],
+                )),
+                Some(Lineage::from_parts(u64::MAX - 1, (1..=15).rev().collect())),
+            ][n]
+                .clone(),
             timers: if n % 2 == 0 {
                 timers.clone()
             } else {
