@@ -98,12 +98,14 @@ impl Lineage {
     }
 
     /// The earlier commands' last records, newest first.
+    #[cfg(test)]
     pub(crate) fn earlier(&self) -> &[u64] {
         &self.earlier
     }
 
     /// An entity whose last record is at `last` with `earlier` before it (as [`Self::earlier`]
-    /// returned them), as kept apart from its actor.
+    /// returned them).
+    #[cfg(test)]
     pub(crate) fn from_parts(last: u64, earlier: Vec<u64>) -> Self {
         Self { last, earlier }
     }

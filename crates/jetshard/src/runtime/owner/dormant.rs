@@ -25,7 +25,7 @@ use crate::codec::Codec;
 use crate::data::origin::Origins;
 use crate::data::timers::Armed;
 use crate::entity::{Entity, EntityId, MAX_ID_LEN};
-use crate::journal::chain::{EARLIER, Lineage};
+use crate::journal::chain::Lineage;
 use crate::runtime::entity_actor::Seed;
 use crate::runtime::entity_actor::outcome_header::LastOutcome;
 
@@ -56,8 +56,7 @@ const TABLE_SHARE: usize = (std::mem::size_of::<Packed>() + 1) * 16 / 7 + 1;
 /// One dormant entity in one allocation, unchanged until it is taken: its LRU stamp (u64, little
 /// endian; least recently used: lowest), its id (its length as a u16, then its bytes), its
 /// seed's other fields (LEB128 varints: the last command's sequence, the journal sequence, the
-/// events since the snapshot, its tail (0: not known, else one past it and where the commands
-/// before it ended), the last outcome, and
+/// events since the snapshot, its tail (0: not known, else one past it), the last outcome, and
 /// the armed timers, usually none), the outbox origins it
 /// remembers (usually none) and, to the end, its state's encoding (the entity type's codec). Hashed and compared as its id, so the
 /// set is looked up by `&str`.
@@ -78,20 +77,16 @@ impl Packed {
         put(&mut out, seed.last_command_seq);
         put(&mut out, seed.journal_seq);
         put(&mut out, u64::from(seed.unsnapshotted));
-        // 0: not known; else one past it, then where its commands before ended (their count,
-        // then the gaps down from it).
-        match &seed.tail {
-            None => put(&mut out, 0),
-            Some(tail) => {
-                put(&mut out, tail.last().saturating_add(1));
-                put(&mut out, tail.earlier().len() as u64);
-                let mut above = tail.last();
-                for seq in tail.earlier() {
-                    put(&mut out, above.saturating_sub(*seq));
-                    above = *seq;
-                }
-            }
-        }
+        // 0: not known; else one past it. Where its earlier commands ended is not kept: its
+        // last record names them (`Jetshard-Earlier`), so a load after its next record reads
+        // them one round trip later, and a dormant entity stays as small as it was.
+        put(
+            &mut out,
+            seed.tail
+                .as_ref()
+                .and_then(|tail| tail.last().checked_add(1))
+                .unwrap_or(0),
+        );
         match &seed.last_outcome {
             None => out.push(0),
             Some(LastOutcome::Applied { events }) => {
@@ -150,18 +145,7 @@ impl Packed {
         let last_command_seq = take(&mut rest)?;
         let journal_seq = take(&mut rest)?;
         let unsnapshotted = u32::try_from(take(&mut rest)?).ok()?;
-        let tail = match take(&mut rest)?.checked_sub(1) {
-            None => None,
-            Some(last) => {
-                let mut earlier = Vec::new();
-                let mut above = last;
-                for _ in 0..take(&mut rest)?.min(EARLIER as u64) {
-                    above = above.checked_sub(take(&mut rest)?)?;
-                    earlier.push(above);
-                }
-                Some(Lineage::from_parts(last, earlier))
-            }
-        };
+        let tail = take(&mut rest)?.checked_sub(1).map(Lineage::at);
         let (&kind, after) = rest.split_first()?;
         rest = after;
         let last_outcome = match kind {
