@@ -86,8 +86,12 @@ impl Lineage {
     /// The entity's next command's last record is at `seq`.
     pub(crate) fn followed_by(&mut self, seq: u64) {
         if self.last > 0 {
+            // Sized once: an entity that writes again writes on (no growth one step at a time).
+            if self.earlier.capacity() == 0 {
+                self.earlier.reserve_exact(EARLIER);
+            }
+            self.earlier.truncate(EARLIER - 1);
             self.earlier.insert(0, self.last);
-            self.earlier.truncate(EARLIER);
         }
         self.last = seq;
     }
@@ -114,7 +118,8 @@ impl Lineage {
     /// `None` when nothing is known before it.
     pub(crate) fn earlier_header(&self) -> Option<String> {
         use std::fmt::Write;
-        let mut value = String::new();
+        // Sized for gaps of up to 7 digits and their spaces: one allocation.
+        let mut value = String::with_capacity(self.earlier.len() * 8);
         let mut above = self.last;
         for seq in &self.earlier {
             let gap = above.checked_sub(*seq).filter(|gap| *gap > 0)?;

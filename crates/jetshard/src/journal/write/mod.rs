@@ -421,8 +421,10 @@ fn name(header: &'static str) -> HeaderName {
 }
 
 /// How many headers the map every record starts from has room for: the fence's 3 and an
-/// event's own (command sequence, message id, trace context, origin), so that a record's
-/// headers are one clone and never grow (a grown map rehashes every header it holds).
+/// event's own (command sequence, message id, and its links: `Jetshard-Previous` or
+/// `Jetshard-Unit`, `Jetshard-Earlier`), so that a record's headers are one clone and do not
+/// grow (a grown map rehashes every header it holds). An event with a trace context or an
+/// origin grows it once: a room for those too would make every clone twice as large.
 const RECORD_HEADER_ROOM: usize = 7;
 
 /// The fence headers of every record written under `fence`, in a map with room for
