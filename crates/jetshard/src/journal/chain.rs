@@ -422,6 +422,26 @@ mod tests {
             }
         }
 
+        /// The event and timer subjects of the entity `a` walked.
+        fn subjects_of_a(&self) -> (String, String) {
+            let a = EntityId::new("a").expect("an id");
+            (
+                self.names.event_subject(0, &a),
+                self.names.timer_subject(0, &a),
+            )
+        }
+
+        /// The sequences of the records a walk back from `last` down to `from` finds (with
+        /// nothing known beforehand), and what it asked.
+        async fn walked(&self, last: &StreamMessage, from: u64) -> (Vec<u64>, Asked) {
+            let mut asked = Asked::default();
+            let found = records_back(&self.walk(&[]), last, from, Reads::Direct, &mut asked)
+                .await
+                .expect("read")
+                .expect("followed");
+            (found.iter().map(|m| m.sequence).collect(), asked)
+        }
+
         fn walk<'a>(&'a self, known: &'a [StreamMessage]) -> Walk<'a> {
             Walk {
                 journal: &self.stream,
@@ -440,11 +460,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_walk_reads_the_entitys_own_records_only() {
         let journal = Journal::new().await;
-        let a = EntityId::new("a").expect("an id");
-        let (evt, tmr) = (
-            journal.names.event_subject(0, &a),
-            journal.names.timer_subject(0, &a),
-        );
+        let (evt, tmr) = journal.subjects_of_a();
         let mut own = Vec::new();
         let mut previous = 0;
         for command in 0..5 {
@@ -465,42 +481,14 @@ mod tests {
             .await
             .expect("the last record");
         // From the start: all six records; the last one held, five read.
-        let mut asked = Asked::default();
-        let found = records_back(&journal.walk(&[]), &last, 1, Reads::Direct, &mut asked)
-            .await
-            .expect("read")
-            .expect("followed");
-        let seqs: Vec<u64> = found.iter().map(|m| m.sequence).collect();
+        let (seqs, asked) = journal.walked(&last, 1).await;
         assert_eq!(seqs, own);
-        assert_eq!(
-            asked,
-            Asked {
-                requests: 5,
-                rounds: 5
-            }
-        );
+        assert_eq!((asked.requests, asked.rounds), (5, 5));
         // From above the second command's record (as after a snapshot covering two commands):
         // the last four records, three read (the last one held).
-        let mut asked = Asked::default();
-        let found = records_back(
-            &journal.walk(&[]),
-            &last,
-            own[1] + 1,
-            Reads::Direct,
-            &mut asked,
-        )
-        .await
-        .expect("read")
-        .expect("followed");
-        let seqs: Vec<u64> = found.iter().map(|m| m.sequence).collect();
+        let (seqs, asked) = journal.walked(&last, own[1] + 1).await;
         assert_eq!(seqs, own[2..]);
-        assert_eq!(
-            asked,
-            Asked {
-                requests: 3,
-                rounds: 3
-            }
-        );
+        assert_eq!((asked.requests, asked.rounds), (3, 3));
     }
 
     /// Records that say where the commands before them ended (`Jetshard-Earlier`, as an
@@ -511,11 +499,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_walk_reads_the_commands_a_record_names_at_once() {
         let journal = Journal::new().await;
-        let a = EntityId::new("a").expect("an id");
-        let (evt, tmr) = (
-            journal.names.event_subject(0, &a),
-            journal.names.timer_subject(0, &a),
-        );
+        let (evt, tmr) = journal.subjects_of_a();
         let mut own = Vec::new();
         let mut lineage = Lineage::at(0);
         let links = |name: &'static str, value: String, lineage: &Lineage| {
@@ -548,38 +532,15 @@ mod tests {
             lineage.earlier(),
             "read back as written"
         );
-        let mut asked = Asked::default();
-        let found = records_back(&journal.walk(&[]), &last, 1, Reads::Direct, &mut asked)
-            .await
-            .expect("read")
-            .expect("followed");
-        let seqs: Vec<u64> = found.iter().map(|m| m.sequence).collect();
+        let (seqs, asked) = journal.walked(&last, 1).await;
         assert_eq!(seqs, own);
-        assert_eq!(
-            asked,
-            Asked {
-                requests: 8,
-                rounds: 2
-            }
-        );
+        assert_eq!((asked.requests, asked.rounds), (8, 2));
 
         // From above the fifth command's record (a snapshot covering five commands): the
         // last three commands' records, one round.
-        let mut asked = Asked::default();
-        let from = own[5] + 1;
-        let found = records_back(&journal.walk(&[]), &last, from, Reads::Direct, &mut asked)
-            .await
-            .expect("read")
-            .expect("followed");
-        let seqs: Vec<u64> = found.iter().map(|m| m.sequence).collect();
+        let (seqs, asked) = journal.walked(&last, own[5] + 1).await;
         assert_eq!(seqs, own[6..]);
-        assert_eq!(
-            asked,
-            Asked {
-                requests: 2,
-                rounds: 1
-            }
-        );
+        assert_eq!((asked.requests, asked.rounds), (2, 1));
 
         // A record whose hint names another entity's record (the one just below `a`'s last)
         // among `a`'s: the walk reads it ahead for nothing and follows the links to `a`'s
@@ -592,21 +553,10 @@ mod tests {
             .await;
         own.push(next);
         let last = journal.stream.direct_get(next).await.expect("read");
-        let mut asked = Asked::default();
-        let found = records_back(&journal.walk(&[]), &last, 1, Reads::Direct, &mut asked)
-            .await
-            .expect("read")
-            .expect("followed");
-        let seqs: Vec<u64> = found.iter().map(|m| m.sequence).collect();
+        let (seqs, asked) = journal.walked(&last, 1).await;
         assert_eq!(seqs, own);
         // The eight commands' last records and the stranger at once, then the unit's other.
-        assert_eq!(
-            asked,
-            Asked {
-                requests: 10,
-                rounds: 2
-            }
-        );
+        assert_eq!((asked.requests, asked.rounds), (10, 2));
     }
 
     /// A record without a link, and a link that leads to another entity's record, end the walk:

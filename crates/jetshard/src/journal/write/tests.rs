@@ -1,14 +1,12 @@
 //! Unit tests of the journal writer (real server).
 
 use super::*;
+use async_nats::jetstream::stream::Stream;
 use jetshard_testkit::NatsServer;
 
-/// After a write of its generation was answered "not confirmed" (the server stopped past
-/// the write timeout), a writer names no previous record (`Jetshard-Previous`) on any record
-/// of the generation, asked or not: the unconfirmed record is stored once the server runs
-/// again, after whatever an entity's actor read or wrote since.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_write_not_confirmed_no_record_of_its_entity_names_a_previous_one() {
+/// A fresh server with a journal stream `T` on `t.>` and a writer of partition 0 whose writes
+/// time out after `timeout`.
+async fn journal(timeout: std::time::Duration) -> (NatsServer, Stream, Arc<Names>, JournalWriter) {
     let server = NatsServer::start().await.expect("start nats-server");
     let js = async_nats::jetstream::new(server.connect().await.expect("connect"));
     let stream = js
@@ -21,12 +19,17 @@ async fn after_a_write_not_confirmed_no_record_of_its_entity_names_a_previous_on
         .await
         .expect("create the journal");
     let names = Arc::new(Names::new("t"));
-    let writer = test_writer(
-        js.clone(),
-        Arc::clone(&names),
-        std::time::Duration::from_millis(300),
-    )
-    .await;
+    let writer = test_writer(js, Arc::clone(&names), timeout).await;
+    (server, stream, names, writer)
+}
+
+/// After a write of its generation was answered "not confirmed" (the server stopped past
+/// the write timeout), a writer names no previous record (`Jetshard-Previous`) on any record
+/// of the generation, asked or not: the unconfirmed record is stored once the server runs
+/// again, after whatever an entity's actor read or wrote since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_write_not_confirmed_no_record_of_its_entity_names_a_previous_one() {
+    let (server, stream, names, writer) = journal(std::time::Duration::from_millis(300)).await;
     let fence_seq = writer.watermark().expect("no write of its own yet");
     let id = EntityId::new("a").expect("an id");
     let subject: Subject = names.event_subject(0, &id).into();
@@ -175,26 +178,8 @@ async fn an_event_at_version_one_carries_no_version_header_and_another_version_d
 /// of several and on a dead letter; a record with nothing known before its link names none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_names_where_its_entitys_earlier_commands_ended() {
-    let server = NatsServer::start().await.expect("start nats-server");
-    let js = async_nats::jetstream::new(server.connect().await.expect("connect"));
-    let stream = js
-        .create_stream(async_nats::jetstream::stream::Config {
-            name: "T".to_owned(),
-            subjects: vec!["t.>".to_owned()],
-            allow_atomic_publish: true,
-            ..Default::default()
-        })
-        .await
-        .expect("create the journal");
-    let names = Arc::new(Names::new("t"));
-    let writer = test_writer(
-        js.clone(),
-        Arc::clone(&names),
-        std::time::Duration::from_secs(5),
-    )
-    .await;
+    let (_server, stream, _, writer) = journal(std::time::Duration::from_secs(5)).await;
     let id = EntityId::new("a").expect("an id");
-    let subject: Subject = names.event_subject(0, &id).into();
     let headers_of = |seq: u64| {
         let stream = stream.clone();
         async move {
@@ -205,40 +190,14 @@ async fn a_record_names_where_its_entitys_earlier_commands_ended() {
     };
     let mut lineage = Lineage::at(writer.watermark().expect("the fence"));
     let fence_seq = lineage.last();
-    let first = writer
-        .append(
-            &id,
-            &subject,
-            1,
-            vec![Bytes::from_static(b"e")],
-            1,
-            None,
-            Attached::default(),
-            Some(&lineage),
-        )
-        .await
-        .expect("written")
-        .expect("a record");
+    let first = append(&writer, &id, 1, vec![Bytes::from_static(b"e")], &lineage).await;
     assert_eq!(
         headers_of(first).await,
         (Some(fence_seq.to_string()), None, None)
     );
     lineage.followed_by(first);
     let two = vec![Bytes::from_static(b"e"), Bytes::from_static(b"f")];
-    let second = writer
-        .append(
-            &id,
-            &subject,
-            2,
-            two,
-            1,
-            None,
-            Attached::default(),
-            Some(&lineage),
-        )
-        .await
-        .expect("written")
-        .expect("a record");
+    let second = append(&writer, &id, 2, two, &lineage).await;
     assert_eq!(
         headers_of(second).await,
         (
@@ -260,4 +219,30 @@ async fn a_record_names_where_its_entitys_earlier_commands_ended() {
             Some(format!("{} {}", second - first, first - fence_seq))
         )
     );
+}
+
+/// Appends `events` of command `command` of entity `id` (on its event subject, partition 0),
+/// linked as `previous` says.
+async fn append(
+    writer: &JournalWriter,
+    id: &EntityId,
+    command: u64,
+    events: Vec<Bytes>,
+    previous: &Lineage,
+) -> u64 {
+    let subject: Subject = Names::new("t").event_subject(0, id).into();
+    writer
+        .append(
+            id,
+            &subject,
+            command,
+            events,
+            1,
+            None,
+            Attached::default(),
+            Some(previous),
+        )
+        .await
+        .expect("written")
+        .expect("a record")
 }
