@@ -57,7 +57,7 @@ pub const HDR_SNAPSHOT_UPTO: &str = "Jetshard-Snapshot-Upto";
 /// record of the entity: a journal sequence every earlier record of the entity (snapshots
 /// aside) is at or below. So the records between it and this one are none: an entity whose
 /// last records (`multi_last`) chain down this way past its snapshot loads without reading its
-/// tail, and any other follows the chain back record by record (`journal/chain.rs`), never
+/// tail, and any other follows the chain back record by record (`journal/chain/`), never
 /// through the records of other entities. Only the entity's actor writes on its subjects, and
 /// only while it knows (its `Seed::tail`).
 pub const HDR_PREVIOUS: &str = "Jetshard-Previous";

@@ -312,7 +312,7 @@ pub(crate) fn replay_known(
 }
 
 /// Hands `records`, an entity's records in journal order (found by following their links,
-/// `journal/chain.rs`), to `each`, as [`replay`] would read them; how many were events.
+/// `journal/chain/`), to `each`, as [`replay`] would read them; how many were events.
 pub(crate) fn replay_found(
     records: &[StreamMessage],
     mut each: impl FnMut(StoredEvent<'_>) -> Result<(), Error>,

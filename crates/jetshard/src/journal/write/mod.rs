@@ -191,7 +191,7 @@ impl JournalWriter {
     /// `Jetshard-Earlier` for where the commands before ended) unless a
     /// write of this generation is in doubt ([`Self::certain`]). The unit's records of the
     /// entity come last in it, after its outbox records, so that it is stored in the sequences
-    /// up to the one the write returns: loads follow these links back (`journal/chain.rs`).
+    /// up to the one the write returns: loads follow these links back (`journal/chain/`).
     ///
     /// Not an `async fn`: the records are built when it is called, so that the future (part of
     /// every command's future) holds them and the write, not the arguments besides.

@@ -276,7 +276,7 @@ struct Tail<'a> {
 }
 
 /// The entity's records from `tail.from` up to its last record, in journal order, followed
-/// back link by link (`journal/chain.rs`); `None` when the chain breaks.
+/// back link by link (`journal/chain/`); `None` when the chain breaks.
 async fn records_after(
     context: &EntityContext,
     id: &EntityId,

@@ -54,7 +54,7 @@ impl<E: Entity> Default for Seed<E> {
 impl<E: Entity> Seed<E> {
     /// What the entity's next record says of the records before it (`Jetshard-Previous`, or
     /// `Jetshard-Unit`): its [`tail`](Self::tail), so that a load follows its records back
-    /// one by one instead of reading through the journal between them (`journal/chain.rs`).
+    /// one by one instead of reading through the journal between them (`journal/chain/`).
     pub(crate) fn previous(&self) -> Option<&Lineage> {
         self.tail.as_ref()
     }
