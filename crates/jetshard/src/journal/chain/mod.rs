@@ -256,8 +256,13 @@ async fn read_ahead(
             futures::future::join_all(wanted.iter().map(|seq| walk.journal.direct_get(*seq))).await;
         let read = ahead.len();
         ahead.extend(answers.into_iter().filter_map(Result::ok));
+        // Only the entity's own records' commands: a hint that named another's costs no more.
         wanted = ahead[read..]
             .iter()
+            .filter(|m| {
+                walk.names
+                    .is_record_of(&m.subject, walk.partition, walk.entity)
+            })
             .filter_map(|m| link(m).map(|(count, _)| (m.sequence + 1 - count)..m.sequence))
             .flatten()
             .filter(|seq| *seq >= from)
