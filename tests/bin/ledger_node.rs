@@ -6,7 +6,7 @@
 //! Usage: `ledger-node <nats url[,url...]> <node id> <partitions> <pin ttl ms> <ack wait ms> [options]`.
 //!
 //! Options (all optional, each followed by its value):
-//! `--replicas <1|3|5>`, `--write-timeout-ms <ms>`, `--max-deliver <n>`,
+//! `--replicas <1|3|5>`, `--journal-streams <n>`, `--write-timeout-ms <ms>`, `--max-deliver <n>`,
 //! `--user <name> --password <secret>`, `--token <token>`, `--nkey <seed>`, `--creds <file>`,
 //! `--tls-ca <file>`, `--tls-cert <file> --tls-key <file>`, `--inbox-prefix <prefix>`,
 //! `--stock on` (also run the saga's `stock` entity type, same partitions, no ownership lines),
@@ -26,6 +26,7 @@ use tokio::signal::unix::{SignalKind, signal};
 #[derive(Default)]
 struct Options {
     replicas: Option<usize>,
+    journal_streams: Option<u32>,
     write_timeout: Option<Duration>,
     max_deliver: Option<u32>,
     user: Option<String>,
@@ -53,6 +54,7 @@ fn parse_options(args: &[String]) -> Options {
             |v: &str| -> u64 { v.parse().unwrap_or_else(|_| usage(&format!("{flag} {v}"))) };
         match flag.as_str() {
             "--replicas" => options.replicas = Some(number(&value) as usize),
+            "--journal-streams" => options.journal_streams = Some(number(&value) as u32),
             "--write-timeout-ms" => {
                 options.write_timeout = Some(Duration::from_millis(number(&value)))
             }
@@ -148,6 +150,9 @@ async fn main() {
             ));
         if let Some(replicas) = options.replicas {
             config = config.replicas(replicas);
+        }
+        if let Some(streams) = options.journal_streams {
+            config = config.journal_streams(streams);
         }
         if let Some(timeout) = options.write_timeout {
             config = config.write_timeout(timeout);

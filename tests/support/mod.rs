@@ -79,14 +79,22 @@ use jetshard::{ShardConfig, ShardSystem};
 
 /// A config for the `ledger` test entity with short timings, JSON-encoded, writing a snapshot
 /// every [`snapshot_every`] events (so every suite of the ledger, chaos and cluster included,
-/// runs with snapshots and loads entities from them).
+/// runs with snapshots and loads entities from them), its journal in
+/// [`journal_streams`] streams.
 pub fn ledger_config(partitions: u32, node: &str) -> jetshard::ShardConfigBuilder {
     config("ledger", partitions, node)
+        .journal_streams(journal_streams(partitions))
         .codec(jetshard::Codec::Json)
         .retry_delay(Duration::from_millis(50))
         .snapshot_every(snapshot_every())
         .crash_watchers(env_or("JETSHARD_CRASH_WATCHERS", 3))
         .standbys(env_or("JETSHARD_STANDBYS", 2))
+}
+
+/// How many streams the ledger's journal is spread over: `JETSHARD_JOURNAL_STREAMS` (at most
+/// `partitions`), default 1. The suites of the ledger run on either layout.
+pub fn journal_streams(partitions: u32) -> u32 {
+    (env_or("JETSHARD_JOURNAL_STREAMS", 1) as u32).clamp(1, partitions)
 }
 
 /// The tests' background compaction interval: `JETSHARD_COMPACTION_MS`, default none (off):

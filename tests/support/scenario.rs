@@ -45,6 +45,7 @@ pub struct Scenario {
     pin_ttl: Duration,
     ack_wait: Duration,
     replicas: usize,
+    journal_streams: Option<u32>,
 }
 
 impl Scenario {
@@ -56,7 +57,14 @@ impl Scenario {
 
     /// A fresh 3-server JetStream cluster with R3 streams (the client knows every server).
     pub async fn cluster(partitions: u32) -> Scenario {
-        let cluster = NatsCluster::start(3).await.expect("start the cluster");
+        Scenario::cluster_of(3, partitions).await
+    }
+
+    /// A fresh JetStream cluster of `servers` servers with R3 streams.
+    pub async fn cluster_of(servers: usize, partitions: u32) -> Scenario {
+        let cluster = NatsCluster::start(servers)
+            .await
+            .expect("start the cluster");
         Scenario::on(Servers::Cluster(cluster), partitions, 3).await
     }
 
@@ -87,7 +95,15 @@ impl Scenario {
             pin_ttl: Duration::from_secs(1),
             ack_wait: Duration::from_secs(3),
             replicas,
+            journal_streams: None,
         }
+    }
+
+    /// Spreads the journal of every system and node started from now on over `streams`
+    /// streams (else as [`crate::journal_streams`] says).
+    pub fn journal_streams(mut self, streams: u32) -> Scenario {
+        self.journal_streams = Some(streams);
+        self
     }
 
     /// Sets the pin TTL of every system and node started from now on.
@@ -136,10 +152,14 @@ impl Scenario {
     /// The ledger's config for node `node` with this scenario's partitions, timings and
     /// replicas; add settings before `build()`.
     pub fn config(&self, node: &str) -> ShardConfigBuilder {
-        crate::ledger_config(self.partitions, node)
+        let config = crate::ledger_config(self.partitions, node)
             .pin_ttl(self.pin_ttl)
             .ack_wait(self.ack_wait)
-            .replicas(self.replicas)
+            .replicas(self.replicas);
+        match self.journal_streams {
+            Some(streams) => config.journal_streams(streams),
+            None => config,
+        }
     }
 
     /// Creates the streams and consumers as node `provisioner` would, and owns nothing: the
@@ -179,14 +199,18 @@ impl Scenario {
         }
     }
 
-    /// The options of a node process: `--replicas 3` on a cluster.
+    /// The options of a node process: `--replicas 3` on a cluster, `--journal-streams <n>`
+    /// where the scenario sets them.
     pub fn node_options(&self) -> NodeOptions {
+        let mut args = Vec::new();
+        if self.replicas > 1 {
+            args.extend(["--replicas".into(), self.replicas.to_string()]);
+        }
+        if let Some(streams) = self.journal_streams {
+            args.extend(["--journal-streams".into(), streams.to_string()]);
+        }
         NodeOptions {
-            args: if self.replicas > 1 {
-                vec!["--replicas".into(), self.replicas.to_string()]
-            } else {
-                vec![]
-            },
+            args,
             log_file: None,
         }
     }
@@ -449,6 +473,6 @@ fn ledger_journal() -> String {
         .build()
         .expect("config")
         .names()
-        .journal_stream()
+        .journal_stream(0)
         .to_owned()
 }

@@ -116,7 +116,7 @@ pub async fn snapshots_of(
     ids: &[String],
 ) -> usize {
     let names = Names::new(entity_type);
-    let journal = js.get_stream(names.journal_stream()).await.unwrap();
+    let journal = js.get_stream(names.journal_stream(0)).await.unwrap();
     let mut found = 0;
     for id in ids {
         let id = EntityId::new(id).unwrap();

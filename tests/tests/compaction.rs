@@ -18,7 +18,7 @@ const COMPACTION: [(&str, &str); 1] = [("JETSHARD_COMPACTION_MS", "200")];
 /// no consumer is made).
 async fn records_on(s: &Scenario, filter: &str) -> usize {
     let names = ShardConfig::builder("ledger").build().unwrap().names();
-    let journal = s.js.get_stream(names.journal_stream()).await.unwrap();
+    let journal = s.js.get_stream(names.journal_stream(0)).await.unwrap();
     let mut subjects = journal.info_with_subjects(filter).await.unwrap();
     let mut total = 0;
     while let Some(subject) = subjects.next().await {

@@ -78,7 +78,7 @@ async fn a_stopping_owner_leaves_a_snapshot_of_every_entity_it_held() {
 
     let names = Names::new("ledger");
     let journal =
-        s.js.get_stream(names.journal_stream())
+        s.js.get_stream(names.journal_stream(0))
             .await
             .expect("journal");
     for entity in &entities {

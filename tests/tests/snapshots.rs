@@ -118,7 +118,7 @@ async fn a_stale_owners_snapshot_is_rejected_and_a_current_one_rolls_up_the_last
     let two = publish_snapshot(&js, &snapshot, &fence_subject, first, "{}")
         .await
         .unwrap();
-    let journal = js.get_stream(names.journal_stream()).await.unwrap();
+    let journal = js.get_stream(names.journal_stream(0)).await.unwrap();
     // Rolled up: the first is gone.
     assert!(journal.get_raw_message(one).await.is_err());
     assert_eq!(last_sequence(&journal, &snapshot).await, two);

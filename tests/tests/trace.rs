@@ -33,7 +33,7 @@ async fn event_traceparent(s: &Scenario, entity: &str) -> Option<TraceParent> {
     let names = Names::new("ledger");
     let id = EntityId::new(entity).expect("id");
     let subject = names.event_subject(partition_of(&id, PARTITIONS), &id);
-    let journal = s.js.get_stream(names.journal_stream()).await.ok()?;
+    let journal = s.js.get_stream(names.journal_stream(0)).await.ok()?;
     let event = journal
         .get_last_raw_message_by_subject(&subject)
         .await

@@ -109,7 +109,7 @@ async fn unpinned() -> Unpinned {
 /// under it (`Added { key: 9, by: 100 }`). Returns the generation.
 async fn another_generation_writes(js: &Context, config: &ShardConfig, entity: &str) -> u64 {
     let names = config.names();
-    let journal = js.get_stream(names.journal_stream()).await.unwrap();
+    let journal = js.get_stream(names.journal_stream(0)).await.unwrap();
     let fence_subject = names.fence_subject(0);
     let last = journal
         .get_last_raw_message_by_subject(&fence_subject)

@@ -342,7 +342,7 @@ async fn load_reads(system: &ShardSystem) -> anyhow::Result<u64> {
 async fn jetshard_journal_messages(client: &async_nats::Client) -> anyhow::Result<u64> {
     let js = async_nats::jetstream::new(client.clone());
     let mut stream = js
-        .get_stream(jetshard::wire::Names::new(ENTITY_TYPE).journal_stream())
+        .get_stream(jetshard::wire::Names::new(ENTITY_TYPE).journal_stream(0))
         .await?;
     Ok(stream.info().await?.state.messages)
 }

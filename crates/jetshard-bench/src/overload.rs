@@ -266,7 +266,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
                         w.ack_pending += info.num_ack_pending;
                         w.redelivered += info.num_redelivered;
                     }
-                    let mut journal = js.get_stream(names.journal_stream()).await.ok()?;
+                    let mut journal = js.get_stream(names.journal_stream(0)).await.ok()?;
                     w.journal_messages = journal.info().await.ok()?.state.messages;
                     Some(())
                 };
@@ -669,7 +669,7 @@ async fn journal_leader(
     names: &Names,
 ) -> anyhow::Result<Option<String>> {
     let journal = js
-        .get_stream(names.journal_stream())
+        .get_stream(names.journal_stream(0))
         .await
         .context("read the journal's info")?;
     Ok(journal

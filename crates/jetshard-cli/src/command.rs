@@ -81,7 +81,7 @@ pub(crate) enum DeadLetterAction {
     /// even if replayed twice within the command stream's duplicate window): one (`SEQ`), all
     /// (`--all`), or those in a range of journal sequences (`--from`, `--to`, inclusive).
     #[command(
-        override_usage = "jetshard dead-letters replay <ENTITY_TYPE> (<SEQ> | --all | [--from <SEQ>] [--to <SEQ>])"
+        override_usage = "jetshard dead-letters replay <ENTITY_TYPE> (<SEQ> [--partition <P>] | --all | [--from <SEQ>] [--to <SEQ>])"
     )]
     Replay {
         /// The entity type.
@@ -89,6 +89,11 @@ pub(crate) enum DeadLetterAction {
         /// The dead letter's journal sequence (`seq` in the list).
         #[arg(required_unless_present_any = ["all", "from", "to"], conflicts_with_all = ["all", "from", "to"])]
         seq: Option<u64>,
+        /// The dead letter's partition (`partition` in the list): needed only where the
+        /// journal is spread over several streams and `SEQ` names a dead letter in more than
+        /// one of them.
+        #[arg(long, requires = "seq")]
+        partition: Option<u32>,
         /// Every dead letter of the entity type, oldest first.
         #[arg(long, conflicts_with_all = ["from", "to"])]
         all: bool,

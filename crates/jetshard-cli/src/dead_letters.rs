@@ -23,10 +23,16 @@ pub(crate) async fn dead_letters(
         DeadLetterAction::Replay {
             entity_type,
             seq: Some(seq),
+            partition,
             ..
         } => {
-            let replayed = Admin::new(client, &entity_type)
-                .replay(seq)
+            let admin = Admin::new(client, &entity_type);
+            let partition = match partition {
+                Some(partition) => partition,
+                None => partition_of(&admin, &entity_type, seq).await?,
+            };
+            let replayed = admin
+                .replay(partition, seq)
                 .await
                 .with_context(|| format!("replaying dead letter {seq} of {entity_type}"))?;
             Report::Replayed(replayed)
@@ -44,9 +50,14 @@ pub(crate) async fn dead_letters(
             for letter in letters.iter().filter(|l| {
                 from.is_none_or(|from| l.seq >= from) && to.is_none_or(|to| l.seq <= to)
             }) {
-                replayed.push(admin.replay(letter.seq).await.with_context(|| {
-                    format!("replaying dead letter {} of {entity_type}", letter.seq)
-                })?);
+                replayed.push(
+                    admin
+                        .replay(letter.partition, letter.seq)
+                        .await
+                        .with_context(|| {
+                            format!("replaying dead letter {} of {entity_type}", letter.seq)
+                        })?,
+                );
             }
             Report::ReplayedMany {
                 entity_type,
@@ -83,4 +94,24 @@ pub(crate) async fn dead_letters(
             }
         }
     })
+}
+
+/// The partition of the one dead letter at journal sequence `seq`: in a journal spread over
+/// several streams a sequence may name a dead letter in more than one.
+async fn partition_of(admin: &Admin, entity_type: &str, seq: u64) -> anyhow::Result<u32> {
+    let partitions: Vec<u32> = admin
+        .dead_letters()
+        .await?
+        .iter()
+        .filter(|l| l.seq == seq)
+        .map(|l| l.partition)
+        .collect();
+    match partitions[..] {
+        [partition] => Ok(partition),
+        [] => anyhow::bail!("journal sequence {seq} is not a dead letter of {entity_type}"),
+        _ => anyhow::bail!(
+            "dead letters of {entity_type} at journal sequence {seq} in partitions {partitions:?} \
+             (its journal is spread over several streams): name one with --partition"
+        ),
+    }
 }

@@ -87,14 +87,16 @@ pub enum Error {
         configured: u32,
     },
     /// A stream was created with another setting that decides how its stored bytes are read
-    /// (the codec) than configured: reading them with this configuration would misread them.
+    /// (the codec, or the streams the journal is spread over) than configured: reading them
+    /// with this configuration would misread them, or look for them where they are not.
     #[error(
         "stream {stream} was created with {setting} {stored}, but {configured} is configured; stored records are read only with the {setting} they were written with, so it cannot change in place"
     )]
     StoredSettingMismatch {
         /// The stream.
         stream: String,
-        /// The setting (`codec`).
+        /// The setting (`codec`, or `journal_streams`: how many streams the journal is spread
+        /// over).
         setting: &'static str,
         /// The value recorded with the stream.
         stored: String,

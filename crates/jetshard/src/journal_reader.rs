@@ -39,6 +39,7 @@ use futures::StreamExt;
 
 use crate::error::Error;
 use crate::journal::fence::{FenceRecord, FenceRecordError};
+use crate::journal::server::{Journals, recorded_names};
 use crate::wire::header_u64;
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_EVENT_VERSION, HDR_GENERATION,
@@ -54,7 +55,7 @@ pub const READ_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct JournalRecord {
-    /// Its journal sequence.
+    /// Its sequence in its journal stream (the stream of its partition).
     pub seq: u64,
     /// Its subject, `<t>.<kind>.<p>[.<id>]`.
     pub subject: String,
@@ -251,29 +252,40 @@ impl JournalRecord {
     }
 }
 
-/// Reads one entity type's journal (the stream `<T>_JOURNAL`) with ordered consumers.
+/// Reads one entity type's journal (the stream `<T>_JOURNAL`, or each stream of a journal
+/// spread over several) with ordered consumers.
+///
+/// The records of one partition are in one stream, in the order written; a journal spread
+/// over several streams has no order across them, and its records come stream by stream (a
+/// record's [`seq`](JournalRecord::seq) is its sequence in its partition's stream).
 #[derive(Clone)]
 pub struct JournalReader {
-    journal: Stream<()>,
+    journals: Journals,
     names: Names,
 }
 
 impl JournalReader {
-    /// A reader of `entity_type`'s journal over `js`.
+    /// A reader of `entity_type`'s journal over `js`, over as many streams as the entity
+    /// type's command stream records (one if there is no command stream).
     ///
     /// # Errors
-    /// [`Error::JetStream`] if the journal stream cannot be opened.
+    /// [`Error::JetStream`] if the streams cannot be read or opened.
     pub async fn open(js: &Context, entity_type: &str) -> Result<Self, Error> {
-        let names = Names::new(entity_type);
-        let name = names.journal_stream();
-        let journal = crate::journal::server::open_stream(js, name).await?;
-        Ok(Self::new(journal, entity_type))
+        let names = recorded_names(js, entity_type).await?;
+        let journals = Journals::open(js, &names).await?;
+        Ok(Self { journals, names })
     }
 
-    /// A reader of `entity_type`'s journal `journal`, already opened.
+    /// A reader of the journal in `journals`, laid out as `names` says.
+    pub(crate) fn of(journals: Journals, names: Names) -> Self {
+        Self { journals, names }
+    }
+
+    /// A reader of `entity_type`'s journal held in one stream `journal`, already opened (the
+    /// stream `<T>_JOURNAL`, or a mirror of the journal).
     pub fn new(journal: Stream<()>, entity_type: &str) -> Self {
         Self {
-            journal,
+            journals: Journals::one(journal),
             names: Names::new(entity_type),
         }
     }
@@ -284,7 +296,7 @@ impl JournalReader {
     /// [`Error::JetStream`] if the journal cannot be read, or a read stalls for
     /// [`READ_STALL_TIMEOUT`].
     pub async fn all(&self) -> Result<Vec<JournalRecord>, Error> {
-        self.read(vec![self.names.all_subjects()]).await
+        self.read_all(&[self.names.all_subjects()]).await
     }
 
     /// Every record of `partition` (events, snapshots, fence, timer and outbox records, dead
@@ -293,7 +305,8 @@ impl JournalReader {
     /// # Errors
     /// As [`all`](Self::all).
     pub async fn partition(&self, partition: u32) -> Result<Vec<JournalRecord>, Error> {
-        self.read(self.names.partition_subjects(partition)).await
+        let filters = self.names.partition_subjects(partition);
+        self.read(self.journals.of(partition), filters).await
     }
 
     /// Every dead letter of the entity type, in order.
@@ -301,7 +314,7 @@ impl JournalReader {
     /// # Errors
     /// As [`all`](Self::all).
     pub async fn dead_letters(&self) -> Result<Vec<JournalRecord>, Error> {
-        self.read(vec![self.names.all_dead_letters()]).await
+        self.read_all(&[self.names.all_dead_letters()]).await
     }
 
     /// Every record on `filter` (a subject of this journal, wildcards allowed), in order.
@@ -309,10 +322,30 @@ impl JournalReader {
     /// # Errors
     /// As [`all`](Self::all).
     pub async fn subject(&self, filter: &str) -> Result<Vec<JournalRecord>, Error> {
-        self.read(vec![filter.to_owned()]).await
+        // A filter that names its partition is read from that partition's stream alone.
+        match filter.split('.').nth(2).map(str::parse::<u32>) {
+            Some(Ok(partition)) => {
+                self.read(self.journals.of(partition), vec![filter.to_owned()])
+                    .await
+            }
+            _ => self.read_all(&[filter.to_owned()]).await,
+        }
     }
 
-    async fn read(&self, mut filters: Vec<String>) -> Result<Vec<JournalRecord>, Error> {
+    /// Every record on `filters`, stream by stream.
+    async fn read_all(&self, filters: &[String]) -> Result<Vec<JournalRecord>, Error> {
+        let mut records = Vec::new();
+        for journal in self.journals.all() {
+            records.extend(self.read(journal, filters.to_vec()).await?);
+        }
+        Ok(records)
+    }
+
+    async fn read(
+        &self,
+        journal: &Stream<()>,
+        mut filters: Vec<String>,
+    ) -> Result<Vec<JournalRecord>, Error> {
         let what = filters.join(", ");
         let config = if filters.len() == 1 {
             pull::OrderedConfig {
@@ -325,8 +358,7 @@ impl JournalReader {
                 ..Default::default()
             }
         };
-        let consumer = self
-            .journal
+        let consumer = journal
             .create_consumer(config)
             .await
             .map_err(|e| Error::jetstream(format!("read {what}"), e))?;
@@ -334,7 +366,7 @@ impl JournalReader {
         let read = self.read_from(consumer, &what).await;
         // A reader called again and again (a dashboard polling dead letters) would otherwise
         // leave a consumer per read on the stream until each expires, up to the stream's limit.
-        if let Err(e) = self.journal.delete_consumer(&name).await {
+        if let Err(e) = journal.delete_consumer(&name).await {
             tracing::debug!(%what, error = %e, "read consumer not deleted; it expires");
         }
         read
@@ -398,7 +430,7 @@ mod tests {
         let names = Names::new("t");
         let mut journal = js
             .create_stream(async_nats::jetstream::stream::Config {
-                name: names.journal_stream().to_owned(),
+                name: names.journal_stream(0).to_owned(),
                 subjects: vec![names.all_subjects()],
                 ..Default::default()
             })

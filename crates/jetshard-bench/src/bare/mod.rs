@@ -259,7 +259,7 @@ pub async fn provision_own(
         .await
         .context("create the command stream")?;
     js.create_stream(stream::Config {
-        name: names.journal_stream().to_owned(),
+        name: names.journal_stream(0).to_owned(),
         subjects: vec![
             format!("{entity_type}.evt.*.*"),
             format!("{entity_type}.fence.*"),

@@ -103,7 +103,7 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
         compaction.then(|| Duration::from_secs(options.compaction_interval_secs)),
         options.compaction_replicas,
     )?;
-    let journal_name = config.names().journal_stream().to_owned();
+    let journal_name = config.names().journal_stream(0).to_owned();
     let system = ShardSystem::start::<CompactionEntity>(server.connect().await?, config)
         .await
         .context("start the shard system")?;

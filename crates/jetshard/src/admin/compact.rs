@@ -49,7 +49,7 @@ impl Admin {
     /// [`Error::JetStream`] if the journal or a consumer cannot be read or the server refuses
     /// a purge.
     pub async fn compact(&self, partition: Option<u32>) -> Result<Compacted, Error> {
-        let (commands, journal) = self.streams().await?;
+        let (commands, journals, names) = self.streams().await?;
         let mut done = Compacted::default();
         let partitions = match partition {
             Some(p) => p..p + 1,
@@ -70,10 +70,11 @@ impl Admin {
                 horizon: u64::MAX,
                 defer_timers_of_snapshotted: false,
             };
-            let plan = compact::plan(&journal, &self.names, partition, &rules).await?;
+            let journal = journals.of(partition);
+            let plan = compact::plan(journal, &names, partition, &rules).await?;
             done.snapshots += plan.snapshots;
             for purge in &plan.purges {
-                done.purged += compact::purge(&journal, purge).await?;
+                done.purged += compact::purge(journal, purge).await?;
             }
         }
         Ok(done)

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use crate::error::Error;
+use crate::journal::server::stream_info;
 use crate::journal_reader::{JournalReader, RecordKind};
 use crate::wire::{HDR_ENTITY, Names};
 use crate::wire::{HDR_MSG_ID, HDR_REPLAY_OF};
@@ -13,7 +14,8 @@ use super::handle::Admin;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeadLetter {
-    /// Journal sequence of the record.
+    /// Sequence of the record in its partition's journal stream (with the partition, what
+    /// names it to [`Admin::replay`]).
     pub seq: u64,
     /// The partition.
     pub partition: u32,
@@ -35,6 +37,8 @@ pub struct DeadLetter {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Replayed {
+    /// The dead letter's partition.
+    pub partition: u32,
     /// The dead letter's journal sequence.
     pub dead_letter_seq: u64,
     /// The entity the command is for.
@@ -85,9 +89,9 @@ pub struct Purged {
     pub kept: u64,
 }
 
-/// The journal record named for a replay is not a dead letter of the entity type.
+/// The journal record named for a replay is not a dead letter of the entity type's partition.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("journal record {seq} is on {subject}, not a dead letter of this entity type")]
+#[error("journal record {seq} is on {subject}, not a dead letter of this partition")]
 #[non_exhaustive]
 pub struct NotADeadLetter {
     /// The journal sequence asked for.
@@ -102,12 +106,10 @@ impl Admin {
     /// # Errors
     /// [`Error::JetStream`] if the journal cannot be read.
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetter>, Error> {
-        let (_, journal) = self.streams().await?;
+        let (_, journals, names) = self.streams().await?;
         // `<t>.dlq.<p>.<id>`, and `<t>.dlq.<p>` (no valid id, or written before per-entity
         // subjects).
-        let records = JournalReader::new(journal, &self.names.entity_type)
-            .dead_letters()
-            .await?;
+        let records = JournalReader::of(journals, names).dead_letters().await?;
         Ok(records
             .into_iter()
             .filter_map(|record| match record.kind {
@@ -131,11 +133,12 @@ impl Admin {
             .collect())
     }
 
-    /// Sends the command of the dead letter at journal sequence `dead_letter_seq` again, as a
-    /// new command: its payload, as published, to `<t>.cmd.<entity>`, with the header
-    /// `Jetshard-Replay-Of: <dead_letter_seq>` and the `Nats-Msg-Id` `<t>:replay:<seq>`, so a
-    /// second replay within the command stream's duplicate window (the server's default, 2
-    /// min) is stored once. The dead letter stays in the journal.
+    /// Sends the command of `partition`'s dead letter at journal sequence `dead_letter_seq`
+    /// again, as a new command: its payload, as published, to `<t>.cmd.<entity>`, with the
+    /// header `Jetshard-Replay-Of: <dead_letter_seq>` and the `Nats-Msg-Id` `<t>:replay:<seq>`
+    /// (`<t>:replay:<p>:<seq>` in a journal spread over several streams), so a second replay
+    /// within the command stream's duplicate window (the server's default, 2 min) is stored
+    /// once. The dead letter stays in the journal.
     ///
     /// The command takes its turn after everything its entity received since: it is decided
     /// against the entity's state as it is now, not as it was when the command was given up.
@@ -145,14 +148,17 @@ impl Admin {
     /// sequence), if it is not a dead letter of this entity type (the source is a
     /// [`NotADeadLetter`]), or if the command stream does not confirm the command;
     /// [`Error::InvalidId`] if the dead letter's entity id cannot name a command subject.
-    pub async fn replay(&self, dead_letter_seq: u64) -> Result<Replayed, Error> {
-        let (_, journal) = self.streams().await?;
-        let context = || format!("replay dead letter {dead_letter_seq}");
-        let record = journal
+    pub async fn replay(&self, partition: u32, dead_letter_seq: u64) -> Result<Replayed, Error> {
+        let (_, journals, names) = self.streams().await?;
+        let context = || format!("replay dead letter {dead_letter_seq} of partition {partition}");
+        let record = journals
+            .of(partition)
             .get_raw_message(dead_letter_seq)
             .await
             .map_err(|e| Error::jetstream(context(), e))?;
-        if !self.names.is_dead_letter(&record.subject) {
+        if !names.is_dead_letter(&record.subject)
+            || Names::partition_of_dead_letter(&record.subject) != Some(partition)
+        {
             return Err(Error::jetstream(
                 context(),
                 NotADeadLetter {
@@ -170,7 +176,7 @@ impl Admin {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(
             HDR_MSG_ID,
-            self.names.replay_msg_id(dead_letter_seq).as_str(),
+            names.replay_msg_id(partition, dead_letter_seq).as_str(),
         );
         headers.insert(HDR_REPLAY_OF, dead_letter_seq.to_string().as_str());
         let subject = self.names.command_subject(&id);
@@ -182,6 +188,7 @@ impl Admin {
             .await
             .map_err(|e| Error::jetstream(format!("publish to {subject}"), e))?;
         Ok(Replayed {
+            partition,
             dead_letter_seq,
             entity: id.as_str().to_owned(),
             command_seq: ack.sequence,
@@ -206,26 +213,33 @@ impl Admin {
     /// [`Error::JetStream`] if the journal or a consumer cannot be read, or the server refuses
     /// the purge.
     pub async fn purge_dead_letters(&self, which: DeadLetterPurge) -> Result<Purged, Error> {
-        let (commands, journal) = self.streams().await?;
+        let (commands, journals, names) = self.streams().await?;
         // Dead letters written after this are not looked at, so not purged.
-        let last = self
-            .js
-            .get_stream(&self.names.journal_stream)
-            .await
-            .map_err(|e| Error::jetstream(format!("read {}", self.names.journal_stream), e))?
-            .cached_info()
-            .state
-            .last_sequence;
+        let mut last = Vec::with_capacity(journals.all().len());
+        for name in names.journal_streams() {
+            last.push(stream_info(&self.js, name).await?.state.last_sequence);
+        }
         let letters = self.dead_letters().await?;
-        // The list is read in journal order: whatever lies beyond its last record (none after
-        // `last`, unless the read ended early) was not looked at.
-        let Some(examined) = letters.iter().map(|l| l.seq).max() else {
-            return Ok(Purged::default());
+        // Each stream's list is read in its order: whatever lies beyond its last record (none
+        // after `last`, unless the read ended early) was not looked at.
+        let mut examined = vec![0; last.len()];
+        for letter in &letters {
+            let stream = names.journal_index(letter.partition);
+            examined[stream] = examined[stream].max(letter.seq);
+        }
+        let up_to = |partition: u32| {
+            let stream = names.journal_index(partition);
+            which
+                .up_to
+                .unwrap_or(u64::MAX)
+                .min(last[stream])
+                .min(examined[stream])
         };
-        let up_to = which.up_to.unwrap_or(u64::MAX).min(last).min(examined);
         let mut by_partition: BTreeMap<u32, Vec<DeadLetter>> = BTreeMap::new();
         for letter in letters {
-            if letter.seq <= up_to && which.partition.is_none_or(|p| p == letter.partition) {
+            if letter.seq <= up_to(letter.partition)
+                && which.partition.is_none_or(|p| p == letter.partition)
+            {
                 by_partition
                     .entry(letter.partition)
                     .or_default()
@@ -248,7 +262,7 @@ impl Admin {
                 .filter(|l| l.command_seq > floor)
                 .map(|l| l.seq)
                 .min()
-                .unwrap_or(up_to.saturating_add(1));
+                .unwrap_or(up_to(partition).saturating_add(1));
             let going = letters.iter().filter(|l| l.seq < below).count() as u64;
             done.kept += letters.len() as u64 - going;
             if going == 0 {
@@ -257,10 +271,11 @@ impl Admin {
             // Both subjects a partition's dead letters are on: each entity's, and the one of
             // dead letters that name no valid entity.
             for filter in [
-                self.names.partition_entities_dead_letters(partition),
-                self.names.partition_dead_letters(partition),
+                names.partition_entities_dead_letters(partition),
+                names.partition_dead_letters(partition),
             ] {
-                let purged = journal
+                let purged = journals
+                    .of(partition)
                     .purge()
                     .filter(filter.clone())
                     .sequence(below)

@@ -11,7 +11,7 @@ use futures::StreamExt;
 
 use crate::error::Error;
 use crate::journal::fence;
-use crate::journal::server::{open_stream, stream_info};
+use crate::journal::server::{Journals, open_stream, recorded_names, stream_info};
 use crate::query::{self, QueryAnswer};
 use crate::status::NodeStatus;
 use crate::wire::{Names, PRIORITY_GROUP};
@@ -89,17 +89,21 @@ impl Admin {
         }
     }
 
-    pub(super) async fn streams(&self) -> Result<(Stream<()>, Stream<()>), Error> {
+    /// The command stream, and the journal's streams with the names their layout gives.
+    pub(super) async fn streams(&self) -> Result<(Stream<()>, Journals, Names), Error> {
         let open = |name: String| async move {
             // `get_stream` (with info) fails for a stream that does not exist, so an entity
             // type that was never started is an error rather than an empty overview.
             stream_info(&self.js, &name).await?;
             open_stream(&self.js, &name).await
         };
-        Ok((
-            open(self.names.command_stream.clone()).await?,
-            open(self.names.journal_stream.clone()).await?,
-        ))
+        let commands = open(self.names.command_stream.clone()).await?;
+        let names = recorded_names(&self.js, &self.names.entity_type).await?;
+        for name in names.journal_streams() {
+            open(name.clone()).await?;
+        }
+        let journals = Journals::open(&self.js, &names).await?;
+        Ok((commands, journals, names))
     }
 
     /// Every partition, as the server sees it now.
@@ -107,7 +111,7 @@ impl Admin {
     /// # Errors
     /// [`Error::JetStream`] if a stream or consumer cannot be read.
     pub async fn overview(&self) -> Result<Vec<PartitionOverview>, Error> {
-        let (commands, journal) = self.streams().await?;
+        let (commands, journals, names) = self.streams().await?;
         let mut overview = Vec::new();
         for partition in 0.. {
             let consumer = self.names.consumer(partition);
@@ -117,7 +121,7 @@ impl Admin {
                 Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => break,
                 Err(e) => return Err(Error::jetstream(format!("read consumer {consumer}"), e)),
             };
-            let latest = fence::latest(&journal, &self.names, partition)
+            let latest = fence::latest(journals.of(partition), &names, partition)
                 .await
                 .map_err(|e| {
                     Error::jetstream(
@@ -177,7 +181,7 @@ impl Admin {
     /// # Errors
     /// [`Error::JetStream`] if the server refuses.
     pub async fn pause(&self, partition: u32, duration: Duration) -> Result<(), Error> {
-        let (commands, _) = self.streams().await?;
+        let (commands, ..) = self.streams().await?;
         let until = time::OffsetDateTime::now_utc() + duration;
         commands
             .pause_consumer(&self.names.consumer(partition), until)
@@ -191,7 +195,7 @@ impl Admin {
     /// # Errors
     /// [`Error::JetStream`] if the server refuses.
     pub async fn resume(&self, partition: u32) -> Result<(), Error> {
-        let (commands, _) = self.streams().await?;
+        let (commands, ..) = self.streams().await?;
         commands
             .resume_consumer(&self.names.consumer(partition))
             .await
@@ -205,7 +209,7 @@ impl Admin {
     /// # Errors
     /// [`Error::JetStream`] if the server refuses.
     pub async fn unpin(&self, partition: u32) -> Result<(), Error> {
-        let (commands, _) = self.streams().await?;
+        let (commands, ..) = self.streams().await?;
         commands
             .unpin_consumer(&self.names.consumer(partition), PRIORITY_GROUP)
             .await

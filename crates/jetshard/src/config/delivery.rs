@@ -1,6 +1,6 @@
 //! Builder settings of the streams, the consumers and a command's delivery: partitions, node
-//! id, pin TTL, ack wait, deliveries, pulls, codec, retention, replicas, duplicate window, write
-//! timeout and retry delay.
+//! id, pin TTL, ack wait, deliveries, pulls, codec, retention, replicas, journal streams,
+//! duplicate window, write timeout and retry delay.
 
 use std::time::Duration;
 
@@ -71,6 +71,17 @@ impl ShardConfigBuilder {
     /// Stream replicas: 1, 3 or 5 (default 1; use 3 on a clustered JetStream).
     pub fn replicas(mut self, replicas: usize) -> Self {
         self.config.replicas = replicas;
+        self
+    }
+
+    /// How many streams hold the journal (default 1, `<T>_JOURNAL`; at most the partition
+    /// count): partition `p`'s records go to stream `<T>_JOURNAL_<k>`, `k = p % streams`, each
+    /// a raft group of its own on a cluster, so that the journal's writes are led by as many
+    /// servers as there are streams rather than one. Fixed for the life of the streams: it
+    /// decides where stored records are read, and is recorded with the streams at their
+    /// creation (a process configured otherwise is refused at start).
+    pub fn journal_streams(mut self, streams: u32) -> Self {
+        self.config.journal_streams = streams;
         self
     }
 

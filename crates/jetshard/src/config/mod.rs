@@ -5,7 +5,7 @@
 //!
 //! | file | settings |
 //! |---|---|
-//! | `delivery.rs` | partitions, node id, the consumers (pin TTL, ack wait, deliveries, pulls), the streams (codec, retention, replicas, duplicate window), write timeout and retry delay |
+//! | `delivery.rs` | partitions, node id, the consumers (pin TTL, ack wait, deliveries, pulls), the streams (codec, retention, replicas, journal streams, duplicate window), write timeout and retry delay |
 //! | `entities.rs` | entities in memory (passivation, the resident cap, the dormant budgets) and their snapshots |
 //! | `fleet.rs` | the processes together: restart escalation, balancing, the crash watch, standbys |
 //! | `compaction.rs` | background compaction and dead-letter retention |
@@ -52,6 +52,7 @@ pub struct ShardConfig {
     pub(crate) codec: Codec,
     pub(crate) retention: CommandRetention,
     pub(crate) replicas: usize,
+    pub(crate) journal_streams: u32,
     pub(crate) duplicate_window: Duration,
     pub(crate) passivate_after: Duration,
     pub(crate) max_resident_entities: Option<usize>,
@@ -91,6 +92,7 @@ impl ShardConfig {
                 codec: Codec::default(),
                 retention: CommandRetention::default(),
                 replicas: 1,
+                journal_streams: 1,
                 duplicate_window: Duration::from_secs(10 * 60),
                 passivate_after: Duration::from_secs(30),
                 max_resident_entities: None,
@@ -155,9 +157,14 @@ impl ShardConfig {
         self.retention
     }
 
+    /// The number of streams the journal is spread over.
+    pub fn journal_streams(&self) -> u32 {
+        self.journal_streams
+    }
+
     /// The names of this entity type's streams, subjects and consumers.
     pub fn names(&self) -> crate::wire::Names {
-        crate::wire::Names::new(&self.entity_type)
+        crate::wire::Names::spread(&self.entity_type, self.journal_streams, self.partitions)
     }
 
     /// How long a pull request waits at the server: a third of the pin TTL, so that a fresh pull
@@ -259,6 +266,16 @@ mod tests {
                 "max_dormant_bytes",
             ),
             (ShardConfig::builder("order").replicas(2), "replicas"),
+            (
+                ShardConfig::builder("order").journal_streams(0),
+                "journal_streams",
+            ),
+            (
+                ShardConfig::builder("order")
+                    .partitions(4)
+                    .journal_streams(5),
+                "journal_streams",
+            ),
             (
                 ShardConfig::builder("order").compaction_interval(Duration::from_millis(10)),
                 "compaction_interval",

@@ -28,6 +28,12 @@ impl ShardConfigBuilder {
         if !(1..=4096).contains(&c.partitions) {
             return fail("partitions", "must be in 1..=4096");
         }
+        if !(1..=c.partitions.min(256)).contains(&c.journal_streams) {
+            return fail(
+                "journal_streams",
+                "must be in 1..=256 and at most the partition count",
+            );
+        }
         if c.node_id.is_empty() || c.node_id.len() > 128 {
             return fail("node_id", "must be 1 to 128 bytes");
         }

@@ -6,13 +6,16 @@
 //! created by an earlier jetshard gains the subjects it lacks (per-entity dead letters,
 //! snapshots) and roll-ups (`allow_rollup_hdrs`), which no existing record depends on.
 //!
-//! The settings that decide how stored bytes are read are recorded with both streams, in their
-//! metadata, when they are created: the codec (`jetshard.codec`; commands, events, snapshots,
-//! rejections and dead-lettered payloads are all its bytes). The partition count is recorded
-//! by the command stream's subject transform. Both are checked at every start, so nothing
-//! decodes a record with a codec other than the one it was written with. A stream created
-//! before the record existed gets it on the first start of this version, from that process's
-//! configuration.
+//! The settings that decide how stored bytes are read are recorded with every stream, in its
+//! metadata, when it is created: the codec (`jetshard.codec`; commands, events, snapshots,
+//! rejections and dead-lettered payloads are all its bytes) and the number of journal streams
+//! (`jetshard.journal_streams`: which stream holds a partition's records). The partition count
+//! is recorded by the command stream's subject transform. All three are checked at every
+//! start, so nothing decodes a record with a codec other than the one it was written with, nor
+//! looks for a partition's records in a stream that does not hold them. A stream created
+//! before the records existed gets them on the first start of this version: the codec from
+//! that process's configuration, the journal streams as 1 (a journal then was one stream; a
+//! process configured for more is refused).
 
 use async_nats::jetstream::consumer::{AckPolicy, PriorityPolicy, pull};
 use async_nats::jetstream::stream::{self, RetentionPolicy, StorageType, SubjectTransform};
@@ -21,10 +24,7 @@ use async_nats::jetstream::{self, Context};
 use crate::config::{CommandRetention, ShardConfig};
 use crate::error::Error;
 use crate::journal::server::{open_stream, stream_info};
-use crate::wire::{Names, PRIORITY_GROUP};
-
-/// The stream metadata key recording the codec the stream's records are written with.
-pub(crate) const METADATA_CODEC: &str = "jetshard.codec";
+use crate::wire::{METADATA_CODEC, METADATA_JOURNAL_STREAMS, Names, PRIORITY_GROUP};
 
 /// How often [`provision`] tries before its error is final.
 const PROVISION_ATTEMPTS: u32 = 4;
@@ -59,12 +59,19 @@ async fn provision_once(js: &Context, names: &Names, config: &ShardConfig) -> Re
     })
     .await?;
     record_stored_settings(js, &names.command_stream, config).await?;
-    upgrade_journal_stream(js, names).await?;
-    ensure_stream(js, journal_stream_config(names, config), |existing| {
-        check_journal_stream(names, config, existing)
-    })
-    .await?;
-    record_stored_settings(js, &names.journal_stream, config).await?;
+    refuse_other_journal_layout(js, names, config).await?;
+    if names.journal_streams().len() == 1 {
+        upgrade_journal_stream(js, names).await?;
+    }
+    for (index, name) in names.journal_streams().iter().enumerate() {
+        ensure_stream(
+            js,
+            journal_stream_config(names, config, index),
+            |existing| check_journal_stream(names, config, index, existing),
+        )
+        .await?;
+        record_stored_settings(js, name, config).await?;
+    }
     let commands = open_stream(js, &names.command_stream).await?;
     for partition in 0..config.partitions {
         ensure_consumer(&commands, consumer_config(names, config, partition)).await?;
@@ -97,15 +104,33 @@ fn command_stream_config(names: &Names, config: &ShardConfig) -> stream::Config 
 
 /// The settings recorded with a stream at its creation (see the module docs).
 fn stored_settings(config: &ShardConfig) -> std::collections::HashMap<String, String> {
-    std::collections::HashMap::from([(METADATA_CODEC.to_owned(), config.codec.name().to_owned())])
+    std::collections::HashMap::from([
+        (METADATA_CODEC.to_owned(), config.codec.name().to_owned()),
+        (
+            METADATA_JOURNAL_STREAMS.to_owned(),
+            config.journal_streams.to_string(),
+        ),
+    ])
 }
 
-/// Refuses a stream whose recorded codec is not the configured one; `None` if it has no record.
+/// Refuses a stream whose recorded settings are not the configured ones; `None` if it lacks a
+/// record (written before it existed: a journal then was one stream, so a process configured
+/// for several is refused rather than recording its own).
 fn check_stored_settings(
     stream: &str,
     config: &ShardConfig,
     existing: &stream::Config,
 ) -> Result<Option<()>, Error> {
+    let journal_streams = existing.metadata.get(METADATA_JOURNAL_STREAMS);
+    let stored_streams = journal_streams.map_or("1", String::as_str);
+    if stored_streams != config.journal_streams.to_string() {
+        return Err(Error::StoredSettingMismatch {
+            stream: stream.to_owned(),
+            setting: "journal_streams",
+            stored: stored_streams.to_owned(),
+            configured: config.journal_streams.to_string(),
+        });
+    }
     let Some(stored) = existing.metadata.get(METADATA_CODEC) else {
         return Ok(None);
     };
@@ -117,7 +142,52 @@ fn check_stored_settings(
             configured: config.codec.name().to_owned(),
         });
     }
-    Ok(Some(()))
+    Ok(journal_streams.map(|_| ()))
+}
+
+/// Refuses to start a journal of one layout beside an existing journal of the other: a
+/// one-stream journal (`<T>_JOURNAL`) when the configuration spreads it, or a spread one
+/// (`<T>_JOURNAL_0`, ...) when it does not. The two would hold the same subjects, which the
+/// server refuses, and a partition's records would be looked for where they are not.
+async fn refuse_other_journal_layout(
+    js: &Context,
+    names: &Names,
+    config: &ShardConfig,
+) -> Result<(), Error> {
+    let other = if names.journal_streams().len() == 1 {
+        Names::spread(&names.entity_type, 2, config.partitions)
+    } else {
+        Names::new(&names.entity_type)
+    };
+    let other = &other.journal_streams()[0];
+    match js.get_stream(other).await {
+        Ok(mut found) => {
+            let info = found
+                .info()
+                .await
+                .map_err(|e| Error::jetstream(format!("read stream {other}"), e))?;
+            let stored = info
+                .config
+                .metadata
+                .get(METADATA_JOURNAL_STREAMS)
+                .cloned()
+                .unwrap_or_else(|| "1".to_owned());
+            Err(Error::StoredSettingMismatch {
+                stream: other.clone(),
+                setting: "journal_streams",
+                stored,
+                configured: config.journal_streams.to_string(),
+            })
+        }
+        Err(e) => match e.kind() {
+            jetstream::context::GetStreamErrorKind::JetStream(err)
+                if err.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
+            {
+                Ok(())
+            }
+            _ => Err(Error::jetstream(format!("look up stream {other}"), e)),
+        },
+    }
 }
 
 /// Records the settings with a stream created before they were recorded (an upgrade: the
@@ -132,7 +202,7 @@ async fn record_stored_settings(
     if check_stored_settings(name, config, &info.config)?.is_some() {
         return Ok(());
     }
-    tracing::info!(stream = %name, codec = config.codec.name(), "recording the codec with a stream created before it was recorded");
+    tracing::info!(stream = %name, codec = config.codec.name(), journal_streams = config.journal_streams, "recording the settings with a stream created before they were recorded");
     let mut updated = info.config.clone();
     updated.metadata.extend(stored_settings(config));
     js.update_stream(updated)
@@ -141,10 +211,10 @@ async fn record_stored_settings(
     Ok(())
 }
 
-fn journal_stream_config(names: &Names, config: &ShardConfig) -> stream::Config {
+fn journal_stream_config(names: &Names, config: &ShardConfig, index: usize) -> stream::Config {
     stream::Config {
-        name: names.journal_stream.clone(),
-        subjects: names.journal_subjects(),
+        name: names.journal_streams()[index].clone(),
+        subjects: names.journal_subjects(index),
         retention: RetentionPolicy::Limits,
         storage: StorageType::File,
         num_replicas: config.replicas,
@@ -161,7 +231,7 @@ fn journal_stream_config(names: &Names, config: &ShardConfig) -> stream::Config 
 /// Adds what a journal stream of an earlier jetshard lacks: the subjects of per-entity dead
 /// letters and of snapshots, and roll-ups. A missing stream is left to [`ensure_stream`].
 async fn upgrade_journal_stream(js: &Context, names: &Names) -> Result<(), Error> {
-    let name = &names.journal_stream;
+    let name = &names.journal_streams()[0];
     let Ok(mut stream) = js.get_stream(name).await else {
         return Ok(());
     };
@@ -171,7 +241,7 @@ async fn upgrade_journal_stream(js: &Context, names: &Names) -> Result<(), Error
         .map_err(|e| Error::jetstream(format!("read stream {name}"), e))?;
     let mut config = info.config.clone();
     let missing: Vec<String> = names
-        .journal_subjects()
+        .journal_subjects(0)
         .into_iter()
         .filter(|s| !config.subjects.contains(s))
         .collect();
@@ -308,10 +378,12 @@ fn check_replicas(
 fn check_journal_stream(
     names: &Names,
     config: &ShardConfig,
+    index: usize,
     existing: &stream::Config,
 ) -> Result<(), Error> {
-    let what = || format!("stream {}", names.journal_stream);
-    for subject in names.journal_subjects() {
+    let name = &names.journal_streams()[index];
+    let what = || format!("stream {name}");
+    for subject in names.journal_subjects(index) {
         if !existing.subjects.contains(&subject) {
             return Err(Error::Incompatible {
                 what: what(),
@@ -337,18 +409,16 @@ fn check_journal_stream(
             detail: "allow_rollup_hdrs must be true".to_owned(),
         });
     }
-    check_stored_settings(&names.journal_stream, config, existing)?;
-    check_replicas(&names.journal_stream, config, existing)
+    check_stored_settings(name, config, existing)?;
+    check_replicas(name, config, existing)
 }
 
 /// `order.cmd.{{partition(8,1)}}.{{wildcard(1)}}` -> "8".
 fn partition_count_of(dest: &str) -> String {
-    dest.split_once("partition(")
-        .and_then(|(_, rest)| rest.split_once(','))
-        .map_or_else(
-            || format!("an unknown transform ({dest})"),
-            |(n, _)| n.to_owned(),
-        )
+    Names::partitions_of_transform(dest).map_or_else(
+        || format!("an unknown transform ({dest})"),
+        |n| n.to_string(),
+    )
 }
 
 async fn ensure_consumer(

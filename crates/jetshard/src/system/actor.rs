@@ -92,7 +92,7 @@ impl<E: Entity> Actor for SystemActor<E> {
                 client: shared.client.clone(),
                 js: shared.js.clone(),
                 names: shared.names.clone(),
-                journal: shared.journal_stream.clone(),
+                journals: shared.journals.clone(),
                 commands: shared.command_stream.clone(),
                 partitions,
                 incarnation: shared.incarnation.clone(),

@@ -15,11 +15,10 @@ use crate::config::ShardConfig;
 use crate::entity::Entity;
 use crate::error::Error;
 use crate::health::{Health, HealthBoard};
-use crate::journal::server::open_stream;
+use crate::journal::server::{Journals, open_stream};
 use crate::runtime::owner::Shared;
 use crate::runtime::topology;
 use crate::status::{OwnershipEvent, PartitionStatus};
-use crate::wire::Names;
 
 /// A running shard system: this process's part in running one entity type.
 ///
@@ -86,10 +85,10 @@ impl ShardSystem {
             .max_ack_inflight(in_flight)
             .backpressure_on_inflight(true)
             .build(client);
-        let names = Arc::new(Names::new(&config.entity_type));
+        let names = Arc::new(config.names());
         topology::provision(&js, &names, &config).await?;
         let command_stream = open_stream(&js, &names.command_stream).await?;
-        let journal_stream = open_stream(&js, &names.journal_stream).await?;
+        let journals = Journals::open(&js, &names).await?;
         let (events, _) = broadcast::channel(1024);
         let health = Arc::new(HealthBoard::new(config.partitions));
         let client = js.client();
@@ -99,7 +98,7 @@ impl ShardSystem {
             names,
             config: config.clone(),
             command_stream,
-            journal_stream,
+            journals,
             events: events.clone(),
             resident: Arc::default(),
             dormant: Arc::default(),

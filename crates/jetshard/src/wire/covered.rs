@@ -58,7 +58,7 @@ mod tests {
         // The journal's four-token subjects are exactly an entity's records: what
         // `records` matches besides `each` is its dead letters.
         let four_tokens: Vec<String> = n
-            .journal_subjects()
+            .journal_subjects(0)
             .into_iter()
             .filter(|s| s.split('.').count() == 4)
             .collect();

@@ -101,9 +101,15 @@ impl Names {
         format!("{}:dlq:{command_seq}", self.entity_type)
     }
 
-    /// `Nats-Msg-Id` of a dead letter's command published again (`jetshard dlq replay`).
-    pub(crate) fn replay_msg_id(&self, dead_letter_seq: u64) -> String {
-        format!("{}:replay:{dead_letter_seq}", self.entity_type)
+    /// `Nats-Msg-Id` of a dead letter's command published again (`jetshard dlq replay`):
+    /// `<t>:replay:<seq>`, or `<t>:replay:<p>:<seq>` in a journal spread over several streams,
+    /// where a sequence names a record of one stream only.
+    pub(crate) fn replay_msg_id(&self, partition: u32, dead_letter_seq: u64) -> String {
+        if self.journal_streams().len() == 1 {
+            format!("{}:replay:{dead_letter_seq}", self.entity_type)
+        } else {
+            format!("{}:replay:{partition}:{dead_letter_seq}", self.entity_type)
+        }
     }
 
     /// `Nats-Msg-Id` of a timer's command, as published when it fires.

@@ -6,6 +6,13 @@ use crate::wire::partition::fnv1a_32;
 /// The priority group every partition consumer uses.
 pub const PRIORITY_GROUP: &str = "owners";
 
+/// The stream metadata key recording the codec the stream's records are written with.
+pub(crate) const METADATA_CODEC: &str = "jetshard.codec";
+
+/// The stream metadata key recording how many streams the journal is spread over (absent: 1,
+/// written before journals could be spread).
+pub(crate) const METADATA_JOURNAL_STREAMS: &str = "jetshard.journal_streams";
+
 /// All names of one entity type, computed once.
 #[derive(Debug, Clone)]
 pub struct Names {
@@ -13,19 +20,37 @@ pub struct Names {
     pub(crate) entity_type: String,
     /// `<T>_CMD`.
     pub(crate) command_stream: String,
-    /// `<T>_JOURNAL`.
-    pub(crate) journal_stream: String,
+    /// The journal's streams: `<T>_JOURNAL` alone, or `<T>_JOURNAL_<k>` for each `k` of a
+    /// journal spread over several (partition `p` in stream `p % n`).
+    journal_streams: Vec<String>,
+    /// The partition count, which a spread journal's subject lists name (0 for one stream).
+    partitions: u32,
 }
 
 impl Names {
-    /// The names of entity type `entity_type` (not validated here: see
-    /// [`ShardConfig::builder`](crate::ShardConfig::builder)).
+    /// The names of entity type `entity_type` with its journal in one stream, `<T>_JOURNAL`
+    /// (not validated here: see [`ShardConfig::builder`](crate::ShardConfig::builder)).
     pub fn new(entity_type: &str) -> Self {
+        Self::spread(entity_type, 1, 0)
+    }
+
+    /// The names of entity type `entity_type` with its journal spread over `streams` streams
+    /// (`<T>_JOURNAL_0` ... ; one stream is `<T>_JOURNAL`, as [`Names::new`]) of `partitions`
+    /// partitions: partition `p`'s records are in stream `p % streams`.
+    pub fn spread(entity_type: &str, streams: u32, partitions: u32) -> Self {
         let upper = entity_type.to_ascii_uppercase().replace('-', "_");
+        let journal_streams = if streams <= 1 {
+            vec![format!("{upper}_JOURNAL")]
+        } else {
+            (0..streams)
+                .map(|k| format!("{upper}_JOURNAL_{k}"))
+                .collect()
+        };
         Self {
             entity_type: entity_type.to_owned(),
             command_stream: format!("{upper}_CMD"),
-            journal_stream: format!("{upper}_JOURNAL"),
+            partitions: if streams <= 1 { 0 } else { partitions },
+            journal_streams,
         }
     }
 
@@ -39,9 +64,21 @@ impl Names {
         &self.command_stream
     }
 
-    /// The journal stream, `<T>_JOURNAL`.
-    pub fn journal_stream(&self) -> &str {
-        &self.journal_stream
+    /// The journal stream holding `partition`'s records: `<T>_JOURNAL`, or `<T>_JOURNAL_<k>`
+    /// with `k = partition % n` for a journal spread over `n` streams.
+    pub fn journal_stream(&self, partition: u32) -> &str {
+        &self.journal_streams[self.journal_index(partition)]
+    }
+
+    /// Every stream of the journal, in order: stream `k` holds the partitions `p` with
+    /// `p % n == k`.
+    pub fn journal_streams(&self) -> &[String] {
+        &self.journal_streams
+    }
+
+    /// Which of [`journal_streams`](Self::journal_streams) holds `partition`'s records.
+    pub fn journal_index(&self, partition: u32) -> usize {
+        partition as usize % self.journal_streams.len()
     }
 
     /// Where clients publish a command: `<t>.cmd.<id>`.
@@ -60,6 +97,13 @@ impl Names {
             "{}.cmd.{{{{partition({partitions},1)}}}}.{{{{wildcard(1)}}}}",
             self.entity_type
         )
+    }
+
+    /// The partition count of a command stream's subject transform destination (the inverse of
+    /// [`Names::command_transform_dest`]); `None` if it is not one.
+    pub(crate) fn partitions_of_transform(dest: &str) -> Option<u32> {
+        let (_, rest) = dest.split_once("{{partition(")?;
+        rest.split_once(',')?.0.parse().ok()
     }
 
     /// A partition's stored commands: `<t>.cmd.<p>.*`.
@@ -107,18 +151,31 @@ impl Names {
         vec![format!("{t}.*.{partition}"), format!("{t}.*.{partition}.*")]
     }
 
-    /// The journal stream's subjects.
-    pub fn journal_subjects(&self) -> Vec<String> {
-        let t = &self.entity_type;
+    /// The subjects of journal stream `index` (of [`journal_streams`](Self::journal_streams)):
+    /// every kind of record of every partition for one stream; for a spread journal, each
+    /// kind once per partition of the stream, the partition spelled out.
+    pub fn journal_subjects(&self, index: usize) -> Vec<String> {
+        if self.journal_streams.len() == 1 {
+            return Self::record_subjects(&self.entity_type, "*");
+        }
+        let streams = self.journal_streams.len() as u32;
+        (0..self.partitions)
+            .filter(|p| p % streams == index as u32)
+            .flat_map(|p| Self::record_subjects(&self.entity_type, &p.to_string()))
+            .collect()
+    }
+
+    /// The subjects of every kind of journal record of partition token `p` (`*`: any).
+    fn record_subjects(t: &str, p: &str) -> Vec<String> {
         vec![
-            format!("{t}.evt.*.*"),
-            format!("{t}.fence.*"),
-            format!("{t}.dlq.*"),
-            format!("{t}.dlq.*.*"),
-            format!("{t}.snap.*.*"),
-            format!("{t}.out.*"),
-            format!("{t}.tmr.*.*"),
-            format!("{t}.unpin.*"),
+            format!("{t}.evt.{p}.*"),
+            format!("{t}.fence.{p}"),
+            format!("{t}.dlq.{p}"),
+            format!("{t}.dlq.{p}.*"),
+            format!("{t}.snap.{p}.*"),
+            format!("{t}.out.{p}"),
+            format!("{t}.tmr.{p}.*"),
+            format!("{t}.unpin.{p}"),
         ]
     }
 
@@ -362,7 +419,8 @@ mod tests {
         let n = Names::new("order");
         let id = EntityId::new("o-1").unwrap();
         assert_eq!(n.command_stream, "ORDER_CMD");
-        assert_eq!(n.journal_stream, "ORDER_JOURNAL");
+        assert_eq!(n.journal_stream(5), "ORDER_JOURNAL");
+        assert_eq!(n.journal_streams(), ["ORDER_JOURNAL"]);
         assert_eq!(n.command_subject(&id), "order.cmd.o-1");
         assert_eq!(
             n.command_transform_dest(8),
@@ -379,6 +437,57 @@ mod tests {
         assert_eq!(n.snapshot_subject(3, &id), "order.snap.3.o-1");
         assert_eq!(n.event_msg_id(42, 1), "order:42:1");
         assert_eq!(Names::entity_of_subject("order.evt.3.o-1"), Some("o-1"));
+    }
+
+    #[test]
+    fn a_spread_journal_holds_each_partition_in_one_stream() {
+        let n = Names::spread("order", 3, 8);
+        assert_eq!(
+            n.journal_streams(),
+            ["ORDER_JOURNAL_0", "ORDER_JOURNAL_1", "ORDER_JOURNAL_2"]
+        );
+        assert_eq!(n.journal_stream(4), "ORDER_JOURNAL_1");
+        assert_eq!(n.journal_index(7), 1);
+        let id = EntityId::new("o-1").unwrap();
+        // Every record of a partition is on a subject of its stream, and of no other.
+        for p in 0..8 {
+            let records = [
+                n.event_subject(p, &id),
+                n.fence_subject(p),
+                n.dead_letter_subject(p, "o-1"),
+                n.dead_letter_subject(p, "a.b"),
+                n.snapshot_subject(p, &id),
+                n.outbox_subject(p),
+                n.timer_subject(p, &id),
+                n.unpin_subject(p),
+            ];
+            for k in 0..3 {
+                let subjects = n.journal_subjects(k);
+                for record in &records {
+                    let held = subjects.iter().any(|s| subject_matches(s, record));
+                    assert_eq!(held, k == n.journal_index(p), "{record} in stream {k}");
+                }
+            }
+        }
+        assert_eq!(n.journal_subjects(2).len(), 2 * 8);
+        // One stream is the layout of `Names::new`.
+        assert_eq!(
+            Names::spread("order", 1, 8).journal_subjects(0),
+            Names::new("order").journal_subjects(0)
+        );
+    }
+
+    /// Whether NATS filter `filter` (`*` one token, `>` the rest) matches `subject`.
+    fn subject_matches(filter: &str, subject: &str) -> bool {
+        let (mut f, mut s) = (filter.split('.'), subject.split('.'));
+        loop {
+            match (f.next(), s.next()) {
+                (Some(">"), Some(_)) => return true,
+                (Some(a), Some(b)) if a == "*" || a == b => {}
+                (None, None) => return true,
+                _ => return false,
+            }
+        }
     }
 
     #[test]

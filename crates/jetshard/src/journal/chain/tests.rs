@@ -24,15 +24,15 @@ impl Journal {
         let js = async_nats::jetstream::new(client);
         let names = Names::new("t");
         js.create_stream(async_nats::jetstream::stream::Config {
-            name: names.journal_stream().to_owned(),
-            subjects: names.journal_subjects(),
+            name: names.journal_stream(0).to_owned(),
+            subjects: names.journal_subjects(0),
             allow_direct: true,
             ..Default::default()
         })
         .await
         .expect("create the journal");
         let stream = js
-            .get_stream_no_info(names.journal_stream())
+            .get_stream_no_info(names.journal_stream(0))
             .await
             .expect("open the journal");
         Self {
@@ -255,8 +255,8 @@ async fn on_r3_a_walk_through_a_replica_behind_its_leader_reads_what_it_lacks_fr
     let js = async_nats::jetstream::new(client.clone());
     let names = Names::new("t");
     js.create_stream(async_nats::jetstream::stream::Config {
-        name: names.journal_stream().to_owned(),
-        subjects: names.journal_subjects(),
+        name: names.journal_stream(0).to_owned(),
+        subjects: names.journal_subjects(0),
         allow_direct: true,
         num_replicas: 3,
         ..Default::default()
@@ -269,13 +269,13 @@ async fn on_r3_a_walk_through_a_replica_behind_its_leader_reads_what_it_lacks_fr
     // The quorum goes on without s2: its leader elsewhere.
     wait_until(PATIENCE, "the journal's leader off s2", || async {
         let leader = js
-            .get_stream(names.journal_stream())
+            .get_stream(names.journal_stream(0))
             .await
             .ok()
             .and_then(|s| s.cached_info().cluster.clone())
             .and_then(|c| c.leader);
         if leader.as_deref() == Some("s2") {
-            let subject = format!("$JS.API.STREAM.LEADER.STEPDOWN.{}", names.journal_stream());
+            let subject = format!("$JS.API.STREAM.LEADER.STEPDOWN.{}", names.journal_stream(0));
             let _ = client.request(subject, "".into()).await;
         }
         leader.is_some_and(|l| l != "s2")
@@ -283,12 +283,12 @@ async fn on_r3_a_walk_through_a_replica_behind_its_leader_reads_what_it_lacks_fr
     .await
     .expect("a leader off s2");
     let leader = js
-        .get_stream_no_info(names.journal_stream())
+        .get_stream_no_info(names.journal_stream(0))
         .await
         .expect("open the journal");
     let behind = async_nats::jetstream::new(cluster.node(2).connect().await.expect("s2"));
     let through_behind = behind
-        .get_stream_no_info(names.journal_stream())
+        .get_stream_no_info(names.journal_stream(0))
         .await
         .expect("open the journal on s2");
     let journal = Journal {

@@ -58,6 +58,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::journal::fence::{self, FenceRecord};
+use crate::journal::server::Journals;
 use crate::runtime::balance::Heartbeat;
 use crate::wire::{Names, PRIORITY_GROUP};
 
@@ -78,7 +79,7 @@ pub(crate) struct WatchArgs {
     /// Publishes the unpin records (`<t>.unpin.<p>`).
     pub(crate) js: async_nats::jetstream::Context,
     pub(crate) names: std::sync::Arc<Names>,
-    pub(crate) journal: Stream<()>,
+    pub(crate) journals: Journals,
     pub(crate) commands: Stream<()>,
     pub(crate) partitions: u32,
     pub(crate) incarnation: String,
@@ -108,7 +109,7 @@ pub(crate) async fn watch(args: WatchArgs) -> Result<JoinHandle<()>, async_nats:
 async fn run(args: WatchArgs, mut claims: async_nats::Subscriber) {
     let mut owners = Owners::new(&args.incarnation);
     for partition in 0..args.partitions {
-        match fence::latest(&args.journal, &args.names, partition).await {
+        match fence::latest(args.journals.of(partition), &args.names, partition).await {
             Ok(Some((_, record))) => {
                 if let Some(incarnation) = &record.incarnation {
                     owners.named(incarnation, &record.node);
@@ -217,7 +218,13 @@ async fn unpin_if_still_owned(
     partition: u32,
     dead: &str,
 ) -> (Option<(u64, Option<String>)>, bool) {
-    let (fence_seq, record) = match fence::latest(&args.journal, &args.names, partition).await {
+    let (fence_seq, record) = match fence::latest(
+        args.journals.of(partition),
+        &args.names,
+        partition,
+    )
+    .await
+    {
         Ok(Some(latest)) => latest,
         Ok(None) => return (None, false),
         Err(e) => {

@@ -51,8 +51,8 @@ mod tests {
         let js = async_nats::jetstream::new(client);
         let names = Names::new("t");
         js.create_stream(stream::Config {
-            name: names.journal_stream.clone(),
-            subjects: names.journal_subjects(),
+            name: names.journal_stream(0).to_owned(),
+            subjects: names.journal_subjects(0),
             allow_rollup: true,
             ..Default::default()
         })
@@ -84,7 +84,7 @@ mod tests {
         );
         // Rolled up: one record per partition.
         let stored = js
-            .get_stream(&names.journal_stream)
+            .get_stream(names.journal_stream(0))
             .await
             .unwrap()
             .info()
@@ -107,8 +107,8 @@ mod tests {
         let js = async_nats::jetstream::new(cluster.connect().await.expect("connect"));
         let names = Names::new("t");
         js.create_stream(stream::Config {
-            name: names.journal_stream.clone(),
-            subjects: names.journal_subjects(),
+            name: names.journal_stream(0).to_owned(),
+            subjects: names.journal_subjects(0),
             allow_rollup: true,
             num_replicas: 3,
             ..Default::default()

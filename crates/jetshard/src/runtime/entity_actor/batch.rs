@@ -83,7 +83,7 @@ impl BatchLoad {
             let asked = std::time::Instant::now();
             let _permit = Arc::clone(&context.batch_reads).acquire_owned().await.ok();
             let permitted = std::time::Instant::now();
-            let stream = context.names.journal_stream();
+            let stream = context.names.journal_stream(partition);
             let mut requests = 0;
             let answer =
                 last_records::last_records(&context.client, stream, &filters, watermark, &mut requests)

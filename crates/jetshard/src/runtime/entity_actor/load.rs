@@ -387,8 +387,8 @@ mod tests {
         let js = async_nats::jetstream::new(client.clone());
         let names = Arc::new(Names::new("t"));
         js.create_stream(async_nats::jetstream::stream::Config {
-            name: names.journal_stream().to_owned(),
-            subjects: names.journal_subjects(),
+            name: names.journal_stream(0).to_owned(),
+            subjects: names.journal_subjects(0),
             allow_direct: true,
             allow_atomic_publish: true,
             ..Default::default()
@@ -396,7 +396,7 @@ mod tests {
         .await
         .expect("create the journal");
         let journal_stream = js
-            .get_stream_no_info(names.journal_stream())
+            .get_stream_no_info(names.journal_stream(0))
             .await
             .expect("open the journal");
         for id in ids {

@@ -80,7 +80,7 @@ pub(super) async fn claim(
     // read it itself.
     let (ahead_sender, ahead) = tokio::sync::oneshot::channel();
     let read_ahead = async {
-        let read = fence::latest(&shared.journal_stream, &shared.names, partition).await;
+        let read = fence::latest(shared.journal(partition), &shared.names, partition).await;
         let _ = ahead_sender.send((read.ok(), lap(at)));
     };
     let rest = async {
@@ -149,7 +149,7 @@ async fn claim_counting(
 ) -> Result<Claimed, fence::ClaimError> {
     fence::claim(
         &shared.js,
-        &shared.journal_stream,
+        shared.journal(partition),
         &shared.names,
         partition,
         fence::Claimant {

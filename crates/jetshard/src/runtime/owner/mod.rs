@@ -250,7 +250,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
                     tokio::spawn(async move {
                         crate::query::moving(
                             &shared.client,
-                            &shared.journal_stream,
+                            shared.journal(partition),
                             &shared.names,
                             partition,
                             generation,

@@ -11,6 +11,7 @@ use tokio::sync::broadcast;
 
 use crate::config::ShardConfig;
 use crate::health::HealthBoard;
+use crate::journal::server::Journals;
 use crate::status::OwnershipEvent;
 use crate::wire::Names;
 
@@ -21,7 +22,7 @@ pub(crate) struct Shared {
     pub(crate) names: Arc<Names>,
     pub(crate) config: ShardConfig,
     pub(crate) command_stream: Stream<()>,
-    pub(crate) journal_stream: Stream<()>,
+    pub(crate) journals: Journals,
     pub(crate) events: broadcast::Sender<OwnershipEvent>,
     /// Live entity actors over all partitions of this system (for the resident cap).
     pub(crate) resident: Arc<AtomicUsize>,
@@ -41,4 +42,11 @@ pub(crate) struct Shared {
     /// The partitions' consumers resumed, told to their pull loops (see
     /// [`crate::runtime::pin::resumed`]).
     pub(crate) resumes: Arc<crate::runtime::pin::resumed::Resumes>,
+}
+
+impl Shared {
+    /// The journal stream holding `partition`'s records.
+    pub(crate) fn journal(&self, partition: u32) -> &Stream<()> {
+        self.journals.of(partition)
+    }
 }

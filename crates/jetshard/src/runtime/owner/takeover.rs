@@ -70,7 +70,7 @@ impl<E: Entity> OwnerState<E> {
         let context = Arc::new(EntityContext {
             partition,
             journal,
-            journal_stream: self.shared.journal_stream.clone(),
+            journal_stream: self.shared.journal(partition).clone(),
             direct_reads: self.shared.config.replicas == 1,
             client: self.shared.client.clone(),
             names: self.shared.names.clone(),
@@ -88,7 +88,7 @@ impl<E: Entity> OwnerState<E> {
         });
         let recovery = tokio::spawn(crate::runtime::outbox::recover(
             self.shared.js.clone(),
-            self.shared.journal_stream.clone(),
+            self.shared.journal(partition).clone(),
             self.shared.names.clone(),
             partition,
             context.journal.clone(),

@@ -24,7 +24,7 @@ impl<E: Entity> OwnerState<E> {
     /// the partition is acquired again or dropped; the owner arms them when they come back.
     pub(super) fn find_timers(&mut self, partition: u32, generation: u64) {
         let (journal, names) = (
-            self.shared.journal_stream.clone(),
+            self.shared.journal(partition).clone(),
             self.shared.names.clone(),
         );
         let owner = self.myself.clone();
@@ -58,7 +58,7 @@ impl<E: Entity> OwnerState<E> {
             return;
         };
         let sweeper = Sweeper {
-            journal: self.shared.journal_stream.clone(),
+            journal: self.shared.journal(self.partition).clone(),
             commands: self.shared.command_stream.clone(),
             names: self.shared.names.clone(),
             partition: self.partition,

@@ -1,0 +1,200 @@
+//! A journal spread over several streams (`ShardConfig::journal_streams`): each partition's
+//! records in its own stream, through a takeover, dead letters, timers and a restart; a journal
+//! of one layout refused with the other, whichever came first.
+
+use jetshard::admin::{Admin, DeadLetterPurge};
+use jetshard::{Error, JournalReader};
+use jetshard_tests::model::Op;
+use jetshard_tests::{Scenario, id_in, init_tracing};
+
+const PARTITIONS: u32 = 8;
+const STREAMS: u32 = 3;
+
+/// The names of the spread journal's streams.
+fn spread_streams() -> Vec<String> {
+    (0..STREAMS)
+        .map(|k| format!("LEDGER_JOURNAL_{k}"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spread_journal_keeps_each_partition_in_its_stream_through_a_takeover() {
+    init_tracing();
+    let mut s = Scenario::single(PARTITIONS).await.journal_streams(STREAMS);
+    let a = s.system("a").await;
+    // Every partition: entities with history, a timer, and a payload that is no command (a
+    // dead letter).
+    let entities: Vec<String> = (0..PARTITIONS)
+        .flat_map(|p| (0..3).map(move |k| id_in(&format!("e{k}-"), p, PARTITIONS)))
+        .collect();
+    for n in 0..4 {
+        s.append_to_all(&entities, n).await;
+    }
+    for p in 0..PARTITIONS {
+        let entity = id_in("timed-", p, PARTITIONS);
+        let arm = Op::Arm {
+            name: "t".into(),
+            n: 1,
+            // Armed through the test: the takeover finds it in the partition's stream.
+            after_ms: 600_000,
+        };
+        s.send(&entity, arm).await;
+        s.send_raw(
+            &id_in("bad-", p, PARTITIONS),
+            b"no command".to_vec(),
+            Op::Garbage,
+        )
+        .await;
+    }
+    jetshard_tests::drained(&s.client, "ledger").await;
+
+    // Each stream exists and holds exactly its partitions' records; the one-stream name does
+    // not exist.
+    assert!(s.js.get_stream("LEDGER_JOURNAL").await.is_err());
+    let mut held = 0;
+    for (k, name) in spread_streams().iter().enumerate() {
+        let stream =
+            s.js.get_stream_no_info(name)
+                .await
+                .expect("a journal stream");
+        let records = JournalReader::new(stream, "ledger")
+            .all()
+            .await
+            .expect("read");
+        assert!(!records.is_empty(), "{name} holds nothing");
+        for record in &records {
+            let partition = record.partition.expect("a partition");
+            assert_eq!(
+                partition % STREAMS,
+                k as u32,
+                "{} in {name}",
+                record.subject
+            );
+        }
+        held += records.len();
+    }
+    let all = JournalReader::open(&s.js, "ledger")
+        .await
+        .expect("open")
+        .all()
+        .await
+        .expect("read");
+    assert_eq!(
+        all.len(),
+        held,
+        "the reader of the whole journal reads every stream"
+    );
+
+    // The dead letters, listed over the streams and purged per partition.
+    let admin = Admin::new(s.client.clone(), "ledger");
+    let letters = admin.dead_letters().await.expect("dead letters");
+    assert_eq!(letters.len(), PARTITIONS as usize, "{letters:?}");
+    let mut partitions: Vec<u32> = letters.iter().map(|l| l.partition).collect();
+    partitions.sort_unstable();
+    assert_eq!(partitions, (0..PARTITIONS).collect::<Vec<_>>());
+    let overview = admin.overview().await.expect("overview");
+    assert!(overview.iter().all(|p| p.generation == 1), "{overview:?}");
+
+    // A takeover: b starts, a stops; b serves every partition from the spread journal.
+    let b = s.system("b").await;
+    a.shutdown().await.expect("stop a");
+    for n in 4..6 {
+        s.append_to_all(&entities, n).await;
+    }
+    s.check().await;
+
+    // And again after a restart: every partition acquired and serving.
+    let b = s.restart_serves(b, "b").await;
+    s.check().await;
+    b.shutdown().await.expect("stop b");
+    // Purged last: the history's check counts on the dead letters.
+    let purged = admin
+        .purge_dead_letters(DeadLetterPurge::all())
+        .await
+        .expect("purge");
+    assert_eq!(purged.purged, u64::from(PARTITIONS), "{purged:?}");
+    assert!(admin.dead_letters().await.expect("dead letters").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_is_opened_only_with_the_layout_it_was_written_with() {
+    init_tracing();
+    let mut s = Scenario::single(4).await.journal_streams(1);
+    let system = s.system("a").await;
+    s.send(&id_in("x-", 0, 4), Op::Append(0)).await;
+    jetshard_tests::drained(&s.client, "ledger").await;
+    system.shutdown().await.expect("stop");
+
+    // A one-stream journal is not opened spread, nor is a spread one made beside it.
+    let spread = s.config("a").journal_streams(2).build().expect("config");
+    let refused = jetshard::ShardSystem::start::<jetshard_tests::ledger::Ledger>(
+        s.client.clone(),
+        spread.clone(),
+    )
+    .await
+    .err()
+    .expect("refused");
+    match &refused {
+        Error::StoredSettingMismatch {
+            setting: "journal_streams",
+            stored,
+            configured,
+            ..
+        } => assert_eq!((stored.as_str(), configured.as_str()), ("1", "2")),
+        other => panic!("not the layout's refusal: {other}"),
+    }
+    assert!(s.js.get_stream("LEDGER_JOURNAL_0").await.is_err());
+
+    // A command stream written before the layout was recorded (no record): one stream, so
+    // still refused spread, and opened as one stream, which records it.
+    let mut config = jetshard_tests::stream_info(&s.js, "LEDGER_CMD")
+        .await
+        .config;
+    config.metadata.remove("jetshard.journal_streams");
+    s.js.update_stream(config).await.expect("drop the record");
+    assert!(
+        jetshard::ShardSystem::start::<jetshard_tests::ledger::Ledger>(s.client.clone(), spread)
+            .await
+            .is_err()
+    );
+    let system = s.system("a").await;
+    let recorded = jetshard_tests::stream_info(&s.js, "LEDGER_CMD")
+        .await
+        .config;
+    assert_eq!(
+        recorded
+            .metadata
+            .get("jetshard.journal_streams")
+            .map(String::as_str),
+        Some("1")
+    );
+    let system = s.restart_serves(system, "a").await;
+    s.check().await;
+    system.shutdown().await.expect("stop");
+
+    // The other way round: a spread journal is not opened as one stream.
+    let other = Scenario::single(4).await.journal_streams(2);
+    let system = other.system("a").await;
+    system.shutdown().await.expect("stop");
+    let one = other
+        .config("a")
+        .journal_streams(1)
+        .build()
+        .expect("config");
+    let refused =
+        jetshard::ShardSystem::start::<jetshard_tests::ledger::Ledger>(other.client.clone(), one)
+            .await
+            .err()
+            .expect("refused");
+    assert!(
+        matches!(
+            &refused,
+            Error::StoredSettingMismatch {
+                setting: "journal_streams",
+                ..
+            }
+        ),
+        "{refused}"
+    );
+    assert!(other.js.get_stream("LEDGER_JOURNAL").await.is_err());
+}
