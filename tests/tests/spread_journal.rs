@@ -2,8 +2,11 @@
 //! records in its own stream, through a takeover, dead letters, timers and a restart; a journal
 //! of one layout refused with the other, whichever came first.
 
+use std::time::Duration;
+
 use jetshard::admin::{Admin, DeadLetterPurge};
 use jetshard::{Error, JournalReader};
+use jetshard_testkit::wait_until;
 use jetshard_tests::model::Op;
 use jetshard_tests::{Scenario, id_in, init_tracing};
 
@@ -197,4 +200,98 @@ async fn a_journal_is_opened_only_with_the_layout_it_was_written_with() {
         "{refused}"
     );
     assert!(other.js.get_stream("LEDGER_JOURNAL").await.is_err());
+}
+
+/// Which server leads each of `streams`' journal streams now (`None` while one has no leader).
+async fn journal_leaders(s: &Scenario, streams: u32) -> Option<Vec<String>> {
+    let mut leaders = Vec::new();
+    for k in 0..streams {
+        let mut stream = s.js.get_stream(format!("LEDGER_JOURNAL_{k}")).await.ok()?;
+        let info = stream.info().await.ok()?;
+        leaders.push(info.cluster.clone()?.leader?);
+    }
+    Some(leaders)
+}
+
+/// Whether each of the cluster's servers leads exactly one of its five journal streams.
+async fn one_leader_each(s: &Scenario) -> bool {
+    let Some(mut leaders) = journal_leaders(s, 5).await else {
+        return false;
+    };
+    leaders.sort();
+    leaders.dedup();
+    leaders.len() == 5
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_five_servers_each_leads_a_journal_stream_again_after_a_restart_under_load() {
+    init_tracing();
+    const P: u32 = 10;
+    let mut s = Scenario::cluster_of(5, P).await.journal_streams(5);
+    let a = s.system("a").await;
+    let b = s.system("b").await;
+    let entities: Vec<String> = (0..P).map(|p| id_in("five-", p, P)).collect();
+    s.append_to_all(&entities, 0).await;
+    // Each stream on three of the five servers, every server holding replicas; the owner of
+    // partition 0 moves leaders until each server leads one.
+    for k in 0..5 {
+        let info = jetshard_tests::stream_info(&s.js, &format!("LEDGER_JOURNAL_{k}")).await;
+        assert_eq!(info.config.num_replicas, 3);
+    }
+    let spread = wait_until(
+        Duration::from_secs(90),
+        "every server leading a journal stream",
+        || one_leader_each(&s),
+    )
+    .await;
+    if let Err(e) = spread {
+        panic!("{e}: {:?}", journal_leaders(&s, 5).await);
+    }
+
+    // The leader of stream 0's server killed under load and started again: nothing lost,
+    // and its leadership comes back to it.
+    let leaders = journal_leaders(&s, 5).await.expect("leaders");
+    let victim = &leaders[0];
+    s.cluster_servers()
+        .node_by_name(victim)
+        .expect("a server")
+        .kill()
+        .expect("kill");
+    for n in 1..4 {
+        s.append_to_all(&entities, n).await;
+    }
+    // Down until another server leads its stream (and the commands were served meanwhile).
+    wait_until(
+        Duration::from_secs(30),
+        "a new leader of stream 0",
+        || async {
+            journal_leaders(&s, 1)
+                .await
+                .is_some_and(|leaders| leaders[0] != *victim)
+        },
+    )
+    .await
+    .unwrap();
+    jetshard_tests::drained(&s.client, "ledger").await;
+    s.cluster_servers()
+        .node_by_name(victim)
+        .expect("a server")
+        .restart()
+        .await
+        .expect("restart");
+    for n in 4..6 {
+        s.append_to_all(&entities, n).await;
+    }
+    let spread = wait_until(
+        Duration::from_secs(120),
+        "every server leading a journal stream after the restart",
+        || one_leader_each(&s),
+    )
+    .await;
+    if let Err(e) = spread {
+        panic!("{e}: {:?}", journal_leaders(&s, 5).await);
+    }
+    s.check().await;
+    a.shutdown().await.expect("stop a");
+    b.shutdown().await.expect("stop b");
 }

@@ -85,6 +85,16 @@ impl ShardConfigBuilder {
         self
     }
 
+    /// Whether the owner of partition 0 keeps the leaders of a journal spread over several
+    /// replicated streams spread over the servers (default on; a step-down towards the server
+    /// leading the fewest while one leads two more, every 5 s at most, see
+    /// docs/OPERATIONS.md). Off where an operator places leaders: the server itself elects a
+    /// new stream's leader at random and never moves one back after a restart.
+    pub fn spread_leaders(mut self, on: bool) -> Self {
+        self.config.spread_leaders = on;
+        self
+    }
+
     /// The journal's de-duplication window (default 10 min); must cover a command's whole
     /// redelivery span, `ack_wait * max_deliver`.
     pub fn duplicate_window(mut self, window: Duration) -> Self {

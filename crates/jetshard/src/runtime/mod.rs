@@ -9,6 +9,7 @@
 //! - [`timer`] and [`outbox`]: what a command sends later or elsewhere, after its events.
 //! - [`compaction`]: each owner's background compaction of its partition's journal.
 //! - [`topology`]: the streams and consumers a system needs, created or checked at start.
+//! - [`leaders`]: a spread journal's stream leaders kept spread over the servers.
 //!
 //! Architecture Invariant: the runtime sits on the journal (`journal/`), the wire names
 //! (`wire/`) and plain data (`data/`); nothing below it imports it. Only
@@ -18,6 +19,7 @@ pub(crate) mod balance;
 pub(crate) mod compaction;
 pub(crate) mod crash;
 pub(crate) mod entity_actor;
+pub(crate) mod leaders;
 pub(crate) mod outbox;
 pub(crate) mod owner;
 pub(crate) mod pin;

@@ -106,6 +106,16 @@ impl<E: Entity> Actor for SystemActor<E> {
             .await?;
             state.tasks.push(watch);
         }
+        let config = &state.shared.config;
+        if config.spread_leaders && config.replicas > 1 && config.journal_streams > 1 {
+            state
+                .tasks
+                .push(tokio::spawn(crate::runtime::leaders::keep_spread(
+                    state.shared.js.clone(),
+                    state.shared.names.clone(),
+                    state.shared.health.clone(),
+                )));
+        }
         let mut requests = state
             .shared
             .client

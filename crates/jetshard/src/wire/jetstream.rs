@@ -1,6 +1,6 @@
 //! JetStream's own API and reply subjects that jetshard addresses without async-nats: the ack
-//! prefix, the pull request, direct gets, the answers to a journal writer's publishes, and the
-//! consumers' pause advisories.
+//! prefix, the pull request, direct gets, the answers to a journal writer's publishes, the
+//! consumers' pause advisories and a stream leader's step-down.
 
 /// The prefix of a JetStream ack reply subject (`$JS.ACK.…`, ADR-15).
 pub(crate) const ACK_PREFIX: &str = "$JS.ACK.";
@@ -28,6 +28,11 @@ pub(crate) fn write_answers(inbox: &str) -> (String, String) {
 /// The subject direct gets of `stream` are sent to (any replica answers).
 pub(crate) fn direct_get_subject(stream: &str) -> String {
     format!("$JS.API.DIRECT.GET.{stream}")
+}
+
+/// The JetStream API request (after `$JS.API.`) that asks `stream`'s leader to step down.
+pub(crate) fn stream_leader_stepdown(stream: &str) -> String {
+    format!("STREAM.LEADER.STEPDOWN.{stream}")
 }
 
 /// What the pause advisories of every consumer of `stream` are published on: the server says
