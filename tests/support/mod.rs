@@ -71,7 +71,9 @@ pub mod secure;
 pub mod stock;
 pub mod tally;
 
-pub use scenario::{Scenario, describe_consumers, provision, wait_drained};
+pub use scenario::{
+    Scenario, copy_journal, describe_consumers, provision, wait_copied, wait_drained,
+};
 
 use std::time::Duration;
 
@@ -95,6 +97,21 @@ pub fn ledger_config(partitions: u32, node: &str) -> jetshard::ShardConfigBuilde
 /// `partitions`), default 1. The suites of the ledger run on either layout.
 pub fn journal_streams(partitions: u32) -> u32 {
     (env_or("JETSHARD_JOURNAL_STREAMS", 1) as u32).clamp(1, partitions)
+}
+
+/// The streams of the ledger's journal as [`journal_streams`] spreads it (`LEDGER_JOURNAL`
+/// alone by default).
+pub fn ledger_journals() -> Vec<String> {
+    let streams = journal_streams(u32::MAX);
+    jetshard::wire::Names::spread("ledger", streams, streams)
+        .journal_streams()
+        .to_vec()
+}
+
+/// The journal stream holding `partition`'s ledger records.
+pub fn ledger_journal_of(partition: u32) -> String {
+    let journals = ledger_journals();
+    journals[partition as usize % journals.len()].clone()
 }
 
 /// The tests' background compaction interval: `JETSHARD_COMPACTION_MS`, default none (off):

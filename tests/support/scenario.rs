@@ -325,50 +325,28 @@ impl Scenario {
 }
 
 impl Scenario {
-    /// Creates the streams, then a mirror of the ledger's journal (`ledger_journal_mirror`):
-    /// it keeps every record the journal held, so a test whose owners compact the journal can
-    /// still judge the whole history ([`Scenario::check_mirrored`]).
+    /// Creates the streams, then a copy of the ledger's journal (`ledger_journal_mirror`, see
+    /// [`copy_journal`]): it keeps every record the journal held, so a test whose owners
+    /// compact the journal can still judge the whole history ([`Scenario::check_mirrored`]).
     pub async fn mirror_journal(&self) {
         self.provision().await;
-        let journal = ledger_journal();
-        self.js
-            .create_stream(jetstream::stream::Config {
-                name: MIRROR.to_owned(),
-                mirror: Some(jetstream::stream::Source {
-                    name: journal,
-                    ..Default::default()
-                }),
-                allow_rollup: true,
-                num_replicas: self.replicas,
-                ..Default::default()
-            })
-            .await
-            .expect("create the journal's mirror");
+        let journals = self.config("x").build().expect("config").names();
+        copy_journal(&self.js, MIRROR, journals.journal_streams(), self.replicas).await;
     }
 
-    /// [`Scenario::check`] against the journal's mirror ([`Scenario::mirror_journal`]): waits
-    /// until the command stream drained and the mirror holds the journal's last record, then
-    /// judges the mirror's records against the history.
+    /// [`Scenario::check`] against the journal's copy ([`Scenario::mirror_journal`]): waits
+    /// until the command stream drained and the copy holds the journal's last records, then
+    /// judges the copy's records against the history.
     pub async fn check_mirrored(&self) -> Report {
         let drained = wait_drained(&self.js, DRAIN_WITHIN).await;
         assert!(drained.is_ok(), "drained: {drained:?}");
-        let journal = ledger_journal();
-        let last = |name: String| {
-            let js = self.js.clone();
-            async move {
-                let mut stream = js.get_stream(&name).await.expect("open a stream");
-                stream
-                    .info()
-                    .await
-                    .expect("stream info")
-                    .state
-                    .last_sequence
-            }
-        };
-        let end = last(journal).await;
-        wait_until(Duration::from_secs(20), "the mirror caught up", || async {
-            last(MIRROR.to_owned()).await >= end
-        })
+        let journals = self.config("x").build().expect("config").names();
+        wait_copied(
+            &self.js,
+            MIRROR,
+            journals.journal_streams(),
+            Duration::from_secs(20),
+        )
         .await
         .unwrap();
         let mirror = self
@@ -399,6 +377,82 @@ impl Scenario {
         assert!(report.is_ok(), "{report}");
         report
     }
+}
+
+/// Creates stream `name`, a copy of the journal in `journals` that keeps what compaction purges
+/// from them: a mirror of a one-stream journal; of a spread journal, one stream sourcing all of
+/// them (each stream's records in their order, interleaved). Retried while the journal's streams
+/// are not there yet (a cluster still electing).
+pub async fn copy_journal(js: &Context, name: &str, journals: &[String], replicas: usize) {
+    let source = |name: &String| jetstream::stream::Source {
+        name: name.clone(),
+        ..Default::default()
+    };
+    let (mirror, sources) = match journals {
+        [one] => (Some(source(one)), None),
+        many => (None, Some(many.iter().map(source).collect())),
+    };
+    let config = jetstream::stream::Config {
+        name: name.to_owned(),
+        mirror,
+        sources,
+        allow_rollup: true,
+        num_replicas: replicas,
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    };
+    wait_until(Duration::from_secs(30), "the journal's copy", || async {
+        js.get_or_create_stream(config.clone()).await.is_ok()
+    })
+    .await
+    .expect("create the journal's copy");
+}
+
+/// Waits (bounded) until the copy `name` of `journals` ([`copy_journal`]) holds everything
+/// they held when called: a mirror up to the journal's last sequence then; a copy of a spread
+/// journal until no source lags.
+///
+/// # Errors
+/// The timeout, or the journal unreadable.
+pub async fn wait_copied(
+    js: &Context,
+    name: &str,
+    journals: &[String],
+    within: Duration,
+) -> Result<(), String> {
+    let info = |name: String| async move {
+        match js.get_stream(name).await {
+            Ok(mut stream) => stream.info().await.ok().cloned(),
+            Err(_) => None,
+        }
+    };
+    if journals.len() > 1 {
+        return wait_until(within, "the journal's copy to catch up", || async {
+            info(name.to_owned()).await.is_some_and(|info| {
+                info.sources.len() == journals.len() && info.sources.iter().all(|s| s.lag == 0)
+            })
+        })
+        .await
+        .map_err(|e| e.to_string());
+    }
+    let mut target = None;
+    let deadline = tokio::time::Instant::now() + within;
+    while target.is_none() && tokio::time::Instant::now() < deadline {
+        target = info(journals[0].clone())
+            .await
+            .map(|i| i.state.last_sequence);
+        if target.is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let target = target.ok_or("the journal's last sequence unreadable")?;
+    wait_until(within, "the journal's copy to catch up", || async {
+        info(name.to_owned())
+            .await
+            .is_some_and(|i| i.state.last_sequence >= target)
+    })
+    .await
+    .map_err(|e| e.to_string())
 }
 
 /// The name of the journal's mirror ([`Scenario::mirror_journal`]).
@@ -465,14 +519,4 @@ pub async fn describe_consumers(js: &Context) -> String {
         );
     }
     text
-}
-
-/// The name of the ledger's journal stream, as jetshard names it.
-fn ledger_journal() -> String {
-    ShardConfig::builder("ledger")
-        .build()
-        .expect("config")
-        .names()
-        .journal_stream(0)
-        .to_owned()
 }

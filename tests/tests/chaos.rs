@@ -166,7 +166,10 @@ fn id_in(partition: u32, partitions: u32, prefix: &str) -> String {
 
 /// The latest fence record of `partition`: generation and node.
 async fn latest_fence(js: &Context, partition: u32) -> Option<(u64, String)> {
-    let stream = js.get_stream_no_info("LEDGER_JOURNAL").await.ok()?;
+    let stream = js
+        .get_stream_no_info(jetshard_tests::ledger_journal_of(partition))
+        .await
+        .ok()?;
     let message = stream
         .get_last_raw_message_by_subject(&format!("ledger.fence.{partition}"))
         .await

@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use jetshard::ShardConfig;
 use jetshard_testkit::wait_until;
 use jetshard_tests::ledger::LedgerCmd;
 use jetshard_tests::{Scenario, init_tracing, snapshot_every};
@@ -17,12 +16,13 @@ const COMPACTION: [(&str, &str); 1] = [("JETSHARD_COMPACTION_MS", "200")];
 /// How many records of the ledger's journal lie on `filter` (the server's count per subject:
 /// no consumer is made).
 async fn records_on(s: &Scenario, filter: &str) -> usize {
-    let names = ShardConfig::builder("ledger").build().unwrap().names();
-    let journal = s.js.get_stream(names.journal_stream(0)).await.unwrap();
-    let mut subjects = journal.info_with_subjects(filter).await.unwrap();
     let mut total = 0;
-    while let Some(subject) = subjects.next().await {
-        total += subject.unwrap().1;
+    for name in jetshard_tests::ledger_journals() {
+        let journal = s.js.get_stream(name).await.unwrap();
+        let mut subjects = journal.info_with_subjects(filter).await.unwrap();
+        while let Some(subject) = subjects.next().await {
+            total += subject.unwrap().1;
+        }
     }
     total
 }

@@ -18,6 +18,7 @@
 //! | `recovery` | acquisition -> first command with a long history; first-command latency; dormant memory; snapshot cost | the full replay of the partition; loaded entities; snapshots off |
 //! | `compaction` | journal messages and bytes over a long run; command p99; the acquisition's timer read after 100k timers | compaction off; 1k timers ever set |
 //! | `overload` | a SIGSTOP of the server (or of the journal's leader on R3, or a SIGKILL of a node) at a sustainable rate: seconds until the backlog drains, the completed rate after the fault | the offered rate; the latency before the fault |
+//! | `spread` | on 5 servers with R3 streams, the journal in one stream against spread over five: each server's CPU at a fixed rate, latency, maximum rate | one journal stream |
 //! | `loads` | one entity's load (latency, server CPU) with 10x more records of other entities in the journal | the same with 1x; a journal written without links |
 //!
 //! Figures are printed as a table and written as JSON; targets are reported, never asserted.
@@ -54,6 +55,7 @@ pub mod report;
 pub mod runqueue;
 pub mod scale;
 pub mod scaling;
+pub mod spread;
 pub mod stages;
 pub mod stats;
 pub mod throughput;
@@ -99,6 +101,9 @@ pub enum Scenario {
     /// One entity's load with 10x more records of other entities in the journal: the same
     /// latency and server CPU (it reads the entity's own records only).
     Loads,
+    /// On a 5-server cluster, the journal in one stream against spread over five: each
+    /// server's CPU at a fixed rate, the latency and the maximum rate.
+    Spread,
 }
 
 /// The sizes and settings of a run.
@@ -245,6 +250,21 @@ pub struct Options {
     /// Rounds of the cluster scenario (serialized bare, pipelined bare, jetshard, each round).
     #[arg(long, default_value_t = 1)]
     pub cluster_rounds: usize,
+    /// Rounds of the spread scenario (one journal stream, then five, each round).
+    #[arg(long, default_value_t = 1)]
+    pub spread_rounds: usize,
+    /// Offered rate of the spread scenario, commands/s.
+    #[arg(long, default_value_t = 1_500.0)]
+    pub spread_rate: f64,
+    /// Seconds of the spread scenario's offered load (after a 2-s warm-up).
+    #[arg(long, default_value_t = 20)]
+    pub spread_secs: u64,
+    /// Partitions of the spread scenario.
+    #[arg(long, default_value_t = 10)]
+    pub spread_partitions: u32,
+    /// Commands of the spread scenario's backlog (its maximum rate).
+    #[arg(long, default_value_t = 20_000)]
+    pub spread_drain_commands: usize,
     /// Seconds of measured latency load.
     #[arg(long, default_value_t = 10)]
     pub latency_secs: u64,
@@ -460,6 +480,7 @@ async fn run(
             Scenario::Compaction => compaction::run(&options, &mut report).await,
             Scenario::Overload => overload::run(&options, &mut report).await,
             Scenario::Loads => loads::run(&options, &mut report).await,
+            Scenario::Spread => spread::run(&options, &mut report).await,
         };
         if let Err(e) = result {
             // One failed scenario does not cost the figures of the others.

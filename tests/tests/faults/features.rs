@@ -7,69 +7,31 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, context::Context};
 use jetshard_testkit::history::{Ack, History};
-use jetshard_testkit::wait_until;
 use jetshard_tests::model::Op;
 use tokio::task::JoinHandle;
 
 use super::{PUBLISH_TIMEOUT, Rng, encode, publish};
 
 /// The mirror of `LEDGER_JOURNAL` a schedule with a compaction reads its history from: the
-/// compaction purges events the snapshots cover, the mirror keeps them.
+/// compaction purges events the snapshots cover, the mirror keeps them. A journal spread over
+/// several streams is copied from all of them into this one stream (its sources), each
+/// stream's records in their order.
 pub const JOURNAL_COPY: &str = "LEDGER_JOURNAL_COPY";
 
 /// Creates [`JOURNAL_COPY`] (with `replicas`) once the journal exists.
 pub async fn start_journal_copy(js: &Context, replicas: usize) {
-    let config = jetstream::stream::Config {
-        name: JOURNAL_COPY.to_owned(),
-        mirror: Some(jetstream::stream::Source {
-            name: "LEDGER_JOURNAL".to_owned(),
-            ..Default::default()
-        }),
-        num_replicas: replicas,
-        storage: jetstream::stream::StorageType::File,
-        ..Default::default()
-    };
-    wait_until(Duration::from_secs(30), "the journal's mirror", || async {
-        js.get_or_create_stream(config.clone()).await.is_ok()
-    })
-    .await
-    .expect("create the journal's mirror");
+    jetshard_tests::copy_journal(
+        js,
+        JOURNAL_COPY,
+        &jetshard_tests::ledger_journals(),
+        replicas,
+    )
+    .await;
 }
 
 /// Waits (bounded) until [`JOURNAL_COPY`] holds everything the journal held when called.
 pub async fn wait_journal_copied(js: &Context, within: Duration) -> Result<(), String> {
-    let last = |name: &'static str| async move {
-        match js.get_stream(name).await {
-            Ok(mut stream) => stream.info().await.ok().map(|i| i.state.last_sequence),
-            Err(_) => None,
-        }
-    };
-    let target = wait_for(within, || async { last("LEDGER_JOURNAL").await })
-        .await
-        .ok_or("the journal's last sequence unreadable")?;
-    wait_until(within, "the journal's mirror to catch up", || async {
-        last(JOURNAL_COPY).await.is_some_and(|seq| seq >= target)
-    })
-    .await
-    .map_err(|e| e.to_string())
-}
-
-/// Polls `read` until it returns something, up to `within`.
-async fn wait_for<T, F, Fut>(within: Duration, mut read: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(value) = read().await {
-            return Some(value);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    jetshard_tests::wait_copied(js, JOURNAL_COPY, &jetshard_tests::ledger_journals(), within).await
 }
 
 /// The stock entities of a schedule.

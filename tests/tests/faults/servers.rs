@@ -12,7 +12,7 @@ use super::Nodes;
 /// Which server a kill hits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Victim {
-    /// The leader of `LEDGER_JOURNAL`.
+    /// The leader of `LEDGER_JOURNAL` (of partition 0's journal stream, for a spread journal).
     JournalLeader,
     /// The leader of `LEDGER_CMD`.
     CommandLeader,
@@ -49,9 +49,9 @@ pub async fn victim_server(
     match victim {
         Victim::JournalLeader | Victim::CommandLeader => {
             let name = if victim == Victim::JournalLeader {
-                "LEDGER_JOURNAL"
+                jetshard_tests::ledger_journal_of(0)
             } else {
-                "LEDGER_CMD"
+                "LEDGER_CMD".to_owned()
             };
             js.get_stream(name)
                 .await
@@ -88,7 +88,9 @@ pub async fn healthy(js: &Context, partitions: u32) -> bool {
                 && c.replicas.iter().all(|r| r.current && !r.offline)
         })
     };
-    for name in ["LEDGER_CMD", "LEDGER_JOURNAL"] {
+    let mut streams = jetshard_tests::ledger_journals();
+    streams.push("LEDGER_CMD".to_owned());
+    for name in streams {
         let Ok(mut stream) = js.get_stream(name).await else {
             return false;
         };

@@ -1,0 +1,300 @@
+//! Scenario `spread`: an entity type's journal in one stream against spread over as many
+//! streams as the cluster has servers (`ShardConfig::journal_streams`), on a 5-server cluster
+//! with R3 streams, in the same run.
+//!
+//! Per layout, on a fresh cluster with one shard system in this process: the journal streams'
+//! leaders (spread, the owner of partition 0 moves them until each server leads one), then an
+//! offered load at a fixed rate (`--spread-rate` cmd/s for `--spread-secs`, every entity warm):
+//! each server's CPU over the load (its share of a core), the busiest and the idlest against
+//! the mean, the latency from the scheduled send to the event stored (as `latency` measures
+//! it); then the maximum rate: `--spread-drain-commands` commands pre-loaded behind paused
+//! consumers, and the time to drain them.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use jetshard::{Codec, ShardConfig, ShardSystem};
+use jetshard_testkit::{NatsCluster, wait_until};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::Options;
+use crate::cpu::cpu_time;
+use crate::entity::{BenchCmd, BenchEntity};
+use crate::latency::{Stamps, offer};
+use crate::load::{self, AckWindow, CommandPublisher, Gate};
+use crate::report::{Report, Row, Worse};
+use crate::stats::Summary;
+
+const ENTITY_TYPE: &str = "spread";
+
+/// The cluster's servers, and the journal streams of the spread layout.
+const SERVERS: usize = 5;
+
+/// How long the leaders may take to spread before the load starts anyway.
+const SPREAD_WITHIN: Duration = Duration::from_secs(90);
+
+/// Load before the measured window.
+const WARM_UP: Duration = Duration::from_secs(2);
+
+/// One layout's run.
+#[derive(Debug, Clone, Serialize)]
+struct LayoutRun {
+    streams: u32,
+    /// Each journal stream's leader when the load started.
+    leaders: Vec<String>,
+    /// Each server's CPU over the offered load, in cores, by server name.
+    cpu: Vec<(String, f64)>,
+    busiest_to_mean: f64,
+    idlest_to_mean: f64,
+    latency: Summary,
+    /// Events stored per second over the offered load.
+    completed_rate: f64,
+    /// Commands/s drained from a pre-loaded backlog.
+    drain_rate: f64,
+}
+
+/// The scenario.
+pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
+    let mut runs = Vec::new();
+    for round in 0..options.spread_rounds {
+        for streams in [1, SERVERS as u32] {
+            eprintln!(
+                "spread round {}/{}: the journal in {streams} stream(s), {} cmd/s for {} s",
+                round + 1,
+                options.spread_rounds,
+                options.spread_rate,
+                options.spread_secs
+            );
+            runs.push(measure(options, streams).await?);
+        }
+    }
+    let shape = format!(
+        "{SERVERS} servers, R3, {} partitions, {} entities",
+        options.spread_partitions, options.entities
+    );
+    let of = |streams: u32, figure: fn(&LayoutRun) -> f64| -> Vec<f64> {
+        runs.iter()
+            .filter(|r| r.streams == streams)
+            .map(figure)
+            .collect()
+    };
+    let rate = options.spread_rate;
+    let mut baselines = Vec::new();
+    for streams in [1, SERVERS as u32] {
+        let layout = if streams == 1 {
+            "one journal stream".to_owned()
+        } else {
+            format!("journal spread over {streams} streams")
+        };
+        let row = |what: &str, figure: fn(&LayoutRun) -> f64, unit: &'static str, worse: Worse| {
+            Row::over_rounds(
+                "spread",
+                format!("{layout}: {what}, {shape}"),
+                &of(streams, figure),
+                unit,
+                worse,
+            )
+        };
+        let servers_leading = row(
+            "servers leading a journal stream",
+            |r| {
+                let mut leaders = r.leaders.clone();
+                leaders.sort();
+                leaders.dedup();
+                leaders.len() as f64
+            },
+            "servers",
+            Worse::Lower,
+        );
+        let busiest = row(
+            &format!("busiest server's CPU against the mean at {rate:.0} cmd/s"),
+            |r| r.busiest_to_mean,
+            "x",
+            Worse::Higher,
+        );
+        let idlest = row(
+            &format!("idlest server's CPU against the mean at {rate:.0} cmd/s"),
+            |r| r.idlest_to_mean,
+            "x",
+            Worse::Lower,
+        );
+        let p99 = row(
+            &format!("p99 latency at {rate:.0} cmd/s"),
+            |r| r.latency.p99,
+            "ms",
+            Worse::Higher,
+        );
+        let drain = row(
+            "maximum rate (a pre-loaded backlog drained)",
+            |r| r.drain_rate,
+            "cmd/s",
+            Worse::Lower,
+        );
+        let completed = row(
+            &format!("completed at {rate:.0} cmd/s offered"),
+            |r| r.completed_rate,
+            "cmd/s",
+            Worse::Lower,
+        );
+        if streams == 1 {
+            baselines = vec![p99.value, drain.value];
+            report
+                .rows
+                .extend([servers_leading, busiest, idlest, completed, p99, drain]);
+        } else {
+            let (busiest_ok, idlest_ok) = (busiest.value <= 1.3, idlest.value >= 0.7);
+            report.rows.extend([
+                servers_leading.target(
+                    format!("{SERVERS} (every server)"),
+                    of(streams, |r| {
+                        let mut leaders = r.leaders.clone();
+                        leaders.sort();
+                        leaders.dedup();
+                        leaders.len() as f64
+                    })
+                    .iter()
+                    .all(|n| *n as usize == SERVERS),
+                ),
+                busiest.target("<= 1.3 x the mean", busiest_ok),
+                idlest.target(">= 0.7 x the mean", idlest_ok),
+                completed,
+                p99.held_to(baselines[0], "<= one stream's", |r| r <= 1.0),
+                drain.held_to(baselines[1], ">= one stream's", |r| r >= 1.0),
+            ]);
+        }
+    }
+    report
+        .details
+        .insert("spread".to_owned(), json!({ "runs": runs }));
+    Ok(())
+}
+
+/// One layout on a fresh cluster.
+async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
+    let cluster = NatsCluster::start(SERVERS)
+        .await
+        .context("start the cluster")?;
+    let control = cluster.connect().await?;
+    let partitions = options.spread_partitions;
+    let config = ShardConfig::builder(ENTITY_TYPE)
+        .partitions(partitions)
+        .replicas(3)
+        .journal_streams(streams)
+        .node_id("bench")
+        .build()?;
+    let names = config.names();
+    let system = ShardSystem::start::<BenchEntity>(cluster.connect().await?, config)
+        .await
+        .context("start the shard system")?;
+    let js = async_nats::jetstream::new(control.clone());
+    let leaders = || {
+        let js = js.clone();
+        let streams = names.journal_streams().to_vec();
+        async move {
+            let mut leaders = Vec::new();
+            for name in streams {
+                let mut stream = js.get_stream(&name).await.ok()?;
+                leaders.push(stream.info().await.ok()?.cluster.clone()?.leader?);
+            }
+            Some(leaders)
+        }
+    };
+    load::seed_entities(control.clone(), ENTITY_TYPE, partitions, options.entities).await?;
+    let publisher = CommandPublisher::new(control.clone(), ENTITY_TYPE, options.entities);
+    publisher
+        .preload(
+            options.entities,
+            &load::preload_command(options.command_bytes),
+        )
+        .await?;
+    load::wait_drained(&control, ENTITY_TYPE, Duration::from_secs(120)).await?;
+    if streams > 1 {
+        let spread = wait_until(SPREAD_WITHIN, "the journal leaders spread", || async {
+            leaders().await.is_some_and(|mut l| {
+                l.sort();
+                l.dedup();
+                l.len() == SERVERS.min(streams as usize)
+            })
+        })
+        .await;
+        if let Err(e) = spread {
+            eprintln!("spread: {e}; measuring as they are");
+        }
+    }
+    let leaders = leaders().await.unwrap_or_default();
+
+    // The offered load, every server's CPU over it.
+    let stamps = Stamps::listen(&control, ENTITY_TYPE, Codec::default()).await?;
+    let total =
+        (options.spread_rate * (WARM_UP.as_secs_f64() + options.spread_secs as f64)) as usize;
+    let pids: Vec<(String, u32)> = cluster
+        .nodes()
+        .iter()
+        .filter_map(|n| Some((n.name()?.to_owned(), n.pid()?)))
+        .collect();
+    let before: Vec<Duration> = pids
+        .iter()
+        .map(|(_, pid)| cpu_time(*pid).unwrap_or_default())
+        .collect();
+    let mut window = AckWindow::default();
+    let offered = offer(options.spread_rate, total, async |i, at_ns| {
+        let ack = publisher
+            .send_to(i, &BenchCmd::stamp_of_size(at_ns, options.command_bytes))
+            .await?;
+        window.push(ack).await
+    })
+    .await?;
+    window.drain().await?;
+    stamps.wait_for(total, Duration::from_secs(30)).await;
+    let elapsed = offered.secs;
+    let cpu: Vec<(String, f64)> = pids
+        .iter()
+        .zip(&before)
+        .map(|((name, pid), before)| {
+            let spent = cpu_time(*pid).unwrap_or_default().saturating_sub(*before);
+            (name.clone(), spent.as_secs_f64() / elapsed)
+        })
+        .collect();
+    let mean = cpu.iter().map(|(_, c)| c).sum::<f64>() / cpu.len().max(1) as f64;
+    let busiest = cpu.iter().map(|(_, c)| *c).fold(0.0, f64::max);
+    let idlest = cpu.iter().map(|(_, c)| *c).fold(f64::MAX, f64::min);
+    let warm_up_end = offered.started_ns + WARM_UP.as_nanos() as u64;
+    let recorded = stamps.stop();
+    let completed = recorded.len();
+    let samples: Vec<f64> = recorded
+        .iter()
+        .filter(|(at, _)| *at >= warm_up_end)
+        .map(|(_, latency)| *latency as f64 / 1e6)
+        .collect();
+
+    // The maximum: a backlog behind paused consumers, then the time to drain it.
+    let gate = Gate::new(control.clone(), ENTITY_TYPE, partitions);
+    gate.close().await?;
+    publisher
+        .preload(
+            options.spread_drain_commands,
+            &load::preload_command(options.command_bytes),
+        )
+        .await?;
+    let opened = tokio::time::Instant::now();
+    gate.open().await?;
+    let drained = load::wait_drained(&control, ENTITY_TYPE, Duration::from_secs(300)).await?;
+    let drain_rate = options.spread_drain_commands as f64 / (drained - opened).as_secs_f64();
+    system.shutdown().await.context("shut the system down")?;
+    let run = LayoutRun {
+        streams,
+        leaders,
+        cpu,
+        busiest_to_mean: busiest / mean,
+        idlest_to_mean: idlest / mean,
+        latency: Summary::of(&samples),
+        completed_rate: completed as f64 / elapsed,
+        drain_rate,
+    };
+    eprintln!(
+        "spread: {streams} stream(s): leaders {:?}, cpu {:?}, p99 {:.1} ms, drained {:.0} cmd/s",
+        run.leaders, run.cpu, run.latency.p99, run.drain_rate
+    );
+    Ok(run)
+}
