@@ -110,11 +110,37 @@ async fn a_spread_journal_keeps_each_partition_in_its_stream_through_a_takeover(
     let b = s.restart_serves(b, "b").await;
     s.check().await;
     b.shutdown().await.expect("stop b");
+
+    // The admin command replays a dead letter named by its sequence, asking for its partition
+    // where the sequence names dead letters in several streams.
+    let url = s.server().url();
+    let letter = &letters[0];
+    let seq = letter.seq.to_string();
+    let twins = letters.iter().filter(|l| l.seq == letter.seq).count();
+    let replay = ["dead-letters", "replay", "ledger", seq.as_str()];
+    if twins > 1 {
+        let error = jetshard_tests::cli::jetshard_error(&url, &replay).await;
+        assert!(error.contains("--partition"), "{error}");
+    } else {
+        let replayed = jetshard_tests::cli::jetshard_json(
+            &[&["--nats-url", url.as_str()][..], &replay].concat(),
+        )
+        .await;
+        assert_eq!(replayed["partition"], letter.partition, "{replayed}");
+    }
+    let partition = letter.partition.to_string();
+    let named = [&replay[..], &["--partition", partition.as_str()]].concat();
+    let replayed =
+        jetshard_tests::cli::jetshard_json(&[&["--nats-url", url.as_str()][..], &named].concat())
+            .await;
+    assert_eq!(replayed["dead_letter_seq"], letter.seq, "{replayed}");
+    assert_eq!(replayed["partition"], letter.partition, "{replayed}");
     // Purged last: the history's check counts on the dead letters.
     let purged = admin
         .purge_dead_letters(DeadLetterPurge::all())
         .await
         .expect("purge");
+    // Every dead letter goes (the replayed commands wait in the stream: no system runs).
     assert_eq!(purged.purged, u64::from(PARTITIONS), "{purged:?}");
     assert!(admin.dead_letters().await.expect("dead letters").is_empty());
 }

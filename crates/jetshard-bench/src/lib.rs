@@ -204,6 +204,10 @@ pub struct Options {
     /// or 3 (a 3-server cluster with R3 streams).
     #[arg(long, default_value_t = 1)]
     pub compaction_replicas: usize,
+    /// Streams the compaction scenario's long runs spread their journal over
+    /// (`ShardConfig::journal_streams`).
+    #[arg(long, default_value_t = 1)]
+    pub journal_streams: u32,
     /// Whether the compaction scenario measures what one purge costs the server against the
     /// span of an entity's records and by filter ([`purge`]; about a minute); with
     /// `--compaction-replicas 3`, on a cluster beside a probe writer, by request form and

@@ -77,6 +77,7 @@ pub(crate) enum Report {
 
 fn replayed_json(r: &Replayed) -> Value {
     json!({
+        "partition": r.partition,
         "dead_letter_seq": r.dead_letter_seq,
         "entity": r.entity,
         "command_seq": r.command_seq,

@@ -12,7 +12,7 @@ use crate::entity::{BenchEvt, BenchState};
 
 /// The scenario's entity type.
 pub(super) const ENTITY_TYPE: &str = "cmp";
-/// Its journal stream (`Names::journal_stream`).
+/// Its journal stream (`Names::journal_stream`) when the journal is one stream.
 pub(super) const JOURNAL: &str = "CMP_JOURNAL";
 
 /// The entity of this scenario: the bench entity with an outbox message per command and
@@ -91,10 +91,12 @@ pub(super) fn config(
     snapshot_every: u32,
     compaction: Option<Duration>,
     replicas: usize,
+    journal_streams: u32,
 ) -> anyhow::Result<ShardConfig> {
     let builder = ShardConfig::builder(ENTITY_TYPE)
         .partitions(partitions)
         .replicas(replicas)
+        .journal_streams(journal_streams)
         .node_id("bench")
         .codec(Codec::Json)
         .snapshot_every(snapshot_every);

@@ -17,7 +17,7 @@ use crate::latency::{Stamps, offer};
 use crate::load::AckWindow;
 use crate::stats::Summary;
 
-use super::entity::{CompactionEntity, ENTITY_TYPE, JOURNAL, config, publish_work};
+use super::entity::{CompactionEntity, ENTITY_TYPE, config, publish_work};
 use super::split::{Split, split};
 
 /// How often the journal is sampled.
@@ -50,11 +50,19 @@ pub(super) struct LongRun {
     pub(super) split: Split,
 }
 
-/// The journal's messages and bytes now.
-async fn journal_state(js: &async_nats::jetstream::Context) -> anyhow::Result<(u64, u64)> {
-    let mut journal = js.get_stream(JOURNAL).await.context("open the journal")?;
-    let info = journal.info().await.context("journal info")?;
-    Ok((info.state.messages, info.state.bytes))
+/// The journal's messages and bytes now, over its streams.
+async fn journal_state(
+    js: &async_nats::jetstream::Context,
+    journals: &[String],
+) -> anyhow::Result<(u64, u64)> {
+    let (mut messages, mut bytes) = (0, 0);
+    for name in journals {
+        let mut journal = js.get_stream(name).await.context("open the journal")?;
+        let info = journal.info().await.context("journal info")?;
+        messages += info.state.messages;
+        bytes += info.state.bytes;
+    }
+    Ok((messages, bytes))
 }
 
 /// Where a long run writes: one server, or a 3-server cluster (`--compaction-replicas 3`).
@@ -102,8 +110,9 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
         options.compaction_snapshot_every,
         compaction.then(|| Duration::from_secs(options.compaction_interval_secs)),
         options.compaction_replicas,
+        options.journal_streams,
     )?;
-    let journal_name = config.names().journal_stream(0).to_owned();
+    let journals = config.names().journal_streams().to_vec();
     let system = ShardSystem::start::<CompactionEntity>(server.connect().await?, config)
         .await
         .context("start the shard system")?;
@@ -114,7 +123,7 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
         let recorded = stamps.recorded();
         let samples = samples.clone();
         let js = js.clone();
-        let journal_name = journal_name.clone();
+        let journals = journals.clone();
         let label = if compaction { "on" } else { "off" };
         tokio::spawn(async move {
             let started = tokio::time::Instant::now();
@@ -131,13 +140,11 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
                         .collect()
                 };
                 let window = Summary::of(&window);
-                if let Ok(mut journal) = js.get_stream(&journal_name).await
-                    && let Ok(info) = journal.info().await
-                {
+                if let Ok((messages, bytes)) = journal_state(&js, &journals).await {
                     let sample = Sample {
                         secs: started.elapsed().as_secs_f64(),
-                        messages: info.state.messages,
-                        bytes: info.state.bytes,
+                        messages,
+                        bytes,
                     };
                     eprintln!(
                         "compaction {label}: {:>6.0} s  journal {:>9} msgs {:>12} bytes  commands {:>6} p50 {:>6.1} p99 {:>6.1} max {:>6.1} ms",
@@ -192,7 +199,7 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
     sampler.abort();
     let received = stamps.count();
     let recorded = stamps.stop();
-    let (messages, bytes) = journal_state(&js).await?;
+    let (messages, bytes) = journal_state(&js, &journals).await?;
     system.shutdown().await.context("shut the system down")?;
     let mut samples = samples
         .lock()

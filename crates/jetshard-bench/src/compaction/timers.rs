@@ -37,7 +37,7 @@ async fn timer_journal(
     let js = async_nats::jetstream::new(control.clone());
     let system = ShardSystem::start::<CompactionEntity>(
         server.connect().await?,
-        config(TIMER_PARTITIONS, 100, None, 1)?,
+        config(TIMER_PARTITIONS, 100, None, 1, 1)?,
     )
     .await
     .context("start the shard system")?;
