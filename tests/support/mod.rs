@@ -72,7 +72,8 @@ pub mod stock;
 pub mod tally;
 
 pub use scenario::{
-    Scenario, copy_journal, describe_consumers, provision, wait_copied, wait_drained,
+    Scenario, copy_journal, copy_names, describe_consumers, provision, read_copy, wait_copied,
+    wait_drained,
 };
 
 use std::time::Duration;
@@ -99,18 +100,28 @@ pub fn journal_streams(partitions: u32) -> u32 {
     (env_or("JETSHARD_JOURNAL_STREAMS", 1) as u32).clamp(1, partitions)
 }
 
-/// The streams of the ledger's journal as [`journal_streams`] spreads it (`LEDGER_JOURNAL`
-/// alone by default).
-pub fn ledger_journals() -> Vec<String> {
-    let streams = journal_streams(u32::MAX);
+/// The streams of the ledger's journal, as its command stream records them
+/// (`jetshard.journal_streams`; `LEDGER_JOURNAL` alone where it records none or does not
+/// exist yet).
+pub async fn ledger_journals(js: &async_nats::jetstream::Context) -> Vec<String> {
+    let recorded = match js.get_stream("LEDGER_CMD").await {
+        Ok(mut stream) => stream.info().await.ok().and_then(|info| {
+            info.config
+                .metadata
+                .get("jetshard.journal_streams")
+                .and_then(|n| n.parse().ok())
+        }),
+        Err(_) => None,
+    };
+    let streams = recorded.unwrap_or(1);
     jetshard::wire::Names::spread("ledger", streams, streams)
         .journal_streams()
         .to_vec()
 }
 
 /// The journal stream holding `partition`'s ledger records.
-pub fn ledger_journal_of(partition: u32) -> String {
-    let journals = ledger_journals();
+pub async fn ledger_journal_of(js: &async_nats::jetstream::Context, partition: u32) -> String {
+    let journals = ledger_journals(js).await;
     journals[partition as usize % journals.len()].clone()
 }
 

@@ -349,13 +349,7 @@ impl Scenario {
         )
         .await
         .unwrap();
-        let mirror = self
-            .js
-            .get_stream_no_info(MIRROR)
-            .await
-            .expect("open the mirror");
-        let records = jetshard::JournalReader::new(mirror, "ledger")
-            .all()
+        let records = read_copy(&self.js, MIRROR, journals.journal_streams())
             .await
             .expect("read the mirror");
         let mut history = Vec::new();
@@ -379,80 +373,95 @@ impl Scenario {
     }
 }
 
-/// Creates stream `name`, a copy of the journal in `journals` that keeps what compaction purges
-/// from them: a mirror of a one-stream journal; of a spread journal, one stream sourcing all of
-/// them (each stream's records in their order, interleaved). Retried while the journal's streams
-/// are not there yet (a cluster still electing).
-pub async fn copy_journal(js: &Context, name: &str, journals: &[String], replicas: usize) {
-    let source = |name: &String| jetstream::stream::Source {
-        name: name.clone(),
-        ..Default::default()
-    };
-    let (mirror, sources) = match journals {
-        [one] => (Some(source(one)), None),
-        many => (None, Some(many.iter().map(source).collect())),
-    };
-    let config = jetstream::stream::Config {
-        name: name.to_owned(),
-        mirror,
-        sources,
-        allow_rollup: true,
-        num_replicas: replicas,
-        storage: jetstream::stream::StorageType::File,
-        ..Default::default()
-    };
-    wait_until(Duration::from_secs(30), "the journal's copy", || async {
-        js.get_or_create_stream(config.clone()).await.is_ok()
-    })
-    .await
-    .expect("create the journal's copy");
+/// The streams of the copy `name` of the journal in `journals` ([`copy_journal`]): `name`, a
+/// mirror of a one-stream journal; `<name>_<k>`, a mirror of each stream of a spread one.
+pub fn copy_names(name: &str, journals: &[String]) -> Vec<String> {
+    match journals {
+        [_] => vec![name.to_owned()],
+        many => (0..many.len()).map(|k| format!("{name}_{k}")).collect(),
+    }
 }
 
-/// Waits (bounded) until the copy `name` of `journals` ([`copy_journal`]) holds everything
-/// they held when called: a mirror up to the journal's last sequence then; a copy of a spread
-/// journal until no source lags.
+/// Creates the copy `name` of the journal in `journals` ([`copy_names`]: a mirror of each of
+/// its streams), which keeps what compaction purges from them. Retried while the journal's
+/// streams are not there yet (a cluster still electing).
+pub async fn copy_journal(js: &Context, name: &str, journals: &[String], replicas: usize) {
+    for (copy, journal) in copy_names(name, journals).into_iter().zip(journals) {
+        let config = jetstream::stream::Config {
+            name: copy,
+            mirror: Some(jetstream::stream::Source {
+                name: journal.clone(),
+                ..Default::default()
+            }),
+            allow_rollup: true,
+            num_replicas: replicas,
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        };
+        wait_until(Duration::from_secs(30), "the journal's copy", || async {
+            js.get_or_create_stream(config.clone()).await.is_ok()
+        })
+        .await
+        .expect("create the journal's copy");
+    }
+}
+
+/// Waits (bounded) until each mirror of the copy `name` ([`copy_journal`]) holds everything
+/// its journal stream held when called (its last sequence then).
 ///
 /// # Errors
-/// The timeout, or the journal unreadable.
+/// The timeout, or a journal stream unreadable.
 pub async fn wait_copied(
     js: &Context,
     name: &str,
     journals: &[String],
     within: Duration,
 ) -> Result<(), String> {
-    let info = |name: String| async move {
+    let last = |name: String| async move {
         match js.get_stream(name).await {
-            Ok(mut stream) => stream.info().await.ok().cloned(),
+            Ok(mut stream) => stream.info().await.ok().map(|i| i.state.last_sequence),
             Err(_) => None,
         }
     };
-    if journals.len() > 1 {
-        return wait_until(within, "the journal's copy to catch up", || async {
-            info(name.to_owned()).await.is_some_and(|info| {
-                info.sources.len() == journals.len() && info.sources.iter().all(|s| s.lag == 0)
-            })
+    for (copy, journal) in copy_names(name, journals).into_iter().zip(journals) {
+        let mut target = None;
+        let deadline = tokio::time::Instant::now() + within;
+        while target.is_none() && tokio::time::Instant::now() < deadline {
+            target = last(journal.clone()).await;
+            if target.is_none() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        let target = target.ok_or("the journal's last sequence unreadable")?;
+        wait_until(within, "the journal's copy to catch up", || async {
+            last(copy.clone()).await.is_some_and(|seq| seq >= target)
         })
         .await
-        .map_err(|e| e.to_string());
+        .map_err(|e| e.to_string())?;
     }
-    let mut target = None;
-    let deadline = tokio::time::Instant::now() + within;
-    while target.is_none() && tokio::time::Instant::now() < deadline {
-        target = info(journals[0].clone())
+    Ok(())
+}
+
+/// The ledger's records in the copy `name` of `journals` ([`copy_journal`]), each mirror's in
+/// its order.
+///
+/// # Errors
+/// As [`jetshard_testkit::history::read_journal_from`].
+pub async fn read_copy(
+    js: &Context,
+    name: &str,
+    journals: &[String],
+) -> Result<Vec<jetshard::JournalRecord>, String> {
+    let mut records = Vec::new();
+    for copy in copy_names(name, journals) {
+        let stream = js
+            .get_stream_no_info(&copy)
             .await
-            .map(|i| i.state.last_sequence);
-        if target.is_none() {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            .map_err(|e| format!("open {copy}: {e}"))?;
+        let read = jetshard::JournalReader::new(stream, "ledger").all().await;
+        records.extend(read.map_err(|e| format!("read {copy}: {e}"))?);
     }
-    let target = target.ok_or("the journal's last sequence unreadable")?;
-    wait_until(within, "the journal's copy to catch up", || async {
-        info(name.to_owned())
-            .await
-            .is_some_and(|i| i.state.last_sequence >= target)
-    })
-    .await
-    .map_err(|e| e.to_string())
+    Ok(records)
 }
 
 /// The name of the journal's mirror ([`Scenario::mirror_journal`]).

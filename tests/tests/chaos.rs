@@ -167,7 +167,7 @@ fn id_in(partition: u32, partitions: u32, prefix: &str) -> String {
 /// The latest fence record of `partition`: generation and node.
 async fn latest_fence(js: &Context, partition: u32) -> Option<(u64, String)> {
     let stream = js
-        .get_stream_no_info(jetshard_tests::ledger_journal_of(partition))
+        .get_stream_no_info(jetshard_tests::ledger_journal_of(js, partition).await)
         .await
         .ok()?;
     let message = stream

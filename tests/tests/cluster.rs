@@ -336,7 +336,7 @@ async fn a_burst_through_a_journal_leader_kill_loses_nothing() {
     .await
     .unwrap();
     let (js, cluster) = (&s.js, s.cluster_servers());
-    let leader = jetshard_tests::stream_info(js, &jetshard_tests::ledger_journal_of(0))
+    let leader = jetshard_tests::stream_info(js, &jetshard_tests::ledger_journal_of(js, 0).await)
         .await
         .cluster
         .clone()

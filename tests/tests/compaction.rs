@@ -17,7 +17,7 @@ const COMPACTION: [(&str, &str); 1] = [("JETSHARD_COMPACTION_MS", "200")];
 /// no consumer is made).
 async fn records_on(s: &Scenario, filter: &str) -> usize {
     let mut total = 0;
-    for name in jetshard_tests::ledger_journals() {
+    for name in jetshard_tests::ledger_journals(&s.js).await {
         let journal = s.js.get_stream(name).await.unwrap();
         let mut subjects = journal.info_with_subjects(filter).await.unwrap();
         while let Some(subject) = subjects.next().await {

@@ -43,6 +43,10 @@ struct LayoutRun {
     streams: u32,
     /// Each journal stream's leader when the load started.
     leaders: Vec<String>,
+    /// The command stream's leader, and the servers holding its replicas (the partitions'
+    /// consumers are led among these).
+    command_leader: String,
+    command_peers: Vec<String>,
     /// Each server's CPU over the offered load, in cores, by server name.
     cpu: Vec<(String, f64)>,
     busiest_to_mean: f64,
@@ -223,6 +227,23 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
         }
     }
     let leaders = leaders().await.unwrap_or_default();
+    let command_cluster = js
+        .get_stream(names.command_stream())
+        .await
+        .context("open the command stream")?
+        .info()
+        .await
+        .context("command stream info")?
+        .cluster
+        .clone()
+        .unwrap_or_default();
+    let command_leader = command_cluster.leader.clone().unwrap_or_default();
+    let mut command_peers: Vec<String> = command_cluster
+        .replicas
+        .iter()
+        .map(|r| r.name.clone())
+        .collect();
+    command_peers.push(command_leader.clone());
 
     // The offered load, every server's CPU over it.
     let stamps = Stamps::listen(&control, ENTITY_TYPE, Codec::default()).await?;
@@ -285,6 +306,8 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
     let run = LayoutRun {
         streams,
         leaders,
+        command_leader,
+        command_peers,
         cpu,
         busiest_to_mean: busiest / mean,
         idlest_to_mean: idlest / mean,
@@ -293,8 +316,13 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
         drain_rate,
     };
     eprintln!(
-        "spread: {streams} stream(s): leaders {:?}, cpu {:?}, p99 {:.1} ms, drained {:.0} cmd/s",
-        run.leaders, run.cpu, run.latency.p99, run.drain_rate
+        "spread: {streams} stream(s): journal leaders {:?}, command stream led by {} on {:?}, cpu {:?}, p99 {:.1} ms, drained {:.0} cmd/s",
+        run.leaders,
+        run.command_leader,
+        run.command_peers,
+        run.cpu,
+        run.latency.p99,
+        run.drain_rate
     );
     Ok(run)
 }

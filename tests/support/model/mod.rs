@@ -248,18 +248,26 @@ pub async fn read_stock(js: &Context) -> Result<Vec<Record<StockEvt>>, String> {
     read_decoded(js, "stock", None).await
 }
 
-/// `entity_type`'s journal records (from `stream`, a mirror of its journal, if given), their
-/// events decoded from JSON, in journal order.
+/// `entity_type`'s journal records (from `stream`, a copy of its journal made by
+/// [`crate::copy_journal`], if given), their events decoded from JSON, in journal order.
 async fn read_decoded<E: serde::de::DeserializeOwned>(
     js: &Context,
     entity_type: &str,
     stream: Option<&str>,
 ) -> Result<Vec<Record<E>>, String> {
     let records = match stream {
-        Some(stream) => history::read_journal_from(js, stream, entity_type).await,
-        None => history::read_journal(js, entity_type).await,
-    }
-    .map_err(|e| e.to_string())?;
+        Some(copy) => {
+            let mut records = Vec::new();
+            for stream in crate::copy_names(copy, &crate::ledger_journals(js).await) {
+                let read = history::read_journal_from(js, &stream, entity_type).await;
+                records.extend(read.map_err(|e| e.to_string())?);
+            }
+            records
+        }
+        None => history::read_journal(js, entity_type)
+            .await
+            .map_err(|e| e.to_string())?,
+    };
     let mut records = records
         .into_iter()
         .map(|r| r.try_map_event(|body| serde_json::from_slice::<E>(&body)))

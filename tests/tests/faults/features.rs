@@ -13,25 +13,20 @@ use tokio::task::JoinHandle;
 use super::{PUBLISH_TIMEOUT, Rng, encode, publish};
 
 /// The mirror of `LEDGER_JOURNAL` a schedule with a compaction reads its history from: the
-/// compaction purges events the snapshots cover, the mirror keeps them. A journal spread over
-/// several streams is copied from all of them into this one stream (its sources), each
-/// stream's records in their order.
+/// compaction purges events the snapshots cover, the mirror keeps them (a mirror of each
+/// stream of a spread journal, `jetshard_tests::copy_names`).
 pub const JOURNAL_COPY: &str = "LEDGER_JOURNAL_COPY";
 
 /// Creates [`JOURNAL_COPY`] (with `replicas`) once the journal exists.
 pub async fn start_journal_copy(js: &Context, replicas: usize) {
-    jetshard_tests::copy_journal(
-        js,
-        JOURNAL_COPY,
-        &jetshard_tests::ledger_journals(),
-        replicas,
-    )
-    .await;
+    let journals = jetshard_tests::ledger_journals(js).await;
+    jetshard_tests::copy_journal(js, JOURNAL_COPY, &journals, replicas).await;
 }
 
 /// Waits (bounded) until [`JOURNAL_COPY`] holds everything the journal held when called.
 pub async fn wait_journal_copied(js: &Context, within: Duration) -> Result<(), String> {
-    jetshard_tests::wait_copied(js, JOURNAL_COPY, &jetshard_tests::ledger_journals(), within).await
+    let journals = jetshard_tests::ledger_journals(js).await;
+    jetshard_tests::wait_copied(js, JOURNAL_COPY, &journals, within).await
 }
 
 /// The stock entities of a schedule.

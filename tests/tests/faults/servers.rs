@@ -49,7 +49,7 @@ pub async fn victim_server(
     match victim {
         Victim::JournalLeader | Victim::CommandLeader => {
             let name = if victim == Victim::JournalLeader {
-                jetshard_tests::ledger_journal_of(0)
+                jetshard_tests::ledger_journal_of(js, 0).await
             } else {
                 "LEDGER_CMD".to_owned()
             };
@@ -88,7 +88,7 @@ pub async fn healthy(js: &Context, partitions: u32) -> bool {
                 && c.replicas.iter().all(|r| r.current && !r.offline)
         })
     };
-    let mut streams = jetshard_tests::ledger_journals();
+    let mut streams = jetshard_tests::ledger_journals(js).await;
     streams.push("LEDGER_CMD".to_owned());
     for name in streams {
         let Ok(mut stream) = js.get_stream(name).await else {
