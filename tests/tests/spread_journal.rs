@@ -226,6 +226,25 @@ async fn a_journal_is_opened_only_with_the_layout_it_was_written_with() {
         "{refused}"
     );
     assert!(other.js.get_stream("LEDGER_JOURNAL").await.is_err());
+
+    // With no record to go by (the command stream deleted), the server's own refusal of a
+    // second stream on the same subjects stops it, in words.
+    other.js.delete_stream("LEDGER_CMD").await.expect("delete");
+    let one = other
+        .config("a")
+        .journal_streams(1)
+        .build()
+        .expect("config");
+    let refused =
+        jetshard::ShardSystem::start::<jetshard_tests::ledger::Ledger>(other.client.clone(), one)
+            .await
+            .err()
+            .expect("refused");
+    assert!(
+        matches!(&refused, Error::Incompatible { detail, .. } if detail.contains("holds its subjects")),
+        "{refused}"
+    );
+    assert!(other.js.get_stream("LEDGER_JOURNAL").await.is_err());
 }
 
 /// Which server leads each of `streams`' journal streams now (`None` while one has no leader).

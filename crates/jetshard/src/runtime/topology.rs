@@ -59,7 +59,6 @@ async fn provision_once(js: &Context, names: &Names, config: &ShardConfig) -> Re
     })
     .await?;
     record_stored_settings(js, &names.command_stream, config).await?;
-    refuse_other_journal_layout(js, names, config).await?;
     if names.journal_streams().len() == 1 {
         upgrade_journal_stream(js, names).await?;
     }
@@ -143,51 +142,6 @@ fn check_stored_settings(
         });
     }
     Ok(journal_streams.map(|_| ()))
-}
-
-/// Refuses to start a journal of one layout beside an existing journal of the other: a
-/// one-stream journal (`<T>_JOURNAL`) when the configuration spreads it, or a spread one
-/// (`<T>_JOURNAL_0`, ...) when it does not. The two would hold the same subjects, which the
-/// server refuses, and a partition's records would be looked for where they are not.
-async fn refuse_other_journal_layout(
-    js: &Context,
-    names: &Names,
-    config: &ShardConfig,
-) -> Result<(), Error> {
-    let other = if names.journal_streams().len() == 1 {
-        Names::spread(&names.entity_type, 2, config.partitions)
-    } else {
-        Names::new(&names.entity_type)
-    };
-    let other = &other.journal_streams()[0];
-    match js.get_stream(other).await {
-        Ok(mut found) => {
-            let info = found
-                .info()
-                .await
-                .map_err(|e| Error::jetstream(format!("read stream {other}"), e))?;
-            let stored = info
-                .config
-                .metadata
-                .get(METADATA_JOURNAL_STREAMS)
-                .cloned()
-                .unwrap_or_else(|| "1".to_owned());
-            Err(Error::StoredSettingMismatch {
-                stream: other.clone(),
-                setting: "journal_streams",
-                stored,
-                configured: config.journal_streams.to_string(),
-            })
-        }
-        Err(e) => match e.kind() {
-            jetstream::context::GetStreamErrorKind::JetStream(err)
-                if err.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
-            {
-                Ok(())
-            }
-            _ => Err(Error::jetstream(format!("look up stream {other}"), e)),
-        },
-    }
 }
 
 /// Records the settings with a stream created before they were recorded (an upgrade: the
@@ -314,7 +268,22 @@ async fn create_stream(
     let mut created = js
         .get_or_create_stream(wanted)
         .await
-        .map_err(|e| Error::jetstream(format!("create stream {name}"), e))?;
+        .map_err(|e| match e.kind() {
+            // Another stream holds its subjects: a journal of the other layout (one stream where
+            // it is configured spread, or the other way round), or another application's stream.
+            jetstream::context::CreateStreamErrorKind::JetStream(err)
+                if err.error_code() == jetstream::ErrorCode::STREAM_SUBJECT_OVERLAP =>
+            {
+                Error::Incompatible {
+                    what: format!("stream {name}"),
+                    detail: "another stream holds its subjects (a journal of the entity type in \
+                         another number of streams than journal_streams says, or another \
+                         application's stream); nothing was created"
+                        .to_owned(),
+                }
+            }
+            _ => Error::jetstream(format!("create stream {name}"), e),
+        })?;
     let info = created
         .info()
         .await
