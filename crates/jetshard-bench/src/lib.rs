@@ -267,7 +267,7 @@ pub struct Options {
     #[arg(long, default_value_t = 10)]
     pub spread_partitions: u32,
     /// Commands of the spread scenario's backlog (its maximum rate).
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = 100_000)]
     pub spread_drain_commands: usize,
     /// Seconds of measured latency load.
     #[arg(long, default_value_t = 10)]
