@@ -80,11 +80,10 @@ async fn a_stopping_owner_leaves_a_snapshot_of_every_entity_it_held() {
     for entity in &entities {
         let id = EntityId::new(entity).expect("id");
         let partition = jetshard::partition_of(&id, 2);
-        let journal = s
-            .js
-            .get_stream(jetshard_tests::ledger_journal_of(&s.js, partition).await)
-            .await
-            .expect("journal");
+        let journal =
+            s.js.get_stream(jetshard_tests::ledger_journal_of(&s.js, partition).await)
+                .await
+                .expect("journal");
         let last_event = journal
             .get_last_raw_message_by_subject(&names.event_subject(partition, &id))
             .await

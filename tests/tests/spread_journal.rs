@@ -155,15 +155,7 @@ async fn a_journal_is_opened_only_with_the_layout_it_was_written_with() {
     system.shutdown().await.expect("stop");
 
     // A one-stream journal is not opened spread, nor is a spread one made beside it.
-    let spread = s.config("a").journal_streams(2).build().expect("config");
-    let refused = jetshard::ShardSystem::start::<jetshard_tests::ledger::Ledger>(
-        s.client.clone(),
-        spread.clone(),
-    )
-    .await
-    .err()
-    .expect("refused");
-    match &refused {
+    match &refused_with(&s, 2).await {
         Error::StoredSettingMismatch {
             setting: "journal_streams",
             stored,
@@ -181,10 +173,10 @@ async fn a_journal_is_opened_only_with_the_layout_it_was_written_with() {
         .config;
     config.metadata.remove("jetshard.journal_streams");
     s.js.update_stream(config).await.expect("drop the record");
+    let refused = refused_with(&s, 2).await;
     assert!(
-        jetshard::ShardSystem::start::<jetshard_tests::ledger::Ledger>(s.client.clone(), spread)
-            .await
-            .is_err()
+        matches!(&refused, Error::StoredSettingMismatch { stored, .. } if stored == "1"),
+        "{refused}"
     );
     let system = s.system("a").await;
     let recorded = jetshard_tests::stream_info(&s.js, "LEDGER_CMD")
@@ -205,16 +197,7 @@ async fn a_journal_is_opened_only_with_the_layout_it_was_written_with() {
     let other = Scenario::single(4).await.journal_streams(2);
     let system = other.system("a").await;
     system.shutdown().await.expect("stop");
-    let one = other
-        .config("a")
-        .journal_streams(1)
-        .build()
-        .expect("config");
-    let refused =
-        jetshard::ShardSystem::start::<jetshard_tests::ledger::Ledger>(other.client.clone(), one)
-            .await
-            .err()
-            .expect("refused");
+    let refused = refused_with(&other, 1).await;
     assert!(
         matches!(
             &refused,
@@ -230,21 +213,25 @@ async fn a_journal_is_opened_only_with_the_layout_it_was_written_with() {
     // With no record to go by (the command stream deleted), the server's own refusal of a
     // second stream on the same subjects stops it, in words.
     other.js.delete_stream("LEDGER_CMD").await.expect("delete");
-    let one = other
-        .config("a")
-        .journal_streams(1)
-        .build()
-        .expect("config");
-    let refused =
-        jetshard::ShardSystem::start::<jetshard_tests::ledger::Ledger>(other.client.clone(), one)
-            .await
-            .err()
-            .expect("refused");
+    let refused = refused_with(&other, 1).await;
     assert!(
         matches!(&refused, Error::Incompatible { detail, .. } if detail.contains("holds its subjects")),
         "{refused}"
     );
     assert!(other.js.get_stream("LEDGER_JOURNAL").await.is_err());
+}
+
+/// Why a ledger system of `s` with its journal in `streams` streams is refused at start.
+async fn refused_with(s: &Scenario, streams: u32) -> Error {
+    let config = s
+        .config("a")
+        .journal_streams(streams)
+        .build()
+        .expect("config");
+    jetshard::ShardSystem::start::<jetshard_tests::ledger::Ledger>(s.client.clone(), config)
+        .await
+        .err()
+        .expect("refused")
 }
 
 /// Which server leads each of `streams`' journal streams now (`None` while one has no leader).
@@ -339,4 +326,72 @@ async fn on_five_servers_each_leads_a_journal_stream_again_after_a_restart_under
     s.check().await;
     a.shutdown().await.expect("stop a");
     b.shutdown().await.expect("stop b");
+}
+
+/// A journal stream's leader moved under load (a step-down in favour of a replica, as the spread
+/// of a journal's leaders makes, with background compaction on) holds the commands for the
+/// election, not for the writers' timeout (30 s here), and loses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_leader_moved_under_load_holds_commands_for_the_election_only() {
+    init_tracing();
+    const P: u32 = 6;
+    let mut s = Scenario::cluster(P).await.journal_streams(3);
+    let config = s
+        .config("a")
+        .write_timeout(Duration::from_secs(30))
+        .compaction_interval(Duration::from_millis(500));
+    let system = s.system_with(config).await;
+    let entities: Vec<String> = (0..12)
+        .map(|k| id_in(&format!("sd{k}-"), k % P, P))
+        .collect();
+    s.append_to_all(&entities, 0).await;
+    jetshard_tests::drained(&s.client, "ledger").await;
+
+    // The fault: 1 s into a steady load, the journal stream led by the server this process is
+    // connected to (its writes go to that leader directly) steps down in favour of one of its
+    // replicas (as the spread of a journal's leaders moves one).
+    let connected = s.client.server_info().server_name;
+    let mut journal = jetshard_tests::ledger_journal_of(&s.js, 0).await;
+    for name in jetshard_tests::ledger_journals(&s.js).await {
+        let info = jetshard_tests::stream_info(&s.js, &name).await;
+        if info.cluster.and_then(|c| c.leader).as_deref() == Some(connected.as_str()) {
+            journal = name;
+        }
+    }
+    let replica = jetshard_tests::stream_info(&s.js, &journal)
+        .await
+        .cluster
+        .clone()
+        .expect("a clustered stream")
+        .replicas[0]
+        .name
+        .clone();
+    let js = s.js.clone();
+    let step_down = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let request = serde_json::json!({ "placement": { "preferred": replica } });
+        let answer: serde_json::Value = js
+            .request(format!("STREAM.LEADER.STEPDOWN.{journal}"), &request)
+            .await
+            .expect("step down");
+        assert_eq!(answer["success"], true, "{answer}");
+        std::time::Instant::now()
+    });
+    let mut n = 1;
+    while !step_down.is_finished() || n < 40 {
+        s.append_to_all(&entities, n).await;
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stepped_down = step_down.await.expect("the step-down");
+    jetshard_tests::wait_drained(&s.js, Duration::from_secs(60))
+        .await
+        .expect("drained");
+    let after = stepped_down.elapsed();
+    assert!(
+        after < Duration::from_secs(12),
+        "the commands took {after:?} after the step-down (write timeout 30 s)"
+    );
+    s.check().await;
+    system.shutdown().await.expect("stop");
 }

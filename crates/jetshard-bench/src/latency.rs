@@ -24,7 +24,7 @@ use crate::Options;
 use crate::bare::BareLoop;
 use crate::drain::DrainSpec;
 use crate::entity::{BenchCmd, BenchEntity, BenchEvt};
-use crate::load::{self, AckWindow, CommandPublisher};
+use crate::load::{self, AckWindow};
 use crate::report::{Report, Row, Worse};
 use crate::stages;
 use crate::stats::{Summary, now_ns};
@@ -183,21 +183,14 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
             )
         }
     };
-    load::seed_entities(
-        control.clone(),
+    let publisher = load::warm_entities(
+        &control,
         ENTITY_TYPE,
         options.partitions,
         options.entities,
+        options.command_bytes,
     )
     .await?;
-    let publisher = CommandPublisher::new(control.clone(), ENTITY_TYPE, options.entities);
-    publisher
-        .preload(
-            options.entities,
-            &load::preload_command(options.command_bytes),
-        )
-        .await?;
-    load::wait_drained(&control, ENTITY_TYPE, Duration::from_secs(120)).await?;
 
     let stamps = Stamps::listen(&server.connect().await?, ENTITY_TYPE, Codec::default()).await?;
     let total_secs = WARM_UP.as_secs_f64() + options.latency_secs as f64;

@@ -398,3 +398,22 @@ pub async fn seed_entities(
     });
     write_records(client, entity_type, events, true).await
 }
+
+/// Seeds `entities` entities of `entity_type` with an event each, sends each one command of
+/// `command_bytes` and waits (2 min at most) until all are acknowledged: every entity has
+/// history and, where a consumer runs, is resident. Returns the publisher of their commands.
+pub async fn warm_entities(
+    control: &async_nats::Client,
+    entity_type: &str,
+    partitions: u32,
+    entities: usize,
+    command_bytes: usize,
+) -> anyhow::Result<CommandPublisher> {
+    seed_entities(control.clone(), entity_type, partitions, entities).await?;
+    let publisher = CommandPublisher::new(control.clone(), entity_type, entities);
+    publisher
+        .preload(entities, &preload_command(command_bytes))
+        .await?;
+    wait_drained(control, entity_type, Duration::from_secs(120)).await?;
+    Ok(publisher)
+}

@@ -22,7 +22,7 @@ use crate::Options;
 use crate::cpu::cpu_time;
 use crate::entity::{BenchCmd, BenchEntity};
 use crate::latency::{Stamps, offer};
-use crate::load::{self, AckWindow, CommandPublisher, Gate};
+use crate::load::{self, AckWindow, Gate};
 use crate::report::{Report, Row, Worse};
 use crate::stats::Summary;
 
@@ -204,15 +204,14 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
             Some(leaders)
         }
     };
-    load::seed_entities(control.clone(), ENTITY_TYPE, partitions, options.entities).await?;
-    let publisher = CommandPublisher::new(control.clone(), ENTITY_TYPE, options.entities);
-    publisher
-        .preload(
-            options.entities,
-            &load::preload_command(options.command_bytes),
-        )
-        .await?;
-    load::wait_drained(&control, ENTITY_TYPE, Duration::from_secs(120)).await?;
+    let publisher = load::warm_entities(
+        &control,
+        ENTITY_TYPE,
+        partitions,
+        options.entities,
+        options.command_bytes,
+    )
+    .await?;
     if streams > 1 {
         let spread = wait_until(SPREAD_WITHIN, "the journal leaders spread", || async {
             leaders().await.is_some_and(|mut l| {
