@@ -83,6 +83,19 @@ impl<E: Entity> Actor for SystemActor<E> {
         )
         .await?;
         state.tasks.push(resumes);
+        // A journal stream's new leader, told to the partitions' writers: what the one that
+        // handed over had in flight may never be answered (subscribed before any owner writes).
+        let names = state.shared.names.journal_streams();
+        for (name, elections) in names.iter().zip(&state.shared.leader_elections) {
+            let subject = crate::wire::stream_leader_elected(name);
+            let mut advisories = state.shared.client.subscribe(subject).await?;
+            let elections = elections.clone();
+            state.tasks.push(tokio::spawn(async move {
+                while advisories.next().await.is_some() {
+                    elections.send_modify(|n| *n += 1);
+                }
+            }));
+        }
         for partition in 0..partitions {
             spawn_owner::<E>(&myself, &mut state, partition).await?;
         }

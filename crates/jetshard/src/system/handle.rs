@@ -89,6 +89,15 @@ impl ShardSystem {
         topology::provision(&js, &names, &config).await?;
         let command_stream = open_stream(&js, &names.command_stream).await?;
         let journals = Journals::open(&js, &names).await?;
+        let leader_elections = if config.replicas > 1 {
+            names
+                .journal_streams()
+                .iter()
+                .map(|_| tokio::sync::watch::Sender::new(0))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let (events, _) = broadcast::channel(1024);
         let health = Arc::new(HealthBoard::new(config.partitions));
         let client = js.client();
@@ -99,6 +108,7 @@ impl ShardSystem {
             config: config.clone(),
             command_stream,
             journals,
+            leader_elections,
             events: events.clone(),
             resident: Arc::default(),
             dormant: Arc::default(),

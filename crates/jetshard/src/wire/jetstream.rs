@@ -1,6 +1,6 @@
 //! JetStream's own API and reply subjects that jetshard addresses without async-nats: the ack
 //! prefix, the pull request, direct gets, the answers to a journal writer's publishes, the
-//! consumers' pause advisories and a stream leader's step-down.
+//! consumers' pause advisories, a stream leader's step-down and its election.
 
 /// The prefix of a JetStream ack reply subject (`$JS.ACK.…`, ADR-15).
 pub(crate) const ACK_PREFIX: &str = "$JS.ACK.";
@@ -33,6 +33,11 @@ pub(crate) fn direct_get_subject(stream: &str) -> String {
 /// The JetStream API request (after `$JS.API.`) that asks `stream`'s leader to step down.
 pub(crate) fn stream_leader_stepdown(stream: &str) -> String {
     format!("STREAM.LEADER.STEPDOWN.{stream}")
+}
+
+/// The advisory the server publishes when `stream` has elected a new leader.
+pub(crate) fn stream_leader_elected(stream: &str) -> String {
+    format!("$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}")
 }
 
 /// What the pause advisories of every consumer of `stream` are published on: the server says

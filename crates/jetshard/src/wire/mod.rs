@@ -33,7 +33,7 @@ pub use header::{
 pub(crate) use header::{HDR_EARLIER, HDR_UNIT, header_u64, origin_header};
 pub(crate) use jetstream::{
     ACK_PREFIX, ack_subject, direct_get_subject, pause_advisories, pull_request_subject,
-    stream_leader_stepdown, write_answers,
+    stream_leader_elected, stream_leader_stepdown, write_answers,
 };
 pub(crate) use msg_id::{
     DECIMAL_DIGITS, decimal, decimal_string, read_decimal, timer_record_msg_id,

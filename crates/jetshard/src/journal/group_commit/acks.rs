@@ -24,6 +24,17 @@ use futures::{FutureExt, StreamExt};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+/// Resolves when `elections` sees a new leader elected: never without a receiver, nor once its
+/// sender is gone.
+pub(super) async fn elected(elections: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    if let Some(elections) = elections
+        && elections.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
 /// What the server answered one publish.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Answer {
@@ -97,14 +108,19 @@ impl Drop for Wait<'_> {
 impl Acks {
     /// Subscribes to the writer's reply subjects. Publishes made after this returns are
     /// answered on the subscription (the client sends the subscription to the server first).
-    pub(super) async fn start(client: Client, timeout: Duration) -> Result<Self, String> {
+    /// The writes waiting when `leader_elections` changes are answered unconfirmed at once.
+    pub(super) async fn start(
+        client: Client,
+        timeout: Duration,
+        leader_elections: Option<tokio::sync::watch::Receiver<u64>>,
+    ) -> Result<Self, String> {
         let (answers, prefix) = crate::wire::write_answers(&client.new_inbox());
         let subscription = client
             .subscribe(answers)
             .await
             .map_err(|e| format!("cannot subscribe to the write answers: {e}"))?;
         let waiting = Waiting::default();
-        let reader = tokio::spawn(read(subscription, Arc::clone(&waiting)));
+        let reader = tokio::spawn(read(subscription, Arc::clone(&waiting), leader_elections));
         Ok(Self {
             client,
             prefix: Bytes::from(prefix),
@@ -196,9 +212,30 @@ fn reply_subject(buffer: &mut BytesMut, prefix: &[u8], number: u64) -> Subject {
     Subject::from_utf8(reply).unwrap_or_else(|_| Subject::from_static(""))
 }
 
-/// Hands each answer to the writer waiting for it, until the subscription ends.
-async fn read(mut subscription: async_nats::Subscriber, waiting: Waiting) {
-    while let Some(message) = subscription.next().await {
+/// Hands each answer to the writer waiting for it, until the subscription ends; when the
+/// journal stream elects a new leader, answers every write waiting then unconfirmed (the
+/// leader that handed over may answer none of them, and each would wait its whole timeout).
+async fn read(
+    mut subscription: async_nats::Subscriber,
+    waiting: Waiting,
+    mut leader_elections: Option<tokio::sync::watch::Receiver<u64>>,
+) {
+    loop {
+        let message = tokio::select! {
+            message = subscription.next() => message,
+            () = elected(&mut leader_elections) => {
+                let waiting: Vec<_> = lock(&waiting).waiting.drain().collect();
+                for (_, sender) in waiting {
+                    let _ = sender.send(Answer::Unconfirmed(
+                        "the journal stream elected a new leader".to_owned(),
+                    ));
+                }
+                continue;
+            }
+        };
+        let Some(message) = message else {
+            return;
+        };
         let subject = message.subject.as_bytes();
         let last = subject
             .iter()

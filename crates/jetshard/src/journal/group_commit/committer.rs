@@ -106,6 +106,8 @@ pub(super) struct Committer {
     pub(super) acks: tokio::sync::OnceCell<Acks>,
     /// How long a single-record publish waits for its answer.
     pub(super) write_timeout: Duration,
+    /// The journal stream's leader elections ([`super::Settings::leader_elections`]).
+    pub(super) leader_elections: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 /// Why a batch was not stored.
@@ -333,6 +335,12 @@ impl Committer {
         let message = PublishMessage::build()
             .payload(last.payload.clone())
             .headers(headers);
+        // Elections from here on: a leader that hands over with the commit in flight may never
+        // answer it, and the partition's next commits wait behind it.
+        let mut elections = self.leader_elections.clone();
+        if let Some(elections) = &mut elections {
+            elections.borrow_and_update();
+        }
         let ack = self
             .js
             .send_publish(last.subject.clone(), message)
@@ -341,7 +349,13 @@ impl Committer {
                 PublishErrorKind::MaxPayloadExceeded => refused(e.to_string()),
                 _ => unconfirmed(e.to_string()),
             })?;
-        match ack.await {
+        let answer = tokio::select! {
+            answer = ack => answer,
+            () = super::acks::elected(&mut elections) => {
+                return Err(unconfirmed("the journal stream elected a new leader".to_owned()));
+            }
+        };
+        match answer {
             Ok(ack) => Ok(ack.sequence),
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
                 Err(Attempt::Final(Refusal::Fenced))

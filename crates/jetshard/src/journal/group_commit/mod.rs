@@ -77,6 +77,10 @@ pub(crate) struct Settings {
     /// A single record's write is reported unconfirmed when the server has not answered it
     /// within this.
     pub(crate) write_timeout: Duration,
+    /// The elections of a new leader of the partition's journal stream seen by this process
+    /// (`None` on one server): the writes in flight then are reported unconfirmed at once, not
+    /// after the write timeout, since a leader that hands over may answer none of them.
+    pub(crate) leader_elections: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 /// The handle to a partition's group commit; the task ends when every handle is dropped.
@@ -120,6 +124,7 @@ impl GroupCommit {
             stats,
             metrics,
             write_timeout,
+            leader_elections,
         } = settings;
         // Unbounded, yet bounded: every entity actor has at most one unit waiting, and the
         // entities with work are bounded by the commands in hand.
@@ -132,6 +137,7 @@ impl GroupCommit {
             metrics,
             acks: tokio::sync::OnceCell::new(),
             write_timeout,
+            leader_elections,
         };
         let span = tracing::debug_span!("group_commit", partition, generation, ?mode);
         let committer = Arc::new(committer);

@@ -83,7 +83,13 @@ impl Committer {
             return Either::Right(Box::pin(async move {
                 let acks = self
                     .acks
-                    .get_or_try_init(|| Acks::start(self.js.client(), self.write_timeout))
+                    .get_or_try_init(|| {
+                        Acks::start(
+                            self.js.client(),
+                            self.write_timeout,
+                            self.leader_elections.clone(),
+                        )
+                    })
                     .await
                     .map_err(Refusal::Unconfirmed)?;
                 let answer = acks

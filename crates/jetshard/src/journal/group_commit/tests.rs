@@ -63,6 +63,7 @@ fn start_in(js: &Context, stats: &Arc<CommitStats>, mode: Mode) -> GroupCommit {
         stats: stats.clone(),
         metrics,
         write_timeout: Duration::from_secs(5),
+        leader_elections: None,
     };
     GroupCommit::start(js.clone(), 0, 1, settings)
 }

@@ -520,6 +520,7 @@ pub(crate) fn test_settings(write_timeout: std::time::Duration) -> group_commit:
             conflicts: metrics::Counter::noop(),
         },
         write_timeout,
+        leader_elections: None,
     }
 }
 

@@ -23,6 +23,9 @@ pub(crate) struct Shared {
     pub(crate) config: ShardConfig,
     pub(crate) command_stream: Stream<()>,
     pub(crate) journals: Journals,
+    /// Each journal stream's leader elections seen by this process, in the order of
+    /// [`Names::journal_streams`] (empty on one server: no elections).
+    pub(crate) leader_elections: Vec<tokio::sync::watch::Sender<u64>>,
     pub(crate) events: broadcast::Sender<OwnershipEvent>,
     /// Live entity actors over all partitions of this system (for the resident cap).
     pub(crate) resident: Arc<AtomicUsize>,
@@ -48,5 +51,15 @@ impl Shared {
     /// The journal stream holding `partition`'s records.
     pub(crate) fn journal(&self, partition: u32) -> &Stream<()> {
         self.journals.of(partition)
+    }
+
+    /// The leader elections of `partition`'s journal stream (`None` on one server).
+    pub(crate) fn leader_elections(
+        &self,
+        partition: u32,
+    ) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.leader_elections
+            .get(self.names.journal_index(partition))
+            .map(tokio::sync::watch::Sender::subscribe)
     }
 }

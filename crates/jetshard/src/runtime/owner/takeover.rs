@@ -58,6 +58,7 @@ impl<E: Entity> OwnerState<E> {
                 stats: self.commits.clone(),
                 metrics: self.metrics.commit.clone(),
                 write_timeout: self.shared.config.write_timeout,
+                leader_elections: self.shared.leader_elections(partition),
             },
         );
         let report: Reporter = {
