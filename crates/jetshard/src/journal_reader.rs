@@ -4,7 +4,8 @@
 //!
 //! The records and their layout are the wire contract (docs/WIRE.md): events, snapshots, fence
 //! records, timer records, outbox records, dead letters and a crash watch's unpin records, all
-//! on `<t>.<kind>.<p>[.<id>]` in the stream `<T>_JOURNAL`. Decoding never fails: a header that
+//! on `<t>.<kind>.<p>[.<id>]` in the stream `<T>_JOURNAL` (or `<T>_JOURNAL_<k>`, a partition's
+//! stream of a journal spread over several). Decoding never fails: a header that
 //! is missing or unreadable is `None`, a subject the contract does not name is
 //! [`RecordKind::Other`]. What to make of such a record is the reader's business (the testkit's
 //! history checker calls it malformed, `Admin::dead_letters` reads zeros).
