@@ -195,21 +195,13 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
     let stamps = Stamps::listen(&server.connect().await?, ENTITY_TYPE, Codec::default()).await?;
     let total_secs = WARM_UP.as_secs_f64() + options.latency_secs as f64;
     let total = (rate * total_secs) as usize;
-    let mut window = AckWindow::default();
     if options.latency_stages {
         stages::record(true);
     }
     let mut processes = vec![("bench", std::process::id())];
     processes.extend(server.pid().map(|pid| ("nats-server", pid)));
     let sched = crate::runqueue::Sampled::start(&processes);
-    let offered = offer(rate, total, async |i, at_ns| {
-        let ack = publisher
-            .send_to(i, &BenchCmd::stamp_of_size(at_ns, options.command_bytes))
-            .await?;
-        window.push(ack).await
-    })
-    .await?;
-    window.drain().await?;
+    let offered = offer_stamped(&publisher, rate, total, options.command_bytes).await?;
     if options.latency_stages {
         // Over the warm-up and the window, as a share of one core (2 on this machine).
         eprintln!("latency cpu: {}: {}", side.name(), sched.report());
@@ -385,6 +377,26 @@ pub(crate) struct Offered {
     pub(crate) started_ns: u64,
     /// How long sending took, s.
     pub(crate) secs: f64,
+}
+
+/// Offers `total` stamped commands of `bytes` at `rate`/s through `publisher` ([`offer`]) and
+/// waits until the stream has stored them all.
+pub(crate) async fn offer_stamped(
+    publisher: &load::CommandPublisher,
+    rate: f64,
+    total: usize,
+    bytes: usize,
+) -> anyhow::Result<Offered> {
+    let mut window = AckWindow::default();
+    let offered = offer(rate, total, async |i, at_ns| {
+        let ack = publisher
+            .send_to(i, &BenchCmd::stamp_of_size(at_ns, bytes))
+            .await?;
+        window.push(ack).await
+    })
+    .await?;
+    window.drain().await?;
+    Ok(offered)
 }
 
 /// Offers `total` commands at `rate`/s: `send(i, at_ns)` at each one's scheduled time

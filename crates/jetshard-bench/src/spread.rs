@@ -20,9 +20,9 @@ use serde_json::json;
 
 use crate::Options;
 use crate::cpu::cpu_time;
-use crate::entity::{BenchCmd, BenchEntity};
-use crate::latency::{Stamps, offer};
-use crate::load::{self, AckWindow, Gate};
+use crate::entity::BenchEntity;
+use crate::latency::{Stamps, offer_stamped};
+use crate::load::{self, Gate};
 use crate::report::{Report, Row, Worse};
 use crate::stats::Summary;
 
@@ -257,15 +257,13 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
         .iter()
         .map(|(_, pid)| cpu_time(*pid).unwrap_or_default())
         .collect();
-    let mut window = AckWindow::default();
-    let offered = offer(options.spread_rate, total, async |i, at_ns| {
-        let ack = publisher
-            .send_to(i, &BenchCmd::stamp_of_size(at_ns, options.command_bytes))
-            .await?;
-        window.push(ack).await
-    })
+    let offered = offer_stamped(
+        &publisher,
+        options.spread_rate,
+        total,
+        options.command_bytes,
+    )
     .await?;
-    window.drain().await?;
     stamps.wait_for(total, Duration::from_secs(30)).await;
     let elapsed = offered.secs;
     let cpu: Vec<(String, f64)> = pids
