@@ -8,6 +8,15 @@ use serde::{Deserialize, Serialize};
 /// The test entity.
 pub struct Ledger;
 
+/// The mark of a fired timer's number in the state (`Fired { n }` adds `FIRED | n`), so that
+/// an `Append`'s place counts appended numbers only.
+pub const FIRED: u64 = 1 << 63;
+
+/// The numbers of `state` that commands appended (fired timers left out).
+pub fn appended(state: &[u64]) -> impl Iterator<Item = u64> + '_ {
+    state.iter().copied().filter(|n| n & FIRED == 0)
+}
+
 /// Its commands.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum LedgerCmd {
@@ -89,7 +98,7 @@ impl Entity for Ledger {
         if let Some(delay) = faults().decide_delay {
             std::thread::sleep(delay);
         }
-        let next = state.len() as u64;
+        let next = appended(state).count() as u64;
         match command {
             LedgerCmd::Append { n } if n == next => Ok(vec![LedgerEvt::Appended { n }]),
             LedgerCmd::Append { n } => Err(format!("expected {next}, got {n}")),
@@ -174,10 +183,14 @@ impl Entity for Ledger {
             // Dies between the durable write and the acknowledgement of its command.
             std::process::abort();
         }
-        // The timer and saga events leave the list as it is: the history checker reads them
-        // from the journal.
-        if let LedgerEvt::Appended { n } = event {
-            state.push(*n);
+        // A fired timer adds its number marked [`FIRED`], a settled order its own: every
+        // command's effect shows in the state, which the chaos schedules' state oracle reads
+        // (`model::check_states`); arming, disarming and ordering leave it as it is.
+        match event {
+            LedgerEvt::Appended { n } => state.push(*n),
+            LedgerEvt::Fired { n, .. } => state.push(FIRED | *n),
+            LedgerEvt::Settled { order, .. } => state.push(*order),
+            LedgerEvt::Armed { .. } | LedgerEvt::Disarmed { .. } | LedgerEvt::Ordered { .. } => {}
         }
     }
 }

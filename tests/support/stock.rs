@@ -108,7 +108,10 @@ impl Entity for Stock {
 /// The stock's config beside [`crate::ledger_config`]: same partitions and node id, JSON,
 /// snapshots every few events.
 pub fn stock_config(partitions: u32, node: &str) -> jetshard::ShardConfigBuilder {
+    // Never compacted, even where the ledger is: the saga's checker reads the stock's journal
+    // whole (`model::check_effects`), against the ledger's.
     crate::config("stock", partitions, node)
+        .compaction(false)
         .codec(Codec::Json)
         .retry_delay(std::time::Duration::from_millis(50))
         .snapshot_every(crate::snapshot_every())

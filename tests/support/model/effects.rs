@@ -15,6 +15,10 @@ pub struct EffectsReport {
     /// Broken promises: a timer fired twice, after its cancel or never set; an outbox message
     /// stored twice or never asked for; a saga whose ends disagree; a stock over its capacity.
     pub violations: Vec<String>,
+    /// Of the violations, those that name a ledger record the read did not hold (a timer
+    /// fired or disarmed but never armed, an order settled or answered but never placed):
+    /// broken promises in a whole journal, what a read of one that purges cut short shows.
+    pub unplaced: Vec<String>,
     /// What has not happened yet but must: an armed timer not yet fired, an order not yet
     /// answered. Once the run is over and its timers were due, each of these is lost.
     pub pending: Vec<String>,
@@ -38,6 +42,12 @@ impl EffectsReport {
     /// Whether no promise is broken and nothing is pending.
     pub fn is_ok(&self) -> bool {
         self.violations.is_empty() && self.pending.is_empty()
+    }
+
+    /// A violation that names a ledger record the read did not hold.
+    fn unplaced(&mut self, violation: String) {
+        self.unplaced.push(violation.clone());
+        self.violations.push(violation);
     }
 }
 
@@ -87,7 +97,7 @@ pub fn check_effects(ledger: &[Record<LedgerEvt>], stock: &[Record<StockEvt>]) -
                 Some((_, TimerState::Disarmed)) => report.violations.push(format!(
                     "{entity}: timer {name} disarmed twice (journal seq {seq})"
                 )),
-                None => report.violations.push(format!(
+                None => report.unplaced(format!(
                     "{entity}: timer {name} disarmed but never armed (journal seq {seq})"
                 )),
             },
@@ -106,7 +116,7 @@ pub fn check_effects(ledger: &[Record<LedgerEvt>], stock: &[Record<StockEvt>]) -
                     Some((_, TimerState::Disarmed)) => report.violations.push(format!(
                         "{entity}: timer {name} fired after its cancel (journal seq {seq})"
                     )),
-                    None => report.violations.push(format!(
+                    None => report.unplaced(format!(
                         "{entity}: timer {name} fired but was never armed (journal seq {seq})"
                     )),
                 }
@@ -123,7 +133,7 @@ pub fn check_effects(ledger: &[Record<LedgerEvt>], stock: &[Record<StockEvt>]) -
             LedgerEvt::Settled { order, reserved } => {
                 let key = (entity.clone(), *order);
                 if !orders.contains_key(&key) {
-                    report.violations.push(format!(
+                    report.unplaced(format!(
                         "{entity}: order {order} settled before or without being placed (journal seq {seq})"
                     ));
                 }
@@ -176,7 +186,7 @@ pub fn check_effects(ledger: &[Record<LedgerEvt>], stock: &[Record<StockEvt>]) -
             Some(placed) => report.violations.push(format!(
                 "stock {entity}: order {order} of {reply_to} answered for {qty} units, placed as {placed:?} (journal seq {seq})"
             )),
-            None => report.violations.push(format!(
+            None => report.unplaced(format!(
                 "stock {entity}: order {order} of {reply_to} answered but never placed (journal seq {seq})"
             )),
         }

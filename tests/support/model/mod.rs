@@ -7,7 +7,9 @@
 //! command order per entity, each what the ledger would do; every write carries its
 //! partition's latest generation, and generations rise by one. What the commands set off beyond
 //! their events (timers, the outbox, the saga with the stock) is judged by [`check_effects`]
-//! (`effects.rs`); state queries' answers by [`check_query_answers`] (`queries.rs`).
+//! (`effects.rs`); state queries' answers by [`check_query_answers`] (`queries.rs`); the
+//! entities' final states, queried, by [`check_states`] (`states.rs`), which needs no journal
+//! record.
 
 use std::fmt::Write as _;
 
@@ -19,9 +21,11 @@ use crate::stock::StockEvt;
 
 mod effects;
 mod queries;
+mod states;
 
 pub use effects::{EffectsReport, check_effects};
-pub use queries::check_query_answers;
+pub use queries::{check_query_answers, check_query_answers_by_state};
+pub use states::{StatesReport, check_states};
 
 /// A command as the history records it, with what the ledger must make of it.
 #[derive(Clone, Debug, PartialEq, Eq)]

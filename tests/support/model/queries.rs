@@ -1,4 +1,4 @@
-//! State queries' answers, judged against the journal.
+//! State queries' answers, judged against the journal or the entities' final states.
 
 use std::collections::BTreeMap;
 
@@ -24,16 +24,38 @@ pub fn check_query_answers(
             lists.entry(entity.as_str()).or_default().push(*n);
         }
     }
+    prefixes_of(&lists, answers, "the journal's")
+}
+
+/// Checks answers to state queries against each entity's final state (queried once the run
+/// was over): each answer must be a prefix of it. Needs no journal record, so it judges a run
+/// whose journal was compacted.
+pub fn check_query_answers_by_state(
+    states: &BTreeMap<String, Vec<u64>>,
+    answers: &[(String, Vec<u64>)],
+) -> Vec<String> {
+    let lists = states
+        .iter()
+        .map(|(entity, state)| (entity.as_str(), state.clone()))
+        .collect();
+    prefixes_of(&lists, answers, "its final state's")
+}
+
+fn prefixes_of(
+    lists: &BTreeMap<&str, Vec<u64>>,
+    answers: &[(String, Vec<u64>)],
+    whose: &str,
+) -> Vec<String> {
     let mut violations = Vec::new();
     for (entity, answer) in answers {
-        let journal = lists.get(entity.as_str()).map_or(&[][..], Vec::as_slice);
-        if !journal.starts_with(answer) {
+        let list = lists.get(entity.as_str()).map_or(&[][..], Vec::as_slice);
+        if !list.starts_with(answer) {
             violations.push(format!(
-                "{entity}: a query answered {} numbers {}, not a prefix of the journal's {} {}",
+                "{entity}: a query answered {} numbers {}, not a prefix of {whose} {} {}",
                 answer.len(),
                 short_numbers(answer),
-                journal.len(),
-                short_numbers(journal)
+                list.len(),
+                short_numbers(list)
             ));
         }
     }

@@ -68,6 +68,9 @@ pub struct FeatureRun {
     pub stocks: Vec<String>,
     /// Partitions (for the stock's sender).
     pub partitions: u32,
+    /// Whether the nodes compacted the journal in the background (set by the world): a purge
+    /// may then have outrun the journal's mirror.
+    pub compacting: bool,
 }
 
 impl Features {
@@ -245,6 +248,7 @@ impl Features {
             bad_replies: self.bad_replies.lock().unwrap().clone(),
             stocks: self.stocks,
             partitions: self.partitions,
+            compacting: false,
         }
     }
 }

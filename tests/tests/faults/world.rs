@@ -23,6 +23,10 @@ const SINGLE_ACK_WAIT: Duration = Duration::from_millis(3000);
 const CLUSTER_PIN_TTL: Duration = Duration::from_millis(1500);
 const CLUSTER_ACK_WAIT: Duration = Duration::from_millis(5000);
 
+/// The R3 world's background compaction interval (with every feature on): short, so that
+/// sweeps run through every fault of a schedule.
+const CLUSTER_COMPACTION: Duration = Duration::from_secs(2);
+
 /// The pace of a world's load and how long its waits are bounded.
 #[derive(Clone, Copy, Debug)]
 pub struct Pace {
@@ -52,6 +56,8 @@ pub struct World {
     pub file: &'static str,
     /// The load's pace.
     pub pace: Pace,
+    /// Whether the nodes compact the ledger's journal in the background.
+    pub compacting: bool,
 }
 
 impl World {
@@ -78,17 +84,17 @@ impl World {
             last_stretch: Duration::from_millis(500),
             verify_within: Duration::from_secs(90),
         };
-        World::with_nodes(s, proxies, vec![], features, "chaos", pace).await
+        World::with_nodes(s, proxies, vec![], features, "chaos", pace, None).await
     }
 
     /// A 3-server cluster with R3 streams, [`NODES`] nodes: node `i` connects through three
     /// proxies of its own, to server `i` first, and ignores the servers the cluster
     /// advertises (so a cut at its proxies cuts it off). With `features`, as
-    /// [`World::single`]. The owners do not compact in the background: a sweep purges what is
-    /// one interval old, and a leader election can hold the journal's mirror (which the
-    /// history is judged on) back longer than that (seed 4000 with a 10 s interval: the
-    /// cluster healed 12.3 s after a journal leader kill, and 846 events were purged before
-    /// the mirror had them). [`Fault::Compact`] waits for the mirror first.
+    /// [`World::single`], and the owners compact the ledger's journal in the background every
+    /// [`CLUSTER_COMPACTION`], as users run them: a sweep purges what is one interval old, so
+    /// a leader election that holds the journal's mirror back longer than that lets purges
+    /// outrun it, and what needs a purged record is judged by the entities' states
+    /// ([`super::verify`]). [`Fault::Compact`] still waits for the mirror first.
     pub async fn cluster(partitions: u32, features: bool) -> World {
         let s = Scenario::cluster(partitions)
             .await
@@ -114,7 +120,8 @@ impl World {
             last_stretch: Duration::from_millis(1000),
             verify_within: Duration::from_secs(120),
         };
-        World::with_nodes(s, proxies, args, features, "cluster", pace).await
+        let compaction = features.then_some(CLUSTER_COMPACTION);
+        World::with_nodes(s, proxies, args, features, "cluster", pace, compaction).await
     }
 
     async fn with_nodes(
@@ -124,9 +131,15 @@ impl World {
         features: bool,
         file: &'static str,
         pace: Pace,
+        compaction: Option<Duration>,
     ) -> World {
+        let interval = compaction.map(|c| c.as_millis().to_string());
         // Debug lines name each command's fate (`already applied`, acks), for failures.
-        let spec = s.node_spec(&[("RUST_LOG", "jetshard=debug")]);
+        let mut env = vec![("RUST_LOG", "jetshard=debug")];
+        if let Some(ms) = &interval {
+            env.push(("JETSHARD_COMPACTION_MS", ms));
+        }
+        let spec = s.node_spec(&env);
         let urls = proxies
             .iter()
             .map(|own| own.iter().map(TcpProxy::url).collect::<Vec<_>>().join(","))
@@ -145,6 +158,7 @@ impl World {
             nodes,
             file,
             pace,
+            compacting: compaction.is_some(),
         }
     }
 
@@ -394,7 +408,9 @@ impl World {
         let feature_run = match traffic {
             Some(traffic) => {
                 retries += traffic.retries.load(Ordering::Relaxed);
-                Some(traffic.finish().await)
+                let mut run = traffic.finish().await;
+                run.compacting = self.compacting;
+                Some(run)
             }
             None => None,
         };

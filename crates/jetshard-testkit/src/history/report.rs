@@ -216,6 +216,17 @@ impl Report {
     pub fn summary(&self) -> Summary {
         self.summary
     }
+
+    /// Takes out the violations another check judges instead (`elsewhere` says which: a loss
+    /// that the entities' states judge, say, where the journal read had records purged), and
+    /// returns them.
+    pub fn set_aside(&mut self, elsewhere: impl Fn(&Violation) -> bool) -> Vec<Violation> {
+        let (aside, kept) = std::mem::take(&mut self.violations)
+            .into_iter()
+            .partition(|v| elsewhere(v));
+        self.violations = kept;
+        aside
+    }
 }
 
 /// At most this many violations are printed by `Display`; the rest are counted.
