@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Server CPU of one entity-load read (issue 22): $JS.API.STREAM.MSG.GET (the API get jetshard's
+# Server CPU of one entity-load read: $JS.API.STREAM.MSG.GET (the API get jetshard's
 # loads sent) against $JS.API.DIRECT.GET (allow_direct), the same `last_by_subj` requests on the
 # same stream of N one-message subjects, alternating rounds, 256 requests in flight. Speaks the
 # NATS protocol on a plain socket (no client library); starts its own nats-server

@@ -92,8 +92,8 @@ pub async fn drain_bare(spec: DrainSpec, in_flight: usize) -> anyhow::Result<Clu
     load::seed_entities(control.clone(), ENTITY_TYPE, spec.partitions, spec.entities).await?;
     // Held, not paused, while the commands are pre-loaded, as the throughput scenario's loop:
     // a pull left open across a consumer's pause is not served when the consumer is resumed
-    // by API (docs/performance/throughput.md "Stop 39: from resume to first delivery"), so behind the
-    // gate each partition's loop would start only when its pull expired.
+    // by API (`tests/tests/nats_facts.rs`), so behind the gate each partition's loop would
+    // start only when its pull expired.
     let mut settings = BareSettings::with(&[Knob::NoPause]);
     settings.in_flight = in_flight;
     let bare = BareLoop::start_with_settings(
