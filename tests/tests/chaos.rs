@@ -322,6 +322,73 @@ async fn a_node_killed_right_after_its_claim_is_replaced_and_loses_nothing() {
     assert!(caught > 0, "no claimant was caught right after its claim");
 }
 
+/// The owner's connection drops while the server is delivering the partition's last command to
+/// it: the delivery is lost with the connection, the owner reconnects within the pin TTL and
+/// keeps its pin, and nothing is delivered after it (so no jump of the consumer sequence shows
+/// the loss). The owner asks the consumer after its reconnect and recovers the command within
+/// seconds, not after the ack wait (60 s here, longer than the test waits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_delivery_lost_with_a_dropped_connection_is_applied_long_before_its_ack_wait() {
+    init_tracing();
+    let _one = one_at_a_time().await;
+    let s = Scenario::single(1)
+        .await
+        .pin_ttl(Duration::from_secs(15))
+        .ack_wait(Duration::from_secs(60));
+    let js = &s.js;
+    let proxy = TcpProxy::start(s.server().addr()).await.expect("proxy");
+    let spec = s.node_spec(&[("RUST_LOG", "jetshard=debug")]);
+    let mut nodes = Nodes::start(vec![proxy.url()], spec, vec![]).await;
+    let retries = std::sync::atomic::AtomicU64::new(0);
+    let mut history = History::new();
+    let mut send = async |n: u64| {
+        let ack = publish(
+            js,
+            "x",
+            encode(&Op::Push(n).command().unwrap()),
+            &format!("x:{n}"),
+            Duration::from_secs(10),
+            &retries,
+        )
+        .await;
+        history.record("x", Op::Push(n), ack);
+    };
+    send(0).await;
+    nodes
+        .wait_all_owned(1, Duration::from_secs(10))
+        .await
+        .expect("owned");
+    wait_drained(js, Duration::from_secs(10))
+        .await
+        .expect("the first command applied");
+
+    proxy.stall();
+    send(1).await;
+    // Part of the fault: the delivery reaches the proxy and waits there.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.cut();
+    // Part of the fault: the relay closes the connection, dropping what it held.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.heal();
+    let healed = Instant::now();
+    let drained = wait_drained(js, Duration::from_secs(12)).await;
+    let took = healed.elapsed();
+    let owner = nodes.slots[0].node.as_ref().expect("node");
+    let acquired = owner
+        .lines()
+        .iter()
+        .filter(|l| l.what == "ACQUIRED")
+        .count();
+    assert!(
+        drained.is_ok(),
+        "the lost command was not applied within 12 s of the reconnect ({drained:?}); ACQUIRED {acquired} times; the owner's tail lines:\n{}",
+        nodes.grep_logs("deliveries", 10)
+    );
+    let report = check_journal(js, &history).await;
+    assert!(report.is_ok(), "{report}");
+    eprintln!("the lost command applied {took:?} after the reconnect; ACQUIRED {acquired} times");
+}
+
 /// The owner's connection drops while the server is delivering a command to it: the delivery
 /// is lost with the connection, the owner reconnects within the pin TTL and keeps its pin, and
 /// the entity's next command arrives before the lost one is redelivered. The lost one must

@@ -109,6 +109,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
         };
         let pull = pin::start(
             args.shared.js.clone(),
+            args.shared.command_stream.clone(),
             &args.shared.names.command_stream,
             &args.shared.names.consumer(args.partition),
             settings,
@@ -197,6 +198,14 @@ impl<E: Entity> Actor for OwnerActor<E> {
             // command, in order, before anything newer.
             OwnerMsg::Pin(PinSignal::Gap { pin }) => {
                 Box::pin(state.step_down_under(&pin, StepDown::DeliveriesLost)).await
+            }
+            // The same, with nothing delivered after the lost ones to show the pin: claim at
+            // once under the pin the loop holds.
+            OwnerMsg::Pin(PinSignal::TailLost { pin }) => {
+                Box::pin(state.step_down_under(&pin, StepDown::DeliveriesLost)).await;
+                if matches!(state.phase, Phase::Standby) && !state.holding {
+                    Box::pin(state.acquire(pin, None)).await;
+                }
             }
             OwnerMsg::Pin(PinSignal::Idle) => {
                 if let Phase::Releasing(release, _) = &mut state.phase {
@@ -359,7 +368,7 @@ impl<E: Entity> OwnerState<E> {
                 Box::pin(acknowledge(client, self.partition, delivery.reply, nak)).await;
             }
             Phase::Standby if self.holding => Box::pin(self.decline(delivery)).await,
-            _ => Box::pin(self.acquire(delivery)).await,
+            _ => Box::pin(self.acquire(delivery.pin.clone(), Some(delivery))).await,
         }
         if matches!(self.phase, Phase::Owning(_)) {
             self.metrics.pending.set(pending);

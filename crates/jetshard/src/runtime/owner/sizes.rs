@@ -85,7 +85,7 @@ fn owner_future_sizes() {
         ),
         (
             "acquire",
-            future_size(|| State::acquire(unreachable!(), unreachable!())),
+            future_size(|| State::acquire(unreachable!(), unreachable!(), unreachable!())),
         ),
         ("on_tick", future_size(|| State::on_tick(unreachable!()))),
         (

@@ -25,14 +25,17 @@ use crate::telemetry::{self};
 use crate::wire::Names;
 
 impl<E: Entity> OwnerState<E> {
-    /// Takes the partition: a new generation, the state rebuilt, the previous owners'
-    /// unacknowledged commands recovered in order. `first` is the delivery that showed the pin.
-    pub(super) async fn acquire(&mut self, first: Delivery) {
+    /// Takes the partition under `pin`: a new generation, the state rebuilt, the previous
+    /// owners' unacknowledged commands recovered in order. `first` is the delivery that showed
+    /// the pin; none when the pull loop found deliveries lost at the tail under a pin it holds
+    /// (nothing else will be delivered to show it).
+    pub(super) async fn acquire(&mut self, pin: Arc<str>, first: Option<Delivery>) {
         let started = Instant::now();
         let partition = self.partition;
         let node = self.config().node_id.clone();
-        let pin = first.pin.clone();
-        let first_new = (first.deliveries == 1).then_some(first.seq);
+        let first_new = first
+            .as_ref()
+            .and_then(|f| (f.deliveries == 1).then_some(f.seq));
         self.shared
             .health
             .set(partition, PartitionHealth::Acquiring);
@@ -198,22 +201,28 @@ impl<E: Entity> OwnerState<E> {
         if trial.is_some() {
             // In isolation, the commands earlier owners held run as the server delivers them
             // again, one at a time.
-            return self.deliver(first).await;
+            if let Some(first) = first {
+                self.deliver(first).await;
+            }
+            return;
         }
         // The previous owners' unacknowledged commands, and the first delivery, in stream order;
         // their entities load together (the burst's other deliveries are planned after).
         if let Phase::Owning(o) = &mut self.phase {
             let recovered = acquired.recovered.iter().map(|(entity, _)| entity.as_str());
-            let first_named = Names::entity_of_subject(&first.subject).filter(|_| !first.wake);
+            let first_named = first
+                .as_ref()
+                .filter(|f| !f.wake)
+                .and_then(|f| Names::entity_of_subject(&f.subject));
             route::plan_batch_loads(o, recovered.chain(first_named));
         }
-        let first_seq = first.seq;
-        let mut first = Some(first);
+        let first_seq = first.as_ref().map(|f| f.seq);
+        let mut first = first;
         for (entity, pending) in acquired.recovered {
             if let Some(f) = first.take_if(|f| f.seq <= pending.seq) {
                 self.route_delivery(f, None).await;
             }
-            if pending.seq != first_seq {
+            if Some(pending.seq) != first_seq {
                 self.route(&entity, pending);
             }
         }

@@ -21,6 +21,7 @@
 mod delivery;
 mod requested;
 pub(crate) mod resumed;
+mod tail;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -28,6 +29,7 @@ use std::time::Duration;
 
 use async_nats::client::traits::Publisher;
 use async_nats::jetstream::Context;
+use async_nats::jetstream::stream::Stream;
 use async_nats::message::OutboundMessage;
 use async_nats::{Client, StatusCode, Subject};
 use futures::{FutureExt, StreamExt};
@@ -40,6 +42,7 @@ use crate::wire::PRIORITY_GROUP;
 use delivery::{AckInfo, ack_info};
 pub(crate) use delivery::{Delivery, is_wake, respond_to, trace_of, try_wake, wake};
 use requested::{Requested, pending_of};
+use tail::TailCheck;
 
 /// What the pull loop tells its owner.
 pub(crate) enum PinSignal {
@@ -52,6 +55,9 @@ pub(crate) enum PinSignal {
     /// A delivery under `pin` never arrived (the consumer's delivery counter jumped): later
     /// commands must not overtake it.
     Gap { pin: Arc<str> },
+    /// The last deliveries under `pin` never arrived, and nothing after them ([`tail`]): the
+    /// consumer said twice it had delivered past what this loop received.
+    TailLost { pin: Arc<str> },
     /// Pulling is paused and no pull request of this loop without the pin id is open at the
     /// server any more: an unpin cannot pin this process again (the open pulls that carry the
     /// pin id are ended with 423 by the unpin). Deliveries to those may still arrive until then.
@@ -109,11 +115,13 @@ impl Drop for PullLoop {
     }
 }
 
-/// Starts pulling `consumer` on `stream`. `resumed` changes when the consumer is resumed
+/// Starts pulling `consumer` on `stream` (`commands`, to ask the consumer what it delivered
+/// after a fault: [`tail`]). `resumed` changes when the consumer is resumed
 /// ([`resumed::Resumes::watch`]): the loop then pulls at once. `sink` receives the signals; when
 /// it returns `false` (the owner is gone) the loop ends.
 pub(crate) fn start(
     js: Context,
+    commands: Stream<()>,
     stream: &str,
     consumer: &str,
     settings: PullSettings,
@@ -122,6 +130,7 @@ pub(crate) fn start(
 ) -> PullLoop {
     let request_subject = crate::wire::pull_request_subject(stream, consumer);
     let consumer = consumer.to_owned();
+    let tail = TailCheck::new(commands, consumer.clone());
     let (paused, paused_rx) = watch::channel(false);
     let (forget, forget_rx) = watch::channel(None);
     let span = tracing::debug_span!("pull_loop", consumer = %consumer);
@@ -132,7 +141,7 @@ pub(crate) fn start(
                 forget: forget_rx,
                 resumed,
             };
-            let reason = match run(js, request_subject, settings, signals, &sink).await {
+            let reason = match run(js, request_subject, settings, signals, tail, &sink).await {
                 Ok(Ended::OwnerGone) => return,
                 Ok(Ended::SubscriptionClosed) => "its subscription closed".to_owned(),
                 Err(e) => e.to_string(),
@@ -168,6 +177,7 @@ async fn run(
     request_subject: String,
     settings: PullSettings,
     signals: Signals,
+    mut tail: TailCheck,
     sink: &(impl Fn(PinSignal) -> bool + Sync),
 ) -> Result<Ended, async_nats::Error> {
     let Signals {
@@ -200,6 +210,9 @@ async fn run(
     // The consumer sequence of the last delivery under `last_pin`.
     let mut last_pin: Option<Arc<str>> = None;
     let mut last_consumer_seq: Option<u64> = None;
+    // When the consumer last answered anything (a delivery or a status): a pull is answered by
+    // its expiry, so a longer silence means the way to the consumer's leader is broken.
+    let mut last_heard = Instant::now();
     // Deliveries received and not yet handed to the owner: sent once no further message is
     // ready (or the batch is full), and always before any other signal, so that the owner sees
     // everything in the order the server sent it.
@@ -226,7 +239,14 @@ async fn run(
             // request nobody listens to): count afresh. One that survived costs a spare pull.
             connects = reconnected;
             requested = Requested::default();
+            // And deliveries with them.
+            tail.suspect(now, "reconnected");
         }
+        if pin.is_some() && now >= last_heard + forget_after {
+            last_heard = now;
+            tail.suspect(now, "no answer from the consumer");
+        }
+        tail.ask_if_due(now);
         if let Some(forgotten) = forget.borrow_and_update().as_ref()
             && pin.as_ref() == Some(forgotten)
         {
@@ -291,6 +311,12 @@ async fn run(
         if let Some((until, _)) = refused.filter(|(until, _)| now < *until) {
             wake_at = wake_at.min(until);
         }
+        if let Some(at) = tail.wake_at() {
+            wake_at = wake_at.min(at);
+        }
+        if pin.is_some() {
+            wake_at = wake_at.min(last_heard + forget_after);
+        }
 
         // A message already here is taken at once, into the same batch of deliveries.
         let ready = if delivered.len() < MAX_DELIVERIES_PER_SIGNAL {
@@ -316,6 +342,17 @@ async fn run(
                     None => return Ok(Ended::SubscriptionClosed),
                 },
                 () = tokio::time::sleep_until(wake_at) => continue,
+                answer = async { tail.asked().expect("polled only while asked").await }, if tail.asked().is_some() => {
+                    let received = last_consumer_seq.filter(|_| last_pin == pin);
+                    let verdict = tail.answered(answer.ok().flatten(), pin.as_deref(), received, Instant::now());
+                    if verdict == tail::Verdict::Lost
+                        && let Some(pin) = &pin
+                        && !sink(PinSignal::TailLost { pin: pin.clone() })
+                    {
+                        return Ok(Ended::OwnerGone);
+                    }
+                    continue;
+                }
                 changed = paused.changed() => {
                     if changed.is_err() {
                         return Ok(Ended::OwnerGone);
@@ -342,6 +379,7 @@ async fn run(
                     }
             }
         };
+        last_heard = Instant::now();
         if message.status != Some(StatusCode::NO_RESPONDERS) {
             // The consumer answered: it has a leader.
             refused = None;
@@ -444,6 +482,10 @@ async fn run(
                     ?wait,
                     "pull request ended: no responders; pulling again after a wait"
                 );
+                // The consumer's leader is gone, and what it delivered last may be too.
+                if pin.is_some() {
+                    tail.suspect(Instant::now(), "the consumer has no leader");
+                }
             }
             Some(status) => {
                 requested.ended(pending_of(message.headers.as_ref()), settings.batch);
@@ -491,6 +533,7 @@ mod tests {
         let consumer = jetshard_testkit::PINNED_CONSUMER;
         let _pulls = start(
             js.clone(),
+            js.get_stream_no_info("later").await.expect("stream handle"),
             "later",
             consumer,
             settings,
