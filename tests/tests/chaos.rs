@@ -322,6 +322,74 @@ async fn a_node_killed_right_after_its_claim_is_replaced_and_loses_nothing() {
     assert!(caught > 0, "no claimant was caught right after its claim");
 }
 
+/// One node behind a proxy owning the single partition of its scenario, and the commands sent
+/// to its entity `x` (`Push { n }`), for the tests of a delivery dropped with its connection.
+struct DroppedDelivery {
+    s: Scenario,
+    proxy: TcpProxy,
+    nodes: Nodes,
+    history: History<Op>,
+    retries: std::sync::atomic::AtomicU64,
+}
+
+impl DroppedDelivery {
+    /// Starts the node on `s` and sends command 0, once the node owns the partition.
+    async fn start(s: Scenario) -> DroppedDelivery {
+        let proxy = TcpProxy::start(s.server().addr()).await.expect("proxy");
+        let spec = s.node_spec(&[("RUST_LOG", "jetshard=debug")]);
+        let nodes = Nodes::start(vec![proxy.url()], spec, vec![]).await;
+        let mut this = DroppedDelivery {
+            s,
+            proxy,
+            nodes,
+            history: History::new(),
+            retries: std::sync::atomic::AtomicU64::new(0),
+        };
+        this.send(0).await;
+        this.nodes
+            .wait_all_owned(1, Duration::from_secs(10))
+            .await
+            .expect("owned");
+        this
+    }
+
+    async fn send(&mut self, n: u64) {
+        let ack = publish(
+            &self.s.js,
+            "x",
+            encode(&Op::Push(n).command().unwrap()),
+            &format!("x:{n}"),
+            Duration::from_secs(10),
+            &self.retries,
+        )
+        .await;
+        self.history.record("x", Op::Push(n), ack);
+    }
+
+    /// The server delivers command `n` into the stalled connection, which is then dropped with
+    /// the delivery in it; the node reconnects.
+    async fn drop_the_delivery_of(&mut self, n: u64) {
+        self.proxy.stall();
+        self.send(n).await;
+        // Part of the fault: the delivery reaches the proxy and waits there.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.proxy.cut();
+        // Part of the fault: the relay closes the connection, dropping what it held.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.proxy.heal();
+    }
+
+    /// How many times the node acquired the partition.
+    fn acquisitions(&self) -> usize {
+        let owner = self.nodes.slots[0].node.as_ref().expect("node");
+        owner
+            .lines()
+            .iter()
+            .filter(|l| l.what == "ACQUIRED")
+            .count()
+    }
+}
+
 /// The owner's connection drops while the server is delivering the partition's last command to
 /// it: the delivery is lost with the connection, the owner reconnects within the pin TTL and
 /// keeps its pin, and nothing is delivered after it (so no jump of the consumer sequence shows
@@ -335,56 +403,21 @@ async fn a_last_delivery_lost_with_a_dropped_connection_is_applied_long_before_i
         .await
         .pin_ttl(Duration::from_secs(15))
         .ack_wait(Duration::from_secs(60));
-    let js = &s.js;
-    let proxy = TcpProxy::start(s.server().addr()).await.expect("proxy");
-    let spec = s.node_spec(&[("RUST_LOG", "jetshard=debug")]);
-    let mut nodes = Nodes::start(vec![proxy.url()], spec, vec![]).await;
-    let retries = std::sync::atomic::AtomicU64::new(0);
-    let mut history = History::new();
-    let mut send = async |n: u64| {
-        let ack = publish(
-            js,
-            "x",
-            encode(&Op::Push(n).command().unwrap()),
-            &format!("x:{n}"),
-            Duration::from_secs(10),
-            &retries,
-        )
-        .await;
-        history.record("x", Op::Push(n), ack);
-    };
-    send(0).await;
-    nodes
-        .wait_all_owned(1, Duration::from_secs(10))
-        .await
-        .expect("owned");
-    wait_drained(js, Duration::from_secs(10))
+    let mut t = DroppedDelivery::start(s).await;
+    wait_drained(&t.s.js, Duration::from_secs(10))
         .await
         .expect("the first command applied");
-
-    proxy.stall();
-    send(1).await;
-    // Part of the fault: the delivery reaches the proxy and waits there.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.cut();
-    // Part of the fault: the relay closes the connection, dropping what it held.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    proxy.heal();
+    t.drop_the_delivery_of(1).await;
     let healed = Instant::now();
-    let drained = wait_drained(js, Duration::from_secs(12)).await;
+    let drained = wait_drained(&t.s.js, Duration::from_secs(12)).await;
     let took = healed.elapsed();
-    let owner = nodes.slots[0].node.as_ref().expect("node");
-    let acquired = owner
-        .lines()
-        .iter()
-        .filter(|l| l.what == "ACQUIRED")
-        .count();
+    let acquired = t.acquisitions();
     assert!(
         drained.is_ok(),
-        "the lost command was not applied within 12 s of the reconnect ({drained:?}); ACQUIRED {acquired} times; the owner's tail lines:\n{}",
-        nodes.grep_logs("deliveries", 10)
+        "the lost command was not applied within 12 s of the reconnect ({drained:?}); ACQUIRED {acquired} times; the owner's lines about it:\n{}",
+        t.nodes.grep_logs("deliveries", 10)
     );
-    let report = check_journal(js, &history).await;
+    let report = check_journal(&t.s.js, &t.history).await;
     assert!(report.is_ok(), "{report}");
     eprintln!("the lost command applied {took:?} after the reconnect; ACQUIRED {acquired} times");
 }
@@ -399,57 +432,20 @@ async fn a_delivery_lost_with_a_dropped_connection_is_not_overtaken_by_the_next_
     let _one = one_at_a_time().await;
     // A pin TTL long enough that the owner keeps its pin through the drop.
     let s = Scenario::single(1).await.pin_ttl(Duration::from_secs(6));
-    let js = &s.js;
-    let proxy = TcpProxy::start(s.server().addr()).await.expect("proxy");
-    let spec = s.node_spec(&[("RUST_LOG", "jetshard=debug")]);
-    let mut nodes = Nodes::start(vec![proxy.url()], spec, vec![]).await;
-    let retries = std::sync::atomic::AtomicU64::new(0);
-    let mut history = History::new();
-    let mut send = async |n: u64| {
-        let ack = publish(
-            js,
-            "x",
-            encode(&Op::Push(n).command().unwrap()),
-            &format!("x:{n}"),
-            Duration::from_secs(10),
-            &retries,
-        )
-        .await;
-        history.record("x", Op::Push(n), ack);
-    };
-    send(0).await;
-    nodes
-        .wait_all_owned(1, Duration::from_secs(10))
-        .await
-        .expect("owned");
-
-    // The server delivers command 1 into the stalled connection, which is then dropped with
-    // the delivery in it.
-    proxy.stall();
-    send(1).await;
-    // Part of the fault: the delivery reaches the proxy and waits there.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.cut();
-    // Part of the fault: the relay closes the connection, dropping what it held.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    proxy.heal();
+    let mut t = DroppedDelivery::start(s).await;
+    t.drop_the_delivery_of(1).await;
     // Command 2 is delivered over the new connection, long before command 1 comes back.
-    send(2).await;
+    t.send(2).await;
+    let js = &t.s.js;
     wait_drained(js, Duration::from_secs(30))
         .await
         .expect("drained");
-    let report = check_journal(js, &history).await;
-    let owner = nodes.slots[0].node.as_ref().expect("node");
-    let kept_pin = owner
-        .lines()
-        .iter()
-        .filter(|l| l.what == "ACQUIRED")
-        .count()
-        == 1;
+    let report = check_journal(js, &t.history).await;
+    let kept_pin = t.acquisitions() == 1;
     assert!(
         report.is_ok(),
         "{report}\n{}\nthe owner kept its pin: {kept_pin}\nthe owner's 'already applied' lines:\n{}",
         journal_excerpt(js, &report, 1).await,
-        nodes.grep_logs("already applied", 10)
+        t.nodes.grep_logs("already applied", 10)
     );
 }
