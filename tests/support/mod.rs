@@ -271,18 +271,20 @@ pub fn assert_applied(outcome: &jetshard::CommandOutcome) {
     );
 }
 
-/// Waits (15 s at most) until no command of `entity_type` is pending or unacknowledged: every
-/// partition's ack floor is at its last delivery.
+/// Waits (30 s at most) until no command of `entity_type` is pending or unacknowledged: every
+/// partition's ack floor is at its last delivery. A consumer that does not answer (its replicas
+/// electing a leader after a server's kill) is asked again.
 pub async fn drained(client: &async_nats::Client, entity_type: &str) {
     let admin = jetshard::admin::Admin::new(client.clone(), entity_type);
     jetshard_testkit::wait_until(
-        Duration::from_secs(15),
+        Duration::from_secs(30),
         "every command acknowledged",
         || async {
-            let overview = admin.overview().await.unwrap();
-            overview
-                .iter()
-                .all(|p| p.pending == 0 && p.ack_pending == 0)
+            admin.overview().await.is_ok_and(|overview| {
+                overview
+                    .iter()
+                    .all(|p| p.pending == 0 && p.ack_pending == 0)
+            })
         },
     )
     .await
