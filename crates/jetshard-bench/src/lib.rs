@@ -233,6 +233,10 @@ pub struct Options {
     /// Background compaction's interval in the overload scenario, seconds (0: off).
     #[arg(long, default_value_t = 30)]
     pub overload_compaction_interval_secs: u64,
+    /// How long the overload scenario's producer waits for a publish's acknowledgement before
+    /// it sends the command again, milliseconds (5,000: the client's default ack timeout).
+    #[arg(long, default_value_t = 5000)]
+    pub overload_resend_ms: u64,
     /// Records of other entities in the journal of the loads scenario's baseline case.
     #[arg(long, default_value_t = 100_000)]
     pub loads_others: usize,

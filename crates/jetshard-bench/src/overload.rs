@@ -107,9 +107,6 @@ const DRAIN_WITHIN_SECS: f64 = 10.0;
 /// The p99 of the commands sent in the run's last 30 s, against those sent before the stall.
 const P99_WITHIN: f64 = 2.0;
 
-/// How long a command's publish waits for its acknowledgement before it is sent again.
-const ACK_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// How long a publish answered "no stream" (a leader being elected) waits to be sent again.
 const NO_STREAM_PAUSE: Duration = Duration::from_millis(100);
 
@@ -189,13 +186,14 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     };
     let server = servers.of_clients();
     let control = server.connect().await?;
-    // A publish not acknowledged within ACK_TIMEOUT is sent again (`Resending`). The context
-    // holds one of its in-flight permits (5,000) for each acknowledgement awaited, one dropped
-    // too until the ack timeout: longer than ACK_TIMEOUT, the publishes sent again after a
-    // lost leader would hold them all and block the next publish.
+    // A publish not acknowledged within `resend_after` is sent again (`Resending`). The
+    // context holds one of its in-flight permits (5,000) for each acknowledgement awaited, one
+    // dropped too until the ack timeout: longer than `resend_after`, the publishes sent again
+    // after a lost leader would hold them all and block the next publish.
+    let resend_after = Duration::from_millis(options.overload_resend_ms);
     let js = async_nats::jetstream::ContextBuilder::new()
         .timeout(Duration::from_secs(120))
-        .ack_timeout(ACK_TIMEOUT)
+        .ack_timeout(resend_after)
         .build(control.clone());
     let (system, nodes) = match fault {
         Fault::Stall | Fault::Leader => {
@@ -372,7 +370,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     };
     let ids: Vec<String> = (0..options.entities).map(entity_id).collect();
     let load = async {
-        let mut window = Resending::default();
+        let mut window = Resending::new(resend_after);
         offer(rate, total, async |i, at_ns| {
             let (subject, payload) = work(ENTITY_TYPE, &ids, i, at_ns)?;
             window.push(&js, subject, payload, i).await
@@ -457,13 +455,15 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         Fault::Stall | Fault::Kill => DRAIN_WITHIN_SECS,
     };
     let case = format!(
-        "{rate} cmd/s over {} entities, {} partitions, compaction {}, {what}",
+        "{rate} cmd/s over {} entities, {} partitions, compaction {}, {what}, publishes resent \
+         after {} ms",
         options.entities,
         options.partitions,
         match options.overload_compaction_interval_secs {
             0 => "off".to_owned(),
             secs => format!("every {secs} s"),
-        }
+        },
+        options.overload_resend_ms
     );
     match drained {
         Some(secs) => eprintln!("overload: the backlog drained {secs:.0} s after {since}"),
@@ -549,9 +549,10 @@ async fn start_nodes(server: &NatsServer, options: &Options) -> anyhow::Result<V
 /// acknowledgement's timeout (the client's default) or a pause, under the same message id so
 /// that the command stream stores it once. On one server a frozen
 /// server answers every publish after it resumes: the first attempt is acknowledged.
-#[derive(Default)]
 struct Resending {
     in_flight: VecDeque<InFlight>,
+    /// How long a publish waits for its acknowledgement before it is sent again.
+    resend_after: Duration,
 }
 
 /// A command published and not yet acknowledged.
@@ -566,7 +567,11 @@ struct InFlight {
 }
 
 impl InFlight {
-    async fn publish(&mut self, js: &async_nats::jetstream::Context) -> anyhow::Result<()> {
+    async fn publish(
+        &mut self,
+        js: &async_nats::jetstream::Context,
+        resend_after: Duration,
+    ) -> anyhow::Result<()> {
         let publish = PublishMessage::build()
             .payload(self.payload.clone())
             .message_id(self.id.as_str());
@@ -575,13 +580,20 @@ impl InFlight {
             .await
             .context("publish a command")?;
         self.ack = Box::pin(ack.into_future());
-        self.resend_at = Instant::now() + ACK_TIMEOUT;
+        self.resend_at = Instant::now() + resend_after;
         self.attempts += 1;
         Ok(())
     }
 }
 
 impl Resending {
+    fn new(resend_after: Duration) -> Self {
+        Self {
+            in_flight: VecDeque::new(),
+            resend_after,
+        }
+    }
+
     /// Publishes the `i`-th command; waits for the oldest while more than [`PUBLISH_WINDOW`]
     /// are in flight.
     async fn push(
@@ -599,7 +611,7 @@ impl Resending {
             payload,
             id: format!("{ENTITY_TYPE}-{i}"),
         };
-        command.publish(js).await?;
+        command.publish(js, self.resend_after).await?;
         self.in_flight.push_back(command);
         while self.in_flight.len() > PUBLISH_WINDOW {
             self.settle_oldest(js).await?;
@@ -657,7 +669,7 @@ impl Resending {
                 command.attempts < PUBLISH_ATTEMPTS,
                 "a publish was not acknowledged in {PUBLISH_ATTEMPTS} attempts"
             );
-            command.publish(js).await?;
+            command.publish(js, self.resend_after).await?;
         }
         Ok(())
     }

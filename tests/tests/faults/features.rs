@@ -73,6 +73,17 @@ pub struct FeatureRun {
     pub compacting: bool,
 }
 
+/// A client's sender of ledger commands (and state queries) for a ledger of `partitions`.
+pub fn ledger_sender(
+    client: async_nats::Client,
+    partitions: u32,
+) -> jetshard::CommandSender<jetshard_tests::ledger::Ledger> {
+    let config = jetshard_tests::ledger_config(partitions, "chaos-client")
+        .build()
+        .expect("config");
+    jetshard::CommandSender::new(client, &config)
+}
+
 impl Features {
     /// Starts the traffic for the schedule `seed`; queries ask the load's `queried` entities.
     pub fn start(
@@ -89,11 +100,7 @@ impl Features {
         let js = jetstream::ContextBuilder::new()
             .timeout(PUBLISH_TIMEOUT)
             .build(client.clone());
-        let config = jetshard_tests::ledger_config(partitions, "chaos-client")
-            .build()
-            .expect("config");
-        let sender: jetshard::CommandSender<jetshard_tests::ledger::Ledger> =
-            jetshard::CommandSender::new(client.clone(), &config);
+        let sender = ledger_sender(client.clone(), partitions);
         let give_up = Duration::from_secs(20);
         let mut tasks = Vec::new();
         // Timers: each armed under its own name, about a third disarmed before or after due.

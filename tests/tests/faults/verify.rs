@@ -13,6 +13,7 @@ use jetshard_tests::model::{
     read_stock,
 };
 
+use super::features::ledger_sender;
 use super::{FeatureRun, JOURNAL_COPY, Nodes, wait_consumers_drained, wait_journal_copied};
 
 /// Figures of one schedule.
@@ -301,11 +302,7 @@ async fn query_states(
     partitions: u32,
     history: &History<Op>,
 ) -> Result<BTreeMap<String, Vec<u64>>, String> {
-    let config = jetshard_tests::ledger_config(partitions, "chaos-client")
-        .build()
-        .expect("config");
-    let sender: jetshard::CommandSender<jetshard_tests::ledger::Ledger> =
-        jetshard::CommandSender::new(js.client(), &config);
+    let sender = ledger_sender(js.client(), partitions);
     let entities: BTreeSet<&str> = history.sent().iter().map(|s| s.entity.as_str()).collect();
     let mut states = BTreeMap::new();
     for entity in entities {
