@@ -370,3 +370,94 @@ async fn a_burst_through_a_journal_leader_kill_loses_nothing() {
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+/// A keyed send rides through its command stream's leader frozen: the publish, forwarded to
+/// the frozen leader, is never answered, and the sender makes it again under the same key until
+/// the next leader stores it, instead of failing at the client's 5-s ack timeout. The command
+/// is applied once. The system and the sender use another server, as clients of a healthy
+/// server would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_send_rides_through_its_command_stream_leader_frozen() {
+    use jetshard::{CommandSender, ShardSystem};
+    use jetshard_tests::ledger::{Ledger, LedgerCmd};
+
+    const ENTITY: &str = "rider";
+    init_tracing();
+    let _one = one_at_a_time().await;
+    let s = Scenario::cluster(2).await;
+    s.provision().await;
+    let cluster = s.cluster_servers();
+    let leader = jetshard_tests::stream_info(&s.js, "LEDGER_CMD")
+        .await
+        .cluster
+        .and_then(|c| c.leader)
+        .expect("the command stream has a leader");
+    let healthy = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.name() != Some(leader.as_str()))
+        .expect("a server that does not lead the command stream");
+    let client = healthy.connect().await.expect("connect");
+    let system = ShardSystem::start::<Ledger>(client.clone(), s.config("a").build().unwrap())
+        .await
+        .expect("start the shard system");
+    let sender = CommandSender::<Ledger>::new(client, &s.config("client").build().unwrap());
+    sender
+        .send_with_key(ENTITY, "first", &LedgerCmd::Push { n: 0 })
+        .await
+        .expect("the first send");
+    let applied = |expected: Vec<u64>| {
+        let sender = &sender;
+        async move {
+            sender
+                .get(ENTITY, Duration::from_secs(2))
+                .await
+                .is_ok_and(|got| got.state == expected)
+        }
+    };
+    wait_until(Duration::from_secs(30), "the first command applied", || {
+        applied(vec![0])
+    })
+    .await
+    .unwrap();
+
+    let frozen = cluster.node_by_name(&leader).expect("a cluster node");
+    frozen.pause().expect("SIGSTOP the command stream's leader");
+    let started = Instant::now();
+    let sent = sender
+        .send_with_key(ENTITY, "second", &LedgerCmd::Push { n: 1 })
+        .await;
+    let took = started.elapsed();
+    frozen.resume().expect("SIGCONT");
+    let new_leader = jetshard_tests::stream_info(&s.js, "LEDGER_CMD")
+        .await
+        .cluster
+        .and_then(|c| c.leader);
+    eprintln!(
+        "keyed send through a frozen leader ({leader}; now {new_leader:?}): {sent:?} after {took:?}"
+    );
+    sent.unwrap_or_else(|e| panic!("the keyed send failed after {took:?}: {e}"));
+    wait_until(
+        Duration::from_secs(30),
+        "the second command applied",
+        || applied(vec![0, 1]),
+    )
+    .await
+    .unwrap();
+    // Once: the publishes made again were stored as one command, and nothing is left to apply.
+    jetshard_tests::wait_drained(&s.js, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let stored = jetshard_tests::stream_info(&s.js, "LEDGER_CMD")
+        .await
+        .state
+        .last_sequence;
+    assert_eq!(stored, 2, "two commands stored");
+    let state = sender
+        .get(ENTITY, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .state;
+    assert_eq!(state, vec![0, 1], "applied once");
+    system.shutdown().await.unwrap();
+}

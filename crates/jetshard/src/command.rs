@@ -3,6 +3,7 @@
 //! Nothing else is needed to send one; any NATS client can (docs/WIRE.md). This sender adds id
 //! validation and encoding.
 
+use std::future::IntoFuture;
 use std::marker::PhantomData;
 use std::time::Duration;
 
@@ -31,6 +32,19 @@ pub const NO_STREAM_WAIT: Duration = Duration::from_secs(2);
 /// [`NO_STREAM_MAX_PAUSE`].
 const NO_STREAM_FIRST_PAUSE: Duration = Duration::from_millis(10);
 const NO_STREAM_MAX_PAUSE: Duration = Duration::from_millis(250);
+
+/// How long a keyed send waits for the stream's acknowledgement before it publishes again
+/// under the same message id; it doubles up to [`KEYED_MAX_RESEND_AFTER`]. A publish forwarded
+/// to a stream leader that froze or died is never answered, and the stream's next leader
+/// stores only what is published again: waiting for the client's ack timeout (5 s) each time
+/// would hold the command that long past the election.
+const KEYED_FIRST_RESEND_AFTER: Duration = Duration::from_secs(1);
+const KEYED_MAX_RESEND_AFTER: Duration = Duration::from_secs(2);
+
+/// How long a keyed send publishes again before it waits out the client's ack timeout on its
+/// last publish: longer than a stream leader's election and a frozen server's return (seconds
+/// each), well within the command stream's duplicate window (2 minutes).
+const KEYED_RESEND_WAIT: Duration = Duration::from_secs(30);
 
 /// Publishes commands for one entity type.
 pub struct CommandSender<E: Entity> {
@@ -110,9 +124,15 @@ impl<E: Entity> CommandSender<E> {
     /// duplicate window (2 minutes). Returns the command's stream sequence: the first one's, for
     /// a retry.
     ///
+    /// Being safe to repeat, a keyed send repeats itself: a publish not acknowledged within a
+    /// second (then every 2 s) is made again, for up to 30 s, so that a command published
+    /// as the command stream's leader froze or died is stored by the next leader as soon as
+    /// it is elected, rather than failing at the client's ack timeout.
+    ///
     /// # Errors
-    /// As [`send`](Self::send); [`Error::InvalidKey`] if `key` is empty, longer than
-    /// [`MAX_KEY_LEN`] bytes, or holds whitespace or control characters.
+    /// As [`send`](Self::send) (the stream did not confirm within 30 s and the client's ack
+    /// timeout); [`Error::InvalidKey`] if `key` is empty, longer than [`MAX_KEY_LEN`] bytes, or
+    /// holds whitespace or control characters.
     pub async fn send_with_key(
         &self,
         id: &str,
@@ -300,17 +320,37 @@ impl<E: Entity> CommandSender<E> {
         }
         let subject = self.names.command_subject(&id);
         let payload = bytes::Bytes::from(payload);
+        let keyed = headers.get(HDR_MSG_ID).is_some();
         let started = tokio::time::Instant::now();
         let mut pause = NO_STREAM_FIRST_PAUSE;
+        let mut resend_after = KEYED_FIRST_RESEND_AFTER;
+        let mut resent = false;
         loop {
-            let answer = self
+            let ack = self
                 .js
                 .publish_with_headers(subject.clone(), headers.clone(), payload.clone())
                 .await
-                .map_err(|e| Error::jetstream(format!("publish to {subject}"), e))?
-                .await;
+                .map_err(|e| Error::jetstream(format!("publish to {subject}"), e))?;
+            let answer = if keyed && started.elapsed() + resend_after < KEYED_RESEND_WAIT {
+                match tokio::time::timeout(resend_after, ack.into_future()).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        tracing::debug!(%subject, ?resend_after, "no acknowledgement yet; publishing again under the same message id");
+                        resend_after = (resend_after * 2).min(KEYED_MAX_RESEND_AFTER);
+                        resent = true;
+                        continue;
+                    }
+                }
+            } else {
+                ack.await
+            };
             match answer {
-                Ok(ack) => return Ok(ack),
+                // A duplicate after a publish of this send's own was made again may be that
+                // one, stored late: not a sign of an earlier send.
+                Ok(mut ack) => {
+                    ack.duplicate &= !resent;
+                    return Ok(ack);
+                }
                 // "No responders": no stream subscribes to the subject on this client's server,
                 // so nothing was stored and the publish can be made again as it is.
                 Err(e) if e.kind() == jetstream::context::PublishErrorKind::StreamNotFound => {
