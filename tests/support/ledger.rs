@@ -12,9 +12,24 @@ pub struct Ledger;
 /// an `Append`'s place counts appended numbers only.
 pub const FIRED: u64 = 1 << 63;
 
-/// The numbers of `state` that commands appended (fired timers left out).
+/// The mark of a disarmed timer in the state (`Disarmed { name }` adds [`disarmed`]`(name)`).
+pub const DISARMED: u64 = 1 << 62;
+
+/// What disarming the timer `name` adds to the state: `DISARMED` and 32 bits of FNV-1a of the
+/// name (a disarm names its timer, not its number).
+pub fn disarmed(name: &str) -> u64 {
+    let hash = name.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    });
+    DISARMED | u64::from(hash)
+}
+
+/// The numbers of `state` that commands appended (timers' marks left out).
 pub fn appended(state: &[u64]) -> impl Iterator<Item = u64> + '_ {
-    state.iter().copied().filter(|n| n & FIRED == 0)
+    state
+        .iter()
+        .copied()
+        .filter(|n| n & (FIRED | DISARMED) == 0)
 }
 
 /// Its commands.
@@ -183,14 +198,16 @@ impl Entity for Ledger {
             // Dies between the durable write and the acknowledgement of its command.
             std::process::abort();
         }
-        // A fired timer adds its number marked [`FIRED`], a settled order its own: every
-        // command's effect shows in the state, which the chaos schedules' state oracle reads
-        // (`model::check_states`); arming, disarming and ordering leave it as it is.
+        // A fired timer adds its number marked [`FIRED`], a disarm its timer's mark
+        // ([`disarmed`]), a settled order its number: every command's effect shows in the
+        // state, which the chaos schedules' state oracle reads (`model::check_states`); arming
+        // and ordering leave it as it is.
         match event {
             LedgerEvt::Appended { n } => state.push(*n),
             LedgerEvt::Fired { n, .. } => state.push(FIRED | *n),
+            LedgerEvt::Disarmed { name } => state.push(disarmed(name)),
             LedgerEvt::Settled { order, .. } => state.push(*order),
-            LedgerEvt::Armed { .. } | LedgerEvt::Disarmed { .. } | LedgerEvt::Ordered { .. } => {}
+            LedgerEvt::Armed { .. } | LedgerEvt::Ordered { .. } => {}
         }
     }
 }

@@ -3,16 +3,17 @@
 //! outran) can no longer show.
 //!
 //! The ledger's state is a list of numbers: `Appended { n }` adds `n`, `Fired { n, .. }` adds
-//! the timer's `n` marked [`FIRED`], `Settled { order, .. }` adds `order`. So each entity the chaos schedules
-//! write shows every command's effect in its state: a load entity's `Push`es (in order), a
-//! timer entity's timers that fired, an ordering entity's orders that the stock answered.
+//! the timer's `n` marked [`FIRED`], `Disarmed { name }` the timer's mark ([`disarmed`]),
+//! `Settled { order, .. }` adds `order`. So each entity the chaos schedules write shows every
+//! command's effect in its state: a load entity's `Push`es (in order), a timer entity's timers
+//! that fired and those disarmed, an ordering entity's orders that the stock answered.
 
 use std::collections::{BTreeMap, HashSet};
 
 use jetshard_testkit::history::{Ack, History};
 
 use super::Op;
-use crate::ledger::FIRED;
+use crate::ledger::{FIRED, disarmed};
 
 /// What [`check_states`] found.
 #[derive(Debug, Default)]
@@ -33,7 +34,8 @@ type Bounds = (u32, u32);
 /// query). An acknowledged `Push n` (or `Append`, `Many`) must show its numbers exactly once,
 /// an unconfirmed one at most once, all in the order they were sent; an acknowledged `Arm`
 /// whose name was not disarmed (acknowledged) must have fired exactly once, any other at most
-/// once; an acknowledged `Order` must be settled exactly once; a rejected or dead-lettered
+/// once; an acknowledged `Disarm` must show exactly once (an unconfirmed one at most once); an
+/// acknowledged `Order` must be settled exactly once; a rejected or dead-lettered
 /// command shows nothing; no number may be there that no command sent. Entities missing from
 /// `states` are not judged.
 pub fn check_states(history: &History<Op>, states: &BTreeMap<String, Vec<u64>>) -> StatesReport {
@@ -98,7 +100,7 @@ pub fn check_states(history: &History<Op>, states: &BTreeMap<String, Vec<u64>>) 
 
 /// The numbers `sent` may leave in the state.
 fn bounds_of(sent: &[(&Op, Ack)]) -> BTreeMap<u64, Bounds> {
-    let disarmed: HashSet<&str> = sent
+    let disarms: HashSet<&str> = sent
         .iter()
         .filter_map(|(op, ack)| match (op, ack) {
             (Op::Disarm { name }, Ack::Acked(_)) => Some(name.as_str()),
@@ -115,14 +117,13 @@ fn bounds_of(sent: &[(&Op, Ack)]) -> BTreeMap<u64, Bounds> {
             Op::Many { from, count } => (*from..*from + *count, u32::from(certain)),
             Op::Arm { name, n, .. } => (
                 FIRED | *n..(FIRED | *n) + 1,
-                u32::from(certain && !disarmed.contains(&**name)),
+                u32::from(certain && !disarms.contains(&**name)),
             ),
-            Op::Disarm { .. }
-            | Op::Misplaced(_)
-            | Op::Refuse
-            | Op::Panic
-            | Op::Garbage
-            | Op::GivenUp(_) => continue,
+            Op::Disarm { name } => {
+                let mark = disarmed(name);
+                (mark..mark + 1, u32::from(certain))
+            }
+            Op::Misplaced(_) | Op::Refuse | Op::Panic | Op::Garbage | Op::GivenUp(_) => continue,
         };
         for n in numbers {
             let entry = bounds.entry(n).or_default();
@@ -198,18 +199,28 @@ mod tests {
                 Ack::Acked(4),
             ),
         ]);
-        // The disarmed timer may have fired before its cancel, or not.
-        for fired in [&[0][..], &[1, 0]] {
-            let fired: Vec<u64> = fired.iter().map(|n| FIRED | n).collect();
-            let r = check_states(&h, &states(&[("t", &fired), ("o", &[4])]));
+        let b = disarmed("b");
+        // The disarmed timer may have fired before its cancel, or not; the cancel shows once.
+        for fired in [&[FIRED, b][..], &[FIRED | 1, FIRED, b], &[b, FIRED]] {
+            let r = check_states(&h, &states(&[("t", fired), ("o", &[4])]));
             assert_eq!((r.judged, r.missing.len(), r.violations.len()), (2, 0, 0));
         }
-        let unfired = check_states(&h, &states(&[("t", &[FIRED | 1]), ("o", &[])]));
+        let unfired = check_states(&h, &states(&[("t", &[FIRED | 1, b]), ("o", &[])]));
         assert_eq!((unfired.missing.len(), unfired.violations.len()), (2, 0));
-        let twice = check_states(&h, &states(&[("t", &[FIRED, FIRED]), ("o", &[4, 4])]));
+        let twice = check_states(&h, &states(&[("t", &[FIRED, FIRED, b]), ("o", &[4, 4])]));
         assert_eq!(twice.violations.len(), 2, "{:?}", twice.violations);
+        // A lost cancel, a doubled one, one no command sent.
+        let lost = check_states(&h, &states(&[("t", &[FIRED]), ("o", &[4])]));
+        assert_eq!((lost.missing.len(), lost.violations.len()), (1, 0));
+        let doubled = check_states(&h, &states(&[("t", &[FIRED, b, b]), ("o", &[4])]));
+        assert_eq!(doubled.violations.len(), 1, "{:?}", doubled.violations);
+        let foreign = check_states(
+            &h,
+            &states(&[("t", &[FIRED, b, disarmed("a")]), ("o", &[4])]),
+        );
+        assert_eq!(foreign.violations.len(), 1, "{:?}", foreign.violations);
         // A fired timer's number is not a Push's.
-        let pushed = check_states(&h, &states(&[("t", &[0]), ("o", &[4])]));
+        let pushed = check_states(&h, &states(&[("t", &[0, b]), ("o", &[4])]));
         assert_eq!((pushed.missing.len(), pushed.violations.len()), (1, 1));
     }
 

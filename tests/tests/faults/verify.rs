@@ -229,7 +229,7 @@ pub async fn verify(
                         let journals = jetshard_tests::ledger_journals(js).await;
                         let copies = jetshard_tests::copy_names(JOURNAL_COPY, &journals);
                         eprintln!(
-                            "seed {seed}: compacted in the background: the journal holds {} records, its mirror {}; {} losses in the mirror judged by the states instead, {} (a Disarm's) judged by neither; {} effects naming a record the mirror lacks not judged",
+                            "seed {seed}: compacted in the background: the journal holds {} records, its mirror {}; {} losses in the mirror judged by the states instead, {} (of commands that change no state) judged by neither; {} effects naming a record the mirror lacks not judged",
                             messages(js, &journals).await,
                             messages(js, &copies).await,
                             aside.0,
@@ -330,14 +330,20 @@ async fn messages(js: &Context, streams: &[String]) -> u64 {
 
 /// Takes the losses out of `report` (a check of a mirror that purges may have outrun): those
 /// of commands whose effect shows in their entity's state ([`check_states`] judged them), and
-/// the others (a `Disarm`'s), which nothing else judges. Returns how many of each.
+/// the others (a rejected or dead-lettered command's, which changes no state), which nothing
+/// else judges. Returns how many of each.
 fn set_aside_losses(report: &mut history::Report, history: &History<Op>) -> (usize, usize) {
     let shown: BTreeSet<u64> = history
         .sent()
         .iter()
         .filter_map(|sent| match (&sent.command, sent.ack) {
             (
-                Op::Push(_) | Op::Append(_) | Op::Many { .. } | Op::Arm { .. } | Op::Order { .. },
+                Op::Push(_)
+                | Op::Append(_)
+                | Op::Many { .. }
+                | Op::Arm { .. }
+                | Op::Disarm { .. }
+                | Op::Order { .. },
                 Ack::Acked(seq),
             ) => Some(seq),
             _ => None,
