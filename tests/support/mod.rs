@@ -42,6 +42,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`cli`] | the `jetshard` admin command run in-process: its text, its JSON, its error |
+//! | [`fence`] | fence records written as another process would (a claim that supersedes the owner) |
 //! | [`fragile`] | the `Fragile` test entity: handlers that fail on purpose |
 //! | [`ledger`] | the `Ledger` test entity: numbers appended in order, with injectable faults |
 //! | [`model`] | `Op` (a command and what it must leave), `LedgerModel`, `check_journal` |
@@ -62,6 +63,7 @@ pub fn init_tracing() {
 }
 
 pub mod cli;
+pub mod fence;
 pub mod fragile;
 pub mod ledger;
 pub mod model;

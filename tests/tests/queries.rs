@@ -175,3 +175,40 @@ async fn a_query_during_a_hand_off_is_answered_or_told_the_partition_is_moving()
     assert!(answered > 0);
     second.shutdown().await.unwrap();
 }
+
+/// A claim that supersedes the owner, made by a process that never serves the partition (a
+/// takeover that claimed late, after its pin had moved on, and stepped down at once), leaves
+/// the owner pinned under a generation the fence no longer names. No command comes to show it
+/// the fence: the first query's fence check does, the owner steps down, and the partition is
+/// claimed afresh and answers, within the query's wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_reaching_an_owner_superseded_by_a_late_claim_brings_the_partition_back() {
+    init_tracing();
+    let s = Scenario::single(1).await;
+    let system = s.system("n1").await;
+    s.sender
+        .request("h", &LedgerCmd::Append { n: 0 }, WITHIN)
+        .await
+        .unwrap();
+    let before = s.sender.get("h", WITHIN).await.unwrap().generation;
+    let names = s.config("n1").build().unwrap().names();
+    let (late, _) = jetshard_tests::fence::claim_elsewhere(&s.js, &names, 0).await;
+    assert_eq!(late, before + 1);
+
+    let snapshot = s.sender.get("h", Duration::from_secs(20)).await.unwrap();
+    assert_eq!(snapshot.state, vec![0]);
+    assert!(
+        snapshot.generation > late,
+        "answered under generation {} after the late claim of {late}",
+        snapshot.generation
+    );
+    // And it serves commands again.
+    let reply = s
+        .sender
+        .request("h", &LedgerCmd::Append { n: 1 }, WITHIN)
+        .await
+        .unwrap();
+    assert!(matches!(reply, Reply::Applied { .. }), "{reply:?}");
+    assert_eq!(s.sender.get("h", WITHIN).await.unwrap().state, vec![0, 1]);
+    system.shutdown().await.unwrap();
+}

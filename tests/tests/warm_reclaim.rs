@@ -109,29 +109,8 @@ async fn unpinned() -> Unpinned {
 /// under it (`Added { key: 9, by: 100 }`). Returns the generation.
 async fn another_generation_writes(js: &Context, config: &ShardConfig, entity: &str) -> u64 {
     let names = config.names();
-    let journal = js.get_stream(names.journal_stream(0)).await.unwrap();
+    let (generation, fence_seq) = jetshard_tests::fence::claim_elsewhere(js, &names, 0).await;
     let fence_subject = names.fence_subject(0);
-    let last = journal
-        .get_last_raw_message_by_subject(&fence_subject)
-        .await
-        .unwrap();
-    let previous: jetshard::FenceRecord = serde_json::from_slice(&last.payload).unwrap();
-    let generation = previous.generation + 1;
-    let mut headers = HeaderMap::new();
-    headers.insert(HDR_GENERATION, generation.to_string());
-    headers.insert(HDR_EXPECTED_SUBJECT_SEQ, last.sequence.to_string());
-    let record = jetshard::FenceRecord::new(0, generation, "elsewhere");
-    let fence_seq = js
-        .publish_with_headers(
-            fence_subject.clone(),
-            headers,
-            serde_json::to_vec(&record).unwrap().into(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap()
-        .sequence;
     // The event of a command already stored, so that later commands still apply after it.
     let commands = js.get_stream(names.command_stream()).await.unwrap();
     let command_seq = commands.get_info().await.unwrap().state.last_sequence;

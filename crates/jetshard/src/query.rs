@@ -138,14 +138,15 @@ pub(crate) async fn listen(
 }
 
 /// Answers `query` with what the owner knows, if the partition's last fence record still names
-/// `known.generation`; otherwise stays silent (a newer owner answers).
+/// `known.generation`; otherwise stays silent (a newer owner answers). Returns the newer
+/// generation the fence names, if it names one: the answerer's owner is superseded.
 pub(crate) async fn answer(
     client: &Client,
     journal: &Stream<()>,
     names: &Names,
     query: Query,
     known: Known,
-) {
+) -> Option<u64> {
     let current = tokio::time::timeout(
         FENCE_CHECK_TIMEOUT,
         fence::latest(journal, names, known.partition),
@@ -153,7 +154,7 @@ pub(crate) async fn answer(
     .await;
     let generation = match current {
         Ok(Ok(Some((_, record)))) => record.generation,
-        _ => return,
+        _ => return None,
     };
     if generation != known.generation {
         tracing::debug!(
@@ -163,7 +164,8 @@ pub(crate) async fn answer(
             current = generation,
             "query not answered: a newer generation owns the partition"
         );
-        return;
+        // A replica's read may lag the claim this owner made: only a newer record supersedes.
+        return (generation > known.generation).then_some(generation);
     }
     let body = match known.state {
         Ok(state) => AnswerBody::Answer(QueryAnswer {
@@ -180,6 +182,7 @@ pub(crate) async fn answer(
         },
     };
     refuse_or_send(client, query.reply, &body).await;
+    None
 }
 
 /// Answers `query` with an error at once (a quarantined entity; `again`: a passing refusal,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 use super::load::{Revival, revive};
-use super::protocol::{EntityContext, panic_message};
+use super::protocol::{EntityContext, EntityReport, panic_message};
 use super::replay::Seed;
 use super::state::{EntityState, Loaded};
 use crate::entity::Entity;
@@ -50,7 +50,8 @@ pub(super) async fn answer_query<E: Entity>(state: &mut EntityState<E>, query: Q
             Loaded::No => return,
         };
         let known = known::<E>(seed, &context);
-        query::answer(
+        let generation = known.generation;
+        let superseded = query::answer(
             &context.client,
             &context.journal_stream,
             &context.names,
@@ -58,6 +59,9 @@ pub(super) async fn answer_query<E: Entity>(state: &mut EntityState<E>, query: Q
             known,
         )
         .await;
+        if superseded.is_some() {
+            (context.report)(EntityReport::Superseded { generation });
+        }
     }
     .instrument(span)
     .await;

@@ -3,7 +3,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::outcome_header::LastOutcome;
-use super::protocol::{EntityContext, panic_message};
+use super::protocol::{EntityContext, EntityReport, panic_message};
 use super::replay::Seed;
 use crate::entity::{Entity, EntityId};
 use crate::journal::{SnapshotRecord, WriteError};
@@ -11,7 +11,7 @@ use crate::telemetry::{self};
 
 /// Writes a snapshot of `seed` (if the entity type writes them), fenced like its events.
 /// Best effort: a snapshot is a cache of the events, so a failed one is logged and the entity
-/// goes on (a fenced writer learns it is stale at its next event).
+/// goes on; a fenced one tells the owner, which steps down.
 ///
 /// Not while a timer is armed: loading reads the timer records after the latest snapshot
 /// only, so a snapshot must not cover the `set` of a timer still armed. The snapshot waits
@@ -79,6 +79,21 @@ pub(super) async fn write_snapshot<E: Entity>(
             error = %e,
             "snapshot not written"
         ),
+        // A newer generation owns the partition: the owner steps down now, not at a next
+        // command that may never come.
+        Err(e @ WriteError::Fenced { .. }) => {
+            tracing::info!(
+                partition = context.partition,
+                entity = %id,
+                generation = context.journal.generation(),
+                cmd_seq = seed.last_command_seq,
+                error = %e,
+                "snapshot not written"
+            );
+            (context.report)(EntityReport::Superseded {
+                generation: context.journal.generation(),
+            });
+        }
         Err(e) => tracing::warn!(
             partition = context.partition,
             entity = %id,

@@ -52,6 +52,12 @@ pub(super) enum AcquireError {
 }
 
 /// Claims the next generation of `partition` and reads back the commands earlier owners held.
+/// How long the claim waits for the fence record read ahead before reading it itself. A read
+/// takes milliseconds; one sent to a journal leader as it died is never answered (the client
+/// gives up after its request timeout, 10 s), and while the takeover waits, the pin may move on
+/// and another process claim: this claim would then supersede a live owner.
+const READ_AHEAD_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// `first_new`: the stream sequence of the delivery that pinned this owner, if it was that
 /// command's first delivery.
 ///
@@ -80,8 +86,12 @@ pub(super) async fn claim(
     // read it itself.
     let (ahead_sender, ahead) = tokio::sync::oneshot::channel();
     let read_ahead = async {
-        let read = fence::latest(shared.journal(partition), &shared.names, partition).await;
-        let _ = ahead_sender.send((read.ok(), lap(at)));
+        let read = tokio::time::timeout(
+            READ_AHEAD_PATIENCE,
+            fence::latest(shared.journal(partition), &shared.names, partition),
+        )
+        .await;
+        let _ = ahead_sender.send((read.ok().and_then(Result::ok), lap(at)));
     };
     let rest = async {
         // The commands in hand, read before the claim so that the claim can count them (one

@@ -231,6 +231,21 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 // Releasing: the entity's snapshot is written; the release may be done.
                 state.finish_release_if_drained().await;
             }
+            OwnerMsg::Entity(EntityReport::Superseded { generation }) => {
+                if state
+                    .phase
+                    .owning_ref()
+                    .is_some_and(|o| o.generation == generation)
+                {
+                    Box::pin(state.step_down(StepDown::Fenced)).await;
+                    // The claim that superseded it may be one whose owner left at once (it
+                    // claimed late, its pin gone): then this process still holds the pin,
+                    // and once the pin lapses nobody is pinned until a command comes (a
+                    // partition is owned only while it has one to deliver). A wake-up is that
+                    // command: whoever owns the partition next answers its queries.
+                    state.wake_beside();
+                }
+            }
             OwnerMsg::Tick => Box::pin(state.on_tick()).await,
             OwnerMsg::Release(reply) => Box::pin(state.start_release(Some(reply))).await,
             OwnerMsg::HandOff => {

@@ -115,16 +115,11 @@ impl<E: Entity> OwnerState<E> {
                 // Tried once here (a stopping owner is gone next), then, if that failed (a
                 // clustered stream electing its leader), offered beside the owner for up to the
                 // publish patience.
-                let (js, names) = (self.shared.js.clone(), self.shared.names.clone());
+                let (js, names) = (&self.shared.js, &self.shared.names);
                 let (partition, partitions) = (self.partition, self.shared.config.partitions);
-                if let Err(e) = pin::try_wake(&js, &names, partition, partitions).await {
+                if let Err(e) = pin::try_wake(js, names, partition, partitions).await {
                     tracing::debug!(partition, error = %e, "wake-up not stored; offered again");
-                    let waking = tokio::spawn(async move {
-                        pin::wake(&js, &names, partition, partitions).await;
-                    });
-                    if let Some(earlier) = self.waking.replace(waking) {
-                        earlier.abort();
-                    }
+                    self.wake_beside();
                 }
             }
         }
@@ -199,6 +194,19 @@ impl<E: Entity> OwnerState<E> {
             self.refuse(pin, reason == StepDown::CrashLoop).await;
         } else {
             self.phase = Phase::Standby;
+        }
+    }
+
+    /// Offers the partition a wake-up (`pin::wake`) beside the owner, replacing one offered
+    /// before.
+    pub(super) fn wake_beside(&mut self) {
+        let (js, names) = (self.shared.js.clone(), self.shared.names.clone());
+        let (partition, partitions) = (self.partition, self.shared.config.partitions);
+        let waking = tokio::spawn(async move {
+            pin::wake(&js, &names, partition, partitions).await;
+        });
+        if let Some(earlier) = self.waking.replace(waking) {
+            earlier.abort();
         }
     }
 
