@@ -260,3 +260,85 @@ async fn a_partition_handed_off_to_a_process_that_dies_before_taking_it_is_taken
     }
     s.check().await;
 }
+
+/// A process's heartbeats on `<t>.nodes` within `window`: how many, and whether each said how
+/// long until its next (`every_ms`), and what.
+async fn heartbeats_of(
+    heard: &mut async_nats::Subscriber,
+    node: &str,
+    window: Duration,
+) -> (usize, Vec<Option<u64>>) {
+    use futures::{FutureExt, StreamExt};
+    // What was said before the window is not counted.
+    while let Some(Some(_)) = heard.next().now_or_never() {}
+    let end = tokio::time::Instant::now() + window;
+    let mut every = Vec::new();
+    while let Ok(Some(message)) = tokio::time::timeout_at(end, heard.next()).await {
+        let beat: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
+        if beat["node"] == node {
+            every.push(beat["every_ms"].as_u64());
+        }
+    }
+    (every.len(), every)
+}
+
+/// Past 32 processes each says its heartbeat less often, so that what one process hears does
+/// not grow with the fleet: beside 40 others (said from a client on `<t>.nodes`, each every pin
+/// TTL), a process says its own every two pin TTLs, and says so (`every_ms`: the others count
+/// it out after three of those); once the others fall silent and expire, every pin TTL again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_32_processes_a_process_says_its_heartbeat_less_often() {
+    init_tracing();
+    let ttl = Duration::from_millis(500);
+    let s = Scenario::single(2).await.pin_ttl(ttl);
+    let names = s.config("n1").build().unwrap().names();
+    let mut heard = s
+        .client
+        .subscribe(names.membership_subject())
+        .await
+        .unwrap();
+    let system = s.system("n1").await;
+
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let (client, subject) = (s.client.clone(), names.membership_subject());
+    let others = tokio::spawn(async move {
+        // Bounded: stopped by the test, or after 30 s.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !*stopped.borrow_and_update() && tokio::time::Instant::now() < deadline {
+            for k in 0..40 {
+                let beat = serde_json::json!({ "node": format!("other-{k}"), "owned": 0 });
+                let body = serde_json::to_vec(&beat).unwrap();
+                if client.publish(subject.clone(), body.into()).await.is_err() {
+                    return;
+                }
+            }
+            // The others' pace: one heartbeat each per pin TTL.
+            let _ = tokio::time::timeout(ttl, stopped.changed()).await;
+        }
+    });
+
+    // Heard for a round first, then counted: 41 members, a period of two pin TTLs.
+    tokio::time::sleep(ttl * 3).await;
+    let (crowded, every) = heartbeats_of(&mut heard, "n1", ttl * 10).await;
+    assert!(
+        (3..=6).contains(&crowded),
+        "{crowded} heartbeats in 10 pin TTLs beside 40 others (one every 2 expected)"
+    );
+    assert!(
+        every.iter().all(|e| *e == Some(1_500)),
+        "each says its next comes within 3 pin TTLs: {every:?}"
+    );
+
+    stop.send(true).unwrap();
+    others.await.unwrap();
+    // The others expire after three pin TTLs; then one heartbeat per pin TTL again.
+    tokio::time::sleep(ttl * 5).await;
+    let (alone, every) = heartbeats_of(&mut heard, "n1", ttl * 10).await;
+    eprintln!("in 10 pin TTLs: {crowded} heartbeats beside 40 others, {alone} alone");
+    assert!(
+        (8..=12).contains(&alone),
+        "{alone} heartbeats in 10 pin TTLs alone (one every pin TTL expected)"
+    );
+    assert!(every.iter().all(Option::is_none), "{every:?}");
+    system.shutdown().await.unwrap();
+}

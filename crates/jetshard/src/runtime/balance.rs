@@ -2,7 +2,8 @@
 //!
 //! The server pins each partition to one of the processes pulling it, which can leave one
 //! process with every partition. Each process publishes a heartbeat on `<t>.nodes` (core NATS)
-//! with how many partitions it owns, every pin TTL, and hears the others'. A process that owns
+//! with how many partitions it owns, every pin TTL (less often past a few dozen processes:
+//! [`heartbeat_period`]), and hears the others'. A process that owns
 //! more than its fair share, `ceil(partitions / processes)`, while others own less, hands off
 //! its excess (at most what the others lack; gracefully: drain, acknowledge, unpin, stay out for
 //! a while); a process under its share is pulling as a standby and is pinned.
@@ -15,7 +16,7 @@
 //! processes under their share pull every partition, so that whatever is handed off lands on
 //! one of them. When the members change (a process comes, goes, falls silent for three pin
 //! TTLs, or is found dead by its crash watchers, who say so for it) the standbys are chosen again: a partition whose owner and standbys all died is pulled
-//! by its new standbys within three pin TTLs, and pinned by the server once its pin lapses (or
+//! by its new standbys within three heartbeat periods, and pinned by the server once its pin lapses (or
 //! at once, if a crash watch of the owner survives and unpins it).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -75,6 +76,23 @@ pub(crate) fn standing_by(
         .collect()
 }
 
+/// About how many heartbeats a process hears per pin TTL, at most. A fleet of up to this many
+/// says one per process per pin TTL; past it, each process says its heartbeat every
+/// `ceil(N / HEARD_PER_TTL)` pin TTLs ([`heartbeat_period`]), so that what one process hears
+/// does not grow with the fleet: `N` heartbeats a period, each delivered to `N` processes, is
+/// `HEARD_PER_TTL` per process per pin TTL (linear in `N` for the fleet, not `N^2 / T`).
+pub(crate) const HEARD_PER_TTL: u32 = 32;
+
+/// How often a process says its heartbeat in a fleet of `members` processes (itself among
+/// them): every pin TTL up to [`HEARD_PER_TTL`] members, then proportionally less often. A
+/// change of what it owns is said at the next balancing round whatever the period, so the
+/// shares the others balance against are a round old at most; what a longer period delays is
+/// only counting out a process that died with all its crash watchers (three periods).
+pub(crate) fn heartbeat_period(members: usize, pin_ttl: Duration) -> Duration {
+    let members = u32::try_from(members).unwrap_or(u32::MAX);
+    pin_ttl * members.div_ceil(HEARD_PER_TTL).max(1)
+}
+
 /// What a process says of itself on `<t>.nodes` (or a crash watch of a dead one, see
 /// [`Heartbeat::gone`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,6 +109,11 @@ pub(crate) struct Heartbeat {
     /// processes' heartbeats.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) incarnation: Option<String>,
+    /// The longest until its next heartbeat (milliseconds), when longer than a pin TTL (a
+    /// fleet past [`HEARD_PER_TTL`] processes): the others count it out only after three of
+    /// these without one. Absent: a pin TTL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) every_ms: Option<u64>,
 }
 
 impl Heartbeat {
@@ -104,6 +127,7 @@ impl Heartbeat {
             owned: 0,
             leaving: true,
             incarnation: Some(incarnation.to_owned()),
+            every_ms: None,
         }
     }
 
@@ -133,12 +157,16 @@ struct Peer {
     owned: u32,
     last: Instant,
     first: Instant,
+    /// Silent this long, it no longer counts: the membership's expiry, or three of the periods
+    /// its heartbeat says, if longer.
+    expiry: Duration,
     /// From its heartbeats, if it says it.
     incarnation: Option<String>,
 }
 
 impl Membership {
-    /// `expiry`: a peer not heard for this long no longer counts; `known_after`: a newcomer
+    /// `expiry`: a peer not heard for this long (or three of its own heartbeat periods, if
+    /// longer) no longer counts; `known_after`: a newcomer
     /// is handed partitions once heard for this long (a balancing round).
     pub(crate) fn new(me: &str, expiry: Duration, known_after: Duration) -> Self {
         Self {
@@ -168,10 +196,14 @@ impl Membership {
             owned: 0,
             last: at,
             first: at,
+            expiry: self.expiry,
             incarnation: None,
         });
         peer.owned = heartbeat.owned;
         peer.last = at;
+        peer.expiry = heartbeat.every_ms.map_or(self.expiry, |ms| {
+            self.expiry.max(Duration::from_millis(ms) * 3)
+        });
         if heartbeat.incarnation.is_some() {
             peer.incarnation = heartbeat.incarnation;
         }
@@ -200,7 +232,7 @@ impl Membership {
 
     fn forget_silent(&mut self, now: Instant) {
         self.peers
-            .retain(|_, peer| now.duration_since(peer.last) < self.expiry);
+            .retain(|_, peer| now.duration_since(peer.last) < peer.expiry);
     }
 
     /// How many partitions this process, owning `owned` of `partitions`, should hand off now:
@@ -252,7 +284,7 @@ impl Membership {
     /// any standby may be pinned, and a partition handed off by one process over its share
     /// often lands on another, which hands it off again (three moves where one would do).
     /// The process that owns fewest never holds back, so every partition keeps a standby; one
-    /// that falls silent stops counting after the expiry (three pin TTLs).
+    /// that falls silent stops counting after the expiry (three heartbeat periods).
     pub(crate) fn holds_back(&mut self, owned: u32, now: Instant) -> bool {
         self.forget_silent(now);
         self.peers
@@ -271,7 +303,50 @@ mod tests {
             owned,
             leaving: false,
             incarnation: None,
+            every_ms: None,
         }
+    }
+
+    #[test]
+    fn past_a_few_dozen_processes_each_says_its_heartbeat_less_often() {
+        let ttl = Duration::from_secs(2);
+        assert_eq!(heartbeat_period(1, ttl), ttl);
+        assert_eq!(heartbeat_period(HEARD_PER_TTL as usize, ttl), ttl);
+        assert_eq!(heartbeat_period(HEARD_PER_TTL as usize + 1, ttl), ttl * 2);
+        // What one process hears per pin TTL stays about HEARD_PER_TTL at any size.
+        for n in [64usize, 1_000, 10_000] {
+            let periods = heartbeat_period(n, ttl).as_secs_f64() / ttl.as_secs_f64();
+            let heard = n as f64 / periods;
+            assert!(
+                heard <= f64::from(HEARD_PER_TTL) && heard > f64::from(HEARD_PER_TTL) / 2.0,
+                "{n} processes: {heard} heard per pin TTL"
+            );
+        }
+    }
+
+    #[test]
+    fn a_peer_that_says_a_longer_period_is_counted_for_three_of_them() {
+        let now = Instant::now();
+        let mut m = Membership::new("a", Duration::from_secs(6), Duration::ZERO);
+        m.heard(beat("b", 1), now);
+        m.heard(
+            Heartbeat {
+                every_ms: Some(10_000),
+                ..beat("c", 1)
+            },
+            now,
+        );
+        let later = now + Duration::from_secs(7);
+        assert_eq!(
+            m.live(later).into_iter().collect::<Vec<_>>(),
+            ["a", "c"],
+            "b is silent past the expiry; c said it speaks every 10 s"
+        );
+        assert_eq!(
+            m.live(now + Duration::from_secs(31)).len(),
+            1,
+            "c silent for three of its periods"
+        );
     }
 
     #[test]
@@ -308,6 +383,7 @@ mod tests {
         let now = Instant::now();
         let mut m = Membership::new("a", Duration::from_secs(6), Duration::ZERO);
         let said = |node: &str, owned, incarnation: &str| Heartbeat {
+            every_ms: None,
             incarnation: Some(incarnation.into()),
             ..beat(node, owned)
         };

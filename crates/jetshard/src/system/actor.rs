@@ -51,6 +51,7 @@ impl<E: Entity> Actor for SystemActor<E> {
             members: tokio::sync::watch::Sender::new(None),
             peers: tokio::sync::watch::Sender::new(Default::default()),
             owned: 0,
+            said: None,
             holding: vec![false; partitions as usize],
             standing_by: vec![true; partitions as usize],
             shared,
@@ -199,6 +200,7 @@ impl<E: Entity> Actor for SystemActor<E> {
                         owned: 0,
                         leaving: true,
                         incarnation: Some(state.shared.incarnation.clone()),
+                        every_ms: None,
                     };
                     publish_heartbeat(&state.shared, &leaving).await;
                     // On the wire before the releases: a client dropped right after a publish

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::state::SystemState;
-use crate::runtime::balance::Heartbeat;
+use crate::runtime::balance::{Heartbeat, heartbeat_period};
 use crate::runtime::owner::{OwnerMsg, Shared};
 
 /// Says how many partitions this process owns, and hands partitions off if it owns more than
@@ -29,14 +29,26 @@ pub(super) async fn balance(state: &mut SystemState) {
     }
     let shared = Arc::clone(&state.shared);
     let config = &shared.config;
-    let heartbeat = Heartbeat {
-        node: config.node_id.clone(),
-        owned: owned.len() as u32,
-        leaving: false,
-        incarnation: Some(shared.incarnation.clone()),
-    };
-    publish_heartbeat(&state.shared, &heartbeat).await;
     let now = Instant::now();
+    // Every pin TTL in a fleet of a few dozen; less often in a larger one, but a change of
+    // what this process owns is said at once (`heartbeat_period`).
+    let period = heartbeat_period(state.membership.live(now).len(), config.pin_ttl);
+    let due = state.said.is_none_or(|(at, said)| {
+        said != owned.len() as u32 || now.duration_since(at) + config.pin_ttl / 2 >= period
+    });
+    if due {
+        let heartbeat = Heartbeat {
+            node: config.node_id.clone(),
+            owned: owned.len() as u32,
+            leaving: false,
+            incarnation: Some(shared.incarnation.clone()),
+            // Rounds come every pin TTL: the next heartbeat is up to one round late.
+            every_ms: (period > config.pin_ttl)
+                .then(|| u64::try_from((period + config.pin_ttl).as_millis()).unwrap_or(u64::MAX)),
+        };
+        publish_heartbeat(&state.shared, &heartbeat).await;
+        state.said = Some((now, owned.len() as u32));
+    }
     // Time for the last hand-offs to land and show in the heartbeats before the next ones.
     let settled = state
         .last_hand_off

@@ -42,6 +42,8 @@ pub(super) struct SystemState {
     pub(super) peers: tokio::sync::watch::Sender<std::collections::BTreeMap<String, String>>,
     /// Partitions this process owned at the last balancing round.
     pub(super) owned: u32,
+    /// When this process last said its heartbeat, and what it owned then.
+    pub(super) said: Option<(Instant, u32)>,
     /// Per partition: whether its standby pauses its pulls (it holds back, or it is not one of
     /// the partition's standbys), as last told to its owner.
     pub(super) holding: Vec<bool>,
