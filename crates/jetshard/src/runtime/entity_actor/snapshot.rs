@@ -69,38 +69,34 @@ pub(super) async fn write_snapshot<E: Entity>(
                 tail.covered(upto);
             }
         }
-        // Not confirmed (a clustered stream refuses concurrent fenced writes, a leader change):
-        // tried again after the entity's next command.
-        Err(e @ WriteError::Unconfirmed(_)) => tracing::debug!(
-            partition = context.partition,
-            entity = %id,
-            generation = context.journal.generation(),
-            cmd_seq = seed.last_command_seq,
-            error = %e,
-            "snapshot not written"
-        ),
-        // A newer generation owns the partition: the owner steps down now, not at a next
-        // command that may never come.
-        Err(e @ WriteError::Fenced { .. }) => {
-            tracing::info!(
-                partition = context.partition,
-                entity = %id,
-                generation = context.journal.generation(),
-                cmd_seq = seed.last_command_seq,
-                error = %e,
-                "snapshot not written"
-            );
-            (context.report)(EntityReport::Superseded {
-                generation: context.journal.generation(),
-            });
+        Err(e) => {
+            macro_rules! not_written {
+                ($level:expr) => {
+                    tracing::event!(
+                        $level,
+                        partition = context.partition,
+                        entity = %id,
+                        generation = context.journal.generation(),
+                        cmd_seq = seed.last_command_seq,
+                        error = %e,
+                        "snapshot not written"
+                    )
+                };
+            }
+            match e {
+                // Not confirmed (a clustered stream refuses concurrent fenced writes, a leader
+                // change): tried again after the entity's next command.
+                WriteError::Unconfirmed(_) => not_written!(tracing::Level::DEBUG),
+                // A newer generation owns the partition: the owner steps down now, not at a
+                // next command that may never come.
+                WriteError::Fenced { .. } => {
+                    not_written!(tracing::Level::INFO);
+                    (context.report)(EntityReport::Superseded {
+                        generation: context.journal.generation(),
+                    });
+                }
+                _ => not_written!(tracing::Level::WARN),
+            }
         }
-        Err(e) => tracing::warn!(
-            partition = context.partition,
-            entity = %id,
-            generation = context.journal.generation(),
-            cmd_seq = seed.last_command_seq,
-            error = %e,
-            "snapshot not written"
-        ),
     }
 }
