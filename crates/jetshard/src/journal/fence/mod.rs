@@ -43,6 +43,10 @@ pub(crate) enum ClaimError {
     /// Another node claimed the partition at each attempt.
     #[error("lost the generation race {attempts} times")]
     Contended { attempts: u32 },
+    /// The server moved the claimant's pin on before the claim was published: another process
+    /// is pinned, and may have claimed already (this claim would supersede it).
+    #[error("the pin moved on before the claim")]
+    PinLost,
     /// The last fence record is unreadable; the partition needs an operator.
     #[error("latest fence record at sequence {seq} is unreadable: {source}")]
     Corrupt { seq: u64, source: FenceRecordError },
@@ -85,6 +89,10 @@ pub(crate) struct Claimant<'a> {
     pub(crate) node: &'a str,
     pub(crate) incarnation: &'a str,
     pub(crate) pin: &'a str,
+    /// Whether the claimant still holds `pin`, asked right before each publish: a takeover
+    /// slowed down (a read sent to a leader as it died waits for the request timeout) may
+    /// outlast its pin, and its claim would then supersede the owner pinned since.
+    pub(crate) pinned: &'a (dyn Fn() -> bool + Sync),
     /// Whether a previous owner's process is gone (the runtime's crash watch answers: a
     /// previous owner known dead is not probed for long again).
     pub(crate) liveness: &'a dyn Liveness,
@@ -129,6 +137,7 @@ pub(crate) async fn claim(
         node,
         incarnation,
         pin,
+        pinned,
         liveness,
         mut read_ahead,
         head: mut head_source,
@@ -183,6 +192,9 @@ pub(crate) async fn claim(
             .payload(body.into())
             .header(HDR_GENERATION, generation.to_string())
             .expected_last_subject_sequence(previous_seq);
+        if !pinned() {
+            return Err(ClaimError::PinLost);
+        }
         let publish_at = std::time::Instant::now();
         let result = async { js.send_publish(subject.clone(), publish).await?.await }.await;
         tracing::debug!(
@@ -229,4 +241,76 @@ pub(crate) async fn claim(
         }
     }
     Err(ClaimError::Contended { attempts: ATTEMPTS })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jetshard_testkit::NatsServer;
+
+    /// Every previous owner is alive (no probe needed here).
+    struct Alive;
+
+    impl Liveness for Alive {
+        fn is_gone<'a>(&'a self, _: &'a str) -> futures::future::BoxFuture<'a, bool> {
+            Box::pin(async { false })
+        }
+    }
+
+    async fn claim_with(
+        js: &Context,
+        journal: &Stream<()>,
+        names: &Names,
+        pinned: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Claimed, ClaimError> {
+        let claimant = Claimant {
+            node: "n1",
+            incarnation: "i1",
+            pin: "p1",
+            pinned,
+            liveness: &Alive,
+            read_ahead: None,
+            head: None,
+        };
+        let in_hand = InHand {
+            counted: None,
+            head: None,
+            isolate_at: 2,
+        };
+        claim(js, journal, names, 0, claimant, in_hand).await
+    }
+
+    /// A claimant whose pin the server moved on publishes nothing: the owner pinned since may
+    /// have claimed, and this claim would supersede it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claimant_that_lost_its_pin_claims_nothing() {
+        let server = NatsServer::start().await.expect("start nats-server");
+        let js = async_nats::jetstream::new(server.connect().await.expect("connect"));
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: "T".to_owned(),
+            subjects: vec!["t.>".to_owned()],
+            ..Default::default()
+        })
+        .await
+        .expect("create the journal");
+        let journal = crate::journal::server::open_stream(&js, "T")
+            .await
+            .expect("open it");
+        let names = Names::new("t");
+
+        let lost = claim_with(&js, &journal, &names, &|| false).await;
+        assert!(matches!(lost, Err(ClaimError::PinLost)), "{lost:?}");
+        assert_eq!(
+            latest(&journal, &names, 0)
+                .await
+                .expect("read")
+                .map(|(seq, _)| seq),
+            None
+        );
+
+        let won = claim_with(&js, &journal, &names, &|| true)
+            .await
+            .expect("claimed under a pin it holds");
+        assert_eq!(won.fence.generation, 1);
+    }
 }

@@ -51,15 +51,16 @@ pub(super) enum AcquireError {
     Recover(#[source] Error),
 }
 
-/// Claims the next generation of `partition` and reads back the commands earlier owners held.
 /// How long the claim waits for the fence record read ahead before reading it itself. A read
 /// takes milliseconds; one sent to a journal leader as it died is never answered (the client
 /// gives up after its request timeout, 10 s), and while the takeover waits, the pin may move on
 /// and another process claim: this claim would then supersede a live owner.
 const READ_AHEAD_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// `first_new`: the stream sequence of the delivery that pinned this owner, if it was that
-/// command's first delivery.
+/// Claims the next generation of `partition` and reads back the commands earlier owners held.
+/// `pinned` says whether the pull loop still holds `pin` (no claim is published once it does
+/// not). `first_new`: the stream sequence of the delivery that pinned this owner, if it was
+/// that command's first delivery.
 ///
 /// The order of the reads: the latest fence record is read ahead from the start, side by side
 /// with the rest; the commands in hand (the consumer's info) come first of the rest, since
@@ -78,6 +79,7 @@ pub(super) async fn claim(
     shared: &Shared,
     partition: u32,
     pin: &str,
+    pinned: &(dyn Fn() -> bool + Sync),
     first_new: Option<u64>,
 ) -> Result<Acquired, AcquireError> {
     let at = std::time::Instant::now();
@@ -117,8 +119,15 @@ pub(super) async fn claim(
         let claim = async {
             let (read_ahead, read_ahead_us) = ahead.await.unwrap_or((None, 0));
             let claim_at = std::time::Instant::now();
-            let claimed =
-                claim_counting(shared, partition, pin, read_ahead, counted, &window_head).await?;
+            let claimed = claim_counting(
+                shared,
+                partition,
+                (pin, pinned),
+                read_ahead,
+                counted,
+                &window_head,
+            )
+            .await?;
             Ok::<_, AcquireError>((claimed, read_ahead_us, lap(claim_at)))
         };
         let ((recovered, window_us), (claimed, read_ahead_us, claim_us)) =
@@ -152,7 +161,7 @@ pub(super) async fn claim(
 async fn claim_counting(
     shared: &Shared,
     partition: u32,
-    pin: &str,
+    (pin, pinned): (&str, &(dyn Fn() -> bool + Sync)),
     read_ahead: Option<Option<(u64, fence::FenceRecord)>>,
     counted: Option<(u64, u64)>,
     head: &WindowHead,
@@ -166,6 +175,7 @@ async fn claim_counting(
             node: &shared.config.node_id,
             incarnation: &shared.incarnation,
             pin,
+            pinned,
             liveness: &Probe {
                 client: shared.js.client(),
                 names: &shared.names,

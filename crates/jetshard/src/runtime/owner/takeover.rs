@@ -15,6 +15,7 @@ use super::{acquire, route, settle};
 use crate::entity::{Entity, EntityId};
 use crate::health::PartitionHealth;
 use crate::journal::JournalWriter;
+use crate::journal::fence::ClaimError;
 use crate::journal::group_commit::{self, Mode};
 use crate::retry::RestartWindow;
 use crate::runtime::entity_actor::{EntityContext, Reporter, SnapshotPolicy};
@@ -39,9 +40,17 @@ impl<E: Entity> OwnerState<E> {
         self.shared
             .health
             .set(partition, PartitionHealth::Acquiring);
-        let acquired = acquire::claim(&self.shared, partition, &pin, first_new).await;
+        let pull = &self.pull;
+        let pinned = || !pull.lost(&pin);
+        let acquired = acquire::claim(&self.shared, partition, &pin, &pinned, first_new).await;
         let acquired = match acquired {
             Ok(acquired) => acquired,
+            // Another process is pinned now: nothing claimed, and its pin is not to be moved.
+            Err(acquire::AcquireError::Claim(ClaimError::PinLost)) => {
+                tracing::info!(partition, node = %node, "the pin moved on while taking the partition; not claimed");
+                self.refuse(pin, false).await;
+                return;
+            }
             Err(e) => {
                 self.counters.failed_acquisitions += 1;
                 self.metrics.acquisition_failed.increment(1);

@@ -93,6 +93,8 @@ pub(crate) struct PullLoop {
     task: JoinHandle<()>,
     paused: watch::Sender<bool>,
     forget: watch::Sender<Option<Arc<str>>>,
+    /// The last pin the server said this loop no longer holds (a pull carrying it refused).
+    lost: watch::Receiver<Option<Arc<str>>>,
 }
 
 impl PullLoop {
@@ -106,6 +108,13 @@ impl PullLoop {
     /// lapses after its TTL, whoever asks to unpin it, and the partition is pinned afresh.
     pub(crate) fn forget_pin(&self, pin: Arc<str>) {
         self.forget.send_replace(Some(pin));
+    }
+
+    /// Whether the server has moved `pin` on: a pull carrying it was refused. Known here as
+    /// soon as the loop hears it, before the owner reads its [`PinSignal::Lost`] (which waits
+    /// while the owner is busy taking the partition).
+    pub(crate) fn lost(&self, pin: &str) -> bool {
+        self.lost.borrow().as_deref() == Some(pin)
     }
 }
 
@@ -133,6 +142,7 @@ pub(crate) fn start(
     let tail = TailCheck::new(commands, consumer.clone());
     let (paused, paused_rx) = watch::channel(false);
     let (forget, forget_rx) = watch::channel(None);
+    let (lost_tx, lost) = watch::channel(None);
     let span = tracing::debug_span!("pull_loop", consumer = %consumer);
     let task = tokio::spawn(tracing::Instrument::instrument(
         async move {
@@ -141,7 +151,17 @@ pub(crate) fn start(
                 forget: forget_rx,
                 resumed,
             };
-            let reason = match run(js, request_subject, settings, signals, tail, &sink).await {
+            let reason = match run(
+                js,
+                request_subject,
+                settings,
+                signals,
+                tail,
+                &lost_tx,
+                &sink,
+            )
+            .await
+            {
                 Ok(Ended::OwnerGone) => return,
                 Ok(Ended::SubscriptionClosed) => "its subscription closed".to_owned(),
                 Err(e) => e.to_string(),
@@ -155,6 +175,7 @@ pub(crate) fn start(
         task,
         paused,
         forget,
+        lost,
     }
 }
 
@@ -178,6 +199,7 @@ async fn run(
     settings: PullSettings,
     signals: Signals,
     mut tail: TailCheck,
+    lost_pin: &watch::Sender<Option<Arc<str>>>,
     sink: &(impl Fn(PinSignal) -> bool + Sync),
 ) -> Result<Ended, async_nats::Error> {
     let Signals {
@@ -462,6 +484,7 @@ async fn run(
                 requested.ended(pending_of(message.headers.as_ref()), settings.batch);
                 if let Some(lost) = pin.take() {
                     tracing::debug!(pin = %lost, "pin lost");
+                    lost_pin.send_replace(Some(lost.clone()));
                     if !flush(&mut delivered) || !sink(PinSignal::Lost { pin: lost }) {
                         return Ok(Ended::OwnerGone);
                     }
