@@ -212,3 +212,35 @@ async fn a_query_reaching_an_owner_superseded_by_a_late_claim_brings_the_partiti
     assert_eq!(s.sender.get("h", WITHIN).await.unwrap().state, vec![0, 1]);
     system.shutdown().await.unwrap();
 }
+
+/// The same with nobody asking: no query, no command, and the owner's compaction sweep is the
+/// first to read the fence. It steps down and wakes the partition, which is claimed afresh by
+/// itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_owner_superseded_by_a_late_claim_is_found_by_its_compaction_sweep() {
+    init_tracing();
+    let s = Scenario::single(1).await;
+    let config = s
+        .config("n1")
+        .compaction_interval(Duration::from_millis(500));
+    let system = s.system_with(config).await;
+    s.sender
+        .request("h", &LedgerCmd::Append { n: 0 }, WITHIN)
+        .await
+        .unwrap();
+    let names = system.config().names();
+    let (late, _) = jetshard_tests::fence::claim_elsewhere(&s.js, &names, 0).await;
+
+    jetshard_testkit::wait_until(WITHIN, "claimed again after the late claim", || async {
+        system
+            .status()
+            .await
+            .unwrap()
+            .iter()
+            .any(|p| p.generation.is_some_and(|g| g > late))
+    })
+    .await
+    .unwrap();
+    assert_eq!(s.sender.get("h", WITHIN).await.unwrap().state, vec![0]);
+    system.shutdown().await.unwrap();
+}

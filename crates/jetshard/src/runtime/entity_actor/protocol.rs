@@ -71,8 +71,9 @@ pub(crate) enum EntityReport {
     Outcome(Outcome),
     /// The actor stopped on passivation, handing its state back.
     Passivated(Passivated),
-    /// A read or write outside any command (a query's fence check, a snapshot) found that a
-    /// newer generation than `generation` owns the partition. Without it, an owner whose
+    /// A read or write outside any command (a query's fence check, a snapshot, a compaction
+    /// sweep's fence check) found that a newer generation than `generation` owns the
+    /// partition. Without it, an owner whose
     /// generation a late claim superseded, with no command arriving, would go on holding the
     /// pin while refusing every query: nobody would serve the partition.
     Superseded { generation: u64 },

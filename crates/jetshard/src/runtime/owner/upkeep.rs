@@ -16,6 +16,7 @@ use super::state::{OwnerMsg, OwnerState};
 use crate::entity::Entity;
 use crate::journal::fence::Fence;
 use crate::runtime::compaction::Sweeper;
+use crate::runtime::entity_actor::EntityReport;
 use crate::runtime::timer::{self};
 
 impl<E: Entity> OwnerState<E> {
@@ -67,7 +68,13 @@ impl<E: Entity> OwnerState<E> {
             budget: config.compaction_budget,
             dead_letter_retention: config.dead_letter_retention,
         };
-        self.compaction = Some(tokio::spawn(sweeper.run()));
+        let (owner, generation) = (self.myself.clone(), fence.generation);
+        self.compaction = Some(tokio::spawn(async move {
+            sweeper.run().await;
+            // It ends only once a newer generation claimed the partition: on an idle partition
+            // the sweep may be the first to see it.
+            let _ = owner.cast(OwnerMsg::Entity(EntityReport::Superseded { generation }));
+        }));
     }
 
     /// Stops the background compaction (this owner no longer holds the partition).
