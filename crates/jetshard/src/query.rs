@@ -164,7 +164,7 @@ pub(crate) async fn answer(
             current = generation,
             "query not answered: a newer generation owns the partition"
         );
-        // A replica's read may lag the claim this owner made: only a newer record supersedes.
+        // Only a newer record supersedes this owner.
         return (generation > known.generation).then_some(generation);
     }
     let body = match known.state {

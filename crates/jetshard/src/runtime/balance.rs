@@ -3,10 +3,10 @@
 //! The server pins each partition to one of the processes pulling it, which can leave one
 //! process with every partition. Each process publishes a heartbeat on `<t>.nodes` (core NATS)
 //! with how many partitions it owns, every pin TTL (less often past a few dozen processes:
-//! [`heartbeat_period`]), and hears the others'. A process that owns
-//! more than its fair share, `ceil(partitions / processes)`, while others own less, hands off
-//! its excess (at most what the others lack; gracefully: drain, acknowledge, unpin, stay out for
-//! a while); a process under its share is pulling as a standby and is pinned.
+//! [`heartbeat_period`]), and hears the others'. A process that owns more than its fair share,
+//! `ceil(partitions / processes)`, while others own less, hands off its excess (at most what the
+//! others lack; gracefully: drain, acknowledge, unpin, stay out for a while); a process under
+//! its share is pulling as a standby and is pinned.
 //!
 //! Not every process stands by for every partition: a partition is pulled by its owner and by
 //! the first [`standbys`](crate::ShardConfigBuilder::standbys) + 1 live processes ranked by
@@ -14,10 +14,11 @@
 //! partition costs do not grow with the fleet, and the partitions a process stands by for are
 //! spread evenly. While the spread is uneven (a process owns more than its fair share), the
 //! processes under their share pull every partition, so that whatever is handed off lands on
-//! one of them. When the members change (a process comes, goes, falls silent for three pin
-//! TTLs, or is found dead by its crash watchers, who say so for it) the standbys are chosen again: a partition whose owner and standbys all died is pulled
-//! by its new standbys within three heartbeat periods, and pinned by the server once its pin lapses (or
-//! at once, if a crash watch of the owner survives and unpins it).
+//! one of them. When the members change (a process comes, goes, falls silent for three
+//! heartbeat periods, or is found dead by its crash watchers, who say so for it) the standbys
+//! are chosen again: a partition whose owner and standbys all died is pulled by its new
+//! standbys within three heartbeat periods, and pinned by the server once its pin lapses (or at
+//! once, if a crash watch of the owner survives and unpins it).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -166,8 +167,8 @@ struct Peer {
 
 impl Membership {
     /// `expiry`: a peer not heard for this long (or three of its own heartbeat periods, if
-    /// longer) no longer counts; `known_after`: a newcomer
-    /// is handed partitions once heard for this long (a balancing round).
+    /// longer) no longer counts; `known_after`: a newcomer is handed partitions once heard for
+    /// this long (a balancing round).
     pub(crate) fn new(me: &str, expiry: Duration, known_after: Duration) -> Self {
         Self {
             me: me.to_owned(),

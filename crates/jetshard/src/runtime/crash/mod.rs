@@ -16,7 +16,8 @@
 //!   TTL) watches every owner, as before. Idle probe traffic is `N x k / interval` requests and
 //!   answers for N processes: linear in N, constant per process. An owner whose watchers all
 //!   die with it loses its pin at the pin TTL (the server's own fallback, as without a watch),
-//!   and within the membership expiry (three heartbeat periods) the survivors choose new watchers;
+//!   and within the membership expiry (three heartbeat periods) the survivors choose new
+//!   watchers;
 //!
 //! - it also watches the members that own nothing (their heartbeats name their incarnation);
 //!   one found dead is counted out of the membership at once (`Heartbeat::gone`, said for it

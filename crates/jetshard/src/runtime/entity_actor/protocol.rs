@@ -73,9 +73,9 @@ pub(crate) enum EntityReport {
     Passivated(Passivated),
     /// A read or write outside any command (a query's fence check, a snapshot, a compaction
     /// sweep's fence check) found that a newer generation than `generation` owns the
-    /// partition. Without it, an owner whose
-    /// generation a late claim superseded, with no command arriving, would go on holding the
-    /// pin while refusing every query: nobody would serve the partition.
+    /// partition. Without it, an owner whose generation a late claim superseded, with no
+    /// command arriving, would go on holding the pin while refusing every query: nobody would
+    /// serve the partition.
     Superseded { generation: u64 },
 }
 
