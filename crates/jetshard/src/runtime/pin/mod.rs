@@ -150,18 +150,9 @@ pub(crate) fn start(
                 paused: paused_rx,
                 forget: forget_rx,
                 resumed,
+                lost: lost_tx,
             };
-            let reason = match run(
-                js,
-                request_subject,
-                settings,
-                signals,
-                tail,
-                &lost_tx,
-                &sink,
-            )
-            .await
-            {
+            let reason = match run(js, request_subject, settings, signals, tail, &sink).await {
                 Ok(Ended::OwnerGone) => return,
                 Ok(Ended::SubscriptionClosed) => "its subscription closed".to_owned(),
                 Err(e) => e.to_string(),
@@ -179,11 +170,13 @@ pub(crate) fn start(
     }
 }
 
-/// What the owner tells a running loop (and the process, of its consumer's resumes).
+/// What the owner tells a running loop (and the process, of its consumer's resumes), and the
+/// pin the loop tells it is lost (read at once, not queued behind the owner's work).
 struct Signals {
     paused: watch::Receiver<bool>,
     forget: watch::Receiver<Option<Arc<str>>>,
     resumed: watch::Receiver<()>,
+    lost: watch::Sender<Option<Arc<str>>>,
 }
 
 /// Why a loop ended without an error.
@@ -199,13 +192,13 @@ async fn run(
     settings: PullSettings,
     signals: Signals,
     mut tail: TailCheck,
-    lost_pin: &watch::Sender<Option<Arc<str>>>,
     sink: &(impl Fn(PinSignal) -> bool + Sync),
 ) -> Result<Ended, async_nats::Error> {
     let Signals {
         mut paused,
         mut forget,
         mut resumed,
+        lost: lost_pin,
     } = signals;
     // The consumer was resumed since the last pull: pull at once, whatever is still requested
     // (the server serves none of the open requests until a new one arrives).
