@@ -102,23 +102,61 @@ pub fn journal_streams(partitions: u32) -> u32 {
     (env_or("JETSHARD_JOURNAL_STREAMS", 1) as u32).clamp(1, partitions)
 }
 
-/// The streams of the ledger's journal, as its command stream records them
-/// (`jetshard.journal_streams`; `LEDGER_JOURNAL` alone where it records none or does not
-/// exist yet).
-pub async fn ledger_journals(js: &async_nats::jetstream::Context) -> Vec<String> {
-    let recorded = match js.get_stream("LEDGER_CMD").await {
-        Ok(mut stream) => stream.info().await.ok().and_then(|info| {
+/// The ledger's names as its command streams record them: its layout (`LEDGER_CMD`, or
+/// `LEDGER_CMD_0` ... of a spread one, `jetshard.journal_streams`) and, when spread, its
+/// partition count; one stream where neither exists yet.
+pub async fn ledger_names(js: &async_nats::jetstream::Context) -> jetshard::wire::Names {
+    for name in ["LEDGER_CMD", "LEDGER_CMD_0"] {
+        let Ok(mut stream) = js.get_stream(name).await else {
+            continue;
+        };
+        let Ok(info) = stream.info().await else {
+            continue;
+        };
+        let recorded = |key: &str| {
             info.config
                 .metadata
-                .get("jetshard.journal_streams")
-                .and_then(|n| n.parse().ok())
-        }),
-        Err(_) => None,
-    };
-    let streams = recorded.unwrap_or(1);
-    jetshard::wire::Names::spread("ledger", streams, streams)
-        .journal_streams()
-        .to_vec()
+                .get(key)
+                .and_then(|n| n.parse::<u32>().ok())
+        };
+        let streams = recorded("jetshard.journal_streams").unwrap_or(1);
+        let partitions = recorded("jetshard.partitions").unwrap_or(streams);
+        return jetshard::wire::Names::spread("ledger", streams, partitions);
+    }
+    jetshard::wire::Names::new("ledger")
+}
+
+/// The streams of the ledger's journal, as its command streams record them
+/// ([`ledger_names`]).
+pub async fn ledger_journals(js: &async_nats::jetstream::Context) -> Vec<String> {
+    ledger_names(js).await.journal_streams().to_vec()
+}
+
+/// The ledger's command streams, as they record themselves ([`ledger_names`]).
+pub async fn ledger_command_streams(js: &async_nats::jetstream::Context) -> Vec<String> {
+    ledger_names(js).await.command_streams().to_vec()
+}
+
+/// The command stream holding the ledger's partition `partition`'s commands.
+pub async fn ledger_command_stream(js: &async_nats::jetstream::Context, partition: u32) -> String {
+    ledger_names(js).await.command_stream(partition).to_owned()
+}
+
+/// The command stream holding ledger entity `entity`'s commands.
+pub async fn ledger_command_stream_of(js: &async_nats::jetstream::Context, entity: &str) -> String {
+    let names = ledger_names(js).await;
+    let id = jetshard::EntityId::new(entity).expect("a valid entity id");
+    let partition = jetshard::partition_of(&id, names.partitions().max(1));
+    names.command_stream(partition).to_owned()
+}
+
+/// Where a client publishes a command for ledger entity `entity`, on a ledger of
+/// `partitions` in the layout [`ledger_config`] gives it: `ledger.cmd.<id>`, or
+/// `ledger.cmd.<p>.<id>` with its journal spread over several streams.
+pub fn ledger_command_subject(entity: &str, partitions: u32) -> String {
+    let id = jetshard::EntityId::new(entity).expect("a valid entity id");
+    jetshard::wire::Names::spread("ledger", journal_streams(partitions), partitions)
+        .command_subject(&id)
 }
 
 /// The journal stream holding `partition`'s ledger records.

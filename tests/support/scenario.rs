@@ -99,10 +99,13 @@ impl Scenario {
         }
     }
 
-    /// Spreads the journal of every system and node started from now on over `streams`
-    /// streams (else as [`crate::journal_streams`] says).
+    /// Spreads the commands and journal of every system and node started from now on over
+    /// `streams` streams each (else as [`crate::journal_streams`] says); the scenario's sender
+    /// publishes in that layout.
     pub fn journal_streams(mut self, streams: u32) -> Scenario {
         self.journal_streams = Some(streams);
+        let config = self.config("test").build().expect("config");
+        self.sender = CommandSender::new(self.client.clone(), &config);
         self
     }
 
@@ -257,9 +260,21 @@ impl Scenario {
     /// Publishes `payload` as a command for `entity`, as any client could, and records it as
     /// `op` (e.g. [`Op::Garbage`]); returns its sequence.
     pub async fn send_raw(&mut self, entity: &str, payload: Vec<u8>, op: Op) -> u64 {
+        // Where this scenario's layout takes the entity's commands (the one-stream form for an
+        // id that is no valid one: the server's transform places it).
+        let subject = jetshard::EntityId::new(entity).map_or_else(
+            |_| format!("ledger.cmd.{entity}"),
+            |id| {
+                self.config("raw")
+                    .build()
+                    .expect("config")
+                    .names()
+                    .command_subject(&id)
+            },
+        );
         let seq = self
             .js
-            .publish(format!("ledger.cmd.{entity}"), payload.into())
+            .publish(subject, payload.into())
             .await
             .expect("publish")
             .await
@@ -487,13 +502,19 @@ pub async fn provision(client: async_nats::Client, config: &ShardConfig) {
 /// The timeout, with what the partition consumers hold.
 pub async fn wait_drained(js: &Context, within: Duration) -> Result<(), String> {
     let drained = wait_until(within, "the command stream to drain", || async {
-        match js.get_stream("LEDGER_CMD").await {
-            Ok(mut stream) => stream
+        for name in crate::ledger_command_streams(js).await {
+            let Ok(mut stream) = js.get_stream(name).await else {
+                return false;
+            };
+            if !stream
                 .info()
                 .await
-                .is_ok_and(|info| info.state.messages == 0),
-            Err(_) => false,
+                .is_ok_and(|info| info.state.messages == 0)
+            {
+                return false;
+            }
         }
+        true
     })
     .await;
     match drained {
@@ -505,13 +526,20 @@ pub async fn wait_drained(js: &Context, within: Duration) -> Result<(), String> 
 /// What the ledger's partition consumers hold, for a failure message.
 pub async fn describe_consumers(js: &Context) -> String {
     let mut text = String::new();
-    let Ok(mut stream) = js.get_stream("LEDGER_CMD").await else {
-        return "(LEDGER_CMD unreadable)".to_owned();
-    };
-    if let Ok(info) = stream.info().await {
-        let _ = writeln!(text, "LEDGER_CMD state: {:?}", info.state);
+    let names = crate::ledger_names(js).await;
+    for name in names.command_streams() {
+        let Ok(mut stream) = js.get_stream(name).await else {
+            let _ = writeln!(text, "({name} unreadable)");
+            continue;
+        };
+        if let Ok(info) = stream.info().await {
+            let _ = writeln!(text, "{name} state: {:?}", info.state);
+        }
     }
     for partition in 0.. {
+        let Ok(stream) = js.get_stream_no_info(names.command_stream(partition)).await else {
+            break;
+        };
         let Ok(info) = stream.consumer_info(format!("ledger-p{partition}")).await else {
             break;
         };

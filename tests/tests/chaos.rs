@@ -224,6 +224,7 @@ async fn a_node_killed_right_after_its_claim_is_replaced_and_loses_nothing() {
         let entities: Vec<String> = (0..ENTITIES).map(|e| format!("r{seed}-e{e}")).collect();
         let load = Load::start(
             world.s.client.clone(),
+            partitions,
             &entities,
             LOAD_INTERVAL,
             Duration::from_secs(20),

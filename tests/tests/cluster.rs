@@ -52,6 +52,7 @@ async fn run(test: &str, base: u64, victims: &[Victim]) {
         let entities: Vec<String> = (0..ENTITIES).map(|e| format!("c{seed}-e{e}")).collect();
         let load = Load::start(
             client.clone(),
+            PARTITIONS,
             &entities,
             LOAD_INTERVAL,
             Duration::from_secs(40),
@@ -193,7 +194,7 @@ async fn three_processes_starting_at_once_on_a_fresh_cluster_all_start() {
         .collect::<Vec<_>>();
     let js = jetstream::new(clients[0].clone());
     let stream = js
-        .get_stream("LEDGER_CMD")
+        .get_stream(jetshard_tests::ledger_command_stream(&js, 0).await)
         .await
         .expect("the command stream");
     assert_eq!(stream.cached_info().config.num_replicas, 3);
@@ -297,9 +298,12 @@ async fn a_burst_through_a_journal_leader_kill_loses_nothing() {
                 .payload(faults::encode(&LedgerCmd::Push { n }).into())
                 .message_id(format!("{entity}:{n}"));
             let ack =
-                s.js.send_publish(format!("ledger.cmd.{entity}"), message)
-                    .await
-                    .expect("publish");
+                s.js.send_publish(
+                    jetshard_tests::ledger_command_subject(entity, BURST_PARTITIONS),
+                    message,
+                )
+                .await
+                .expect("publish");
             in_flight.push_back((entity.clone(), n, ack));
             if in_flight.len() >= 1024 {
                 let (entity, n, ack) = in_flight.pop_front().expect("one in flight");
@@ -387,7 +391,8 @@ async fn a_keyed_send_rides_through_its_command_stream_leader_frozen() {
     let s = Scenario::cluster(2).await;
     s.provision().await;
     let cluster = s.cluster_servers();
-    let leader = jetshard_tests::stream_info(&s.js, "LEDGER_CMD")
+    let commands = jetshard_tests::ledger_command_stream_of(&s.js, ENTITY).await;
+    let leader = jetshard_tests::stream_info(&s.js, &commands)
         .await
         .cluster
         .and_then(|c| c.leader)
@@ -429,7 +434,7 @@ async fn a_keyed_send_rides_through_its_command_stream_leader_frozen() {
         .await;
     let took = started.elapsed();
     frozen.resume().expect("SIGCONT");
-    let new_leader = jetshard_tests::stream_info(&s.js, "LEDGER_CMD")
+    let new_leader = jetshard_tests::stream_info(&s.js, &commands)
         .await
         .cluster
         .and_then(|c| c.leader);
@@ -448,7 +453,7 @@ async fn a_keyed_send_rides_through_its_command_stream_leader_frozen() {
     jetshard_tests::wait_drained(&s.js, Duration::from_secs(30))
         .await
         .unwrap();
-    let stored = jetshard_tests::stream_info(&s.js, "LEDGER_CMD")
+    let stored = jetshard_tests::stream_info(&s.js, &commands)
         .await
         .state
         .last_sequence;

@@ -212,13 +212,16 @@ async fn a_journal_is_opened_only_with_the_layout_it_was_written_with() {
 
     // With no record to go by (the command stream deleted), the server's own refusal of a
     // second stream on the same subjects stops it, in words.
-    other.js.delete_stream("LEDGER_CMD").await.expect("delete");
+    for stream in ["LEDGER_CMD_0", "LEDGER_CMD_1"] {
+        other.js.delete_stream(stream).await.expect("delete");
+    }
     let refused = refused_with(&other, 1).await;
     assert!(
         matches!(&refused, Error::Incompatible { detail, .. } if detail.contains("holds its subjects")),
         "{refused}"
     );
     assert!(other.js.get_stream("LEDGER_JOURNAL").await.is_err());
+    assert!(other.js.get_stream("LEDGER_CMD").await.is_err());
 }
 
 /// Why a ledger system of `s` with its journal in `streams` streams is refused at start.
@@ -236,27 +239,47 @@ async fn refused_with(s: &Scenario, streams: u32) -> Error {
 
 /// Which server leads each of `streams`' journal streams now (`None` while one has no leader).
 async fn journal_leaders(s: &Scenario, streams: u32) -> Option<Vec<String>> {
+    leaders_of(s, "LEDGER_JOURNAL", streams).await
+}
+
+/// Which server leads each of the streams `<prefix>_0` ... (`None` while one has no leader).
+async fn leaders_of(s: &Scenario, prefix: &str, streams: u32) -> Option<Vec<String>> {
     let mut leaders = Vec::new();
     for k in 0..streams {
-        let mut stream = s.js.get_stream(format!("LEDGER_JOURNAL_{k}")).await.ok()?;
+        let mut stream = s.js.get_stream(format!("{prefix}_{k}")).await.ok()?;
         let info = stream.info().await.ok()?;
         leaders.push(info.cluster.clone()?.leader?);
     }
     Some(leaders)
 }
 
-/// Whether each of the cluster's servers leads exactly one of its five journal streams.
+/// Whether each of the cluster's servers leads exactly one of its five journal streams and one
+/// of its five command streams.
 async fn one_leader_each(s: &Scenario) -> bool {
-    let Some(mut leaders) = journal_leaders(s, 5).await else {
-        return false;
-    };
-    leaders.sort();
-    leaders.dedup();
-    leaders.len() == 5
+    for prefix in ["LEDGER_JOURNAL", "LEDGER_CMD"] {
+        let Some(mut leaders) = leaders_of(s, prefix, 5).await else {
+            return false;
+        };
+        leaders.sort();
+        leaders.dedup();
+        if leaders.len() != 5 {
+            return false;
+        }
+    }
+    true
+}
+
+/// Each set of leaders, for a failure message.
+async fn all_leaders(s: &Scenario) -> [Option<Vec<String>>; 2] {
+    [
+        leaders_of(s, "LEDGER_JOURNAL", 5).await,
+        leaders_of(s, "LEDGER_CMD", 5).await,
+    ]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_five_servers_each_leads_a_journal_stream_again_after_a_restart_under_load() {
+async fn on_five_servers_each_leads_a_command_and_a_journal_stream_again_after_a_restart_under_load()
+ {
     init_tracing();
     const P: u32 = 10;
     let mut s = Scenario::cluster_of(5, P).await.journal_streams(5);
@@ -267,17 +290,19 @@ async fn on_five_servers_each_leads_a_journal_stream_again_after_a_restart_under
     // Each stream on three of the five servers, every server holding replicas; the owner of
     // partition 0 moves leaders until each server leads one.
     for k in 0..5 {
-        let info = jetshard_tests::stream_info(&s.js, &format!("LEDGER_JOURNAL_{k}")).await;
-        assert_eq!(info.config.num_replicas, 3);
+        for prefix in ["LEDGER_JOURNAL", "LEDGER_CMD"] {
+            let info = jetshard_tests::stream_info(&s.js, &format!("{prefix}_{k}")).await;
+            assert_eq!(info.config.num_replicas, 3);
+        }
     }
     let spread = wait_until(
         Duration::from_secs(90),
-        "every server leading a journal stream",
+        "every server leading a journal stream and a command stream",
         || one_leader_each(&s),
     )
     .await;
     if let Err(e) = spread {
-        panic!("{e}: {:?}", journal_leaders(&s, 5).await);
+        panic!("{e}: {:?}", all_leaders(&s).await);
     }
 
     // The leader of stream 0's server killed under load and started again: nothing lost,
@@ -316,12 +341,12 @@ async fn on_five_servers_each_leads_a_journal_stream_again_after_a_restart_under
     }
     let spread = wait_until(
         Duration::from_secs(120),
-        "every server leading a journal stream after the restart",
+        "every server leading a journal stream and a command stream after the restart",
         || one_leader_each(&s),
     )
     .await;
     if let Err(e) = spread {
-        panic!("{e}: {:?}", journal_leaders(&s, 5).await);
+        panic!("{e}: {:?}", all_leaders(&s).await);
     }
     s.check().await;
     a.shutdown().await.expect("stop a");
@@ -393,5 +418,69 @@ async fn a_journal_leader_moved_under_load_holds_commands_for_the_election_only(
         "the commands took {after:?} after the last step-down (write timeout 30 s)"
     );
     s.check().await;
+    system.shutdown().await.expect("stop");
+}
+
+/// A spread layout's publishers name the partition themselves. A command published to a
+/// partition its id does not hash to would otherwise be applied by that partition's owner,
+/// beside the entity's own owner, and neither's fence would hold the other off: it is
+/// dead-lettered, with the partition it belongs to in the reason, and nothing is applied. The
+/// entity's own commands are served; after a restart every partition is acquired and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_published_to_a_partition_its_id_does_not_hash_to_is_dead_lettered() {
+    use jetshard_tests::ledger::LedgerCmd;
+    init_tracing();
+    let mut s = Scenario::single(4).await.journal_streams(2);
+    let system = s.system("a").await;
+    let entity = id_in("stray-", 1, 4);
+    let payload = serde_json::to_vec(&LedgerCmd::Push { n: 7 }).expect("encode");
+    // Partition 2's subject: stored by stream 0, delivered to partition 2's owner.
+    // Not in the history: its stream numbers it apart from the entity's own commands, and the
+    // history knows an entity's commands by sequence (checked here instead).
+    s.js.publish(format!("ledger.cmd.2.{entity}"), payload.into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+    let admin = Admin::new(s.client.clone(), "ledger");
+    let letter = wait_until(
+        Duration::from_secs(20),
+        "the stray command dead-lettered",
+        || async {
+            admin
+                .dead_letters()
+                .await
+                .is_ok_and(|letters| !letters.is_empty())
+        },
+    )
+    .await;
+    letter.unwrap();
+    let letters = admin.dead_letters().await.expect("dead letters");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(
+        (letters[0].partition, letters[0].entity.as_str()),
+        (2, entity.as_str())
+    );
+    assert!(
+        letters[0].reason.contains("hashes to partition 1, not 2"),
+        "{}",
+        letters[0].reason
+    );
+    // The entity's own partition serves it, from nothing: the stray command was not applied
+    // (an `Append` is accepted only at the list's length).
+    s.send(&entity, Op::Append(0)).await;
+    jetshard_tests::drained(&s.client, "ledger").await;
+    let state = s
+        .sender
+        .get(&entity, Duration::from_secs(5))
+        .await
+        .expect("its state");
+    assert_eq!(state.state, vec![0]);
+    let system = s.restart_serves(system, "a").await;
+    s.send(&entity, Op::Append(1)).await;
+    jetshard_tests::drained(&s.client, "ledger").await;
+    let state = s.sender.get(&entity, Duration::from_secs(5)).await;
+    assert_eq!(state.expect("its state").state, vec![0, 1]);
+    assert_eq!(admin.dead_letters().await.expect("dead letters").len(), 1);
     system.shutdown().await.expect("stop");
 }

@@ -112,7 +112,7 @@ async fn another_generation_writes(js: &Context, config: &ShardConfig, entity: &
     let (generation, fence_seq) = jetshard_tests::fence::claim_elsewhere(js, &names, 0).await;
     let fence_subject = names.fence_subject(0);
     // The event of a command already stored, so that later commands still apply after it.
-    let commands = js.get_stream(names.command_stream()).await.unwrap();
+    let commands = js.get_stream(names.command_stream(0)).await.unwrap();
     let command_seq = commands.get_info().await.unwrap().state.last_sequence;
     let mut headers = HeaderMap::new();
     headers.insert(HDR_GENERATION, generation.to_string());

@@ -426,7 +426,7 @@ async fn deliveries(control: &async_nats::Client, partitions: u32) -> anyhow::Re
     let names = jetshard::wire::Names::new(ENTITY_TYPE);
     let js = async_nats::jetstream::new(control.clone());
     let stream = js
-        .get_stream_no_info(names.command_stream())
+        .get_stream_no_info(names.command_stream(0))
         .await
         .context("open the command stream")?;
     let mut total = 0;

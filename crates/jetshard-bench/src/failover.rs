@@ -333,7 +333,7 @@ async fn trials(
 pub(crate) async fn delivered(js: &async_nats::jetstream::Context) -> anyhow::Result<Vec<u64>> {
     let names = jetshard::wire::Names::new(ENTITY_TYPE);
     let stream = js
-        .get_stream_no_info(names.command_stream())
+        .get_stream_no_info(names.command_stream(0))
         .await
         .context("open the command stream")?;
     let mut delivered = Vec::new();
@@ -357,7 +357,7 @@ pub(crate) async fn wait_recovered_acknowledged(
     }
     let names = jetshard::wire::Names::new(ENTITY_TYPE);
     let stream = js
-        .get_stream_no_info(names.command_stream())
+        .get_stream_no_info(names.command_stream(0))
         .await
         .context("open the command stream")?;
     jetshard_testkit::wait_until(

@@ -63,11 +63,23 @@ impl CommandPublisher {
         )
     }
 
-    /// A publisher for the given entity ids.
+    /// A publisher for the given entity ids of an entity type with one command stream.
     pub fn for_ids(client: async_nats::Client, entity_type: &str, ids: Vec<String>) -> Self {
+        Self::for_names(client, &jetshard::wire::Names::new(entity_type), &ids)
+    }
+
+    /// A publisher for the given entity ids, on the subjects of `names`' layout.
+    pub fn for_names(
+        client: async_nats::Client,
+        names: &jetshard::wire::Names,
+        ids: &[String],
+    ) -> Self {
         let subjects = ids
             .iter()
-            .map(|id| Subject::from(format!("{entity_type}.cmd.{id}")))
+            .map(|id| {
+                let id = jetshard::EntityId::new(id).expect("a bench entity id is valid");
+                Subject::from(names.command_subject(&id))
+            })
             .collect();
         Self {
             js: jetstream::new(client),
@@ -167,7 +179,6 @@ const PAUSE_APPLIED_WITHIN: Duration = Duration::from_secs(10);
 pub struct Gate {
     admin: Admin,
     js: Context,
-    names: jetshard::wire::Names,
     partitions: u32,
 }
 
@@ -177,7 +188,6 @@ impl Gate {
         Self {
             admin: Admin::new(client.clone(), entity_type),
             js: jetstream::new(client),
-            names: jetshard::wire::Names::new(entity_type),
             partitions,
         }
     }
@@ -191,14 +201,15 @@ impl Gate {
         for result in futures::future::join_all(pauses).await {
             result.context("pause a partition")?;
         }
-        let stream = self
-            .js
-            .get_stream_no_info(self.names.command_stream())
-            .await
-            .context("open the command stream")?;
+        let names = self.admin.names().await.context("read the layout")?;
         let deadline = Instant::now() + PAUSE_APPLIED_WITHIN;
         for p in 0..self.partitions {
-            let consumer = self.names.consumer(p);
+            let consumer = names.consumer(p);
+            let stream = self
+                .js
+                .get_stream_no_info(names.command_stream(p))
+                .await
+                .context("open the command stream")?;
             loop {
                 let info = stream
                     .consumer_info(&consumer)
@@ -254,38 +265,43 @@ pub async fn drain_polling(
     poll: Option<Duration>,
 ) -> anyhow::Result<Drain> {
     let js = jetstream::new(client.clone());
-    let name = jetshard::wire::Names::new(entity_type)
-        .command_stream()
-        .to_owned();
-    let stream = js
-        .get_stream_no_info(&name)
-        .await
-        .with_context(|| format!("open stream {name}"))?;
+    let mut streams = Vec::new();
+    for name in layout(client, entity_type).await?.command_streams() {
+        let stream = js
+            .get_stream_no_info(name)
+            .await
+            .with_context(|| format!("open stream {name}"))?;
+        streams.push((name.clone(), stream));
+    }
     let deadline = Instant::now() + time_box;
     let mut at_start = None;
     loop {
-        let info = match stream.get_info().await {
-            Ok(info) => info,
-            // Under valgrind a request can time out while the server is fine: ask again
-            // until the time box is out (any other error fails at once).
-            Err(e)
-                if e.kind() == jetstream::context::RequestErrorKind::TimedOut
-                    && Instant::now() < deadline =>
-            {
-                eprintln!("  read stream {name}: {e}; asking again");
-                continue;
-            }
-            Err(e) => return Err(e).with_context(|| format!("read stream {name}")),
-        };
+        let mut messages = 0;
+        for (name, stream) in &streams {
+            messages += loop {
+                match stream.get_info().await {
+                    Ok(info) => break info.state.messages,
+                    // Under valgrind a request can time out while the server is fine: ask
+                    // again until the time box is out (any other error fails at once).
+                    Err(e)
+                        if e.kind() == jetstream::context::RequestErrorKind::TimedOut
+                            && Instant::now() < deadline =>
+                    {
+                        eprintln!("  read stream {name}: {e}; asking again");
+                    }
+                    Err(e) => return Err(e).with_context(|| format!("read stream {name}")),
+                }
+            };
+        }
         let now = Instant::now();
-        if info.state.messages == 0 || now >= deadline {
+        if messages == 0 || now >= deadline {
             return Ok(Drain {
                 at: now,
-                remaining: info.state.messages,
+                remaining: messages,
             });
         }
-        let at_start = *at_start.get_or_insert(info.state.messages);
-        let near_end = (info.state.messages as f64) < at_start as f64 * DRAIN_NEAR_END;
+        let at_start = *at_start.get_or_insert(messages);
+        let near_end = (messages as f64) < at_start as f64 * DRAIN_NEAR_END;
         tokio::time::sleep(if let Some(poll) = poll {
             poll
         } else if near_end {
@@ -295,6 +311,18 @@ pub async fn drain_polling(
         })
         .await;
     }
+}
+
+/// The names of `entity_type` as its streams record them (its layout: one command stream or
+/// several), or one stream's where none exists yet.
+pub async fn layout(
+    client: &async_nats::Client,
+    entity_type: &str,
+) -> anyhow::Result<jetshard::wire::Names> {
+    Admin::new(client.clone(), entity_type)
+        .names()
+        .await
+        .with_context(|| format!("read the layout of {entity_type}"))
 }
 
 /// Like [`drain`], but a stream that does not drain in time is an error.
@@ -410,7 +438,9 @@ pub async fn warm_entities(
     command_bytes: usize,
 ) -> anyhow::Result<CommandPublisher> {
     seed_entities(control.clone(), entity_type, partitions, entities).await?;
-    let publisher = CommandPublisher::new(control.clone(), entity_type, entities);
+    let names = layout(control, entity_type).await?;
+    let ids: Vec<String> = (0..entities).map(entity_id).collect();
+    let publisher = CommandPublisher::for_names(control.clone(), &names, &ids);
     publisher
         .preload(entities, &preload_command(command_bytes))
         .await?;

@@ -257,7 +257,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
                 };
                 // The server's view, each read bounded (during the stall nothing answers).
                 let read = async {
-                    let commands = js.get_stream_no_info(names.command_stream()).await.ok()?;
+                    let commands = js.get_stream_no_info(names.command_stream(0)).await.ok()?;
                     for p in 0..partitions {
                         let info = commands.consumer_info(names.consumer(p)).await.ok()?;
                         w.pending += info.num_pending;
@@ -369,10 +369,11 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         }
     };
     let ids: Vec<String> = (0..options.entities).map(entity_id).collect();
+    let one_stream = jetshard::wire::Names::new(ENTITY_TYPE);
     let load = async {
         let mut window = Resending::new(resend_after);
         offer(rate, total, async |i, at_ns| {
-            let (subject, payload) = work(ENTITY_TYPE, &ids, i, at_ns)?;
+            let (subject, payload) = work(&one_stream, &ids, i, at_ns)?;
             window.push(&js, subject, payload, i).await
         })
         .await?;

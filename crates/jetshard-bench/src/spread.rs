@@ -1,9 +1,10 @@
-//! Scenario `spread`: an entity type's journal in one stream against spread over as many
-//! streams as the cluster has servers (`ShardConfig::journal_streams`), on a 5-server cluster
-//! with R3 streams, in the same run.
+//! Scenario `spread`: an entity type's commands and journal in one stream each against spread
+//! over as many streams as the cluster has servers (`ShardConfig::journal_streams`), on a
+//! 5-server cluster with R3 streams, in the same run.
 //!
-//! Per layout, on a fresh cluster with one shard system in this process: the journal streams'
-//! leaders (spread, the owner of partition 0 moves them until each server leads one), then an
+//! Per layout, on a fresh cluster with one shard system in this process: the streams' leaders
+//! (spread, the owner of partition 0 moves them until each server leads one journal stream and
+//! one command stream), then an
 //! offered load at a fixed rate (`--spread-rate` cmd/s for `--spread-secs`, every entity warm):
 //! each server's CPU over the load (its share of a core), the busiest and the idlest against
 //! the mean, the latency from the scheduled send to the event stored (as `latency` measures
@@ -43,9 +44,9 @@ struct LayoutRun {
     streams: u32,
     /// Each journal stream's leader when the load started.
     leaders: Vec<String>,
-    /// The command stream's leader, and the servers holding its replicas (the partitions'
-    /// consumers are led among these).
-    command_leader: String,
+    /// Each command stream's leader when the load started, and the servers holding replicas
+    /// of any (the partitions' consumers are led among these).
+    command_leaders: Vec<String>,
     command_peers: Vec<String>,
     /// Each server's CPU over the offered load, in cores, by server name.
     cpu: Vec<(String, f64)>,
@@ -192,17 +193,29 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
         .await
         .context("start the shard system")?;
     let js = async_nats::jetstream::new(control.clone());
-    let leaders = || {
+    // Each stream's leader (`None` until every one has one) and the servers of its replicas.
+    let placed = |streams: Vec<String>| {
         let js = js.clone();
-        let streams = names.journal_streams().to_vec();
         async move {
             let mut leaders = Vec::new();
+            let mut peers = Vec::new();
             for name in streams {
                 let mut stream = js.get_stream(&name).await.ok()?;
-                leaders.push(stream.info().await.ok()?.cluster.clone()?.leader?);
+                let cluster = stream.info().await.ok()?.cluster.clone()?;
+                peers.extend(cluster.replicas.iter().map(|r| r.name.clone()));
+                leaders.push(cluster.leader?);
             }
-            Some(leaders)
+            peers.extend(leaders.iter().cloned());
+            peers.sort();
+            peers.dedup();
+            Some((leaders, peers))
         }
+    };
+    let spread_over = |leaders: &[String]| {
+        let mut servers = leaders.to_vec();
+        servers.sort();
+        servers.dedup();
+        servers.len()
     };
     let publisher = load::warm_entities(
         &control,
@@ -213,36 +226,24 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
     )
     .await?;
     if streams > 1 {
-        let spread = wait_until(SPREAD_WITHIN, "the journal leaders spread", || async {
-            leaders().await.is_some_and(|mut l| {
-                l.sort();
-                l.dedup();
-                l.len() == SERVERS.min(streams as usize)
-            })
+        let spread = wait_until(SPREAD_WITHIN, "the stream leaders spread", || async {
+            let wanted = SERVERS.min(streams as usize);
+            let journal = placed(names.journal_streams().to_vec()).await;
+            let commands = placed(names.command_streams().to_vec()).await;
+            journal.is_some_and(|(l, _)| spread_over(&l) == wanted)
+                && commands.is_some_and(|(l, _)| spread_over(&l) == wanted)
         })
         .await;
         if let Err(e) = spread {
             eprintln!("spread: {e}; measuring as they are");
         }
     }
-    let leaders = leaders().await.unwrap_or_default();
-    let command_cluster = js
-        .get_stream(names.command_stream())
+    let (leaders, _) = placed(names.journal_streams().to_vec())
         .await
-        .context("open the command stream")?
-        .info()
-        .await
-        .context("command stream info")?
-        .cluster
-        .clone()
         .unwrap_or_default();
-    let command_leader = command_cluster.leader.clone().unwrap_or_default();
-    let mut command_peers: Vec<String> = command_cluster
-        .replicas
-        .iter()
-        .map(|r| r.name.clone())
-        .collect();
-    command_peers.push(command_leader.clone());
+    let (command_leaders, command_peers) = placed(names.command_streams().to_vec())
+        .await
+        .unwrap_or_default();
 
     // The offered load, every server's CPU over it.
     let stamps = Stamps::listen(&control, ENTITY_TYPE, Codec::default()).await?;
@@ -303,7 +304,7 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
     let run = LayoutRun {
         streams,
         leaders,
-        command_leader,
+        command_leaders,
         command_peers,
         cpu,
         busiest_to_mean: busiest / mean,
@@ -313,9 +314,9 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
         drain_rate,
     };
     eprintln!(
-        "spread: {streams} stream(s): journal leaders {:?}, command stream led by {} on {:?}, cpu {:?}, p99 {:.1} ms, drained {:.0} cmd/s",
+        "spread: {streams} stream(s): journal leaders {:?}, command leaders {:?} (replicas on {:?}), cpu {:?}, p99 {:.1} ms, drained {:.0} cmd/s",
         run.leaders,
-        run.command_leader,
+        run.command_leaders,
         run.command_peers,
         run.cpu,
         run.latency.p99,

@@ -25,42 +25,54 @@ impl Described {
     }
 }
 
-/// Reads the entity type's command stream; an entity type with none is an error in words.
+/// Reads the entity type's command stream (`<T>_CMD`, or `<T>_CMD_0` of a spread layout); an
+/// entity type with none is an error in words.
 pub(crate) async fn describe(
     client: &jetshard::async_nats::Client,
     entity_type: &str,
 ) -> anyhow::Result<Described> {
     use jetshard::async_nats::jetstream;
-    let names = jetshard::wire::Names::new(entity_type);
-    let name = names.command_stream();
+    use jetshard::wire::Names;
     let js = jetstream::new(client.clone());
-    let mut stream = match js.get_stream(name).await {
-        Ok(stream) => stream,
-        Err(e) => match e.kind() {
-            jetstream::context::GetStreamErrorKind::JetStream(err)
-                if err.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
-            {
-                anyhow::bail!(
-                    "unknown entity type {entity_type:?}: its command stream {name} does not exist on this server (no node of that type has started here; types are lowercase tokens such as `order`)"
-                )
-            }
-            _ => return Err(e).with_context(|| format!("looking up stream {name}")),
-        },
-    };
-    let info = stream
-        .info()
-        .await
-        .with_context(|| format!("reading stream {name}"))?;
-    let partitions = info
-        .config
-        .subject_transform
-        .as_ref()
-        .and_then(|t| t.destination.split_once("partition("))
-        .and_then(|(_, rest)| rest.split_once(','))
-        .and_then(|(n, _)| n.parse().ok());
-    Ok(Described {
-        entity_type: entity_type.to_owned(),
-        partitions,
-        codec: info.config.metadata.get("jetshard.codec").cloned(),
-    })
+    let one = Names::new(entity_type);
+    let spread = Names::spread(entity_type, 2, 0);
+    for name in [one.command_stream(0), spread.command_stream(0)] {
+        let mut stream = match js.get_stream(name).await {
+            Ok(stream) => stream,
+            Err(e) => match e.kind() {
+                jetstream::context::GetStreamErrorKind::JetStream(err)
+                    if err.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
+                {
+                    continue;
+                }
+                _ => return Err(e).with_context(|| format!("looking up stream {name}")),
+            },
+        };
+        let info = stream
+            .info()
+            .await
+            .with_context(|| format!("reading stream {name}"))?;
+        // One stream names the partition count in its subject transform, a spread layout in
+        // its metadata.
+        let partitions = info
+            .config
+            .subject_transform
+            .as_ref()
+            .and_then(|t| t.destination.split_once("partition("))
+            .and_then(|(_, rest)| rest.split_once(','))
+            .and_then(|(n, _)| n.parse().ok())
+            .or_else(|| {
+                let n = info.config.metadata.get("jetshard.partitions")?;
+                n.parse().ok()
+            });
+        return Ok(Described {
+            entity_type: entity_type.to_owned(),
+            partitions,
+            codec: info.config.metadata.get("jetshard.codec").cloned(),
+        });
+    }
+    anyhow::bail!(
+        "unknown entity type {entity_type:?}: its command stream {} does not exist on this server (no node of that type has started here; types are lowercase tokens such as `order`)",
+        one.command_stream(0)
+    )
 }

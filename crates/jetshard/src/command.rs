@@ -25,7 +25,9 @@ pub const MAX_KEY_LEN: usize = 128;
 
 /// How long a send publishes again while no stream takes its subject ("no responders"): the
 /// streams of a new entity type, or a stream's interest still spreading to this client's
-/// server of a cluster, before it is [`Error::NoCommandStream`].
+/// server of a cluster, before it is [`Error::NoCommandStream`]. Where a stream does hold the
+/// subject, it is electing a leader (its leader's server died or froze): the send goes on
+/// publishing for up to 30 s in all.
 pub const NO_STREAM_WAIT: Duration = Duration::from_secs(2);
 
 /// The first pause between two publishes that no stream took; it doubles up to
@@ -75,7 +77,7 @@ impl<E: Entity> CommandSender<E> {
     pub fn new(client: Client, config: &ShardConfig) -> Self {
         Self {
             js: jetstream::new(client),
-            names: Names::new(&config.entity_type),
+            names: config.names(),
             codec: config.codec,
             partitions: config.partitions,
             trace: None,
@@ -325,6 +327,8 @@ impl<E: Entity> CommandSender<E> {
         let mut pause = NO_STREAM_FIRST_PAUSE;
         let mut resend_after = KEYED_FIRST_RESEND_AFTER;
         let mut resent = false;
+        // A stream holds the subject but answers nothing: it is electing a leader.
+        let mut electing = false;
         loop {
             let ack = self
                 .js
@@ -355,18 +359,39 @@ impl<E: Entity> CommandSender<E> {
                 // so nothing was stored and the publish can be made again as it is.
                 Err(e) if e.kind() == jetstream::context::PublishErrorKind::StreamNotFound => {
                     let waited = started.elapsed();
-                    if waited >= NO_STREAM_WAIT {
+                    let wait = if waited < NO_STREAM_WAIT {
+                        NO_STREAM_WAIT
+                    } else {
+                        electing = electing || self.stream_holds(&subject).await;
+                        if electing {
+                            KEYED_RESEND_WAIT
+                        } else {
+                            NO_STREAM_WAIT
+                        }
+                    };
+                    if waited >= wait {
                         return Err(Error::NoCommandStream {
                             subject: subject.to_string(),
                             waited,
                         });
                     }
-                    tracing::debug!(%subject, ?waited, "no stream took the command yet; publishing again");
-                    tokio::time::sleep(pause.min(NO_STREAM_WAIT - waited)).await;
+                    tracing::debug!(%subject, ?waited, electing, "no stream took the command yet; publishing again");
+                    tokio::time::sleep(pause.min(wait - waited)).await;
                     pause = (pause * 2).min(NO_STREAM_MAX_PAUSE);
                 }
                 Err(e) => return Err(Error::jetstream(format!("publish to {subject}"), e)),
             }
+        }
+    }
+}
+
+impl<E: Entity> CommandSender<E> {
+    /// Whether a stream holds `subject` (as the server's meta leader says; a lookup that fails
+    /// counts as one, the meta group may be electing too).
+    async fn stream_holds(&self, subject: &str) -> bool {
+        match self.js.stream_by_subject(subject.to_owned()).await {
+            Ok(_) => true,
+            Err(e) => e.kind() != jetstream::context::GetStreamByNameErrorKind::NotFound,
         }
     }
 }

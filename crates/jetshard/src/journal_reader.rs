@@ -40,7 +40,7 @@ use futures::StreamExt;
 
 use crate::error::Error;
 use crate::journal::fence::{FenceRecord, FenceRecordError};
-use crate::journal::server::{Journals, recorded_names};
+use crate::journal::server::{Streams, recorded_names};
 use crate::wire::header_u64;
 use crate::wire::{
     HDR_COMMAND_SEQ, HDR_DELIVERIES, HDR_ENTITY, HDR_EVENT_VERSION, HDR_GENERATION,
@@ -261,7 +261,7 @@ impl JournalRecord {
 /// record's [`seq`](JournalRecord::seq) is its sequence in its partition's stream).
 #[derive(Clone)]
 pub struct JournalReader {
-    journals: Journals,
+    journals: Streams,
     names: Names,
 }
 
@@ -273,12 +273,12 @@ impl JournalReader {
     /// [`Error::JetStream`] if the streams cannot be read or opened.
     pub async fn open(js: &Context, entity_type: &str) -> Result<Self, Error> {
         let names = recorded_names(js, entity_type).await?;
-        let journals = Journals::open(js, &names).await?;
+        let journals = Streams::open(js, names.journal_streams()).await?;
         Ok(Self { journals, names })
     }
 
     /// A reader of the journal in `journals`, laid out as `names` says.
-    pub(crate) fn of(journals: Journals, names: Names) -> Self {
+    pub(crate) fn of(journals: Streams, names: Names) -> Self {
         Self { journals, names }
     }
 
@@ -286,7 +286,7 @@ impl JournalReader {
     /// stream `<T>_JOURNAL`, or a mirror of the journal).
     pub fn new(journal: Stream<()>, entity_type: &str) -> Self {
         Self {
-            journals: Journals::one(journal),
+            journals: Streams::one(journal),
             names: Names::new(entity_type),
         }
     }

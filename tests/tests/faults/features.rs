@@ -107,6 +107,7 @@ impl Features {
         for k in 0..2u64 {
             let (js, stop, retries) = (js.clone(), stop.clone(), retries.clone());
             let entity = format!("tm{seed}-{k}");
+            let subject = jetshard_tests::ledger_command_subject(&entity, partitions);
             let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(k));
             tasks.push(tokio::spawn(async move {
                 let mut history = History::new();
@@ -120,7 +121,7 @@ impl Features {
                     };
                     let payload = encode(&op.command().expect("a command"));
                     let id = format!("{entity}:arm{i}");
-                    let ack = publish(&js, &entity, payload, &id, give_up, &retries).await;
+                    let ack = publish(&js, &subject, payload, &id, give_up, &retries).await;
                     history.record(entity.clone(), op, ack);
                     if rng.chance(35) {
                         // Deliberate: the cancel comes before or after the timer is due.
@@ -128,7 +129,7 @@ impl Features {
                         let op = Op::Disarm { name };
                         let payload = encode(&op.command().expect("a command"));
                         let id = format!("{entity}:disarm{i}");
-                        let ack = publish(&js, &entity, payload, &id, give_up, &retries).await;
+                        let ack = publish(&js, &subject, payload, &id, give_up, &retries).await;
                         history.record(entity.clone(), op, ack);
                     }
                     i += 1;
@@ -142,6 +143,7 @@ impl Features {
         for k in 0..2u64 {
             let (js, stop, retries) = (js.clone(), stop.clone(), retries.clone());
             let entity = format!("or{seed}-{k}");
+            let subject = jetshard_tests::ledger_command_subject(&entity, partitions);
             let stocks = stocks.clone();
             tasks.push(tokio::spawn(async move {
                 let mut history = History::new();
@@ -155,7 +157,7 @@ impl Features {
                     };
                     let payload = encode(&op.command().expect("a command"));
                     let id = format!("{entity}:order{i}");
-                    let ack = publish(&js, &entity, payload, &id, give_up, &retries).await;
+                    let ack = publish(&js, &subject, payload, &id, give_up, &retries).await;
                     history.record(entity.clone(), op, ack);
                     i += 1;
                     // Deliberate: the orders' pace.

@@ -17,11 +17,12 @@ use tokio::task::JoinHandle;
 /// How long one publish may wait for the stream's acknowledgement before it is sent again.
 pub(super) const PUBLISH_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Publishes `op` for `entity` with the message id `msg_id` and waits for the stream's
-/// acknowledgement, sending it again (same id, so the stream stores it once) until `give_up`.
+/// Publishes `op` to `subject` (an entity's, [`jetshard_tests::ledger_command_subject`]) with
+/// the message id `msg_id` and waits for the stream's acknowledgement, sending it again (same
+/// id, so the stream stores it once) until `give_up`.
 pub async fn publish(
     js: &Context,
-    entity: &str,
+    subject: &str,
     payload: Vec<u8>,
     msg_id: &str,
     give_up: Duration,
@@ -32,11 +33,7 @@ pub async fn publish(
         let message = PublishMessage::build()
             .payload(payload.clone().into())
             .message_id(msg_id);
-        let attempt = async {
-            js.send_publish(format!("ledger.cmd.{entity}"), message)
-                .await?
-                .await
-        };
+        let attempt = async { js.send_publish(subject.to_owned(), message).await?.await };
         match tokio::time::timeout(PUBLISH_TIMEOUT, attempt).await {
             Ok(Ok(ack)) => return Ack::Acked(ack.sequence),
             Ok(Err(_)) | Err(_) => {
@@ -68,10 +65,12 @@ pub struct Load {
 }
 
 impl Load {
-    /// Starts publishing to every entity in `entities`, pausing `interval` between two commands
-    /// of one entity. An unconfirmed publish is sent again for up to `give_up`.
+    /// Starts publishing to every entity in `entities` of a ledger of `partitions`, pausing
+    /// `interval` between two commands of one entity. An unconfirmed publish is sent again for
+    /// up to `give_up`.
     pub fn start(
         client: async_nats::Client,
+        partitions: u32,
         entities: &[String],
         interval: Duration,
         give_up: Duration,
@@ -90,10 +89,11 @@ impl Load {
                 tokio::spawn(async move {
                     let mut history = History::new();
                     let mut n = 0;
+                    let subject = jetshard_tests::ledger_command_subject(&entity, partitions);
                     while !stop.load(Ordering::Relaxed) {
                         let payload = encode(&LedgerCmd::Push { n });
                         let msg_id = format!("{entity}:{n}");
-                        let ack = publish(&js, &entity, payload, &msg_id, give_up, &retries).await;
+                        let ack = publish(&js, &subject, payload, &msg_id, give_up, &retries).await;
                         if matches!(ack, Ack::Acked(_)) {
                             acked.fetch_add(1, Ordering::Relaxed);
                         }
@@ -134,10 +134,11 @@ pub async fn wait_consumers_drained(
     within: Duration,
 ) -> Result<u64, String> {
     let drained = wait_until(within, "every partition consumer to drain", || async {
-        let Ok(stream) = js.get_stream_no_info("LEDGER_CMD").await else {
-            return false;
-        };
+        let names = jetshard_tests::ledger_names(js).await;
         for partition in 0..partitions {
+            let Ok(stream) = js.get_stream_no_info(names.command_stream(partition)).await else {
+                return false;
+            };
             match stream.consumer_info(format!("ledger-p{partition}")).await {
                 Ok(info) if info.num_pending == 0 && info.num_ack_pending == 0 => {}
                 _ => return false,
@@ -150,10 +151,14 @@ pub async fn wait_consumers_drained(
         return Err(format!("{e}\n{}", describe_consumers(js).await));
     }
     let left = || async {
-        match js.get_stream("LEDGER_CMD").await {
-            Ok(mut stream) => stream.info().await.map_or(u64::MAX, |i| i.state.messages),
-            Err(_) => u64::MAX,
+        let mut left = 0u64;
+        for name in jetshard_tests::ledger_command_streams(js).await {
+            left = left.saturating_add(match js.get_stream(name).await {
+                Ok(mut stream) => stream.info().await.map_or(u64::MAX, |i| i.state.messages),
+                Err(_) => u64::MAX,
+            });
         }
+        left
     };
     // The stream removes acknowledged commands a moment after the consumer records the ack.
     let _ = wait_until(

@@ -14,7 +14,7 @@ use super::Nodes;
 pub enum Victim {
     /// The leader of `LEDGER_JOURNAL` (of partition 0's journal stream, for a spread journal).
     JournalLeader,
-    /// The leader of `LEDGER_CMD`.
+    /// The leader of `LEDGER_CMD` (of partition 0's command stream, for a spread layout).
     CommandLeader,
     /// The leader of a partition's consumer.
     ConsumerLeader,
@@ -51,7 +51,7 @@ pub async fn victim_server(
             let name = if victim == Victim::JournalLeader {
                 jetshard_tests::ledger_journal_of(js, 0).await
             } else {
-                "LEDGER_CMD".to_owned()
+                jetshard_tests::ledger_command_stream(js, 0).await
             };
             js.get_stream(name)
                 .await
@@ -64,7 +64,8 @@ pub async fn victim_server(
                 .leader
         }
         Victim::ConsumerLeader => {
-            let stream = js.get_stream_no_info("LEDGER_CMD").await.ok()?;
+            let name = jetshard_tests::ledger_command_stream(js, partition).await;
+            let stream = js.get_stream_no_info(name).await.ok()?;
             let info = stream
                 .consumer_info(format!("ledger-p{partition}"))
                 .await
@@ -88,8 +89,11 @@ pub async fn healthy(js: &Context, partitions: u32) -> bool {
                 && c.replicas.iter().all(|r| r.current && !r.offline)
         })
     };
-    let mut streams = jetshard_tests::ledger_journals(js).await;
-    streams.push("LEDGER_CMD".to_owned());
+    let names = jetshard_tests::ledger_names(js).await;
+    let streams = names
+        .journal_streams()
+        .iter()
+        .chain(names.command_streams());
     for name in streams {
         let Ok(mut stream) = js.get_stream(name).await else {
             return false;
@@ -101,10 +105,10 @@ pub async fn healthy(js: &Context, partitions: u32) -> bool {
             return false;
         }
     }
-    let Ok(stream) = js.get_stream_no_info("LEDGER_CMD").await else {
-        return false;
-    };
     for partition in 0..partitions {
+        let Ok(stream) = js.get_stream_no_info(names.command_stream(partition)).await else {
+            return false;
+        };
         let Ok(info) = stream.consumer_info(format!("ledger-p{partition}")).await else {
             return false;
         };

@@ -340,7 +340,7 @@ async fn messages(js: &Context, streams: &[String]) -> u64 {
 /// the others (a rejected or dead-lettered command's, which changes no state), which nothing
 /// else judges. Returns how many of each.
 fn set_aside_losses(report: &mut history::Report, history: &History<Op>) -> (usize, usize) {
-    let shown: BTreeSet<u64> = history
+    let shown: BTreeSet<(&str, u64)> = history
         .sent()
         .iter()
         .filter_map(|sent| match (&sent.command, sent.ack) {
@@ -352,14 +352,14 @@ fn set_aside_losses(report: &mut history::Report, history: &History<Op>) -> (usi
                 | Op::Disarm { .. }
                 | Op::Order { .. },
                 Ack::Acked(seq),
-            ) => Some(seq),
+            ) => Some((sent.entity.as_str(), seq)),
             _ => None,
         })
         .collect();
     let aside = report.set_aside(|v| matches!(v, Violation::Lost { .. }));
     let judged = aside
         .iter()
-        .filter(|v| matches!(v, Violation::Lost { command_seq, .. } if shown.contains(command_seq)))
+        .filter(|v| matches!(v, Violation::Lost { entity, command_seq } if shown.contains(&(entity.as_str(), *command_seq))))
         .count();
     (judged, aside.len() - judged)
 }

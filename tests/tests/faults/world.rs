@@ -381,6 +381,7 @@ impl World {
         let entities: Vec<String> = (0..count).map(|e| format!("{prefix}{seed}-e{e}")).collect();
         let load = Load::start(
             self.s.client.clone(),
+            partitions,
             &entities,
             pace.interval,
             pace.give_up,

@@ -149,9 +149,9 @@ impl BareLoop {
             .build(client);
         let names = Arc::new(Names::new(entity_type));
         let commands = js
-            .get_stream_no_info(names.command_stream())
+            .get_stream_no_info(names.command_stream(0))
             .await
-            .with_context(|| format!("open stream {}", names.command_stream()))?;
+            .with_context(|| format!("open stream {}", names.command_stream(0)))?;
         let mut tasks = Vec::new();
         let refused = Arc::new(AtomicU64::new(0));
         let (pulling, pulls) = watch::channel(true);
@@ -246,10 +246,10 @@ pub async fn provision_own(
     let names = Names::new(entity_type);
     let commands = js
         .create_stream(stream::Config {
-            name: names.command_stream().to_owned(),
-            subjects: vec![names.command_subjects()],
+            name: names.command_stream(0).to_owned(),
+            subjects: names.command_subjects(0),
             subject_transform: Some(SubjectTransform {
-                source: names.command_subjects(),
+                source: names.command_subjects(0).remove(0),
                 destination: names.command_transform_dest(partitions),
             }),
             retention: RetentionPolicy::WorkQueue,

@@ -107,11 +107,11 @@ pub(super) fn config(
     Ok(builder.build()?)
 }
 
-/// The long runs' `i`-th command (to `entity_type`'s entity `ids[i % ids.len()]`, every tenth
-/// command of an entity arming a timer), stamped `at_ns`, and its subject: the compaction and
-/// overload scenarios offer the same load.
+/// The long runs' `i`-th command (to entity `ids[i % ids.len()]` of the entity type `names`
+/// names, every tenth command of an entity arming a timer), stamped `at_ns`, and its subject:
+/// the compaction and overload scenarios offer the same load.
 pub(crate) fn work(
-    entity_type: &str,
+    names: &jetshard::wire::Names,
     ids: &[String],
     i: usize,
     at_ns: u64,
@@ -120,18 +120,19 @@ pub(crate) fn work(
     let timer = (i / ids.len()).is_multiple_of(10);
     let command = CompactionCmd::Work { at_ns, timer };
     let payload = Codec::Json.encode(&command).context("encode a command")?;
-    Ok((format!("{entity_type}.cmd.{}", ids[entity]), payload.into()))
+    let id = jetshard::EntityId::new(&ids[entity]).context("a bench entity id")?;
+    Ok((names.command_subject(&id), payload.into()))
 }
 
 /// Publishes [`work`]'s command.
 pub(crate) async fn publish_work(
     js: &async_nats::jetstream::Context,
-    entity_type: &str,
+    names: &jetshard::wire::Names,
     ids: &[String],
     i: usize,
     at_ns: u64,
 ) -> anyhow::Result<async_nats::jetstream::context::PublishAckFuture> {
-    let (subject, payload) = work(entity_type, ids, i, at_ns)?;
+    let (subject, payload) = work(names, ids, i, at_ns)?;
     js.publish(subject, payload)
         .await
         .context("publish a command")

@@ -112,7 +112,8 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
         options.compaction_replicas,
         options.journal_streams,
     )?;
-    let journals = config.names().journal_streams().to_vec();
+    let names = config.names();
+    let journals = names.journal_streams().to_vec();
     let system = ShardSystem::start::<CompactionEntity>(server.connect().await?, config)
         .await
         .context("start the shard system")?;
@@ -179,7 +180,7 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
     let cpu_before = cpu();
     let mut window = AckWindow::default();
     let offered = offer(options.compaction_rate, total, async |i, at_ns| {
-        let ack = publish_work(&js, ENTITY_TYPE, &ids, i, at_ns).await?;
+        let ack = publish_work(&js, &names, &ids, i, at_ns).await?;
         window.push(ack).await
     })
     .await?;

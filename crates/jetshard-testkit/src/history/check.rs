@@ -103,9 +103,11 @@ where
         }
     }
 
-    // The history: per entity, its commands in issue order; acknowledged ones by sequence.
+    // The history: per entity, its commands in issue order; acknowledged ones by entity and
+    // sequence (a sequence is its command stream's, and an entity type's commands may be
+    // spread over several streams: an entity's are all in one).
     let mut by_entity: HashMap<&str, Vec<usize>> = HashMap::new();
-    let mut acked_at: HashMap<u64, usize> = HashMap::new();
+    let mut acked_at: HashMap<(&str, u64), usize> = HashMap::new();
     for (index, sent) in history.sent.iter().enumerate() {
         by_entity
             .entry(sent.entity.as_str())
@@ -114,7 +116,10 @@ where
         match sent.ack {
             Ack::Acked(seq) => {
                 summary.acked += 1;
-                if acked_at.insert(seq, index).is_some() {
+                if acked_at
+                    .insert((sent.entity.as_str(), seq), index)
+                    .is_some()
+                {
                     violations.push(Violation::AmbiguousHistory { command_seq: seq });
                 }
             }
@@ -164,9 +169,8 @@ where
             }
             highest = highest.max(Some(outcome.command_seq));
 
-            let sent = match acked_at.get(&outcome.command_seq) {
-                Some(&index) if history.sent[index].entity == *entity => Some(index),
-                Some(_) => None,
+            let sent = match acked_at.get(&(*entity, outcome.command_seq)) {
+                Some(&index) => Some(index),
                 None => match_unknown(
                     model,
                     history,

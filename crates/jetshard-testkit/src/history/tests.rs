@@ -390,11 +390,31 @@ fn an_outcome_of_a_command_expected_to_leave_none_goes_through_the_model() {
 #[test]
 fn a_history_with_one_sequence_acknowledged_twice_is_ambiguous() {
     let mut history = history();
-    history.record("f", 9, Ack::Acked(10));
+    history.record("e", 9, Ack::Acked(10));
     let found = violations(&history, &journal());
     assert!(
         found.contains(&Violation::AmbiguousHistory { command_seq: 10 }),
         "{found:?}"
+    );
+}
+
+/// An entity type's commands spread over several streams: each stream numbers its own, so two
+/// entities' commands may share a sequence, each judged apart.
+#[test]
+fn two_entities_acknowledged_at_one_sequence_by_different_streams_are_both_judged() {
+    let mut history = history();
+    history.record("f", 1, Ack::Acked(10));
+    let mut journal = journal();
+    journal.push(Record::event(5, 0, "f", 1, 10, 1));
+    assert_eq!(violations(&history, &journal), []);
+    // Its outcome missing, it is lost, as any other.
+    let found = violations(&history, &self::journal());
+    assert_eq!(
+        found,
+        [Violation::Lost {
+            entity: "f".into(),
+            command_seq: 10
+        }]
     );
 }
 

@@ -57,7 +57,7 @@ impl Admin {
         };
         for partition in partitions {
             let consumer = self.names.consumer(partition);
-            let ack_floor = match commands.consumer_info(&consumer).await {
+            let ack_floor = match commands.of(partition).consumer_info(&consumer).await {
                 Ok(info) => info.ack_floor.stream_sequence,
                 // Past the last partition.
                 Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => break,

@@ -179,7 +179,7 @@ impl Admin {
             names.replay_msg_id(partition, dead_letter_seq).as_str(),
         );
         headers.insert(HDR_REPLAY_OF, dead_letter_seq.to_string().as_str());
-        let subject = self.names.command_subject(&id);
+        let subject = names.command_subject(&id);
         let ack = self
             .js
             .publish_with_headers(subject.clone(), headers, record.payload)
@@ -250,6 +250,7 @@ impl Admin {
         for (partition, letters) in by_partition {
             let consumer = self.names.consumer(partition);
             let floor = commands
+                .of(partition)
                 .consumer_info(&consumer)
                 .await
                 .map_err(|e| Error::jetstream(format!("read consumer {consumer}"), e))?

@@ -5,13 +5,12 @@ use std::time::Duration;
 
 use async_nats::Client;
 use async_nats::jetstream::context::ConsumerInfoErrorKind;
-use async_nats::jetstream::stream::Stream;
 use async_nats::jetstream::{self, Context};
 use futures::StreamExt;
 
 use crate::error::Error;
 use crate::journal::fence;
-use crate::journal::server::{Journals, open_stream, recorded_names, stream_info};
+use crate::journal::server::{Streams, recorded_names, stream_info};
 use crate::query::{self, QueryAnswer};
 use crate::status::NodeStatus;
 use crate::wire::{Names, PRIORITY_GROUP};
@@ -89,20 +88,30 @@ impl Admin {
         }
     }
 
-    /// The command stream, and the journal's streams with the names their layout gives.
-    pub(super) async fn streams(&self) -> Result<(Stream<()>, Journals, Names), Error> {
-        let open = |name: String| async move {
-            // `get_stream` (with info) fails for a stream that does not exist, so an entity
-            // type that was never started is an error rather than an empty overview.
-            stream_info(&self.js, &name).await?;
-            open_stream(&self.js, &name).await
-        };
-        let commands = open(self.names.command_stream.clone()).await?;
-        let names = recorded_names(&self.js, &self.names.entity_type).await?;
-        for name in names.journal_streams() {
-            open(name.clone()).await?;
+    /// The entity type's names as its streams record them: one command stream, or its commands
+    /// and journal spread over several ([`Names::is_spread`]), and its partition count
+    /// ([`Names::partitions`]; 0 if no command stream exists).
+    ///
+    /// # Errors
+    /// [`Error::JetStream`] if a command stream cannot be read.
+    pub async fn names(&self) -> Result<Names, Error> {
+        recorded_names(&self.js, &self.names.entity_type).await
+    }
+
+    /// The command streams and the journal's streams, with the names their layout gives.
+    pub(super) async fn streams(&self) -> Result<(Streams, Streams, Names), Error> {
+        let names = self.names().await?;
+        // `stream_info` fails for a stream that does not exist, so an entity type that was
+        // never started is an error rather than an empty overview.
+        for name in names
+            .command_streams()
+            .iter()
+            .chain(names.journal_streams())
+        {
+            stream_info(&self.js, name).await?;
         }
-        let journals = Journals::open(&self.js, &names).await?;
+        let commands = Streams::open(&self.js, names.command_streams()).await?;
+        let journals = Streams::open(&self.js, names.journal_streams()).await?;
         Ok((commands, journals, names))
     }
 
@@ -115,7 +124,7 @@ impl Admin {
         let mut overview = Vec::new();
         for partition in 0.. {
             let consumer = self.names.consumer(partition);
-            let info = match commands.consumer_info(&consumer).await {
+            let info = match commands.of(partition).consumer_info(&consumer).await {
                 Ok(info) => info,
                 // Past the last partition.
                 Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => break,
@@ -159,19 +168,14 @@ impl Admin {
     /// [`Error::JetStream`] if the command stream cannot be read; otherwise as
     /// [`CommandSender::get`].
     pub async fn get(&self, id: &str, timeout: Duration) -> Result<QueryAnswer, Error> {
-        let name = &self.names.command_stream;
-        let info = stream_info(&self.js, name).await?;
-        let partitions = info
-            .config
-            .subject_transform
-            .as_ref()
-            .and_then(|t| partitions_of_transform(&t.destination))
-            .ok_or_else(|| {
-                Error::jetstream(
-                    format!("read the partition count of {name}"),
-                    "the stream has no partition() subject transform",
-                )
-            })?;
+        let names = self.names().await?;
+        let partitions = names.partitions();
+        if partitions == 0 {
+            return Err(Error::jetstream(
+                format!("read the partition count of {}", names.command_stream(0)),
+                "no command stream records it",
+            ));
+        }
         query::ask(&self.js.client(), &self.names, partitions, id, timeout).await
     }
 
@@ -184,6 +188,7 @@ impl Admin {
         let (commands, ..) = self.streams().await?;
         let until = time::OffsetDateTime::now_utc() + duration;
         commands
+            .of(partition)
             .pause_consumer(&self.names.consumer(partition), until)
             .await
             .map_err(|e| Error::jetstream(format!("pause partition {partition}"), e))?;
@@ -197,6 +202,7 @@ impl Admin {
     pub async fn resume(&self, partition: u32) -> Result<(), Error> {
         let (commands, ..) = self.streams().await?;
         commands
+            .of(partition)
             .resume_consumer(&self.names.consumer(partition))
             .await
             .map_err(|e| Error::jetstream(format!("resume partition {partition}"), e))?;
@@ -211,6 +217,7 @@ impl Admin {
     pub async fn unpin(&self, partition: u32) -> Result<(), Error> {
         let (commands, ..) = self.streams().await?;
         commands
+            .of(partition)
             .unpin_consumer(&self.names.consumer(partition), PRIORITY_GROUP)
             .await
             .map_err(|e| Error::jetstream(format!("unpin partition {partition}"), e))
@@ -245,26 +252,9 @@ impl Admin {
     }
 }
 
-/// The `N` of a `...{{partition(N,1)}}...` subject transform destination.
-fn partitions_of_transform(destination: &str) -> Option<u32> {
-    let (_, rest) = destination.split_once("partition(")?;
-    let (n, _) = rest.split_once(',')?;
-    n.trim().parse().ok().filter(|n| *n > 0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_partition_count_is_read_from_the_transform() {
-        let names = Names::new("order");
-        assert_eq!(
-            partitions_of_transform(&names.command_transform_dest(12)),
-            Some(12)
-        );
-        assert_eq!(partitions_of_transform("order.cmd.{{wildcard(1)}}"), None);
-    }
 
     #[test]
     fn the_overview_table_has_a_row_per_partition_and_shows_a_pause_in_seconds() {

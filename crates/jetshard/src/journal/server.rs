@@ -4,7 +4,7 @@
 use async_nats::jetstream::context::GetStreamErrorKind;
 
 use crate::error::{BoxError, Error};
-use crate::wire::{METADATA_JOURNAL_STREAMS, Names};
+use crate::wire::{METADATA_JOURNAL_STREAMS, METADATA_PARTITIONS, Names};
 
 /// The server's limit on messages in one atomic batch (`jetstream.limits.batch.max_msgs`).
 pub(crate) const MAX_BATCH_MESSAGES: usize = 1000;
@@ -60,19 +60,20 @@ pub(crate) async fn stream_info(
         .map_err(|e| Error::jetstream(format!("read stream {name}"), e))
 }
 
-/// The streams of an entity type's journal, opened, in the order of
-/// [`Names::journal_streams`]: partition `p`'s records are in stream `p % n`.
+/// The streams of an entity type's journal or of its commands, opened, in the order of
+/// [`Names::journal_streams`] or [`Names::command_streams`]: partition `p`'s records or
+/// commands are in stream `p % n`.
 #[derive(Clone)]
-pub(crate) struct Journals(Vec<async_nats::jetstream::stream::Stream<()>>);
+pub(crate) struct Streams(Vec<async_nats::jetstream::stream::Stream<()>>);
 
-impl Journals {
-    /// Opens every journal stream `names` names, without reading their info.
+impl Streams {
+    /// Opens every stream of `names` (in order), without reading their info.
     pub(crate) async fn open(
         js: &async_nats::jetstream::Context,
-        names: &Names,
+        names: &[String],
     ) -> Result<Self, Error> {
-        let mut streams = Vec::with_capacity(names.journal_streams().len());
-        for name in names.journal_streams() {
+        let mut streams = Vec::with_capacity(names.len());
+        for name in names {
             streams.push(open_stream(js, name).await?);
         }
         Ok(Self(streams))
@@ -83,7 +84,7 @@ impl Journals {
         Self(vec![stream])
     }
 
-    /// The stream holding `partition`'s records.
+    /// The stream holding `partition`'s records or commands.
     pub(crate) fn of(&self, partition: u32) -> &async_nats::jetstream::stream::Stream<()> {
         &self.0[partition as usize % self.0.len()]
     }
@@ -94,50 +95,60 @@ impl Journals {
     }
 }
 
-/// The names of entity type `entity_type` as its streams record them: the journal spread over
-/// the streams the command stream's metadata names, for the partition count its subject
-/// transform names; one stream, `<T>_JOURNAL`, where the command stream records none (written
-/// before journals could be spread) or does not exist (a journal read on its own).
+/// The names of entity type `entity_type` as its streams record them: one command stream
+/// (`<T>_CMD`, the partition count in its subject transform) with the journal in the streams
+/// its metadata names (one where it records none: written before journals could be spread),
+/// or a spread layout (`<T>_CMD_0` ... , the stream count and the partition count in their
+/// metadata); one stream of unknown partition count where neither exists (a journal read on
+/// its own).
 ///
 /// # Errors
-/// [`Error::JetStream`] if the command stream cannot be read.
+/// [`Error::JetStream`] if a command stream cannot be read.
 pub(crate) async fn recorded_names(
     js: &async_nats::jetstream::Context,
     entity_type: &str,
 ) -> Result<Names, Error> {
     let names = Names::new(entity_type);
-    let info =
-        match js.get_stream(names.command_stream()).await {
-            Ok(mut stream) => stream.info().await.cloned().map_err(|e| {
-                Error::jetstream(format!("read stream {}", names.command_stream()), e)
-            })?,
-            Err(e) => match e.kind() {
-                GetStreamErrorKind::JetStream(err)
-                    if err.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND =>
-                {
-                    return Ok(names);
-                }
-                _ => {
-                    return Err(Error::jetstream(
-                        format!("look up stream {}", names.command_stream()),
-                        e,
-                    ));
-                }
-            },
+    let spread = Names::spread(entity_type, 2, 0);
+    for name in [names.command_stream(0), spread.command_stream(0)] {
+        let Some(info) = stream_info_if_any(js, name).await? else {
+            continue;
         };
-    let streams = info
-        .config
-        .metadata
-        .get(METADATA_JOURNAL_STREAMS)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
-    let partitions = info
-        .config
-        .subject_transform
-        .as_ref()
-        .and_then(|t| Names::partitions_of_transform(&t.destination))
-        .unwrap_or(0);
-    Ok(Names::spread(entity_type, streams, partitions))
+        let metadata = |key: &str| info.config.metadata.get(key).and_then(|s| s.parse().ok());
+        let streams = metadata(METADATA_JOURNAL_STREAMS).unwrap_or(1);
+        let partitions = info
+            .config
+            .subject_transform
+            .as_ref()
+            .and_then(|t| Names::partitions_of_transform(&t.destination))
+            .or_else(|| metadata(METADATA_PARTITIONS))
+            .unwrap_or(0);
+        return Ok(Names::spread(entity_type, streams, partitions));
+    }
+    Ok(names)
+}
+
+/// The info of stream `name`, `None` if it does not exist.
+pub(crate) async fn stream_info_if_any(
+    js: &async_nats::jetstream::Context,
+    name: &str,
+) -> Result<Option<async_nats::jetstream::stream::Info>, Error> {
+    match js.get_stream(name).await {
+        Ok(mut stream) => stream
+            .info()
+            .await
+            .cloned()
+            .map(Some)
+            .map_err(|e| Error::jetstream(format!("read stream {name}"), e)),
+        Err(e) => match e.kind() {
+            GetStreamErrorKind::JetStream(err)
+                if err.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND =>
+            {
+                Ok(None)
+            }
+            _ => Err(Error::jetstream(format!("look up stream {name}"), e)),
+        },
+    }
 }
 
 /// The JetStream error code behind a publish error, if the server answered with one.

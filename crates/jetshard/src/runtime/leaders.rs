@@ -1,18 +1,20 @@
-//! Keeping a spread journal's stream leaders spread over the cluster's servers.
+//! Keeping a spread layout's stream leaders spread over the cluster's servers.
 //!
 //! The server places a new replicated stream on the servers that hold the fewest, but elects
 //! its leader at random among its replicas, and never moves a leader back after a server
 //! restarts (its leaderships go elsewhere when it stops). A journal spread over several streams
 //! so that several servers lead its writes may then be led by one or two of them, which do most
 //! of its work. So one process, the owner of partition 0, looks every [`CHECK_INTERVAL`] at
-//! where the journal's streams are led and, while a server leads at least two more of them than
+//! where the journal's streams are led (and, apart, the command streams) and, while a server
+//! leads at least two more of one set than
 //! another server holding a current replica of one of its streams, asks that stream's leader to
 //! step down in favour of that server (the step-down request's preferred server, nats-server
 //! 2.11+). One move a round: a step-down holds the stream's writes for a moment (they are
 //! confirmed late, or retried under the same message ids).
 //!
-//! Cost: for the one process that owns partition 0, one stream info request per journal stream
-//! a round and at most one step-down; nothing for the others, whatever their number.
+//! Cost: for the one process that owns partition 0, one stream info request per command and
+//! journal stream a round and at most one step-down; nothing for the others, whatever their
+//! number.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -105,20 +107,25 @@ pub(crate) async fn keep_spread(js: Context, names: Arc<Names>, health: Arc<Heal
         if !owning {
             continue;
         }
-        match placements(&js, &names).await {
-            Ok(placements) => {
-                if let Some(step) = next_move(&placements) {
-                    step_down(&js, &step).await;
+        // Each set apart: a server leading one command stream and one journal stream is
+        // balanced, one leading two journal streams is not.
+        for streams in [names.journal_streams(), names.command_streams()] {
+            match placements(&js, streams).await {
+                Ok(placements) => {
+                    if let Some(step) = next_move(&placements) {
+                        step_down(&js, &step).await;
+                        break;
+                    }
                 }
+                Err(e) => tracing::debug!(error = %e, "stream leaders not read"),
             }
-            Err(e) => tracing::debug!(error = %e, "journal leaders not read"),
         }
     }
 }
 
-async fn placements(js: &Context, names: &Names) -> Result<Vec<Placement>, crate::Error> {
-    let mut placements = Vec::with_capacity(names.journal_streams().len());
-    for name in names.journal_streams() {
+async fn placements(js: &Context, streams: &[String]) -> Result<Vec<Placement>, crate::Error> {
+    let mut placements = Vec::with_capacity(streams.len());
+    for name in streams {
         let info = stream_info(js, name).await?;
         let Some(cluster) = info.cluster else {
             continue;

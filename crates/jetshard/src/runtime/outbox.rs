@@ -29,8 +29,10 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::context::{Context, GetStreamByNameErrorKind, PublishErrorKind};
 use async_nats::jetstream::stream::Stream;
 
+use crate::EntityId;
 use crate::data::OutboxMessage;
 use crate::error::Error;
+use crate::journal::server::recorded_names;
 use crate::journal::{self, JournalWriter, Scan, WriteError};
 use crate::retry;
 use crate::wire::Names;
@@ -39,9 +41,10 @@ use crate::wire::{
     HDR_COMMAND_SEQ, HDR_ENTITY, HDR_MSG_ID, HDR_ORIGIN, HDR_OUTBOX_DONE, HDR_OUTBOX_TARGET,
 };
 
-/// `Nats-Msg-Id` of the `index`th outbox message of the command at `command_seq`.
-pub(crate) fn msg_id(names: &Names, command_seq: u64, index: usize) -> String {
-    names.outbox_msg_id(command_seq, index)
+/// `Nats-Msg-Id` of the `index`th outbox message of the command at `command_seq` of
+/// `partition`.
+pub(crate) fn msg_id(names: &Names, partition: u32, command_seq: u64, index: usize) -> String {
+    names.outbox_msg_id(partition, command_seq, index)
 }
 
 /// Publishes a command's outbox messages (each with its msg id), then records them as done.
@@ -61,7 +64,8 @@ pub(crate) async fn deliver(
             command_seq,
             index,
         );
-        if let Err(e) = publish(js, names, command_seq, index, &origin, message).await {
+        let msg_id = msg_id(names, journal.partition(), command_seq, index);
+        if let Err(e) = publish(js, names, &msg_id, &origin, message).await {
             tracing::warn!(entity, cmd_seq = command_seq, index, error = %e, "outbox message not published; the next owner publishes it again");
             return;
         }
@@ -78,41 +82,74 @@ pub(crate) async fn deliver(
 /// Publishes one outbox message, awaiting the stream's ack, with the publish patience
 /// ([`retry::with_publish_patience`]); a subject no stream listens on counts as published (core
 /// NATS: at most once for those subscribers).
+///
+/// A command to an entity is recorded as `<t>.cmd.<id>` (what one command stream takes). To an
+/// entity type whose commands are spread over several streams it goes to `<t>.cmd.<p>.<id>`
+/// instead: at once for this entity type, whose layout is known; for another, once no stream
+/// takes the one-stream form, from the layout its streams record.
 async fn publish(
     js: &Context,
     names: &Names,
-    command_seq: u64,
-    index: usize,
+    msg_id: &str,
     origin: &str,
     message: &OutboxMessage,
 ) -> Result<(), Error> {
+    let own = Names::command_target(&message.subject)
+        .filter(|(entity_type, _)| *entity_type == names.entity_type() && names.is_spread())
+        .and_then(|(_, id)| EntityId::new(id).ok())
+        .map(|id| names.command_subject(&id));
+    let subject = own.as_deref().unwrap_or(&message.subject);
+    if publish_to(js, msg_id, origin, subject, message).await? {
+        return Ok(());
+    }
+    let Some((entity_type, id)) = Names::command_target(subject) else {
+        return Ok(());
+    };
+    let target = recorded_names(js, entity_type).await?;
+    let Ok(id) = EntityId::new(id) else {
+        return Ok(());
+    };
+    if target.is_spread() {
+        let spread = target.command_subject(&id);
+        publish_to(js, msg_id, origin, &spread, message).await?;
+    }
+    Ok(())
+}
+
+/// Publishes `message` to `subject` as [`publish`] does (with `msg_id`, and `origin` as its
+/// origin); whether a stream stored it (`false`:
+/// none listens on the subject).
+async fn publish_to(
+    js: &Context,
+    msg_id: &str,
+    origin: &str,
+    subject: &str,
+    message: &OutboxMessage,
+) -> Result<bool, Error> {
     retry::with_publish_patience(|| async {
         let mut headers = HeaderMap::new();
-        headers.insert(HDR_MSG_ID, msg_id(names, command_seq, index));
+        headers.insert(HDR_MSG_ID, msg_id);
         headers.insert(HDR_ORIGIN, origin);
-        let failed = |e| Error::jetstream(format!("publish to {}", message.subject), e);
+        let failed = |e| Error::jetstream(format!("publish to {subject}"), e);
         let ack = js
-            .publish_with_headers(message.subject.clone(), headers, message.payload.clone())
+            .publish_with_headers(subject.to_owned(), headers, message.payload.clone())
             .await
             .map_err(failed)?
             .await;
         match ack {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(true),
             // "No responders": either no stream listens on the subject (a core subscriber's
             // subject: published, at most once), or the stream that does has no leader now (a
             // clustered stream's election). Counting the second as published lost the message
             // (seen in the cluster's chaos schedule: a saga's answer never arrived).
             Err(e) if e.kind() == PublishErrorKind::StreamNotFound => {
-                match js.stream_by_subject(message.subject.clone()).await {
-                    Err(lookup) if lookup.kind() == GetStreamByNameErrorKind::NotFound => Ok(()),
+                match js.stream_by_subject(subject.to_owned()).await {
+                    Err(lookup) if lookup.kind() == GetStreamByNameErrorKind::NotFound => Ok(false),
                     Ok(stream) => Err(Error::jetstream(
-                        format!("publish to {} (stream {stream})", message.subject),
+                        format!("publish to {subject} (stream {stream})"),
                         e,
                     )),
-                    Err(lookup) => Err(Error::jetstream(
-                        format!("publish to {}", message.subject),
-                        lookup,
-                    )),
+                    Err(lookup) => Err(Error::jetstream(format!("publish to {subject}"), lookup)),
                 }
             }
             Err(e) => Err(failed(e)),
@@ -208,6 +245,11 @@ mod tests {
 
     #[test]
     fn outbox_msg_ids_name_the_source_command_and_index() {
-        assert_eq!(msg_id(&Names::new("order"), 42, 1), "order:42:out:1");
+        assert_eq!(msg_id(&Names::new("order"), 3, 42, 1), "order:42:out:1");
+        // Spread, each command stream numbers its own commands: the partition makes the id
+        // unique among the sources a target hears from.
+        let spread = Names::spread("order", 2, 8);
+        assert_eq!(msg_id(&spread, 3, 42, 1), "order:3:42:out:1");
+        assert_ne!(msg_id(&spread, 3, 42, 1), msg_id(&spread, 4, 42, 1));
     }
 }

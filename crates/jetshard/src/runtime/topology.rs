@@ -23,8 +23,10 @@ use async_nats::jetstream::{self, Context};
 
 use crate::config::{CommandRetention, ShardConfig};
 use crate::error::Error;
-use crate::journal::server::{open_stream, stream_info};
-use crate::wire::{METADATA_CODEC, METADATA_JOURNAL_STREAMS, Names, PRIORITY_GROUP};
+use crate::journal::server::{Streams, stream_info, stream_info_if_any};
+use crate::wire::{
+    METADATA_CODEC, METADATA_JOURNAL_STREAMS, METADATA_PARTITIONS, Names, PRIORITY_GROUP,
+};
 
 /// How often [`provision`] tries before its error is final.
 const PROVISION_ATTEMPTS: u32 = 4;
@@ -54,11 +56,9 @@ pub(crate) async fn provision(
 }
 
 async fn provision_once(js: &Context, names: &Names, config: &ShardConfig) -> Result<(), Error> {
-    ensure_stream(js, command_stream_config(names, config), |existing| {
-        check_command_stream(names, config, existing)
-    })
-    .await?;
-    record_stored_settings(js, &names.command_stream, config).await?;
+    check_layout(js, names, config).await?;
+    // The journal first: where its subjects are another layout's streams' (a layout with no
+    // command stream left to record it), the server refuses it before anything is created.
     if names.journal_streams().len() == 1 {
         upgrade_journal_stream(js, names).await?;
     }
@@ -71,19 +71,72 @@ async fn provision_once(js: &Context, names: &Names, config: &ShardConfig) -> Re
         .await?;
         record_stored_settings(js, name, config).await?;
     }
-    let commands = open_stream(js, &names.command_stream).await?;
+    for (index, name) in names.command_streams().iter().enumerate() {
+        ensure_stream(
+            js,
+            command_stream_config(names, config, index),
+            |existing| check_command_stream(names, config, index, existing),
+        )
+        .await?;
+        record_stored_settings(js, name, config).await?;
+    }
+    let commands = Streams::open(js, names.command_streams()).await?;
     for partition in 0..config.partitions {
-        ensure_consumer(&commands, consumer_config(names, config, partition)).await?;
+        ensure_consumer(
+            commands.of(partition),
+            consumer_config(names, config, partition),
+        )
+        .await?;
     }
     Ok(())
 }
 
-fn command_stream_config(names: &Names, config: &ShardConfig) -> stream::Config {
+/// Refuses, before anything is created, an entity type whose commands are in the other layout
+/// (one stream where spread is configured, or the other way round): its streams hold its
+/// commands and journal where this configuration would not look.
+async fn check_layout(js: &Context, names: &Names, config: &ShardConfig) -> Result<(), Error> {
+    let other = if names.is_spread() {
+        Names::new(names.entity_type())
+    } else {
+        Names::spread(names.entity_type(), 2, config.partitions)
+    };
+    let name = other.command_stream(0);
+    let Some(info) = stream_info_if_any(js, name).await? else {
+        return Ok(());
+    };
+    let stored = info
+        .config
+        .metadata
+        .get(METADATA_JOURNAL_STREAMS)
+        .map_or("1", String::as_str);
+    if stored != config.journal_streams.to_string() {
+        return Err(Error::StoredSettingMismatch {
+            stream: name.to_owned(),
+            setting: "journal_streams",
+            stored: stored.to_owned(),
+            configured: config.journal_streams.to_string(),
+        });
+    }
+    // One command stream recording a spread journal: the layout of an earlier version, whose
+    // commands were never spread.
+    Err(Error::Incompatible {
+        what: format!("stream {name}"),
+        detail: format!(
+            "the entity type's commands are in one stream beside a journal spread over \
+             {stored}, a layout this version does not run (it spreads the commands as the \
+             journal); nothing was created (docs/OPERATIONS.md, \"Moving between layouts\")"
+        ),
+    })
+}
+
+fn command_stream_config(names: &Names, config: &ShardConfig, index: usize) -> stream::Config {
     stream::Config {
-        name: names.command_stream.clone(),
-        subjects: vec![names.command_subjects()],
-        subject_transform: Some(SubjectTransform {
-            source: names.command_subjects(),
+        name: names.command_streams()[index].clone(),
+        subjects: names.command_subjects(index),
+        // One stream places each command in its partition itself; a spread layout's
+        // publishers name the partition.
+        subject_transform: (!names.is_spread()).then(|| SubjectTransform {
+            source: names.command_subjects(0).remove(0),
             destination: names.command_transform_dest(config.partitions),
         }),
         retention: match config.retention {
@@ -103,13 +156,20 @@ fn command_stream_config(names: &Names, config: &ShardConfig) -> stream::Config 
 
 /// The settings recorded with a stream at its creation (see the module docs).
 fn stored_settings(config: &ShardConfig) -> std::collections::HashMap<String, String> {
-    std::collections::HashMap::from([
+    let mut settings = std::collections::HashMap::from([
         (METADATA_CODEC.to_owned(), config.codec.name().to_owned()),
         (
             METADATA_JOURNAL_STREAMS.to_owned(),
             config.journal_streams.to_string(),
         ),
-    ])
+    ]);
+    if config.journal_streams > 1 {
+        settings.insert(
+            METADATA_PARTITIONS.to_owned(),
+            config.partitions.to_string(),
+        );
+    }
+    settings
 }
 
 /// Refuses a stream whose recorded settings are not the configured ones; `None` if it lacks a
@@ -120,6 +180,15 @@ fn check_stored_settings(
     config: &ShardConfig,
     existing: &stream::Config,
 ) -> Result<Option<()>, Error> {
+    if let Some(stored) = existing.metadata.get(METADATA_PARTITIONS)
+        && *stored != config.partitions.to_string()
+    {
+        return Err(Error::PartitionMismatch {
+            stream: stream.to_owned(),
+            existing: stored.clone(),
+            configured: config.partitions,
+        });
+    }
     let journal_streams = existing.metadata.get(METADATA_JOURNAL_STREAMS);
     let stored_streams = journal_streams.map_or("1", String::as_str);
     if stored_streams != config.journal_streams.to_string() {
@@ -294,16 +363,29 @@ async fn create_stream(
 fn check_command_stream(
     names: &Names,
     config: &ShardConfig,
+    index: usize,
     existing: &stream::Config,
 ) -> Result<(), Error> {
+    let name = &names.command_streams()[index];
+    // A spread layout records its partition count (checked with the other settings); its
+    // subjects must be the partitions' it holds, with no transform.
+    check_stored_settings(name, config, existing)?;
     let dest = existing
         .subject_transform
         .as_ref()
         .map(|t| t.destination.as_str());
-    if dest != Some(names.command_transform_dest(config.partitions).as_str()) {
+    let placed = if names.is_spread() {
+        dest.is_none() && existing.subjects == names.command_subjects(index)
+    } else {
+        dest == Some(names.command_transform_dest(config.partitions).as_str())
+    };
+    if !placed {
         return Err(Error::PartitionMismatch {
-            stream: names.command_stream.clone(),
-            existing: dest.map_or_else(|| "no partition transform".to_owned(), partition_count_of),
+            stream: name.clone(),
+            existing: dest.map_or_else(
+                || format!("subjects {}", existing.subjects.join(" ")),
+                partition_count_of,
+            ),
             configured: config.partitions,
         });
     }
@@ -313,15 +395,14 @@ fn check_command_stream(
     };
     if existing.retention != wanted_retention {
         return Err(Error::Incompatible {
-            what: format!("stream {}", names.command_stream),
+            what: format!("stream {name}"),
             detail: format!(
                 "retention is {:?}, configured {:?}",
                 existing.retention, wanted_retention
             ),
         });
     }
-    check_stored_settings(&names.command_stream, config, existing)?;
-    check_replicas(&names.command_stream, config, existing)
+    check_replicas(name, config, existing)
 }
 
 /// A stream's replicas are what the configuration says: a process configured for R3 must not

@@ -107,7 +107,7 @@ impl<E: Entity> Actor for SystemActor<E> {
                 js: shared.js.clone(),
                 names: shared.names.clone(),
                 journals: shared.journals.clone(),
-                commands: shared.command_stream.clone(),
+                commands: shared.command_streams.clone(),
                 partitions,
                 incarnation: shared.incarnation.clone(),
                 node: shared.config.node_id.clone(),

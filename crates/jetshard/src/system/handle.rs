@@ -15,7 +15,7 @@ use crate::config::ShardConfig;
 use crate::entity::Entity;
 use crate::error::Error;
 use crate::health::{Health, HealthBoard};
-use crate::journal::server::{Journals, open_stream};
+use crate::journal::server::Streams;
 use crate::runtime::owner::Shared;
 use crate::runtime::topology;
 use crate::status::{OwnershipEvent, PartitionStatus};
@@ -87,8 +87,8 @@ impl ShardSystem {
             .build(client);
         let names = Arc::new(config.names());
         topology::provision(&js, &names, &config).await?;
-        let command_stream = open_stream(&js, &names.command_stream).await?;
-        let journals = Journals::open(&js, &names).await?;
+        let command_streams = Streams::open(&js, names.command_streams()).await?;
+        let journals = Streams::open(&js, names.journal_streams()).await?;
         let leader_elections = if config.replicas > 1 {
             names
                 .journal_streams()
@@ -106,7 +106,7 @@ impl ShardSystem {
             js,
             names,
             config: config.clone(),
-            command_stream,
+            command_streams,
             journals,
             leader_elections,
             events: events.clone(),

@@ -39,6 +39,6 @@ pub(crate) use msg_id::{
     DECIMAL_DIGITS, decimal, decimal_string, read_decimal, timer_record_msg_id,
 };
 pub(crate) use names::is_valid_entity_type;
-pub(crate) use names::{METADATA_CODEC, METADATA_JOURNAL_STREAMS};
+pub(crate) use names::{METADATA_CODEC, METADATA_JOURNAL_STREAMS, METADATA_PARTITIONS};
 pub use names::{Names, PRIORITY_GROUP};
 pub(crate) use token::{standby_key, unique_token, watch_key};

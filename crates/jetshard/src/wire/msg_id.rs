@@ -91,9 +91,15 @@ impl Names {
     }
 
     /// `Nats-Msg-Id` of the `index`th outbox message (as published) of the command at
-    /// `command_seq`.
-    pub(crate) fn outbox_msg_id(&self, command_seq: u64, index: usize) -> String {
-        format!("{}:{command_seq}:out:{index}", self.entity_type)
+    /// `command_seq` of `partition`: `<t>:<seq>:out:<index>`, or `<t>:<p>:<seq>:out:<index>`
+    /// with the commands spread over several streams, each numbering its own (a target hears
+    /// from all of them within one duplicate window).
+    pub(crate) fn outbox_msg_id(&self, partition: u32, command_seq: u64, index: usize) -> String {
+        if self.is_spread() {
+            format!("{}:{partition}:{command_seq}:out:{index}", self.entity_type)
+        } else {
+            format!("{}:{command_seq}:out:{index}", self.entity_type)
+        }
     }
 
     /// `Nats-Msg-Id` of the dead letter of the command at `command_seq`.

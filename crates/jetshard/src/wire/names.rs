@@ -10,20 +10,26 @@ pub const PRIORITY_GROUP: &str = "owners";
 pub(crate) const METADATA_CODEC: &str = "jetshard.codec";
 
 /// The stream metadata key recording how many streams the journal is spread over (absent: 1,
-/// written before journals could be spread).
+/// written before journals could be spread); the commands are spread over as many.
 pub(crate) const METADATA_JOURNAL_STREAMS: &str = "jetshard.journal_streams";
+
+/// The stream metadata key recording the partition count with the streams of a spread layout
+/// (one command stream records it in its subject transform instead).
+pub(crate) const METADATA_PARTITIONS: &str = "jetshard.partitions";
 
 /// All names of one entity type, computed once.
 #[derive(Debug, Clone)]
 pub struct Names {
     /// `<t>`: the lowercase entity type token.
     pub(crate) entity_type: String,
-    /// `<T>_CMD`.
-    pub(crate) command_stream: String,
+    /// The command streams: `<T>_CMD` alone, or `<T>_CMD_<k>` for each `k` of a spread layout
+    /// (partition `p` in stream `p % n`).
+    command_streams: Vec<String>,
     /// The journal's streams: `<T>_JOURNAL` alone, or `<T>_JOURNAL_<k>` for each `k` of a
     /// journal spread over several (partition `p` in stream `p % n`).
     journal_streams: Vec<String>,
-    /// The partition count, which a spread journal's subject lists name (0 for one stream).
+    /// The partition count, which a spread layout's subject lists and command subjects name (0:
+    /// not known, [`Names::new`]).
     partitions: u32,
 }
 
@@ -34,24 +40,38 @@ impl Names {
         Self::spread(entity_type, 1, 0)
     }
 
-    /// The names of entity type `entity_type` with its journal spread over `streams` streams
-    /// (`<T>_JOURNAL_0` ... ; one stream is `<T>_JOURNAL`, as [`Names::new`]) of `partitions`
-    /// partitions: partition `p`'s records are in stream `p % streams`.
+    /// The names of entity type `entity_type` with its commands and journal spread over
+    /// `streams` streams each (`<T>_CMD_0` ... and `<T>_JOURNAL_0` ... ; one stream is `<T>_CMD`
+    /// and `<T>_JOURNAL`, as [`Names::new`]) of `partitions` partitions: partition `p`'s
+    /// commands and records are in stream `p % streams`.
     pub fn spread(entity_type: &str, streams: u32, partitions: u32) -> Self {
         let upper = entity_type.to_ascii_uppercase().replace('-', "_");
-        let journal_streams = if streams <= 1 {
-            vec![format!("{upper}_JOURNAL")]
-        } else {
-            (0..streams)
-                .map(|k| format!("{upper}_JOURNAL_{k}"))
-                .collect()
+        let of = |kind: &str| {
+            if streams <= 1 {
+                vec![format!("{upper}_{kind}")]
+            } else {
+                (0..streams)
+                    .map(|k| format!("{upper}_{kind}_{k}"))
+                    .collect()
+            }
         };
         Self {
             entity_type: entity_type.to_owned(),
-            command_stream: format!("{upper}_CMD"),
-            partitions: if streams <= 1 { 0 } else { partitions },
-            journal_streams,
+            command_streams: of("CMD"),
+            journal_streams: of("JOURNAL"),
+            partitions,
         }
+    }
+
+    /// The partition count these names were made for (0 from [`Names::new`]).
+    pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    /// Whether the streams are spread (several command and journal streams): producers then
+    /// name the partition in a command's subject.
+    pub fn is_spread(&self) -> bool {
+        self.command_streams.len() > 1
     }
 
     /// The entity type token, `<t>`.
@@ -59,9 +79,15 @@ impl Names {
         &self.entity_type
     }
 
-    /// The command stream, `<T>_CMD`.
-    pub fn command_stream(&self) -> &str {
-        &self.command_stream
+    /// The command stream holding `partition`'s commands: `<T>_CMD`, or `<T>_CMD_<k>` with
+    /// `k = partition % n` for a layout spread over `n` streams.
+    pub fn command_stream(&self, partition: u32) -> &str {
+        &self.command_streams[self.journal_index(partition)]
+    }
+
+    /// Every command stream, in order: stream `k` holds the partitions `p` with `p % n == k`.
+    pub fn command_streams(&self) -> &[String] {
+        &self.command_streams
     }
 
     /// The journal stream holding `partition`'s records: `<T>_JOURNAL`, or `<T>_JOURNAL_<k>`
@@ -76,19 +102,61 @@ impl Names {
         &self.journal_streams
     }
 
-    /// Which of [`journal_streams`](Self::journal_streams) holds `partition`'s records.
+    /// Which of [`journal_streams`](Self::journal_streams) holds `partition`'s records (and of
+    /// [`command_streams`](Self::command_streams) its commands).
     pub fn journal_index(&self, partition: u32) -> usize {
         partition as usize % self.journal_streams.len()
     }
 
-    /// Where clients publish a command: `<t>.cmd.<id>`.
+    /// Where clients publish a command: `<t>.cmd.<id>` to one command stream (its subject
+    /// transform places it in its partition), `<t>.cmd.<p>.<id>` to a spread layout (the
+    /// publisher names the partition, [`partition_of`](crate::partition_of), which decides the
+    /// stream).
     pub fn command_subject(&self, id: &EntityId) -> String {
-        format!("{}.cmd.{id}", self.entity_type)
+        if self.is_spread() {
+            let partition = crate::wire::partition::partition_of(id, self.partitions);
+            format!("{}.cmd.{partition}.{id}", self.entity_type)
+        } else {
+            format!("{}.cmd.{id}", self.entity_type)
+        }
     }
 
-    /// The command stream's subjects: `<t>.cmd.*`.
-    pub fn command_subjects(&self) -> String {
-        format!("{}.cmd.*", self.entity_type)
+    /// The subjects of command stream `index` (of [`command_streams`](Self::command_streams)):
+    /// `<t>.cmd.*` for one stream (transformed to `<t>.cmd.<p>.<id>` as stored); for a spread
+    /// layout, `<t>.cmd.<p>.*` for each partition `p` of the stream, as published and stored.
+    pub fn command_subjects(&self, index: usize) -> Vec<String> {
+        if !self.is_spread() {
+            return vec![format!("{}.cmd.*", self.entity_type)];
+        }
+        self.partitions_of_stream(index)
+            .map(|p| self.partition_commands(p))
+            .collect()
+    }
+
+    /// The partitions whose commands and records stream `index` holds, of a spread layout.
+    fn partitions_of_stream(&self, index: usize) -> impl Iterator<Item = u32> + '_ {
+        let streams = self.journal_streams.len() as u32;
+        (0..self.partitions).filter(move |p| p % streams == index as u32)
+    }
+
+    /// The partition `id` belongs to when it is not `partition` (`None`: it is, or the
+    /// partition count is not known). A spread layout's publishers name the partition
+    /// themselves, so a command may be stored in a partition its id does not hash to (a
+    /// publisher that computed it wrongly, or with another partition count); fencing holds
+    /// only if each entity is served by its own partition's owner.
+    pub(crate) fn misplaced(&self, partition: u32, id: &EntityId) -> Option<u32> {
+        let home = (self.partitions > 0)
+            .then(|| crate::wire::partition::partition_of(id, self.partitions))?;
+        (home != partition).then_some(home)
+    }
+
+    /// The entity type and id of a command subject in the one-stream form, `<t>.cmd.<id>`
+    /// (what [`Effects::command`](crate::Effects::command) records); `None` for any other
+    /// subject.
+    pub(crate) fn command_target(subject: &str) -> Option<(&str, &str)> {
+        let (entity_type, rest) = subject.split_once('.')?;
+        let id = rest.strip_prefix("cmd.")?;
+        (!id.contains('.')).then_some((entity_type, id))
     }
 
     /// The subject transform's destination for `n` partitions.
@@ -158,9 +226,7 @@ impl Names {
         if self.journal_streams.len() == 1 {
             return Self::record_subjects(&self.entity_type, "*");
         }
-        let streams = self.journal_streams.len() as u32;
-        (0..self.partitions)
-            .filter(|p| p % streams == index as u32)
+        self.partitions_of_stream(index)
             .flat_map(|p| Self::record_subjects(&self.entity_type, &p.to_string()))
             .collect()
     }
@@ -276,16 +342,17 @@ impl Names {
         format!("{}.alive.{incarnation}", self.entity_type)
     }
 
-    /// The command subject of a wake-up of `partition` (of `partitions`): `<t>.cmd.<id>`, for
-    /// the first id `jetshard-wake-<k>` that hashes to the partition. Its header
-    /// ([`HDR_WAKE`](crate::wire::HDR_WAKE)) tells the owner to acknowledge it and route it
-    /// nowhere.
+    /// The command subject of a wake-up of `partition` (of `partitions`): the
+    /// [`command_subject`](Self::command_subject) of the first id `jetshard-wake-<k>` that
+    /// hashes to the partition. Its header ([`HDR_WAKE`](crate::wire::HDR_WAKE)) tells the
+    /// owner to acknowledge it and route it nowhere.
     pub fn wake_subject(&self, partition: u32, partitions: u32) -> String {
         let id = (0u64..)
             .map(|k| format!("jetshard-wake-{k}"))
             .find(|id| fnv1a_32(id.as_bytes()) % partitions.max(1) == partition)
-            .unwrap_or_default();
-        format!("{}.cmd.{id}", self.entity_type)
+            .and_then(|id| EntityId::new(&id).ok())
+            .expect("some wake-up id hashes to every partition");
+        self.command_subject(&id)
     }
 
     /// Where a crash watch records that it unpins a dead owner's partition: `<t>.unpin.<p>`
@@ -418,7 +485,8 @@ mod tests {
     fn names_follow_the_wire_contract() {
         let n = Names::new("order");
         let id = EntityId::new("o-1").unwrap();
-        assert_eq!(n.command_stream, "ORDER_CMD");
+        assert_eq!(n.command_stream(5), "ORDER_CMD");
+        assert_eq!(n.command_subjects(0), ["order.cmd.*"]);
         assert_eq!(n.journal_stream(5), "ORDER_JOURNAL");
         assert_eq!(n.journal_streams(), ["ORDER_JOURNAL"]);
         assert_eq!(n.command_subject(&id), "order.cmd.o-1");
@@ -470,6 +538,33 @@ mod tests {
             }
         }
         assert_eq!(n.journal_subjects(2).len(), 2 * 8);
+        // The commands spread the same way: published where they are stored, the partition
+        // named by the publisher.
+        assert_eq!(
+            n.command_streams(),
+            ["ORDER_CMD_0", "ORDER_CMD_1", "ORDER_CMD_2"]
+        );
+        assert_eq!(n.command_stream(4), "ORDER_CMD_1");
+        let p = crate::wire::partition::partition_of(&id, 8);
+        assert_eq!(n.command_subject(&id), format!("order.cmd.{p}.o-1"));
+        for k in 0..3 {
+            let held = n
+                .command_subjects(k)
+                .iter()
+                .any(|s| subject_matches(s, &n.command_subject(&id)));
+            assert_eq!(held, k == n.journal_index(p), "stream {k}");
+        }
+        assert_eq!(
+            n.command_subjects(1),
+            ["order.cmd.1.*", "order.cmd.4.*", "order.cmd.7.*"]
+        );
+        for partition in 0..8 {
+            let wake = n.wake_subject(partition, 8);
+            assert!(
+                subject_matches(&n.partition_commands(partition), &wake),
+                "{wake}"
+            );
+        }
         // One stream is the layout of `Names::new`.
         assert_eq!(
             Names::spread("order", 1, 8).journal_subjects(0),
@@ -488,6 +583,17 @@ mod tests {
                 _ => return false,
             }
         }
+    }
+
+    #[test]
+    fn a_command_target_is_read_from_the_one_stream_form_only() {
+        assert_eq!(
+            Names::command_target("order.cmd.o-1"),
+            Some(("order", "o-1"))
+        );
+        assert_eq!(Names::command_target("order.cmd.3.o-1"), None);
+        assert_eq!(Names::command_target("order.evt.o-1"), None);
+        assert_eq!(Names::command_target("audit"), None);
     }
 
     #[test]

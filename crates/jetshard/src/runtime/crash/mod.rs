@@ -51,7 +51,6 @@ mod unpin;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use async_nats::jetstream::stream::Stream;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::watch;
@@ -59,7 +58,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::journal::fence::{self, FenceRecord};
-use crate::journal::server::Journals;
+use crate::journal::server::Streams;
 use crate::runtime::balance::Heartbeat;
 use crate::wire::{Names, PRIORITY_GROUP};
 
@@ -80,8 +79,8 @@ pub(crate) struct WatchArgs {
     /// Publishes the unpin records (`<t>.unpin.<p>`).
     pub(crate) js: async_nats::jetstream::Context,
     pub(crate) names: std::sync::Arc<Names>,
-    pub(crate) journals: Journals,
-    pub(crate) commands: Stream<()>,
+    pub(crate) journals: Streams,
+    pub(crate) commands: Streams,
     pub(crate) partitions: u32,
     pub(crate) incarnation: String,
     pub(crate) node: String,
@@ -243,7 +242,7 @@ async fn unpin_if_still_owned(
         return (found, false);
     }
     let consumer = args.names.consumer(partition);
-    let (pinned, waiting) = match args.commands.consumer_info(&consumer).await {
+    let (pinned, waiting) = match args.commands.of(partition).consumer_info(&consumer).await {
         Ok(info) => (
             info.priority_groups
                 .iter()
@@ -309,6 +308,7 @@ async fn unpin_if_still_owned(
     if unpin {
         match args
             .commands
+            .of(partition)
             .unpin_consumer(&consumer, PRIORITY_GROUP)
             .await
         {

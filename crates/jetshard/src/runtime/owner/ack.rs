@@ -18,7 +18,7 @@ use crate::wire::{HDR_TRACEPARENT, PRIORITY_GROUP};
 pub(super) async fn unpin(shared: &Shared, partition: u32) -> bool {
     let consumer = shared.names.consumer(partition);
     match shared
-        .command_stream
+        .commands(partition)
         .unpin_consumer(&consumer, PRIORITY_GROUP)
         .await
     {

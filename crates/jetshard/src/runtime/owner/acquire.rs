@@ -223,7 +223,7 @@ pub(super) fn head(recovered: &[(EntityId, Pending)], counted: Option<(u64, u64)
 async fn in_hand(shared: &Shared, partition: u32) -> Result<(Option<(u64, u64)>, u64), Error> {
     let consumer = shared.names.consumer(partition);
     let info = shared
-        .command_stream
+        .commands(partition)
         .consumer_info(&consumer)
         .await
         .map_err(|e| Error::jetstream(format!("read consumer {consumer}"), e))?;

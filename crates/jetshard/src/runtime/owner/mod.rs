@@ -109,8 +109,8 @@ impl<E: Entity> Actor for OwnerActor<E> {
         };
         let pull = pin::start(
             args.shared.js.clone(),
-            args.shared.command_stream.clone(),
-            &args.shared.names.command_stream,
+            args.shared.commands(args.partition).clone(),
+            args.shared.names.command_stream(args.partition),
             &args.shared.names.consumer(args.partition),
             settings,
             args.shared.resumes.watch(args.partition),
@@ -477,7 +477,17 @@ impl<E: Entity> OwnerState<E> {
         // An entity in hand already: its id, shared (no new allocation per command).
         let known = o.entities.get_key_value(named).map(|(id, _)| id.clone());
         match known.map_or_else(|| EntityId::new(named), Ok) {
-            Ok(entity) => self.route(&entity, pending),
+            Ok(entity) if o.entities.contains_key(&entity) => self.route(&entity, pending),
+            Ok(entity) => match self.shared.names.misplaced(partition, &entity) {
+                None => self.route(&entity, pending),
+                Some(home) => {
+                    tracing::warn!(partition, %subject, home, "command stored in a partition its entity id does not hash to; dead-lettered");
+                    let reason = format!(
+                        "the entity id hashes to partition {home}, not {partition}: its publisher named the wrong partition"
+                    );
+                    Box::pin(self.give_up_without_entity(named, pending, reason)).await;
+                }
+            },
             Err(invalid) => {
                 tracing::warn!(partition, %subject, %invalid, "command subject holds no valid entity id; dead-lettered");
                 let reason = format!("the subject holds no valid entity id: {invalid}");

@@ -165,7 +165,7 @@ impl<E: Entity> OwnerState<E> {
                     let reply = reply.unwrap_or_else(|| {
                         let names = &self.shared.names;
                         let consumer = names.consumer(partition);
-                        ack_subject(&names.command_stream, &consumer, seq).into()
+                        ack_subject(names.command_stream(partition), &consumer, seq).into()
                     });
                     tracing::trace!(target: crate::telemetry::STAGE_TARGET, seq, "acking");
                     let kind = if terminate {
@@ -281,7 +281,7 @@ impl<E: Entity> OwnerState<E> {
                 pending.deliveries,
                 &reason,
                 pending.payload.clone(),
-                // Not an entity's subject: `named` is no valid id.
+                // Not an entity's subject: `named` is no valid id, or not one of this partition.
                 None,
             )
             .await;

@@ -11,7 +11,7 @@ use tokio::sync::broadcast;
 
 use crate::config::ShardConfig;
 use crate::health::HealthBoard;
-use crate::journal::server::Journals;
+use crate::journal::server::Streams;
 use crate::status::OwnershipEvent;
 use crate::wire::Names;
 
@@ -21,8 +21,8 @@ pub(crate) struct Shared {
     pub(crate) client: Client,
     pub(crate) names: Arc<Names>,
     pub(crate) config: ShardConfig,
-    pub(crate) command_stream: Stream<()>,
-    pub(crate) journals: Journals,
+    pub(crate) command_streams: Streams,
+    pub(crate) journals: Streams,
     /// Each journal stream's leader elections seen by this process, in the order of
     /// [`Names::journal_streams`] (empty on one server: no elections).
     pub(crate) leader_elections: Vec<tokio::sync::watch::Sender<u64>>,
@@ -48,6 +48,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The command stream holding `partition`'s commands.
+    pub(crate) fn commands(&self, partition: u32) -> &Stream<()> {
+        self.command_streams.of(partition)
+    }
+
     /// The journal stream holding `partition`'s records.
     pub(crate) fn journal(&self, partition: u32) -> &Stream<()> {
         self.journals.of(partition)

@@ -77,7 +77,7 @@ impl<E: Entity> OwnerState<E> {
             return;
         }
         let (generation, deliveries, partition) = (o.generation, self.deliveries, self.partition);
-        let stream = self.shared.command_stream.clone();
+        let stream = self.shared.commands(self.partition).clone();
         let consumer = self.shared.names.consumer(partition);
         let owner = self.myself.clone();
         self.pending_count = Some(tokio::spawn(async move {

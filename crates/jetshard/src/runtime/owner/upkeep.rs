@@ -60,7 +60,7 @@ impl<E: Entity> OwnerState<E> {
         };
         let sweeper = Sweeper {
             journal: self.shared.journal(self.partition).clone(),
-            commands: self.shared.command_stream.clone(),
+            commands: self.shared.commands(self.partition).clone(),
             names: self.shared.names.clone(),
             partition: self.partition,
             fence,

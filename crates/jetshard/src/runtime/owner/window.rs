@@ -93,8 +93,8 @@ pub(super) async fn recover_window(
     let mut requests = Requests::default();
     let messages = read(
         shared.js.client(),
-        &shared.names.command_stream,
-        &shared.command_stream,
+        shared.names.command_stream(partition),
+        shared.commands(partition),
         (&filter, first, last),
         unacknowledged,
         &mut requests,

@@ -67,7 +67,7 @@ fn resumed_partition(names: &Names, payload: &[u8]) -> Option<u32> {
     names.partition_of_consumer(&advisory.consumer)
 }
 
-/// Listens to the pause advisories of `names`' command stream and tells `resumes` of each
+/// Listens to the pause advisories of `names`' command streams and tells `resumes` of each
 /// partition resumed, until the task is aborted or the subscription ends. Without the
 /// permission to subscribe (docs/SECURITY.md), nothing is told: the loops pull again at their
 /// next refresh, as before.
@@ -76,8 +76,15 @@ pub(crate) async fn listen(
     names: Arc<Names>,
     resumes: Arc<Resumes>,
 ) -> Result<JoinHandle<()>, async_nats::SubscribeError> {
-    let subject = crate::wire::pause_advisories(&names.command_stream);
-    let mut advisories = client.subscribe(subject).await?;
+    let mut subscriptions = Vec::with_capacity(names.command_streams().len());
+    for stream in names.command_streams() {
+        subscriptions.push(
+            client
+                .subscribe(crate::wire::pause_advisories(stream))
+                .await?,
+        );
+    }
+    let mut advisories = futures::stream::select_all(subscriptions);
     Ok(tokio::spawn(async move {
         while let Some(advisory) = advisories.next().await {
             if let Some(partition) = resumed_partition(&names, &advisory.payload) {
