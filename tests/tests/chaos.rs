@@ -206,7 +206,7 @@ async fn a_node_killed_right_after_its_claim_is_replaced_and_loses_nothing() {
                 let payload = encode(&op.command().unwrap());
                 let ack = publish(
                     &world.s.js,
-                    &bulk,
+                    &jetshard_tests::ledger_command_subject(&bulk, partitions),
                     payload,
                     &format!("{bulk}:{i}"),
                     Duration::from_secs(20),
@@ -357,7 +357,7 @@ impl DroppedDelivery {
     async fn send(&mut self, n: u64) {
         let ack = publish(
             &self.s.js,
-            "x",
+            &jetshard_tests::ledger_command_subject("x", 1),
             encode(&Op::Push(n).command().unwrap()),
             &format!("x:{n}"),
             Duration::from_secs(10),

@@ -73,9 +73,17 @@ async fn a_command_sends_its_outbox_after_its_events_are_durable() {
         .get_last_raw_message_by_subject("sink.7")
         .await
         .unwrap();
+    // Spread, each command stream numbers its own commands: the id names the partition too.
+    let names = s.config("n1").build().unwrap().names();
+    let source = if names.is_spread() {
+        let src = jetshard::EntityId::new("src").unwrap();
+        format!("{}:", jetshard::partition_of(&src, names.partitions()))
+    } else {
+        String::new()
+    };
     assert_eq!(
         message.headers.get("Nats-Msg-Id").map(|v| v.as_str()),
-        Some(format!("ledger:{}:out:1", reply.command_seq()).as_str())
+        Some(format!("ledger:{source}{}:out:1", reply.command_seq()).as_str())
     );
     assert_eq!(&message.payload[..], b"7");
 

@@ -41,6 +41,33 @@ use crate::wire::{
     HDR_COMMAND_SEQ, HDR_ENTITY, HDR_MSG_ID, HDR_ORIGIN, HDR_OUTBOX_DONE, HDR_OUTBOX_TARGET,
 };
 
+/// The layouts of the spread entity types this process's outbox sent commands to, learned once
+/// each (a layout is fixed for the life of its streams): a command to one of them goes to its
+/// spread subject at once, not after a refused publish and two lookups.
+#[derive(Default)]
+pub(crate) struct Routes(std::sync::Mutex<std::collections::HashMap<String, Names>>);
+
+impl Routes {
+    /// Where a command recorded for `<entity_type>.cmd.<id>` goes, if its type is known spread.
+    fn spread_subject(&self, entity_type: &str, id: &EntityId) -> Option<String> {
+        let routes = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        routes
+            .get(entity_type)
+            .map(|names| names.command_subject(id))
+    }
+
+    fn learn(&self, names: Names) {
+        let mut routes = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        routes.insert(names.entity_type().to_owned(), names);
+    }
+}
+
 /// `Nats-Msg-Id` of the `index`th outbox message of the command at `command_seq` of
 /// `partition`.
 pub(crate) fn msg_id(names: &Names, partition: u32, command_seq: u64, index: usize) -> String {
@@ -52,6 +79,7 @@ pub(crate) fn msg_id(names: &Names, partition: u32, command_seq: u64, index: usi
 pub(crate) async fn deliver(
     js: &Context,
     names: &Names,
+    routes: &Routes,
     journal: &JournalWriter,
     entity: &str,
     command_seq: u64,
@@ -65,7 +93,7 @@ pub(crate) async fn deliver(
             index,
         );
         let msg_id = msg_id(names, journal.partition(), command_seq, index);
-        if let Err(e) = publish(js, names, &msg_id, &origin, message).await {
+        if let Err(e) = publish(js, names, routes, &msg_id, &origin, message).await {
             tracing::warn!(entity, cmd_seq = command_seq, index, error = %e, "outbox message not published; the next owner publishes it again");
             return;
         }
@@ -85,32 +113,41 @@ pub(crate) async fn deliver(
 ///
 /// A command to an entity is recorded as `<t>.cmd.<id>` (what one command stream takes). To an
 /// entity type whose commands are spread over several streams it goes to `<t>.cmd.<p>.<id>`
-/// instead: at once for this entity type, whose layout is known; for another, once no stream
-/// takes the one-stream form, from the layout its streams record.
+/// instead: at once for this entity type, whose layout is known, and for another already
+/// learned ([`Routes`]); else once no stream takes the one-stream form, from the layout its
+/// streams record.
 async fn publish(
     js: &Context,
     names: &Names,
+    routes: &Routes,
     msg_id: &str,
     origin: &str,
     message: &OutboxMessage,
 ) -> Result<(), Error> {
-    let own = Names::command_target(&message.subject)
-        .filter(|(entity_type, _)| *entity_type == names.entity_type() && names.is_spread())
-        .and_then(|(_, id)| EntityId::new(id).ok())
-        .map(|id| names.command_subject(&id));
-    let subject = own.as_deref().unwrap_or(&message.subject);
+    let known = Names::command_target(&message.subject).and_then(|(entity_type, id)| {
+        let id = EntityId::new(id).ok()?;
+        if entity_type == names.entity_type() {
+            names.is_spread().then(|| names.command_subject(&id))
+        } else {
+            routes.spread_subject(entity_type, &id)
+        }
+    });
+    let subject = known.as_deref().unwrap_or(&message.subject);
     if publish_to(js, msg_id, origin, subject, message).await? {
         return Ok(());
     }
     let Some((entity_type, id)) = Names::command_target(subject) else {
         return Ok(());
     };
-    let target = recorded_names(js, entity_type).await?;
+    // Read with the publish's patience: the target's command stream may be electing a leader,
+    // and a stream's info is its leader's to give.
+    let target = retry::with_publish_patience(|| recorded_names(js, entity_type)).await?;
     let Ok(id) = EntityId::new(id) else {
         return Ok(());
     };
     if target.is_spread() {
         let spread = target.command_subject(&id);
+        routes.learn(target);
         publish_to(js, msg_id, origin, &spread, message).await?;
     }
     Ok(())
@@ -173,6 +210,7 @@ pub(crate) async fn recover(
     js: Context,
     journal_stream: Stream<()>,
     names: std::sync::Arc<Names>,
+    routes: std::sync::Arc<Routes>,
     partition: u32,
     writer: JournalWriter,
 ) {
@@ -195,7 +233,16 @@ pub(crate) async fn recover(
     }
     for (command_seq, p) in open {
         let messages: Vec<_> = p.messages.into_values().collect();
-        deliver(&js, &names, &writer, &p.entity, command_seq, &messages).await;
+        deliver(
+            &js,
+            &names,
+            &routes,
+            &writer,
+            &p.entity,
+            command_seq,
+            &messages,
+        )
+        .await;
     }
 }
 

@@ -105,6 +105,7 @@ impl ShardSystem {
             client: client.clone(),
             js,
             names,
+            routes: Arc::default(),
             config: config.clone(),
             command_streams,
             journals,

@@ -425,6 +425,7 @@ mod tests {
             direct_reads: true,
             client,
             names,
+            routes: Arc::default(),
             codec: Codec::Json,
             report: Arc::new(|_| {}),
             metrics: CommandMetrics {

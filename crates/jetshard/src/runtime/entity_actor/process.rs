@@ -169,6 +169,7 @@ pub(super) async fn process<E: Entity>(
         Box::pin(outbox::deliver(
             &js,
             &context.names,
+            &context.routes,
             &context.journal,
             state.id.as_str(),
             seq,

@@ -172,6 +172,8 @@ pub(crate) struct EntityContext {
     /// For answers to state queries.
     pub(crate) client: async_nats::Client,
     pub(crate) names: Arc<Names>,
+    /// The outbox's learned layouts of other entity types (shared by the system).
+    pub(crate) routes: Arc<crate::runtime::outbox::Routes>,
     pub(crate) codec: Codec,
     pub(crate) report: Reporter,
     /// The partition's decide and write timings.

@@ -20,6 +20,8 @@ pub(crate) struct Shared {
     pub(crate) js: Context,
     pub(crate) client: Client,
     pub(crate) names: Arc<Names>,
+    /// The layouts of other entity types the outbox learned (`outbox::Routes`).
+    pub(crate) routes: Arc<crate::runtime::outbox::Routes>,
     pub(crate) config: ShardConfig,
     pub(crate) command_streams: Streams,
     pub(crate) journals: Streams,

@@ -87,6 +87,7 @@ impl<E: Entity> OwnerState<E> {
             direct_reads: self.shared.config.replicas == 1,
             client: self.shared.client.clone(),
             names: self.shared.names.clone(),
+            routes: self.shared.routes.clone(),
             codec: self.shared.config.codec,
             report,
             snapshots: SnapshotPolicy {
@@ -103,6 +104,7 @@ impl<E: Entity> OwnerState<E> {
             self.shared.js.clone(),
             self.shared.journal(partition).clone(),
             self.shared.names.clone(),
+            self.shared.routes.clone(),
             partition,
             context.journal.clone(),
         ));
