@@ -88,9 +88,9 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     let mut baselines = Vec::new();
     for streams in [1, SERVERS as u32] {
         let layout = if streams == 1 {
-            "one journal stream".to_owned()
+            "one stream each".to_owned()
         } else {
-            format!("journal spread over {streams} streams")
+            format!("commands and journal spread over {streams} streams each")
         };
         let row = |what: &str, figure: fn(&LayoutRun) -> f64, unit: &'static str, worse: Worse| {
             Row::over_rounds(
