@@ -56,19 +56,24 @@ pub(crate) async fn provision(
 }
 
 async fn provision_once(js: &Context, names: &Names, config: &ShardConfig) -> Result<(), Error> {
-    check_layout(js, names, config).await?;
-    // The journal first: where its subjects are another layout's streams' (a layout with no
-    // command stream left to record it), the server refuses it before anything is created.
+    // The journal first: where its subjects are another layout's streams', the server refuses
+    // it before anything is created.
     if names.journal_streams().len() == 1 {
         upgrade_journal_stream(js, names).await?;
     }
     for (index, name) in names.journal_streams().iter().enumerate() {
-        ensure_stream(
+        let ensured = ensure_stream(
             js,
             journal_stream_config(names, config, index),
             |existing| check_journal_stream(names, config, index, existing),
         )
-        .await?;
+        .await;
+        if let Err(Error::Incompatible { .. }) = &ensured
+            && let Some(mismatch) = layout_mismatch(js, names, config).await
+        {
+            return Err(mismatch);
+        }
+        ensured?;
         record_stored_settings(js, name, config).await?;
     }
     for (index, name) in names.command_streams().iter().enumerate() {
@@ -91,41 +96,29 @@ async fn provision_once(js: &Context, names: &Names, config: &ShardConfig) -> Re
     Ok(())
 }
 
-/// Refuses, before anything is created, an entity type whose commands are in the other layout
-/// (one stream where spread is configured, or the other way round): its streams hold its
-/// commands and journal where this configuration would not look.
-async fn check_layout(js: &Context, names: &Names, config: &ShardConfig) -> Result<(), Error> {
+/// Why a journal stream was refused, when it is the other layout's (one stream where spread is
+/// configured, or the other way round): the layout its command stream records, as the setting
+/// it is. Asked only once a journal stream was refused, so that a start asks nothing of
+/// streams its configuration does not name (a node's permissions cover only those); `None`
+/// where no such command stream can be read.
+async fn layout_mismatch(js: &Context, names: &Names, config: &ShardConfig) -> Option<Error> {
     let other = if names.is_spread() {
         Names::new(names.entity_type())
     } else {
         Names::spread(names.entity_type(), 2, config.partitions)
     };
     let name = other.command_stream(0);
-    let Some(info) = stream_info_if_any(js, name).await? else {
-        return Ok(());
-    };
+    let info = stream_info_if_any(js, name).await.ok()??;
     let stored = info
         .config
         .metadata
         .get(METADATA_JOURNAL_STREAMS)
         .map_or("1", String::as_str);
-    if stored != config.journal_streams.to_string() {
-        return Err(Error::StoredSettingMismatch {
-            stream: name.to_owned(),
-            setting: "journal_streams",
-            stored: stored.to_owned(),
-            configured: config.journal_streams.to_string(),
-        });
-    }
-    // One command stream recording a spread journal: the layout of an earlier version, whose
-    // commands were never spread.
-    Err(Error::Incompatible {
-        what: format!("stream {name}"),
-        detail: format!(
-            "the entity type's commands are in one stream beside a journal spread over \
-             {stored}, a layout this version does not run (it spreads the commands as the \
-             journal); nothing was created (docs/OPERATIONS.md, \"Moving between layouts\")"
-        ),
+    (stored != config.journal_streams.to_string()).then(|| Error::StoredSettingMismatch {
+        stream: name.to_owned(),
+        setting: "journal_streams",
+        stored: stored.to_owned(),
+        configured: config.journal_streams.to_string(),
     })
 }
 
