@@ -383,9 +383,7 @@ impl<E: Entity> CommandSender<E> {
             }
         }
     }
-}
 
-impl<E: Entity> CommandSender<E> {
     /// Whether a stream holds `subject` (as the server's meta leader says; a lookup that fails
     /// counts as one, the meta group may be electing too).
     async fn stream_holds(&self, subject: &str) -> bool {

@@ -474,10 +474,13 @@ impl<E: Entity> OwnerState<E> {
             .deliveries
             .max(u64::from(fence::claims_holding(&o.held, pending.seq)) + 1);
         let named = Names::entity_of_subject(&subject).unwrap_or_default();
-        // An entity in hand already: its id, shared (no new allocation per command).
-        let known = o.entities.get_key_value(named).map(|(id, _)| id.clone());
-        match known.map_or_else(|| EntityId::new(named), Ok) {
-            Ok(entity) if o.entities.contains_key(&entity) => self.route(&entity, pending),
+        // An entity in hand already: its id, shared (no new allocation per command), and its
+        // partition checked when it came.
+        if let Some(entity) = o.entities.get_key_value(named).map(|(id, _)| id.clone()) {
+            self.route(&entity, pending);
+            return;
+        }
+        match EntityId::new(named) {
             Ok(entity) => match self.shared.names.misplaced(partition, &entity) {
                 None => self.route(&entity, pending),
                 Some(home) => {
