@@ -328,3 +328,60 @@ async fn an_outbox_message_published_again_after_a_server_restart_is_applied_onc
         system.shutdown().await.unwrap();
     }
 }
+
+/// A message its target refuses for longer than the publish's patience (here a full stream
+/// that discards new messages) is published again, by a recovery the owner starts at once,
+/// as soon as the target takes it, without waiting for another owner of the partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_refused_past_the_publish_patience_is_published_once_the_target_takes_it() {
+    init_tracing();
+    let s = Scenario::single(1).await;
+    let mut config = stream::Config {
+        name: "SINK".into(),
+        subjects: vec!["sink.>".into()],
+        max_messages: 1,
+        discard: stream::DiscardPolicy::New,
+        ..Default::default()
+    };
+    s.js.create_stream(config.clone()).await.unwrap();
+    s.js.publish("sink.full", "taken".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let system = s.system("n1").await;
+    let reply: Reply<Ledger> = s
+        .sender
+        .request(
+            "src",
+            &LedgerCmd::Forward {
+                n: 7,
+                to: "dst".into(),
+            },
+            WITHIN,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(reply, Reply::Applied { .. }), "{reply:?}");
+    // Refused past the publish's patience (15 s): the owner's recovery goes on trying.
+    tokio::time::sleep(Duration::from_secs(18)).await;
+    assert_eq!(stored(&s).await, 1, "the full sink took the message");
+    config.max_messages = -1;
+    s.js.update_stream(config).await.unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "the refused message published",
+        || async {
+            s.js.get_stream("SINK")
+                .await
+                .unwrap()
+                .get_last_raw_message_by_subject("sink.7")
+                .await
+                .is_ok()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(stored(&s).await, 2);
+    system.shutdown().await.unwrap();
+}

@@ -18,7 +18,10 @@
 //! applied and answers the copy as a duplicate (`data/origin.rs`). A target without a stream (a
 //! core subscriber) may see a message twice. "No responders" to a publish counts as published only when the server says
 //! no stream listens on the subject: a clustered stream answers it too while it elects a
-//! leader, and the message is offered again (about 13 s in all) and else left to recovery.
+//! leader, and the message is offered again (15 s in all) and else left to recovery. A recovery
+//! runs on every acquisition and, started by the owner at once, whenever a command's messages
+//! were not all published (`EntityReport::OutboxUndelivered`); it reads the outbox again and
+//! publishes what has no done record, every 2 s until it has, or until its writer is fenced.
 //!
 //! Architecture Invariant: an outbox message is published only after the journal holds the
 //! outbox record of it (and so the events of its command); only this module publishes them.
@@ -75,7 +78,8 @@ pub(crate) fn msg_id(names: &Names, partition: u32, command_seq: u64, index: usi
 }
 
 /// Publishes a command's outbox messages (each with its msg id), then records them as done.
-/// On failure the command's records stay for the next owner's recovery.
+/// Whether that is over: done, or fenced (a newer owner recovers them); on another failure the
+/// command's records stay for a recovery.
 pub(crate) async fn deliver(
     js: &Context,
     names: &Names,
@@ -84,7 +88,7 @@ pub(crate) async fn deliver(
     entity: &str,
     command_seq: u64,
     messages: &[OutboxMessage],
-) {
+) -> bool {
     for (index, message) in messages.iter().enumerate() {
         let origin = crate::wire::origin_header(
             names.entity_type(),
@@ -94,18 +98,22 @@ pub(crate) async fn deliver(
         );
         let msg_id = msg_id(names, journal.partition(), command_seq, index);
         if let Err(e) = publish(js, names, routes, &msg_id, &origin, message).await {
-            tracing::warn!(entity, cmd_seq = command_seq, index, error = %e, "outbox message not published; the next owner publishes it again");
-            return;
+            tracing::warn!(entity, cmd_seq = command_seq, index, error = %e, "outbox message not published; a recovery publishes it again");
+            return false;
         }
     }
     match journal.outbox_done(entity, command_seq).await {
-        Ok(()) => {}
-        Err(WriteError::Fenced { .. }) => {}
+        Ok(()) | Err(WriteError::Fenced { .. }) => true,
         Err(e) => {
-            tracing::warn!(entity, cmd_seq = command_seq, error = %e, "outbox done record not written; the next owner publishes again (stored once by msg id)");
+            tracing::warn!(entity, cmd_seq = command_seq, error = %e, "outbox done record not written; a recovery publishes again (stored once by msg id)");
+            false
         }
     }
 }
+
+/// The pause before a recovery reads the outbox again, after a read or a publish failed (a
+/// journal or target leader's election, a server away).
+const RECOVERY_PAUSE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Publishes one outbox message, awaiting the stream's ack, with the publish patience
 /// ([`retry::with_publish_patience`]); a subject no stream listens on counts as published (core
@@ -205,7 +213,10 @@ struct Pending {
 
 /// On acquisition: publishes again every outbox message of the partition whose command has no
 /// done record, and records them done. Runs beside the owner's commands (the messages are
-/// independent of them); ends when done or when the writer is fenced.
+/// independent of them); ends when done or when the writer is fenced. A read or a publish that
+/// fails (after its own patience) is tried again, the outbox read afresh, every
+/// [`RECOVERY_PAUSE`]: the next owner may be long in coming, and a message left unpublished
+/// meanwhile is an answer a saga waits for.
 pub(crate) async fn recover(
     js: Context,
     journal_stream: Stream<()>,
@@ -215,34 +226,45 @@ pub(crate) async fn recover(
     writer: JournalWriter,
 ) {
     let subject = names.outbox_subject(partition);
-    let pending = match read(&journal_stream, &subject).await {
-        Ok(pending) => pending,
-        Err(e) => {
-            tracing::warn!(partition, error = %e, "outbox not recovered");
+    let mut announced = false;
+    loop {
+        let pending = match read(&journal_stream, &subject).await {
+            Ok(pending) => pending,
+            Err(e) => {
+                tracing::warn!(partition, error = %e, "outbox not read; reading it again");
+                tokio::time::sleep(RECOVERY_PAUSE).await;
+                continue;
+            }
+        };
+        let open: Vec<_> = pending.into_iter().filter(|(_, p)| !p.done).collect();
+        if !open.is_empty() && !announced {
+            announced = true;
+            tracing::info!(
+                partition,
+                generation = writer.generation(),
+                commands = open.len(),
+                "publishing the outbox of commands whose messages were not confirmed"
+            );
+        }
+        let mut over = true;
+        for (command_seq, p) in open {
+            let messages: Vec<_> = p.messages.into_values().collect();
+            let entity = &p.entity;
+            over &= deliver(
+                &js,
+                &names,
+                &routes,
+                &writer,
+                entity,
+                command_seq,
+                &messages,
+            )
+            .await;
+        }
+        if over {
             return;
         }
-    };
-    let open: Vec<_> = pending.into_iter().filter(|(_, p)| !p.done).collect();
-    if !open.is_empty() {
-        tracing::info!(
-            partition,
-            generation = writer.generation(),
-            commands = open.len(),
-            "publishing the outbox of commands whose messages were not confirmed"
-        );
-    }
-    for (command_seq, p) in open {
-        let messages: Vec<_> = p.messages.into_values().collect();
-        deliver(
-            &js,
-            &names,
-            &routes,
-            &writer,
-            &p.entity,
-            command_seq,
-            &messages,
-        )
-        .await;
+        tokio::time::sleep(RECOVERY_PAUSE).await;
     }
 }
 

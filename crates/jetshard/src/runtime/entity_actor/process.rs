@@ -166,7 +166,7 @@ pub(super) async fn process<E: Entity>(
         let js = async_nats::jetstream::new(state.context.client.clone());
         let context = &state.context;
         // Boxed, as `load`'s reads: a rare step kept out of every command's future.
-        Box::pin(outbox::deliver(
+        let over = Box::pin(outbox::deliver(
             &js,
             &context.names,
             &context.routes,
@@ -176,6 +176,10 @@ pub(super) async fn process<E: Entity>(
             &outbox,
         ))
         .await;
+        if !over {
+            let generation = context.journal.generation();
+            (context.report)(super::protocol::EntityReport::OutboxUndelivered { generation });
+        }
     }
     Verdict::Applied {
         events: events.len(),

@@ -77,6 +77,10 @@ pub(crate) enum EntityReport {
     /// command arriving, would go on holding the pin while refusing every query: nobody would
     /// serve the partition.
     Superseded { generation: u64 },
+    /// A command's outbox messages were not all published (or not recorded done) under
+    /// `generation`, after the publish's patience: the owner starts a recovery, which publishes
+    /// them again until it can. Without it they waited for the partition's next owner.
+    OutboxUndelivered { generation: u64 },
 }
 
 /// An entity actor's state, handed back on passivation.

@@ -231,6 +231,16 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 // Releasing: the entity's snapshot is written; the release may be done.
                 state.finish_release_if_drained().await;
             }
+            OwnerMsg::Entity(EntityReport::OutboxUndelivered { generation }) => {
+                let writer = state
+                    .phase
+                    .owning_ref()
+                    .filter(|o| o.generation == generation)
+                    .map(|o| o.context.journal.clone());
+                if let Some(writer) = writer {
+                    state.recover_outbox(writer);
+                }
+            }
             OwnerMsg::Entity(EntityReport::Superseded { generation }) => {
                 if state
                     .phase

@@ -100,17 +100,7 @@ impl<E: Entity> OwnerState<E> {
             metrics: self.metrics.command.clone(),
             retired: std::sync::atomic::AtomicBool::new(false),
         });
-        let recovery = tokio::spawn(crate::runtime::outbox::recover(
-            self.shared.js.clone(),
-            self.shared.journal(partition).clone(),
-            self.shared.names.clone(),
-            self.shared.routes.clone(),
-            partition,
-            context.journal.clone(),
-        ));
-        if let Some(previous) = self.outbox_recovery.replace(recovery) {
-            previous.abort();
-        }
+        self.recover_outbox(context.journal.clone());
         // The states this owner kept when it stepped down, if its claim proves them still true.
         let (dormant, slots, doubted, warm_from) = match self
             .warm

@@ -20,6 +20,24 @@ use crate::runtime::entity_actor::EntityReport;
 use crate::runtime::timer::{self};
 
 impl<E: Entity> OwnerState<E> {
+    /// Publishes again the partition's outbox messages whose commands have no done record
+    /// (`outbox::recover`, with `writer`: the generation owned now), in place of a recovery
+    /// already running, which may have read the outbox before the latest of them were written.
+    /// On acquisition, and whenever a command's messages were not all published.
+    pub(super) fn recover_outbox(&mut self, writer: crate::journal::JournalWriter) {
+        let recovery = tokio::spawn(crate::runtime::outbox::recover(
+            self.shared.js.clone(),
+            self.shared.journal(self.partition).clone(),
+            self.shared.names.clone(),
+            self.shared.routes.clone(),
+            self.partition,
+            writer,
+        ));
+        if let Some(previous) = self.outbox_recovery.replace(recovery) {
+            previous.abort();
+        }
+    }
+
     /// Reads the partition's armed timers from the journal in a task of its own (entities load
     /// lazily: the owner cannot learn them from loaded states), retried until it succeeds or
     /// the partition is acquired again or dropped; the owner arms them when they come back.
