@@ -126,16 +126,14 @@ impl Entity for Ledger {
             LedgerCmd::Refuse => Err("refused".to_owned()),
             LedgerCmd::Abort => std::process::abort(),
             LedgerCmd::Slow { n, ms } => {
-                let hook = slow_hooks().lock().map(|mut h| h.remove(&n)).ok().flatten();
-                if let Some(hook) = hook {
-                    hook();
-                }
+                run_decide_hook(n);
                 println!("DECIDING {n}");
                 let _ = std::io::Write::flush(&mut std::io::stdout());
                 std::thread::sleep(std::time::Duration::from_millis(ms));
                 Ok(vec![LedgerEvt::Appended { n }])
             }
             LedgerCmd::Forward { n, to } => {
+                run_decide_hook(n);
                 effects.command("ledger", &to, &LedgerCmd::Push { n });
                 effects.publish(&format!("sink.{n}"), n.to_string());
                 Ok(vec![LedgerEvt::Appended { n }])
@@ -150,6 +148,7 @@ impl Entity for Ledger {
                 Ok(vec![])
             }
             LedgerCmd::Arm { name, n, after_ms } => {
+                run_decide_hook(n);
                 let after = std::time::Duration::from_millis(after_ms);
                 let fire = LedgerCmd::Fire {
                     name: name.clone(),
@@ -234,21 +233,33 @@ fn faults() -> &'static Faults {
     })
 }
 
-/// A hook of this test process, run by the `decide` of the first `Slow { n, .. }` with its `n`
-/// before it sleeps (in process: a node process never has one).
-type SlowHook = Box<dyn FnOnce() + Send>;
+/// A hook of this test process, run by the `decide` of the first `Slow`, `Forward` or `Arm`
+/// with its `n` (in process: a node process never has one).
+type DecideHook = Box<dyn FnOnce() + Send>;
 
-fn slow_hooks() -> &'static std::sync::Mutex<std::collections::HashMap<u64, SlowHook>> {
-    static HOOKS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<u64, SlowHook>>> =
-        std::sync::OnceLock::new();
+fn decide_hooks() -> &'static std::sync::Mutex<std::collections::HashMap<u64, DecideHook>> {
+    static HOOKS: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<u64, DecideHook>>,
+    > = std::sync::OnceLock::new();
     HOOKS.get_or_init(Default::default)
 }
 
-/// Runs `hook` in the `decide` of the first `Slow { n, .. }` with this `n` (in this process),
-/// before the command's events go to the journal: e.g. to stop the server while that write is
-/// about to go out. Once.
-pub fn on_slow(n: u64, hook: impl FnOnce() + Send + 'static) {
-    if let Ok(mut hooks) = slow_hooks().lock() {
+fn run_decide_hook(n: u64) {
+    let hook = decide_hooks()
+        .lock()
+        .map(|mut h| h.remove(&n))
+        .ok()
+        .flatten();
+    if let Some(hook) = hook {
+        hook();
+    }
+}
+
+/// Runs `hook` in the `decide` of the first `Slow`, `Forward` or `Arm` with this `n` (in this
+/// process), before the command's records go to the journal: e.g. to stop the server while
+/// that write is about to go out. Once.
+pub fn on_decide(n: u64, hook: impl FnOnce() + Send + 'static) {
+    if let Ok(mut hooks) = decide_hooks().lock() {
         hooks.insert(n, Box::new(hook));
     }
 }

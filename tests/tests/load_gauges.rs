@@ -14,7 +14,7 @@ use std::time::Duration;
 use jetshard::{Codec, CommandOutcome, CommandSender, ShardConfig, ShardSystem};
 use jetshard_testkit::wait_until;
 use jetshard_tests::fragile::{self, FragileCmd};
-use jetshard_tests::ledger::{Ledger, LedgerCmd, on_slow};
+use jetshard_tests::ledger::{Ledger, LedgerCmd, on_decide};
 use jetshard_tests::{counts, id_in, init_tracing};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -228,7 +228,7 @@ async fn commands_held_by_a_busy_entity_are_counted_until_it_lets_them_go() {
     // The first command's decide tells the test it runs, then waits until released (bounded).
     let (deciding, decided) = std::sync::mpsc::channel();
     let (release, released) = std::sync::mpsc::channel::<()>();
-    on_slow(0, move || {
+    on_decide(0, move || {
         tokio::task::block_in_place(|| {
             let _ = deciding.send(());
             let _ = released.recv_timeout(Duration::from_secs(30));

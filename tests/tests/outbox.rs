@@ -9,6 +9,7 @@ use futures::StreamExt;
 use jetshard::{Reply, ShardSystem};
 use jetshard_testkit::wait_until;
 use jetshard_tests::ledger::{Ledger, LedgerCmd};
+use jetshard_tests::model::Op;
 use jetshard_tests::{Scenario, init_tracing};
 
 const WITHIN: Duration = Duration::from_secs(20);
@@ -384,4 +385,30 @@ async fn a_message_refused_past_the_publish_patience_is_published_once_the_targe
     .unwrap();
     assert_eq!(stored(&s).await, 2);
     system.shutdown().await.unwrap();
+}
+
+/// A write answered "not confirmed" that lands anyway (the server stopped while it was on its
+/// way): its command comes back a duplicate at its retry, and its outbox, which that write
+/// holds, is published then, each message stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_of_a_write_not_confirmed_that_landed_is_published() {
+    init_tracing();
+    // A long pin TTL: the generation outlives the pause, so no takeover recovers the outbox.
+    let mut s = Scenario::single(2).await.pin_ttl(Duration::from_secs(10));
+    sink(&s).await;
+    let config = s
+        .config("n1")
+        .write_timeout(Duration::from_millis(500))
+        .retry_delay(Duration::from_millis(50));
+    let system = s.system_with(config).await;
+    let forward = LedgerCmd::Forward {
+        n: 4,
+        to: "dst".into(),
+    };
+    // Recorded as what it does to its own entity: `n` appended once.
+    s.send_unconfirmed(&system, "src", 4, forward, Op::Push(4))
+        .await;
+    forwarded_once(&s, 4).await;
+    s.wait_holds("src", &[4]).await;
+    system.shutdown().await.expect("shut down");
 }

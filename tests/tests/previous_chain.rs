@@ -11,8 +11,7 @@ use async_nats::jetstream::Context;
 use jetshard::wire::{HDR_GENERATION, HDR_PREVIOUS};
 use jetshard::{Loads, ShardSystem};
 use jetshard_testkit::history::Ack;
-use jetshard_testkit::wait_until;
-use jetshard_tests::ledger::{LedgerCmd, on_slow};
+use jetshard_tests::ledger::LedgerCmd;
 use jetshard_tests::model::Op;
 use jetshard_tests::{Scenario, init_tracing, wait_drained};
 
@@ -58,21 +57,6 @@ async fn records_of(js: &Context, entity: &str) -> Vec<Stored> {
     records
 }
 
-/// Waits (bounded) until `entity` holds `want`, read from its owner.
-async fn wait_holds(s: &Scenario, entity: &str, want: &[u64]) {
-    let last = std::sync::Mutex::new(None);
-    let reached = wait_until(WITHIN, &format!("{entity} to hold {want:?}"), || async {
-        let read = s.sender.get(entity, Duration::from_secs(2)).await;
-        let done = read.as_ref().is_ok_and(|snapshot| snapshot.state == want);
-        *last.lock().unwrap() = Some(read.map(|snapshot| snapshot.state));
-        done
-    })
-    .await;
-    if let Err(e) = reached {
-        panic!("{e}; last read: {:?}", last.lock().unwrap());
-    }
-}
-
 /// Every record that names a previous one names a sequence below it, with no record of the
 /// entity between the two: the rule itself, checked on the journal.
 fn assert_links_true(records: &[Stored]) {
@@ -109,7 +93,7 @@ async fn cold_load_holds_the_full_replay(s: &mut Scenario, entity: &str, next: u
         loads.batched >= 1,
         "loaded through the batched path: {loads}"
     );
-    wait_holds(s, entity, &(0..=next).collect::<Vec<_>>()).await;
+    s.wait_holds(entity, &(0..=next).collect::<Vec<_>>()).await;
     s.check().await;
     system.shutdown().await.expect("shut down");
 }
@@ -133,40 +117,12 @@ async fn a_write_not_confirmed_that_lands_leaves_no_previous_in_its_generation()
     let system = s.system_with(config).await;
     // A snapshot after every event: every record of the entity would name its previous one.
     s.send(entity, Op::Append(0)).await;
-    wait_holds(&s, entity, &[0]).await;
+    s.wait_holds(entity, &[0]).await;
 
     // Its next command's decide stops the server; its write then waits past the timeout.
-    let (deciding, decided) = std::sync::mpsc::channel();
-    let (paused, on_pause) = std::sync::mpsc::channel::<()>();
-    on_slow(1, move || {
-        let _ = deciding.send(());
-        let _ = on_pause.recv_timeout(Duration::from_secs(20));
-    });
-    let seq = s
-        .sender
-        .send(entity, &LedgerCmd::Slow { n: 1, ms: 0 })
-        .await
-        .expect("send");
-    s.history.record(entity, Op::Append(1), Ack::Acked(seq));
-    tokio::task::spawn_blocking(move || decided.recv_timeout(Duration::from_secs(20)))
-        .await
-        .expect("join")
-        .expect("the command decided");
-    s.server().pause().expect("pause the server");
-    paused.send(()).expect("let the decide go on");
-    let unconfirmed = wait_until(
-        Duration::from_secs(20),
-        "the write not confirmed",
-        || async {
-            system
-                .status()
-                .await
-                .is_ok_and(|p| p.iter().map(|p| p.unconfirmed_writes).sum::<u64>() >= 1)
-        },
-    )
-    .await;
-    s.server().resume().expect("resume the server");
-    unconfirmed.expect("the write not confirmed");
+    let command = LedgerCmd::Slow { n: 1, ms: 0 };
+    s.send_unconfirmed(&system, entity, 1, command, Op::Append(1))
+        .await;
 
     // More commands of the entity in the same generation: events (each followed by a
     // snapshot) and a dead letter.
@@ -176,7 +132,7 @@ async fn a_write_not_confirmed_that_lands_leaves_no_previous_in_its_generation()
     s.send_raw(entity, b"{not a command".to_vec(), Op::Garbage)
         .await;
     s.send(entity, Op::Append(5)).await;
-    wait_holds(&s, entity, &[0, 1, 2, 3, 4, 5]).await;
+    s.wait_holds(entity, &[0, 1, 2, 3, 4, 5]).await;
     wait_drained(&s.js, WITHIN).await.expect("drained");
     let records = records_of(&s.js, entity).await;
     let generation = records[0].generation;
@@ -259,7 +215,7 @@ async fn after_handler_panics_and_restarts_a_cold_load_holds_every_record() {
     s.history.record(entity, Op::Push(101), Ack::Unknown);
     let quiet = s.config("n2").snapshot_on_passivation(false);
     let next = s.system_with(quiet).await;
-    wait_holds(&s, entity, &[0, 1, 100, 101]).await;
+    s.wait_holds(entity, &[0, 1, 100, 101]).await;
     let loads = Loads::of(&next.status().await.expect("status"));
     eprintln!("n2: {loads}");
     assert!(

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use jetshard_testkit::wait_until;
-use jetshard_tests::ledger::LedgerCmd;
+use jetshard_tests::ledger::{FIRED, LedgerCmd};
+use jetshard_tests::model::Op;
 use jetshard_tests::{Scenario, init_tracing};
 
 const WITHIN: Duration = Duration::from_secs(30);
@@ -14,21 +15,6 @@ fn remind(name: &str, n: u64, after_ms: u64) -> LedgerCmd {
         name: name.into(),
         n,
         after_ms,
-    }
-}
-
-/// Waits until ledger `id`'s state, read from its owner, is `want`.
-async fn wait_state(s: &Scenario, id: &str, want: &[u64]) {
-    let last = std::sync::Mutex::new(None);
-    let reached = wait_until(WITHIN, &format!("{id} to hold {want:?}"), || async {
-        let read = s.sender.get(id, Duration::from_secs(1)).await;
-        let done = read.as_ref().is_ok_and(|snapshot| snapshot.state == want);
-        *last.lock().unwrap() = Some(read.map(|snapshot| snapshot.state));
-        done
-    })
-    .await;
-    if let Err(e) = reached {
-        panic!("{e}; last read: {:?}", last.lock().unwrap());
     }
 }
 
@@ -110,11 +96,11 @@ async fn an_armed_timer_survives_a_restart_and_fires_once() {
     let system = s.system("n2").await;
     // No command is sent: n1 let the partition go with a timer armed, so it woke it (a
     // partition is owned only while it has a command to deliver), and n2 takes it on start.
-    wait_state(&s, "r", &[5]).await;
+    s.wait_holds("r", &[5]).await;
     system.shutdown().await.unwrap();
     let system = s.system("n3").await;
     s.sender.send("r", &LedgerCmd::Push { n: 6 }).await.unwrap();
-    wait_state(&s, "r", &[5, 6]).await;
+    s.wait_holds("r", &[5, 6]).await;
     system.shutdown().await.unwrap();
 }
 
@@ -138,10 +124,10 @@ async fn a_timer_armed_before_its_owner_crashed_fires_once_at_the_next_owner() {
     // No command is sent: the heir's crash watch finds the owner dead, unpins its partition
     // and wakes it (a partition is owned only while it has a command to deliver).
     s.wait_owns_all(&heir).await;
-    wait_state(&s, "f", &[7]).await;
+    s.wait_holds("f", &[7]).await;
     // And not again: a later command sees one 7.
     s.sender.send("f", &LedgerCmd::Push { n: 8 }).await.unwrap();
-    wait_state(&s, "f", &[7, 8]).await;
+    s.wait_holds("f", &[7, 8]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -205,7 +191,7 @@ async fn a_timer_of_an_entity_nobody_loads_fires_after_a_takeover_though_it_has_
     for n in 6..9 {
         s.sender.send("s", &LedgerCmd::Push { n }).await.unwrap();
     }
-    wait_state(&s, "s", &[0, 1, 2, 3, 6, 7, 8]).await;
+    s.wait_holds("s", &[0, 1, 2, 3, 6, 7, 8]).await;
     system.shutdown().await.unwrap();
     // Compaction removes what the snapshot covers, never an armed timer's records.
     let compacted = jetshard::admin::Admin::new(s.client.clone(), "ledger")
@@ -221,13 +207,13 @@ async fn a_timer_of_an_entity_nobody_loads_fires_after_a_takeover_though_it_has_
         .send("other", &LedgerCmd::Push { n: 0 })
         .await
         .unwrap();
-    wait_state(&s, "s", &[0, 1, 2, 3, 6, 7, 8, 5]).await;
+    s.wait_holds("s", &[0, 1, 2, 3, 6, 7, 8, 5]).await;
     system.shutdown().await.unwrap();
 
     // Fired once: a third owner fires nothing again.
     let system = s.system("n3").await;
     s.sender.send("s", &LedgerCmd::Push { n: 9 }).await.unwrap();
-    wait_state(&s, "s", &[0, 1, 2, 3, 6, 7, 8, 5, 9]).await;
+    s.wait_holds("s", &[0, 1, 2, 3, 6, 7, 8, 5, 9]).await;
     system.shutdown().await.unwrap();
 }
 
@@ -250,7 +236,7 @@ async fn a_crashed_owner_s_timer_fires_at_the_standby_with_no_command_sent() {
     let standby = s.node("standby").await;
     owner.kill().await;
     let killed = std::time::Instant::now();
-    wait_state(&s, "q", &[3]).await;
+    s.wait_holds("q", &[3]).await;
     assert!(
         killed.elapsed() < Duration::from_secs(15),
         "fired {:?} after the kill: the wake-up, not the pin TTL (30 s)",
@@ -259,5 +245,30 @@ async fn a_crashed_owner_s_timer_fires_at_the_standby_with_no_command_sent() {
     assert!(!standby.owned().is_empty());
     // Once: a later command sees one 3.
     s.sender.send("q", &LedgerCmd::Push { n: 4 }).await.unwrap();
-    wait_state(&s, "q", &[3, 4]).await;
+    s.wait_holds("q", &[3, 4]).await;
+}
+
+/// A write answered "not confirmed" that lands anyway (the server stopped while it was on its
+/// way): its command comes back a duplicate at its retry, so no outcome arms the timer it set.
+/// The entity's next load tells its owner, and the timer fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timer_set_by_a_write_not_confirmed_that_landed_fires() {
+    init_tracing();
+    // A long pin TTL: the generation outlives the pause, so no takeover reads the timers.
+    let mut s = Scenario::single(1).await.pin_ttl(Duration::from_secs(10));
+    let config = s
+        .config("n1")
+        .write_timeout(Duration::from_millis(500))
+        .retry_delay(Duration::from_millis(50));
+    let system = s.system_with(config).await;
+    let op = Op::Arm {
+        name: "t".into(),
+        n: 3,
+        after_ms: 200,
+    };
+    let arm = op.command().expect("a command");
+    s.send_unconfirmed(&system, "u", 3, arm, op).await;
+    s.wait_holds("u", &[FIRED | 3]).await;
+    s.check().await;
+    system.shutdown().await.expect("shut down");
 }

@@ -57,10 +57,19 @@ pub(crate) struct Timers {
 }
 
 impl Timers {
-    /// Arms (or re-arms) a timer.
+    /// Arms (or re-arms) a timer. The same setting told again (a loaded entity tells all it
+    /// has armed) keeps when its command was last published.
     pub(crate) fn arm(&mut self, entity: &EntityId, name: Box<str>, armed: Armed) {
+        let key = (entity.clone(), name);
+        if self
+            .entries
+            .get(&key)
+            .is_some_and(|e| e.armed.set_seq == armed.set_seq)
+        {
+            return;
+        }
         self.entries.insert(
-            (entity.clone(), name),
+            key,
             Entry {
                 armed,
                 published: None,
@@ -241,6 +250,26 @@ mod tests {
         timers.report(&e, vec![TimerReport::Disarmed { name: "a".into() }]);
         timers.report(&e, vec![TimerReport::Disarmed { name: "b".into() }]);
         assert_eq!(timers.len(), 0);
+    }
+
+    #[test]
+    fn a_timer_told_again_by_a_loaded_entity_is_not_published_again_before_its_time() {
+        let mut timers = Timers::default();
+        let e = EntityId::new("e").unwrap();
+        timers.arm(&e, "a".into(), armed(1, 100));
+        let now = Instant::now();
+        assert_eq!(timers.due(100, now).len(), 1);
+        timers.arm(&e, "a".into(), armed(1, 100));
+        assert!(
+            timers.due(200, now).is_empty(),
+            "the same setting: not again at once"
+        );
+        timers.arm(&e, "a".into(), armed(2, 100));
+        assert_eq!(
+            timers.due(200, now).len(),
+            1,
+            "a new setting is due at once"
+        );
     }
 
     #[test]

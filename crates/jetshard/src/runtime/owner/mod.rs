@@ -232,14 +232,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 state.finish_release_if_drained().await;
             }
             OwnerMsg::Entity(EntityReport::OutboxUndelivered { generation }) => {
-                let writer = state
-                    .phase
-                    .owning_ref()
-                    .filter(|o| o.generation == generation)
-                    .map(|o| o.context.journal.clone());
-                if let Some(writer) = writer {
-                    state.recover_outbox(writer);
-                }
+                state.recover_outbox_of(generation);
             }
             OwnerMsg::Entity(EntityReport::Superseded { generation }) => {
                 if state

@@ -38,6 +38,20 @@ impl<E: Entity> OwnerState<E> {
         }
     }
 
+    /// [`recover_outbox`](Self::recover_outbox) for the generation owned now, if it is
+    /// `generation`: a command's messages were not all published, or its write, answered "not
+    /// confirmed", landed with them.
+    pub(super) fn recover_outbox_of(&mut self, generation: u64) {
+        let writer = self
+            .phase
+            .owning_ref()
+            .filter(|o| o.generation == generation)
+            .map(|o| o.context.journal.clone());
+        if let Some(writer) = writer {
+            self.recover_outbox(writer);
+        }
+    }
+
     /// Reads the partition's armed timers from the journal in a task of its own (entities load
     /// lazily: the owner cannot learn them from loaded states), retried until it succeeds or
     /// the partition is acquired again or dropped; the owner arms them when they come back.
