@@ -49,25 +49,24 @@ async fn forwarded_once(s: &Scenario, n: u64) {
     .unwrap();
 }
 
+/// Sends `Forward { n, to: "dst" }` to `src` and waits for its answer: applied.
+async fn forward(s: &Scenario, n: u64) -> Reply<Ledger> {
+    let command = LedgerCmd::Forward {
+        n,
+        to: "dst".into(),
+    };
+    let reply: Reply<Ledger> = s.sender.request("src", &command, WITHIN).await.unwrap();
+    assert!(matches!(reply, Reply::Applied { .. }), "{reply:?}");
+    reply
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_sends_its_outbox_after_its_events_are_durable() {
     init_tracing();
     let s = Scenario::single(2).await;
     let sink = sink(&s).await;
     let system = s.system("n1").await;
-    let reply: Reply<Ledger> = s
-        .sender
-        .request(
-            "src",
-            &LedgerCmd::Forward {
-                n: 7,
-                to: "dst".into(),
-            },
-            WITHIN,
-        )
-        .await
-        .unwrap();
-    assert!(matches!(reply, Reply::Applied { .. }), "{reply:?}");
+    let reply = forward(&s, 7).await;
     // The command to another entity was applied, and the message stored, once.
     forwarded_once(&s, 7).await;
     let message = sink
@@ -281,19 +280,7 @@ async fn an_outbox_message_published_again_after_a_server_restart_is_applied_onc
     let s = Scenario::single(1).await;
     let config = |node: &str| s.config(node).compaction(false);
     let system = s.system_with(config("n1")).await;
-    let reply: Reply<Ledger> = s
-        .sender
-        .request(
-            "src",
-            &LedgerCmd::Forward {
-                n: 5,
-                to: "dst".into(),
-            },
-            WITHIN,
-        )
-        .await
-        .unwrap();
-    assert!(matches!(reply, Reply::Applied { .. }), "{reply:?}");
+    forward(&s, 5).await;
     assert_eq!(dst_after_push(&s, 6).await, vec![5, 6]);
     system.shutdown().await.unwrap();
     // Each round: the record that names the origin, the record purged so that dst loads from
@@ -351,19 +338,7 @@ async fn a_message_refused_past_the_publish_patience_is_published_once_the_targe
         .await
         .unwrap();
     let system = s.system("n1").await;
-    let reply: Reply<Ledger> = s
-        .sender
-        .request(
-            "src",
-            &LedgerCmd::Forward {
-                n: 7,
-                to: "dst".into(),
-            },
-            WITHIN,
-        )
-        .await
-        .unwrap();
-    assert!(matches!(reply, Reply::Applied { .. }), "{reply:?}");
+    forward(&s, 7).await;
     // Refused past the publish's patience (15 s): the owner's recovery goes on trying.
     tokio::time::sleep(Duration::from_secs(18)).await;
     assert_eq!(stored(&s).await, 1, "the full sink took the message");

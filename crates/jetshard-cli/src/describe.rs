@@ -34,9 +34,8 @@ pub(crate) async fn describe(
     use jetshard::async_nats::jetstream;
     use jetshard::wire::Names;
     let js = jetstream::new(client.clone());
-    let one = Names::new(entity_type);
-    let spread = Names::spread(entity_type, 2, 0);
-    for name in [one.command_stream(0), spread.command_stream(0)] {
+    let [one, spread] = Names::first_command_streams(entity_type);
+    for name in [&one, &spread] {
         let mut stream = match js.get_stream(name).await {
             Ok(stream) => stream,
             Err(e) => match e.kind() {
@@ -52,27 +51,14 @@ pub(crate) async fn describe(
             .info()
             .await
             .with_context(|| format!("reading stream {name}"))?;
-        // One stream names the partition count in its subject transform, a spread layout in
-        // its metadata.
-        let partitions = info
-            .config
-            .subject_transform
-            .as_ref()
-            .and_then(|t| t.destination.split_once("partition("))
-            .and_then(|(_, rest)| rest.split_once(','))
-            .and_then(|(n, _)| n.parse().ok())
-            .or_else(|| {
-                let n = info.config.metadata.get("jetshard.partitions")?;
-                n.parse().ok()
-            });
         return Ok(Described {
             entity_type: entity_type.to_owned(),
-            partitions,
+            partitions: Names::recorded_partitions(&info.config),
             codec: info.config.metadata.get("jetshard.codec").cloned(),
         });
     }
     anyhow::bail!(
         "unknown entity type {entity_type:?}: its command stream {} does not exist on this server (no node of that type has started here; types are lowercase tokens such as `order`)",
-        one.command_stream(0)
+        one
     )
 }

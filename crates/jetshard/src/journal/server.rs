@@ -4,7 +4,7 @@
 use async_nats::jetstream::context::GetStreamErrorKind;
 
 use crate::error::{BoxError, Error};
-use crate::wire::{METADATA_JOURNAL_STREAMS, METADATA_PARTITIONS, Names};
+use crate::wire::{METADATA_JOURNAL_STREAMS, Names};
 
 /// The server's limit on messages in one atomic batch (`jetstream.limits.batch.max_msgs`).
 pub(crate) const MAX_BATCH_MESSAGES: usize = 1000;
@@ -108,24 +108,17 @@ pub(crate) async fn recorded_names(
     js: &async_nats::jetstream::Context,
     entity_type: &str,
 ) -> Result<Names, Error> {
-    let names = Names::new(entity_type);
-    let spread = Names::spread(entity_type, 2, 0);
-    for name in [names.command_stream(0), spread.command_stream(0)] {
-        let Some(info) = stream_info_if_any(js, name).await? else {
+    for name in Names::first_command_streams(entity_type) {
+        let Some(info) = stream_info_if_any(js, &name).await? else {
             continue;
         };
-        let metadata = |key: &str| info.config.metadata.get(key).and_then(|s| s.parse().ok());
-        let streams = metadata(METADATA_JOURNAL_STREAMS).unwrap_or(1);
-        let partitions = info
-            .config
-            .subject_transform
-            .as_ref()
-            .and_then(|t| Names::partitions_of_transform(&t.destination))
-            .or_else(|| metadata(METADATA_PARTITIONS))
-            .unwrap_or(0);
+        let streams = (info.config.metadata.get(METADATA_JOURNAL_STREAMS))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1);
+        let partitions = Names::recorded_partitions(&info.config).unwrap_or(0);
         return Ok(Names::spread(entity_type, streams, partitions));
     }
-    Ok(names)
+    Ok(Names::new(entity_type))
 }
 
 /// The info of stream `name`, `None` if it does not exist.

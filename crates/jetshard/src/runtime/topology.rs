@@ -102,20 +102,16 @@ async fn provision_once(js: &Context, names: &Names, config: &ShardConfig) -> Re
 /// streams its configuration does not name (a node's permissions cover only those); `None`
 /// where no such command stream can be read.
 async fn layout_mismatch(js: &Context, names: &Names, config: &ShardConfig) -> Option<Error> {
-    let other = if names.is_spread() {
-        Names::new(names.entity_type())
-    } else {
-        Names::spread(names.entity_type(), 2, config.partitions)
-    };
-    let name = other.command_stream(0);
-    let info = stream_info_if_any(js, name).await.ok()??;
+    let [one, spread] = Names::first_command_streams(names.entity_type());
+    let other = if names.is_spread() { one } else { spread };
+    let info = stream_info_if_any(js, &other).await.ok()??;
     let stored = info
         .config
         .metadata
         .get(METADATA_JOURNAL_STREAMS)
         .map_or("1", String::as_str);
     (stored != config.journal_streams.to_string()).then(|| Error::StoredSettingMismatch {
-        stream: name.to_owned(),
+        stream: other,
         setting: "journal_streams",
         stored: stored.to_owned(),
         configured: config.journal_streams.to_string(),

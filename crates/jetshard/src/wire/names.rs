@@ -174,6 +174,27 @@ impl Names {
         rest.split_once(',')?.0.parse().ok()
     }
 
+    /// Where a reader that does not know an entity type's layout looks for what the type
+    /// records: its first command stream in each layout, one stream (`<T>_CMD`) first, then
+    /// spread (`<T>_CMD_0`).
+    pub fn first_command_streams(entity_type: &str) -> [String; 2] {
+        let [one, spread] = [1, 2].map(|streams| Self::spread(entity_type, streams, 0));
+        [
+            one.command_streams[0].clone(),
+            spread.command_streams[0].clone(),
+        ]
+    }
+
+    /// The partition count a command stream records (`config`: its configuration): in its
+    /// subject transform (one stream) or its metadata (spread); `None` if it records none.
+    pub fn recorded_partitions(config: &async_nats::jetstream::stream::Config) -> Option<u32> {
+        config
+            .subject_transform
+            .as_ref()
+            .and_then(|t| Self::partitions_of_transform(&t.destination))
+            .or_else(|| config.metadata.get(METADATA_PARTITIONS)?.parse().ok())
+    }
+
     /// A partition's stored commands: `<t>.cmd.<p>.*`.
     pub fn partition_commands(&self, partition: u32) -> String {
         format!("{}.cmd.{partition}.*", self.entity_type)
