@@ -48,6 +48,10 @@ struct LayoutRun {
     /// of any (the partitions' consumers are led among these).
     command_leaders: Vec<String>,
     command_peers: Vec<String>,
+    /// The servers the shard system and the publisher are connected to: a write or a publish
+    /// to a stream led elsewhere takes one more hop.
+    system_server: String,
+    publisher_server: String,
     /// Each server's CPU over the offered load, in cores, by server name.
     cpu: Vec<(String, f64)>,
     busiest_to_mean: f64,
@@ -189,7 +193,10 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
         .node_id("bench")
         .build()?;
     let names = config.names();
-    let system = ShardSystem::start::<BenchEntity>(cluster.connect().await?, config)
+    let client = cluster.connect().await?;
+    let system_server = client.server_info().server_name;
+    let publisher_server = control.server_info().server_name;
+    let system = ShardSystem::start::<BenchEntity>(client, config)
         .await
         .context("start the shard system")?;
     let js = async_nats::jetstream::new(control.clone());
@@ -306,6 +313,8 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
         leaders,
         command_leaders,
         command_peers,
+        system_server,
+        publisher_server,
         cpu,
         busiest_to_mean: busiest / mean,
         idlest_to_mean: idlest / mean,
@@ -314,10 +323,12 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
         drain_rate,
     };
     eprintln!(
-        "spread: {streams} stream(s): journal leaders {:?}, command leaders {:?} (replicas on {:?}), cpu {:?}, p99 {:.1} ms, drained {:.0} cmd/s",
+        "spread: {streams} stream(s): journal leaders {:?}, command leaders {:?} (replicas on {:?}), system on {}, publisher on {}, cpu {:?}, p99 {:.1} ms, drained {:.0} cmd/s",
         run.leaders,
         run.command_leaders,
         run.command_peers,
+        run.system_server,
+        run.publisher_server,
         run.cpu,
         run.latency.p99,
         run.drain_rate
