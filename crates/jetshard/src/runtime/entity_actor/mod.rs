@@ -84,6 +84,7 @@ impl<E: Entity> Actor for EntityActor<E> {
             seed,
             batch,
             broken: false,
+            timers_untold: false,
         })
     }
 

@@ -62,7 +62,15 @@ pub(super) async fn process<E: Entity>(
     let seq = work.seq;
     let wants_detail = work.detail;
     tracing::trace!(target: crate::telemetry::STAGE_TARGET, seq, "started");
-    step!(load(state, seq, timer_reports).await);
+    step!(load(state, seq).await);
+    if std::mem::take(&mut state.timers_untold)
+        && let Loaded::Yes(seed) = &state.seed
+    {
+        timer_reports.extend(seed.timers.iter().map(|(name, armed)| TimerReport::Armed {
+            name: name.clone(),
+            armed: armed.clone(),
+        }));
+    }
     let admitted = admit(
         state,
         seq,
@@ -189,15 +197,7 @@ pub(super) async fn process<E: Entity>(
 /// Loads the entity on its first command: from its latest snapshot and the journal after it,
 /// or quarantined. Its reads wait for one of the process's load permits (`MAX_LOADS`): its
 /// own reads, or its batch's one read (`revive`).
-///
-/// The owner is told every timer the loaded entity has armed: a write answered "not
-/// confirmed" that landed armed timers no outcome reported (its command comes back a
-/// duplicate), and only the journal, read here, knows them.
-async fn load<E: Entity>(
-    state: &mut EntityState<E>,
-    seq: u64,
-    timer_reports: &mut Vec<TimerReport>,
-) -> Result<(), Verdict> {
+async fn load<E: Entity>(state: &mut EntityState<E>, seq: u64) -> Result<(), Verdict> {
     if !matches!(state.seed, Loaded::No) {
         return Ok(());
     }
@@ -215,10 +215,7 @@ async fn load<E: Entity>(
     telemetry::record(&state.context.metrics.replay_seconds, loading.elapsed());
     state.seed = match revived {
         Ok(seed) => {
-            timer_reports.extend(seed.timers.iter().map(|(name, armed)| TimerReport::Armed {
-                name: name.clone(),
-                armed: armed.clone(),
-            }));
+            state.timers_untold = true;
             Loaded::Yes(seed)
         }
         Err(Revival::Quarantined(q)) => Loaded::Quarantined(q),

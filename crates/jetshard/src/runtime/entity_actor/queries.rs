@@ -35,7 +35,10 @@ pub(super) async fn answer_query<E: Entity>(state: &mut EntityState<E>, query: Q
         if matches!(state.seed, Loaded::No) {
             let batch = state.batch.take();
             state.seed = match revive::<E>(&state.id, &context, batch.as_ref()).await {
-                Ok(seed) => Loaded::Yes(seed),
+                Ok(seed) => {
+                    state.timers_untold = true;
+                    Loaded::Yes(seed)
+                }
                 Err(Revival::Quarantined(q)) => Loaded::Quarantined(q),
                 Err(Revival::Unreadable(reason)) => {
                     return query::refuse(&context.client, query, reason, true).await;

@@ -26,4 +26,9 @@ pub(crate) struct EntityState<E: Entity> {
     pub(super) batch: Option<InBatch>,
     /// Set after a failure: later messages are ignored until the actor stops.
     pub(super) broken: bool,
+    /// Set when the entity was loaded from the journal (for a command or a query): its next
+    /// command's outcome tells the owner every timer it has armed. A write answered "not
+    /// confirmed" that landed armed timers no outcome reported (its command comes back a
+    /// duplicate), and only the journal knows them.
+    pub(super) timers_untold: bool,
 }
