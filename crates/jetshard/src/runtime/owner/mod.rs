@@ -145,6 +145,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
             ticker,
             queries,
             outbox_recovery: None,
+            outbox_in_doubt: None,
             timer_scan: None,
             waking: None,
             compaction: None,

@@ -69,13 +69,16 @@ impl<E: Entity> OwnerState<E> {
         };
         // A command retried after a write answered "not confirmed" that comes back a duplicate:
         // that write landed, and its outbox went unpublished (the entity knew only that it
-        // failed). The outbox is read again; the command's timers its next load reported.
-        let unpublished = head.attempts > 0
+        // failed). The outbox is read again (`on_tick`); the command's timers its next load
+        // reported.
+        if head.attempts > 0
             && matches!(
                 outcome.verdict,
                 crate::runtime::entity_actor::Verdict::Duplicate { .. }
-            );
-        let generation = o.generation;
+            )
+        {
+            self.outbox_in_doubt = Some(o.generation);
+        }
         if stopped {
             // The actor has stopped, and its state with it: its next actor loads the entity.
             slot.actor = None;
@@ -113,9 +116,6 @@ impl<E: Entity> OwnerState<E> {
                 tracing::warn!(partition, %entity, cmd_seq = outcome.seq, deliveries = head.deliveries, ?failure, "command failed");
             }
             crate::runtime::entity_actor::Verdict::Fenced => {}
-        }
-        if unpublished {
-            self.recover_outbox_of(generation);
         }
         let mut effects = settle::settle(&head, outcome.verdict, &policy, Instant::now());
         if let Some(q) = outcome.quarantine {

@@ -72,6 +72,11 @@ pub(crate) struct OwnerState<E: Entity> {
     /// Publishes the outbox messages earlier owners left unconfirmed (`outbox::recover`), from
     /// the last acquisition; stopped with the owner or at the next acquisition.
     pub(super) outbox_recovery: Option<JoinHandle<()>>,
+    /// The generation owned when a command retried after a write not confirmed came back a
+    /// duplicate (that write landed, its outbox unpublished): the next tick starts one outbox
+    /// recovery for all such commands (an election answers every write in flight "not
+    /// confirmed" at once; a recovery each would open as many reads).
+    pub(super) outbox_in_doubt: Option<u64>,
     /// Reads the partition's armed timers from the journal (`find_timers`), from the last
     /// acquisition; stopped with the owner or at the next acquisition.
     pub(super) timer_scan: Option<JoinHandle<()>>,

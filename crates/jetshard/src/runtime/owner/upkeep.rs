@@ -39,8 +39,8 @@ impl<E: Entity> OwnerState<E> {
     }
 
     /// [`recover_outbox`](Self::recover_outbox) for the generation owned now, if it is
-    /// `generation`: a command's messages were not all published, or its write, answered "not
-    /// confirmed", landed with them.
+    /// `generation`: a command's messages were not all published, or writes answered "not
+    /// confirmed" landed with theirs (`outbox_in_doubt`).
     pub(super) fn recover_outbox_of(&mut self, generation: u64) {
         let writer = self
             .phase
@@ -161,6 +161,9 @@ impl<E: Entity> OwnerState<E> {
                 "states kept for a re-claim dropped: no claim came"
             );
             self.warm = None;
+        }
+        if let Some(generation) = self.outbox_in_doubt.take() {
+            self.recover_outbox_of(generation);
         }
         self.step_isolation().await;
         let in_hand = self.post_load();
