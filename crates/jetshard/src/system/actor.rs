@@ -93,7 +93,7 @@ impl<E: Entity> Actor for SystemActor<E> {
             let elections = elections.clone();
             state.tasks.push(tokio::spawn(async move {
                 while advisories.next().await.is_some() {
-                    elections.send_modify(|n| *n += 1);
+                    elections.send_replace(Some(tokio::time::Instant::now()));
                 }
             }));
         }

@@ -93,7 +93,7 @@ impl ShardSystem {
             names
                 .journal_streams()
                 .iter()
-                .map(|_| tokio::sync::watch::Sender::new(0))
+                .map(|_| tokio::sync::watch::Sender::new(None))
                 .collect()
         } else {
             Vec::new()

@@ -23,10 +23,40 @@ use bytes::{Bytes, BytesMut};
 use futures::{FutureExt, StreamExt};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::Elections;
+
+/// How long a write sent just after the journal stream elected a new leader (within this long
+/// of it) may wait for its answer: a publish that reaches the servers while the leadership
+/// changes hands may be dropped by all of them (none leads it yet), and no later election
+/// answers it. It is then reported unconfirmed (its entity writes it again), not after the
+/// whole write timeout.
+pub(super) const UNSETTLED: Duration = Duration::from_secs(2);
+
+/// What a write given up after [`UNSETTLED`] is told.
+pub(super) const UNSETTLED_ERROR: &str =
+    "no answer within 2 s to a write sent as the journal stream's new leader took over";
+
+/// When a write sent now stops waiting for its answer, if the journal stream elected a new
+/// leader less than [`UNSETTLED`] ago; `None` otherwise.
+pub(super) fn unsettled(elections: Option<&Elections>) -> Option<Instant> {
+    let elected = (*elections?.borrow())?;
+    let now = Instant::now();
+    (now.duration_since(elected) < UNSETTLED).then(|| now + UNSETTLED)
+}
+
+/// Resolves at `deadline`; never without one.
+pub(super) async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
 
 /// Resolves when `elections` sees a new leader elected: never without a receiver, nor once its
 /// sender is gone.
-pub(super) async fn elected(elections: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+pub(super) async fn elected(elections: &mut Option<Elections>) {
     if let Some(elections) = elections
         && elections.changed().await.is_ok()
     {
@@ -78,6 +108,9 @@ pub(super) struct Acks {
     /// Shared with the reader task only (the writer's own answers: no actor state).
     waiting: Waiting,
     timeout: Duration,
+    /// The journal stream's elections: a write sent just after one waits at most
+    /// [`UNSETTLED`].
+    elections: Option<Elections>,
     reader: JoinHandle<()>,
 }
 
@@ -112,7 +145,7 @@ impl Acks {
     pub(super) async fn start(
         client: Client,
         timeout: Duration,
-        leader_elections: Option<tokio::sync::watch::Receiver<u64>>,
+        leader_elections: Option<Elections>,
     ) -> Result<Self, String> {
         let (answers, prefix) = crate::wire::write_answers(&client.new_inbox());
         let subscription = client
@@ -120,6 +153,7 @@ impl Acks {
             .await
             .map_err(|e| format!("cannot subscribe to the write answers: {e}"))?;
         let waiting = Waiting::default();
+        let elections = leader_elections.clone();
         let reader = tokio::spawn(read(subscription, Arc::clone(&waiting), leader_elections));
         Ok(Self {
             client,
@@ -127,6 +161,7 @@ impl Acks {
             next: AtomicU64::new(0),
             waiting,
             timeout,
+            elections,
             reader,
         })
     }
@@ -154,7 +189,10 @@ impl Acks {
             waiting: &self.waiting,
             number,
         };
-        let timeout = self.timeout;
+        let timeout = match unsettled(self.elections.as_ref()) {
+            Some(_) => self.timeout.min(UNSETTLED),
+            None => self.timeout,
+        };
         // The write timeout covers the publish too: a client whose command channel is full
         // (its connection stalled) does not hold the write past it. Published as a whole
         // message: `publish_with_reply_and_headers` clones the subject and the reply first (to
@@ -218,7 +256,7 @@ fn reply_subject(buffer: &mut BytesMut, prefix: &[u8], number: u64) -> Subject {
 async fn read(
     mut subscription: async_nats::Subscriber,
     waiting: Waiting,
-    mut leader_elections: Option<tokio::sync::watch::Receiver<u64>>,
+    mut leader_elections: Option<Elections>,
 ) {
     loop {
         let message = tokio::select! {
@@ -313,6 +351,24 @@ fn plain_ack(payload: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_sent_just_after_an_election_waits_at_most_unsettled() {
+        let (elect, elections) = tokio::sync::watch::channel(None);
+        assert_eq!(unsettled(None), None, "one server: no elections");
+        assert_eq!(unsettled(Some(&elections)), None, "no election yet");
+        elect.send_replace(Some(Instant::now()));
+        tokio::time::advance(Duration::from_millis(1_500)).await;
+        let deadline = unsettled(Some(&elections)).expect("1.5 s after an election");
+        assert_eq!(deadline, Instant::now() + UNSETTLED);
+        let waited = Instant::now();
+        until(Some(deadline)).await;
+        assert_eq!(waited.elapsed(), UNSETTLED);
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert_eq!(unsettled(Some(&elections)), None, "settled 2 s after it");
+        let never = tokio::time::timeout(Duration::from_secs(60), until(None)).await;
+        assert!(never.is_err(), "no deadline: never");
+    }
 
     #[test]
     fn answers_are_read_as_the_server_writes_them() {

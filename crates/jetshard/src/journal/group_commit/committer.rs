@@ -107,7 +107,7 @@ pub(super) struct Committer {
     /// How long a single-record publish waits for its answer.
     pub(super) write_timeout: Duration,
     /// The journal stream's leader elections ([`super::Settings::leader_elections`]).
-    pub(super) leader_elections: Option<tokio::sync::watch::Receiver<u64>>,
+    pub(super) leader_elections: Option<super::Elections>,
 }
 
 /// Why a batch was not stored.
@@ -341,6 +341,7 @@ impl Committer {
         if let Some(elections) = &mut elections {
             elections.borrow_and_update();
         }
+        let unsettled = super::acks::unsettled(elections.as_ref());
         let ack = self
             .js
             .send_publish(last.subject.clone(), message)
@@ -353,6 +354,9 @@ impl Committer {
             answer = ack => answer,
             () = super::acks::elected(&mut elections) => {
                 return Err(unconfirmed("the journal stream elected a new leader".to_owned()));
+            }
+            () = super::acks::until(unsettled) => {
+                return Err(unconfirmed(super::acks::UNSETTLED_ERROR.to_owned()));
             }
         };
         match answer {

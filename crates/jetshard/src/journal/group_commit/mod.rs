@@ -79,9 +79,14 @@ pub(crate) struct Settings {
     pub(crate) write_timeout: Duration,
     /// The elections of a new leader of the partition's journal stream seen by this process
     /// (`None` on one server): the writes in flight then are reported unconfirmed at once, not
-    /// after the write timeout, since a leader that hands over may answer none of them.
-    pub(crate) leader_elections: Option<tokio::sync::watch::Receiver<u64>>,
+    /// after the write timeout, since a leader that hands over may answer none of them; and a
+    /// write sent just after one, unanswered for [`acks::UNSETTLED`], too.
+    pub(crate) leader_elections: Option<Elections>,
 }
+
+/// When the journal stream last elected a new leader, as this process heard it (`None`: not
+/// since the process started); each election changes it.
+pub(crate) type Elections = tokio::sync::watch::Receiver<Option<tokio::time::Instant>>;
 
 /// The handle to a partition's group commit; the task ends when every handle is dropped.
 #[derive(Clone)]

@@ -27,7 +27,7 @@ pub(crate) struct Shared {
     pub(crate) journals: Streams,
     /// Each journal stream's leader elections seen by this process, in the order of
     /// [`Names::journal_streams`] (empty on one server: no elections).
-    pub(crate) leader_elections: Vec<tokio::sync::watch::Sender<u64>>,
+    pub(crate) leader_elections: Vec<tokio::sync::watch::Sender<Option<tokio::time::Instant>>>,
     pub(crate) events: broadcast::Sender<OwnershipEvent>,
     /// Live entity actors over all partitions of this system (for the resident cap).
     pub(crate) resident: Arc<AtomicUsize>,
@@ -64,7 +64,7 @@ impl Shared {
     pub(crate) fn leader_elections(
         &self,
         partition: u32,
-    ) -> Option<tokio::sync::watch::Receiver<u64>> {
+    ) -> Option<crate::journal::group_commit::Elections> {
         self.leader_elections
             .get(self.names.journal_index(partition))
             .map(tokio::sync::watch::Sender::subscribe)
