@@ -145,19 +145,51 @@ impl CommandPublisher {
     }
 }
 
+/// How long a publish that no stream took (its stream electing a leader, or moving one) is
+/// published again before the run gives up, as `CommandSender` does.
+const NO_STREAM_PATIENCE: Duration = Duration::from_secs(30);
+
 /// Publish acknowledgements in flight, awaited in publish order once the window is full.
 #[derive(Default)]
 pub struct AckWindow {
-    in_flight: VecDeque<PublishAckFuture>,
+    in_flight: VecDeque<InFlight>,
+}
+
+/// One publish in flight: its acknowledgement, and the message, if it is to be published
+/// again when no stream took it.
+struct InFlight {
+    ack: PublishAckFuture,
+    again: Option<(Context, Subject, Bytes)>,
 }
 
 impl AckWindow {
     /// Adds one; waits for the oldest while more than [`PUBLISH_WINDOW`] are in flight.
     pub async fn push(&mut self, ack: PublishAckFuture) -> anyhow::Result<()> {
-        self.in_flight.push_back(ack);
+        self.add(InFlight { ack, again: None }).await
+    }
+
+    /// Publishes `payload` to `subject` and adds it: if no stream takes it (a leader being
+    /// elected or moved, as the library's spreading of the leaders does), it is published
+    /// again (nothing was stored) for up to [`NO_STREAM_PATIENCE`].
+    pub async fn publish(
+        &mut self,
+        js: &Context,
+        subject: Subject,
+        payload: Bytes,
+    ) -> anyhow::Result<()> {
+        let ack = js
+            .publish(subject.clone(), payload.clone())
+            .await
+            .context("publish a command")?;
+        let again = Some((js.clone(), subject, payload));
+        self.add(InFlight { ack, again }).await
+    }
+
+    async fn add(&mut self, in_flight: InFlight) -> anyhow::Result<()> {
+        self.in_flight.push_back(in_flight);
         while self.in_flight.len() > PUBLISH_WINDOW {
             if let Some(oldest) = self.in_flight.pop_front() {
-                oldest.await.context("a publish was not acknowledged")?;
+                settle(oldest).await?;
             }
         }
         Ok(())
@@ -166,9 +198,36 @@ impl AckWindow {
     /// Waits for every acknowledgement.
     pub async fn drain(&mut self) -> anyhow::Result<()> {
         while let Some(oldest) = self.in_flight.pop_front() {
-            oldest.await.context("a publish was not acknowledged")?;
+            settle(oldest).await?;
         }
         Ok(())
+    }
+}
+
+/// Waits for one publish's acknowledgement, publishing it again while no stream takes it.
+async fn settle(in_flight: InFlight) -> anyhow::Result<()> {
+    let InFlight { mut ack, again } = in_flight;
+    let deadline = Instant::now() + NO_STREAM_PATIENCE;
+    loop {
+        let error = match ack.await {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        let no_stream =
+            error.kind() == async_nats::jetstream::context::PublishErrorKind::StreamNotFound;
+        let Some((js, subject, payload)) = again.as_ref().filter(|_| no_stream) else {
+            return Err(error).context("a publish was not acknowledged");
+        };
+        if Instant::now() >= deadline {
+            return Err(error).context(format!(
+                "a publish was not taken by any stream for {NO_STREAM_PATIENCE:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        ack = js
+            .publish(subject.clone(), payload.clone())
+            .await
+            .context("publish a command again")?;
     }
 }
 

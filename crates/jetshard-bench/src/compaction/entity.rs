@@ -123,17 +123,3 @@ pub(crate) fn work(
     let id = jetshard::EntityId::new(&ids[entity]).context("a bench entity id")?;
     Ok((names.command_subject(&id), payload.into()))
 }
-
-/// Publishes [`work`]'s command.
-pub(crate) async fn publish_work(
-    js: &async_nats::jetstream::Context,
-    names: &jetshard::wire::Names,
-    ids: &[String],
-    i: usize,
-    at_ns: u64,
-) -> anyhow::Result<async_nats::jetstream::context::PublishAckFuture> {
-    let (subject, payload) = work(names, ids, i, at_ns)?;
-    js.publish(subject, payload)
-        .await
-        .context("publish a command")
-}

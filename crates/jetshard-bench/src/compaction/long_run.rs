@@ -17,7 +17,7 @@ use crate::latency::{Stamps, offer};
 use crate::load::AckWindow;
 use crate::stats::Summary;
 
-use super::entity::{CompactionEntity, ENTITY_TYPE, config, publish_work};
+use super::entity::{CompactionEntity, ENTITY_TYPE, config, work};
 use super::split::{Split, split};
 
 /// How often the journal is sampled.
@@ -180,8 +180,8 @@ pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Res
     let cpu_before = cpu();
     let mut window = AckWindow::default();
     let offered = offer(options.compaction_rate, total, async |i, at_ns| {
-        let ack = publish_work(&js, &names, &ids, i, at_ns).await?;
-        window.push(ack).await
+        let (subject, payload) = work(&names, &ids, i, at_ns)?;
+        window.publish(&js, subject.into(), payload).await
     })
     .await?;
     window.drain().await?;

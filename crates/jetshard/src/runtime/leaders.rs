@@ -172,10 +172,10 @@ async fn step_down(js: &Context, step: &Move) {
         .await;
     match answer {
         Ok(Response::Ok(StepDownAnswer { success: true })) => {
-            tracing::info!(stream = %step.stream, from = %step.from, to = %step.to, "moved a journal stream's leader to spread the journal's leaders");
+            tracing::info!(stream = %step.stream, from = %step.from, to = %step.to, "moved a stream's leader to spread the leaders");
         }
         Ok(Response::Ok(_)) => {
-            tracing::warn!(stream = %step.stream, to = %step.to, "journal leader step-down not done");
+            tracing::warn!(stream = %step.stream, to = %step.to, "leader step-down not done");
         }
         Ok(Response::Err { error }) => {
             tracing::warn!(stream = %step.stream, to = %step.to, %error, "journal leader step-down refused");
