@@ -149,6 +149,15 @@ impl CommandPublisher {
 /// published again before the run gives up, as `CommandSender` does.
 const NO_STREAM_PATIENCE: Duration = Duration::from_secs(30);
 
+/// A publish's acknowledgement, as a future that can be polled without waiting.
+type Ack = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
+            > + Send,
+    >,
+>;
+
 /// Publish acknowledgements in flight, awaited in publish order once the window is full.
 #[derive(Default)]
 pub struct AckWindow {
@@ -156,16 +165,17 @@ pub struct AckWindow {
 }
 
 /// One publish in flight: its acknowledgement, and the message, if it is to be published
-/// again when no stream took it.
+/// again when no stream took it (until `deadline`).
 struct InFlight {
-    ack: PublishAckFuture,
+    ack: Ack,
     again: Option<(Context, Subject, Bytes)>,
+    deadline: Instant,
 }
 
 impl AckWindow {
     /// Adds one; waits for the oldest while more than [`PUBLISH_WINDOW`] are in flight.
     pub async fn push(&mut self, ack: PublishAckFuture) -> anyhow::Result<()> {
-        self.add(InFlight { ack, again: None }).await
+        self.add(InFlight::new(ack, None)).await
     }
 
     /// Publishes `payload` to `subject` and adds it: if no stream takes it (a leader being
@@ -182,14 +192,29 @@ impl AckWindow {
             .await
             .context("publish a command")?;
         let again = Some((js.clone(), subject, payload));
-        self.add(InFlight { ack, again }).await
+        self.add(InFlight::new(ack, again)).await
     }
 
     async fn add(&mut self, in_flight: InFlight) -> anyhow::Result<()> {
         self.in_flight.push_back(in_flight);
+        // Those answered already, in publish order, at once: a publish no stream took goes
+        // out again now, not once the window is full (4,096 publishes later: 14 s at 300
+        // cmd/s, which a run would count as the command's latency).
+        while let Some(front) = self.in_flight.front_mut() {
+            let Some(answer) = futures::FutureExt::now_or_never(front.ack.as_mut()) else {
+                break;
+            };
+            let Some(front) = self.in_flight.pop_front() else {
+                break;
+            };
+            if let Some(again) = front.answered(answer, Duration::ZERO).await? {
+                self.in_flight.push_front(again);
+                break;
+            }
+        }
         while self.in_flight.len() > PUBLISH_WINDOW {
             if let Some(oldest) = self.in_flight.pop_front() {
-                settle(oldest).await?;
+                oldest.settle().await?;
             }
         }
         Ok(())
@@ -198,36 +223,62 @@ impl AckWindow {
     /// Waits for every acknowledgement.
     pub async fn drain(&mut self) -> anyhow::Result<()> {
         while let Some(oldest) = self.in_flight.pop_front() {
-            settle(oldest).await?;
+            oldest.settle().await?;
         }
         Ok(())
     }
 }
 
-/// Waits for one publish's acknowledgement, publishing it again while no stream takes it.
-async fn settle(in_flight: InFlight) -> anyhow::Result<()> {
-    let InFlight { mut ack, again } = in_flight;
-    let deadline = Instant::now() + NO_STREAM_PATIENCE;
-    loop {
-        let error = match ack.await {
-            Ok(_) => return Ok(()),
+impl InFlight {
+    fn new(ack: PublishAckFuture, again: Option<(Context, Subject, Bytes)>) -> Self {
+        Self {
+            ack: std::future::IntoFuture::into_future(ack),
+            again,
+            deadline: Instant::now() + NO_STREAM_PATIENCE,
+        }
+    }
+
+    /// Waits for the acknowledgement, publishing again (every 100 ms) while no stream takes it.
+    async fn settle(mut self) -> anyhow::Result<()> {
+        loop {
+            let answer = self.ack.as_mut().await;
+            match self.answered(answer, Duration::from_millis(100)).await? {
+                None => return Ok(()),
+                Some(again) => self = again,
+            }
+        }
+    }
+
+    /// What is left to wait for after `answer`: nothing once stored; the publish made again
+    /// (after `pause`) if no stream took it and its patience lasts.
+    async fn answered(
+        self,
+        answer: Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
+        pause: Duration,
+    ) -> anyhow::Result<Option<Self>> {
+        let error = match answer {
+            Ok(_) => return Ok(None),
             Err(e) => e,
         };
-        let no_stream =
-            error.kind() == async_nats::jetstream::context::PublishErrorKind::StreamNotFound;
-        let Some((js, subject, payload)) = again.as_ref().filter(|_| no_stream) else {
+        let no_stream = error.kind() == jetstream::context::PublishErrorKind::StreamNotFound;
+        let Some((js, subject, payload)) = self.again.filter(|_| no_stream) else {
             return Err(error).context("a publish was not acknowledged");
         };
-        if Instant::now() >= deadline {
+        if Instant::now() >= self.deadline {
             return Err(error).context(format!(
                 "a publish was not taken by any stream for {NO_STREAM_PATIENCE:?}"
             ));
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        ack = js
+        tokio::time::sleep(pause).await;
+        let ack = js
             .publish(subject.clone(), payload.clone())
             .await
             .context("publish a command again")?;
+        Ok(Some(Self {
+            ack: std::future::IntoFuture::into_future(ack),
+            again: Some((js, subject, payload)),
+            deadline: self.deadline,
+        }))
     }
 }
 
