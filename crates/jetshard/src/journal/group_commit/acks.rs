@@ -25,7 +25,9 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::Elections;
+/// When the journal stream last elected a new leader, as this process heard it (`None`: not
+/// since the process started); each election changes it.
+pub(crate) type Elections = tokio::sync::watch::Receiver<Option<Instant>>;
 
 /// How long a write sent just after the journal stream elected a new leader (within this long
 /// of it) may wait for its answer: a publish that reaches the servers while the leadership

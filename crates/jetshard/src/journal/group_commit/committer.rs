@@ -107,7 +107,7 @@ pub(super) struct Committer {
     /// How long a single-record publish waits for its answer.
     pub(super) write_timeout: Duration,
     /// The journal stream's leader elections ([`super::Settings::leader_elections`]).
-    pub(super) leader_elections: Option<super::Elections>,
+    pub(super) leader_elections: Option<super::acks::Elections>,
 }
 
 /// Why a batch was not stored.

@@ -38,6 +38,7 @@ use tracing::Instrument;
 use crate::journal::server::WriteError;
 use crate::telemetry::CommitMetrics;
 
+pub(crate) use acks::Elections;
 pub(crate) use committer::{CommitStats, Outgoing};
 use committer::{Committer, Unit};
 
@@ -83,10 +84,6 @@ pub(crate) struct Settings {
     /// write sent just after one, unanswered for [`acks::UNSETTLED`], too.
     pub(crate) leader_elections: Option<Elections>,
 }
-
-/// When the journal stream last elected a new leader, as this process heard it (`None`: not
-/// since the process started); each election changes it.
-pub(crate) type Elections = tokio::sync::watch::Receiver<Option<tokio::time::Instant>>;
 
 /// The handle to a partition's group commit; the task ends when every handle is dropped.
 #[derive(Clone)]
