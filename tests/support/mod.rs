@@ -63,6 +63,7 @@ pub fn init_tracing() {
 }
 
 pub mod cli;
+pub mod doubt;
 pub mod fence;
 pub mod fragile;
 pub mod ledger;

@@ -371,11 +371,7 @@ async fn the_outbox_of_a_write_not_confirmed_that_landed_is_published() {
     // A long pin TTL: the generation outlives the pause, so no takeover recovers the outbox.
     let mut s = Scenario::single(2).await.pin_ttl(Duration::from_secs(10));
     sink(&s).await;
-    let config = s
-        .config("n1")
-        .write_timeout(Duration::from_millis(500))
-        .retry_delay(Duration::from_millis(50));
-    let system = s.system_with(config).await;
+    let system = s.system_with(s.doubting_config("n1")).await;
     let forward = LedgerCmd::Forward {
         n: 4,
         to: "dst".into(),

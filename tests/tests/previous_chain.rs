@@ -109,11 +109,7 @@ async fn a_write_not_confirmed_that_lands_leaves_no_previous_in_its_generation()
     // A long pin TTL: the generation outlives the pause.
     let mut s = Scenario::single(1).await.pin_ttl(Duration::from_secs(10));
     let entity = "late";
-    let config = s
-        .config("n1")
-        .snapshot_every(1)
-        .write_timeout(Duration::from_millis(500))
-        .retry_delay(Duration::from_millis(50));
+    let config = s.doubting_config("n1").snapshot_every(1);
     let system = s.system_with(config).await;
     // A snapshot after every event: every record of the entity would name its previous one.
     s.send(entity, Op::Append(0)).await;

@@ -256,11 +256,7 @@ async fn a_timer_set_by_a_write_not_confirmed_that_landed_fires() {
     init_tracing();
     // A long pin TTL: the generation outlives the pause, so no takeover reads the timers.
     let mut s = Scenario::single(1).await.pin_ttl(Duration::from_secs(10));
-    let config = s
-        .config("n1")
-        .write_timeout(Duration::from_millis(500))
-        .retry_delay(Duration::from_millis(50));
-    let system = s.system_with(config).await;
+    let system = s.system_with(s.doubting_config("n1")).await;
     let op = Op::Arm {
         name: "t".into(),
         n: 3,
