@@ -33,6 +33,7 @@ pub mod bareloop;
 pub mod cluster;
 pub mod compaction;
 pub mod cpu;
+pub mod cpu_cap;
 pub mod drain;
 pub mod entity;
 pub mod failover;
@@ -273,6 +274,11 @@ pub struct Options {
     /// Commands of the spread scenario's backlog (its maximum rate).
     #[arg(long, default_value_t = 100_000)]
     pub spread_drain_commands: usize,
+    /// Caps each server of the spread scenario at this many cores (a CPU cgroup of its own,
+    /// needs root): servers on machines of their own, each that size, instead of all on every
+    /// core of this one.
+    #[arg(long)]
+    pub spread_server_cores: Option<f64>,
     /// Seconds of measured latency load.
     #[arg(long, default_value_t = 10)]
     pub latency_secs: u64,

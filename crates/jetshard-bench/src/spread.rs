@@ -10,6 +10,10 @@
 //! the mean, the latency from the scheduled send to the event stored (as `latency` measures
 //! it); then the maximum rate: `--spread-drain-commands` commands pre-loaded behind paused
 //! consumers, and the time to drain them.
+//!
+//! With `--spread-server-cores`, each server is capped at that many cores ([`CpuCaps`]): the
+//! servers as on machines of their own, where the busiest one bounds the rate, instead of all
+//! five sharing this machine's cores (where spreading the work cannot add any).
 
 use std::time::Duration;
 
@@ -21,6 +25,7 @@ use serde_json::json;
 
 use crate::Options;
 use crate::cpu::cpu_time;
+use crate::cpu_cap::CpuCaps;
 use crate::entity::BenchEntity;
 use crate::latency::{Stamps, offer_stamped};
 use crate::load::{self, Gate};
@@ -34,6 +39,9 @@ const SERVERS: usize = 5;
 
 /// How long the leaders may take to spread before the load starts anyway.
 const SPREAD_WITHIN: Duration = Duration::from_secs(90);
+
+/// Longer than a layout's run.
+const KEEP_WARM: Duration = Duration::from_secs(600);
 
 /// Load before the measured window.
 const WARM_UP: Duration = Duration::from_secs(2);
@@ -78,8 +86,11 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             runs.push(measure(options, streams).await?);
         }
     }
+    let capped = options.spread_server_cores.map_or(String::new(), |cores| {
+        format!(", each capped at {cores} cores")
+    });
     let shape = format!(
-        "{SERVERS} servers, R3, {} partitions, {} entities",
+        "{SERVERS} servers{capped}, R3, {} partitions, {} entities",
         options.spread_partitions, options.entities
     );
     let of = |streams: u32, figure: fn(&LayoutRun) -> f64| -> Vec<f64> {
@@ -184,12 +195,26 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
     let cluster = NatsCluster::start(SERVERS)
         .await
         .context("start the cluster")?;
+    let pids: Vec<(String, u32)> = cluster
+        .nodes()
+        .iter()
+        .filter_map(|n| Some((n.name()?.to_owned(), n.pid()?)))
+        .collect();
+    let _caps = options
+        .spread_server_cores
+        .map(|cores| CpuCaps::apply(&pids.iter().map(|(_, pid)| *pid).collect::<Vec<_>>(), cores))
+        .transpose()?;
     let control = cluster.connect().await?;
     let partitions = options.spread_partitions;
     let config = ShardConfig::builder(ENTITY_TYPE)
         .partitions(partitions)
         .replicas(3)
         .journal_streams(streams)
+        // Every entity stays warm over the run: entities warmed together would otherwise be
+        // passivated together `passivate_after` later, each writing a snapshot, a burst that
+        // lands in the spread layout's measured window (it waits for its leaders to spread)
+        // and not in the other's.
+        .passivate_after(KEEP_WARM)
         .node_id("bench")
         .build()?;
     let names = config.names();
@@ -256,11 +281,6 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
     let stamps = Stamps::listen(&control, ENTITY_TYPE, Codec::default()).await?;
     let total =
         (options.spread_rate * (WARM_UP.as_secs_f64() + options.spread_secs as f64)) as usize;
-    let pids: Vec<(String, u32)> = cluster
-        .nodes()
-        .iter()
-        .filter_map(|n| Some((n.name()?.to_owned(), n.pid()?)))
-        .collect();
     let before: Vec<Duration> = pids
         .iter()
         .map(|(_, pid)| cpu_time(*pid).unwrap_or_default())
