@@ -118,12 +118,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         };
         let servers_leading = row(
             "servers leading a journal stream",
-            |r| {
-                let mut leaders = r.leaders.clone();
-                leaders.sort();
-                leaders.dedup();
-                leaders.len() as f64
-            },
+            servers_leading_journal,
             "servers",
             Worse::Lower,
         );
@@ -167,14 +162,9 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             report.rows.extend([
                 servers_leading.target(
                     format!("{SERVERS} (every server)"),
-                    of(streams, |r| {
-                        let mut leaders = r.leaders.clone();
-                        leaders.sort();
-                        leaders.dedup();
-                        leaders.len() as f64
-                    })
-                    .iter()
-                    .all(|n| *n as usize == SERVERS),
+                    of(streams, servers_leading_journal)
+                        .iter()
+                        .all(|n| *n as usize == SERVERS),
                 ),
                 busiest.target("<= 1.3 x the mean", busiest_ok),
                 idlest.target(">= 0.7 x the mean", idlest_ok),
@@ -188,6 +178,14 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         .details
         .insert("spread".to_owned(), json!({ "runs": runs }));
     Ok(())
+}
+
+/// How many servers lead one of the run's journal streams.
+fn servers_leading_journal(run: &LayoutRun) -> f64 {
+    let mut leaders = run.leaders.clone();
+    leaders.sort();
+    leaders.dedup();
+    leaders.len() as f64
 }
 
 /// One layout on a fresh cluster.
