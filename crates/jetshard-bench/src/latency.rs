@@ -283,7 +283,7 @@ impl Consumer {
 /// on `<t>.evt.>` receives it as the journal stores it: (scheduled send, ns; latency, ns).
 pub(crate) struct Stamps {
     recorded: Arc<Mutex<Vec<(u64, u64)>>>,
-    /// While stages are recorded: each event's command sequence too.
+    /// While stages are recorded: each event's partition and command sequence too.
     seen: Arc<Mutex<Vec<stages::Seen>>>,
     collector: tokio::task::JoinHandle<()>,
 }
@@ -319,10 +319,12 @@ impl Stamps {
                             .and_then(|h| h.get(jetshard::wire::HDR_MSG_ID))
                             .and_then(|id| stages::command_seq_of_msg_id(id.as_str()))
                     {
+                        let partition = stages::partition_of_event_subject(&message.subject)
+                            .unwrap_or(stages::UNKNOWN);
                         seen_sink
                             .lock()
                             .unwrap_or_else(PoisonError::into_inner)
-                            .push((seq, at_ns, received));
+                            .push((partition, seq, at_ns, received));
                     }
                 }
             }
@@ -355,8 +357,8 @@ impl Stamps {
         self.recorded.clone()
     }
 
-    /// The events received while stages were recorded: (command sequence, scheduled send,
-    /// received).
+    /// The events received while stages were recorded: (partition, command sequence,
+    /// scheduled send, received).
     pub(crate) fn seen(&self) -> Vec<stages::Seen> {
         self.seen
             .lock()

@@ -290,9 +290,10 @@ pub struct Options {
     /// measured in this run, or measured first if throughput is not run).
     #[arg(long)]
     pub latency_rate: Option<f64>,
-    /// Latency: also split each command's latency by stage (stored, pulled, routed, started,
-    /// written, seen, acked; jetshard's stage trace events and the bare loop's) and print each
-    /// stage's p50/p99 beside the total.
+    /// Latency and spread: also split each command's latency by stage (stored, pulled,
+    /// routed, started, written, seen, acked; jetshard's stage trace events and the bare
+    /// loop's) and print each stage's p50/p99 beside the total; spread also prints each
+    /// process's time on a CPU and waiting for one.
     #[arg(long)]
     pub latency_stages: bool,
     /// Throughput and cluster: split each pass by stage (jetshard's stage trace events): the

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use crate::stages::{self, Mark, Others, STAGES, Stage};
+use crate::stages::{self, Mark, Others, STAGES, Stage, UNKNOWN};
 use crate::stats::{Summary, now_ns};
 
 /// The steps printed, in order (`from`, `to`).
@@ -47,7 +47,7 @@ impl PassStages {
     }
 }
 
-/// Each command's first mark of each stage, and its partition (from its `pulled` mark).
+/// Each command's first mark of each stage, and its partition (from the first mark that has one).
 type ByCommand = HashMap<u64, ([Option<u64>; STAGES], u32)>;
 
 fn by_command(marks: &[Mark]) -> ByCommand {
@@ -56,9 +56,9 @@ fn by_command(marks: &[Mark]) -> ByCommand {
         if stage == Stage::Stored {
             continue;
         }
-        let (stages, p) = by.entry(seq).or_insert(([None; STAGES], u32::MAX));
+        let (stages, p) = by.entry(seq).or_insert(([None; STAGES], UNKNOWN));
         stages[stage.index()].get_or_insert(at);
-        if partition != u32::MAX && *p == u32::MAX {
+        if partition != UNKNOWN && *p == UNKNOWN {
             *p = partition;
         }
     }
@@ -341,9 +341,9 @@ mod tests {
         let opened = 1_000 * ms;
         let marks = [
             (opened + 50 * ms, 1, Stage::Pulled, 3),
-            (opened + 250 * ms, 1, Stage::Acking, u32::MAX),
+            (opened + 250 * ms, 1, Stage::Acking, UNKNOWN),
             (opened + 60 * ms, 2, Stage::Pulled, 3),
-            (opened + 1_500 * ms, 2, Stage::Acking, u32::MAX),
+            (opened + 1_500 * ms, 2, Stage::Acking, UNKNOWN),
         ];
         let others = Others {
             reads: Vec::new(),
@@ -366,9 +366,9 @@ mod tests {
     fn marks_are_gathered_by_command() {
         let marks = [
             (5, 7, Stage::Pulled, 2),
-            (6, 7, Stage::Routed, u32::MAX),
+            (6, 7, Stage::Routed, UNKNOWN),
             (9, 7, Stage::Pulled, 2),
-            (4, 7, Stage::Stored, u32::MAX),
+            (4, 7, Stage::Stored, UNKNOWN),
         ];
         let by = by_command(&marks);
         let (stages, partition) = by[&7];

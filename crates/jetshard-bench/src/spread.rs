@@ -11,6 +11,10 @@
 //! it); then the maximum rate: `--spread-drain-commands` commands pre-loaded behind paused
 //! consumers, and the time to drain them.
 //!
+//! With `--latency-stages`, the offered load's latency is split by stage per layout (as the
+//! latency scenario splits it) and each server's time on a CPU and waiting for one is printed:
+//! where the spread layout's commands wait longer.
+//!
 //! With `--spread-server-cores`, each server is capped at that many cores ([`CpuCaps`]): the
 //! servers as on machines of their own, where the busiest one bounds the rate, instead of all
 //! five sharing this machine's cores (where spreading the work cannot add any).
@@ -30,6 +34,8 @@ use crate::entity::BenchEntity;
 use crate::latency::{Stamps, offer_stamped};
 use crate::load::{self, Gate};
 use crate::report::{Report, Row, Worse};
+use crate::runqueue::Sampled;
+use crate::stages::{self, Step};
 use crate::stats::Summary;
 
 const ENTITY_TYPE: &str = "spread";
@@ -69,7 +75,16 @@ struct LayoutRun {
     completed_rate: f64,
     /// Commands/s drained from a pre-loaded backlog.
     drain_rate: f64,
+    /// The latency split by stage, and each process's time on a CPU and waiting for one over
+    /// the offered load (`--latency-stages`; empty without it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    stages: Vec<Step>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    sched: String,
 }
+
+/// Names for the servers' scheduler times.
+const SERVER_LABELS: [&str; SERVERS] = ["server 1", "server 2", "server 3", "server 4", "server 5"];
 
 /// The scenario.
 pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
@@ -283,6 +298,12 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
         .iter()
         .map(|(_, pid)| cpu_time(*pid).unwrap_or_default())
         .collect();
+    let mut processes = vec![("bench", std::process::id())];
+    processes.extend(SERVER_LABELS.iter().zip(&pids).map(|(label, (_, pid))| (*label, *pid)));
+    let sched = Sampled::start(&processes);
+    if options.latency_stages {
+        stages::record(true);
+    }
     let offered = offer_stamped(
         &publisher,
         options.spread_rate,
@@ -290,6 +311,11 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
         options.command_bytes,
     )
     .await?;
+    let sched = if options.latency_stages {
+        sched.report()
+    } else {
+        String::new()
+    };
     stamps.wait_for(total, Duration::from_secs(30)).await;
     let elapsed = offered.secs;
     let cpu: Vec<(String, f64)> = pids
@@ -304,6 +330,11 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
     let busiest = cpu.iter().map(|(_, c)| *c).fold(0.0, f64::max);
     let idlest = cpu.iter().map(|(_, c)| *c).fold(f64::MAX, f64::min);
     let warm_up_end = offered.started_ns + WARM_UP.as_nanos() as u64;
+    let stages = if options.latency_stages {
+        stages::split(&stamps.seen(), warm_up_end)
+    } else {
+        Vec::new()
+    };
     let recorded = stamps.stop();
     let completed = recorded.len();
     let samples: Vec<f64> = recorded
@@ -339,6 +370,8 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
         latency: Summary::of(&samples),
         completed_rate: completed as f64 / elapsed,
         drain_rate,
+        stages,
+        sched,
     };
     eprintln!(
         "spread: {streams} stream(s): journal leaders {:?}, command leaders {:?} (replicas on {:?}), system on {}, publisher on {}, cpu {:?}, p99 {:.1} ms, drained {:.0} cmd/s",
@@ -351,5 +384,14 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
         run.latency.p99,
         run.drain_rate
     );
+    if !run.sched.is_empty() {
+        eprintln!("spread: {streams} stream(s): over the load: {}", run.sched);
+    }
+    for step in &run.stages {
+        eprintln!(
+            "spread stages: {streams} stream(s): {:<20} p50 {:>8.2} ms  p99 {:>8.2} ms  p999 {:>8.2} ms  (n {})",
+            step.name, step.summary.p50, step.summary.p99, step.summary.p999, step.summary.count
+        );
+    }
     Ok(run)
 }

@@ -1,8 +1,15 @@
 //! Where a command's latency goes, in one run (`--latency-stages`): jetshard's stage trace
 //! events (`jetshard::COMMAND_STAGE_TARGET`, field `seq`) and the bare loop's own
 //! ([`BARE_STAGE_TARGET`]) are recorded with [`now_ns`] while [`record`] is on; the latency
-//! scenario joins them by command sequence with the command's scheduled send time and the
-//! moment its event reached the listener, and prints each stage's p50/p99 beside the total.
+//! scenario joins them by partition and command sequence with the command's scheduled send
+//! time and the moment its event reached the listener, and prints each stage's p50/p99 beside
+//! the total.
+//!
+//! A command sequence names a command only within its command stream, and the spread layout
+//! has several: a mark is joined by (partition, sequence). The partition of a mark is read
+//! from the delivery's `$JS.ACK` subject (`pulled`) or from the enclosing span's `partition`
+//! field (the entity actor's `command` span: `started` to `written`); the owner's `routed` and
+//! `acking` carry neither, and are joined only where their sequence names one command seen.
 //!
 //! The server's own moment, the command stored in its stream, is read from the delivery's
 //! `$JS.ACK` subject (its timestamp token, unix ns, the server's clock) and put on
@@ -20,10 +27,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id};
 use tracing::subscriber::Interest;
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::DynFilterFn;
 use tracing_subscriber::layer::Context;
+use tracing_subscriber::registry::LookupSpan;
 
 use crate::stats::{Summary, now_ns};
 
@@ -79,10 +88,12 @@ impl Stage {
 /// How many [`Stage`]s there are.
 pub(crate) const STAGES: usize = 10;
 
-/// One stage event: (`now_ns`, command sequence, stage, partition). The partition is known
-/// only on `pulled` marks (from the consumer named in the `$JS.ACK` subject); `u32::MAX`
-/// elsewhere.
+/// One stage event: (`now_ns`, command sequence, stage, partition). The partition is
+/// [`UNKNOWN`] on the owner's marks (see the module's text).
 pub(crate) type Mark = (u64, u64, Stage, u32);
+
+/// The partition of a mark that carries none.
+pub(crate) const UNKNOWN: u32 = u32::MAX;
 
 /// A batched load's one read (`batch read` events).
 #[derive(Debug, Clone, Copy)]
@@ -192,28 +203,57 @@ pub fn layer<S>() -> impl Layer<S> + Send + Sync
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
-    let is_stage =
-        |target: &str| target == jetshard::COMMAND_STAGE_TARGET || target == BARE_STAGE_TARGET;
+    // The stage events, and the library's spans that carry a partition (for the events in
+    // them that do not).
+    let wanted = |meta: &tracing::Metadata<'_>| {
+        let target = meta.target();
+        target == jetshard::COMMAND_STAGE_TARGET
+            || target == BARE_STAGE_TARGET
+            || (meta.is_span()
+                && target.starts_with("jetshard::")
+                && meta.fields().field("partition").is_some())
+    };
     StageLayer.with_filter(
-        DynFilterFn::new(move |meta, _| is_stage(meta.target()) && recording())
-            .with_callsite_filter(move |meta| {
-                if is_stage(meta.target()) && recording() {
+        DynFilterFn::new(move |meta, _| wanted(meta) && recording()).with_callsite_filter(
+            move |meta| {
+                if wanted(meta) && recording() {
                     Interest::always()
                 } else {
                     Interest::never()
                 }
-            }),
+            },
+        ),
     )
 }
 
 struct StageLayer;
 
-impl<S: tracing::Subscriber> Layer<S> for StageLayer {
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+/// A span's `partition` field, kept in its extensions.
+struct SpanPartition(u32);
+
+impl<S> Layer<S> for StageLayer
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut fields = Fields::default();
+        attrs.record(&mut fields);
+        if let (Some(partition), Some(span)) = (fields.partition, ctx.span(id)) {
+            span.extensions_mut().insert(SpanPartition(partition));
+        }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, S>) {
         let at = now_ns();
         let mut fields = Fields::default();
         event.record(&mut fields);
-        let partition = fields.partition.unwrap_or(u32::MAX);
+        let partition = fields
+            .partition
+            .or_else(|| {
+                ctx.event_scope(event)?
+                    .find_map(|span| span.extensions().get::<SpanPartition>().map(|p| p.0))
+            })
+            .unwrap_or(UNKNOWN);
         match fields.message.as_str() {
             "batch read" => {
                 let read = BatchRead {
@@ -252,7 +292,7 @@ impl<S: tracing::Subscriber> Layer<S> for StageLayer {
                 stored.saturating_sub(offset),
                 fields.seq,
                 Stage::Stored,
-                u32::MAX,
+                partition,
             ));
         }
     }
@@ -304,9 +344,9 @@ impl Visit for Fields {
     }
 }
 
-/// A command as the listener saw it: (command sequence, scheduled send `now_ns`, received
-/// `now_ns`).
-pub type Seen = (u64, u64, u64);
+/// A command as the listener saw it: (partition, command sequence, scheduled send `now_ns`,
+/// received `now_ns`).
+pub type Seen = (u32, u64, u64, u64);
 
 /// One stage step's distribution, ms.
 #[derive(Debug, Clone, Serialize)]
@@ -335,29 +375,51 @@ const STEPS: [(Option<Stage>, Stage); 9] = [
 /// has no owner or actor) are left out.
 pub fn split(seen: &[Seen], from_ns: u64) -> Vec<Step> {
     let (marks, _) = take();
-    let mut by_seq: HashMap<u64, [Option<u64>; STAGES]> = HashMap::with_capacity(seen.len());
-    for &(seq, at, received) in seen {
+    join(seen, marks, from_ns)
+}
+
+/// [`split`] on the `marks` given.
+fn join(seen: &[Seen], marks: Vec<Mark>, from_ns: u64) -> Vec<Step> {
+    let mut by_command: HashMap<(u32, u64), [Option<u64>; STAGES]> =
+        HashMap::with_capacity(seen.len());
+    // The partition of the one command seen with a sequence (`None`: several).
+    let mut of_seq: HashMap<u64, Option<u32>> = HashMap::with_capacity(seen.len());
+    for &(partition, seq, at, received) in seen {
+        of_seq
+            .entry(seq)
+            .and_modify(|p| *p = p.filter(|p| *p == partition))
+            .or_insert(Some(partition));
         if at >= from_ns {
             let mut stages = [None; STAGES];
             stages[Stage::Seen.index()] = Some(received);
-            by_seq.insert(seq, stages);
+            by_command.insert((partition, seq), stages);
         }
     }
-    for (at, seq, stage, _) in marks {
-        if let Some(stages) = by_seq.get_mut(&seq) {
+    for (at, seq, stage, partition) in marks {
+        let partition = match partition {
+            UNKNOWN => match of_seq.get(&seq) {
+                Some(Some(partition)) => *partition,
+                _ => continue,
+            },
+            known => known,
+        };
+        if let Some(stages) = by_command.get_mut(&(partition, seq)) {
             // The first mark of each stage: a redelivery's later ones are not this latency.
             stages[stage.index()].get_or_insert(at);
         }
     }
-    let scheduled: HashMap<u64, u64> = seen.iter().map(|&(seq, at, _)| (seq, at)).collect();
+    let scheduled: HashMap<(u32, u64), u64> = seen
+        .iter()
+        .map(|&(partition, seq, at, _)| ((partition, seq), at))
+        .collect();
     STEPS
         .iter()
         .filter_map(|&(from, to)| {
-            let samples: Vec<f64> = by_seq
+            let samples: Vec<f64> = by_command
                 .iter()
-                .filter_map(|(seq, stages)| {
+                .filter_map(|(command, stages)| {
                     let start = match from {
-                        None => scheduled.get(seq).copied(),
+                        None => scheduled.get(command).copied(),
                         Some(stage) => stages[stage.index()],
                     }?;
                     let end = stages[to.index()]?;
@@ -374,6 +436,11 @@ pub fn split(seen: &[Seen], from_ns: u64) -> Vec<Step> {
             })
         })
         .collect()
+}
+
+/// The partition in an event's subject (`<type>.evt.<partition>.<id>`).
+pub fn partition_of_event_subject(subject: &str) -> Option<u32> {
+    subject.split('.').nth(2)?.parse().ok()
 }
 
 /// The command sequence in an event's `Nats-Msg-Id` (`<type>:<command seq>:<index>`).
@@ -409,6 +476,41 @@ mod tests {
             Some(12)
         );
         assert_eq!(ack_partition("$JS.ACK.s.c.1.42.7.1700000000123.3"), None);
+    }
+
+    #[test]
+    fn the_partition_is_read_from_an_event_subject() {
+        assert_eq!(partition_of_event_subject("lat.evt.12.e7"), Some(12));
+        assert_eq!(partition_of_event_subject("lat.evt"), None);
+    }
+
+    #[test]
+    fn a_mark_is_joined_to_the_command_of_its_partition_and_sequence() {
+        const MS: u64 = 1_000_000;
+        // Sequence 7 in two partitions' command streams; 9 in one only.
+        let marks = vec![
+            (105 * MS, 7, Stage::Stored, 1),
+            (110 * MS, 7, Stage::Pulled, 1),
+            (105 * MS, 7, Stage::Stored, 2),
+            (150 * MS, 7, Stage::Pulled, 2),
+            (135 * MS, 7, Stage::Routed, UNKNOWN),
+            (120 * MS, 9, Stage::Pulled, 1),
+            (125 * MS, 9, Stage::Routed, UNKNOWN),
+        ];
+        let seen = [
+            (1, 7, 100 * MS, 200 * MS),
+            (2, 7, 100 * MS, 300 * MS),
+            (1, 9, 100 * MS, 400 * MS),
+        ];
+        let steps = join(&seen, marks, 0);
+        let step = |name: &str| steps.iter().find(|s| s.name == name).map(|s| &s.summary);
+        let stored_to_pulled = step("Stored -> Pulled").expect("joined");
+        assert_eq!(stored_to_pulled.count, 2);
+        assert_eq!(stored_to_pulled.max, 45.0);
+        // The owner's mark of sequence 7 names two commands: left out; 9's is joined.
+        let pulled_to_routed = step("Pulled -> Routed").expect("joined");
+        assert_eq!(pulled_to_routed.count, 1);
+        assert_eq!(pulled_to_routed.max, 5.0);
     }
 
     #[test]
