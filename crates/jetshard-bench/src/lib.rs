@@ -259,9 +259,14 @@ pub struct Options {
     /// Rounds of the cluster scenario (serialized bare, pipelined bare, jetshard, each round).
     #[arg(long, default_value_t = 1)]
     pub cluster_rounds: usize,
-    /// Rounds of the spread scenario (one journal stream, then five, each round).
+    /// Rounds of the spread scenario (one journal stream, then as many as servers, each round).
     #[arg(long, default_value_t = 1)]
     pub spread_rounds: usize,
+    /// Servers of the spread scenario's cluster, 3 to 5: its spread layout has as many streams
+    /// each. With 3, every server holds a replica of every stream in both layouts, so the two
+    /// differ only in the number of raft groups and where they are led.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u8).range(3..=5))]
+    pub spread_servers: u8,
     /// Offered rate of the spread scenario, commands/s.
     #[arg(long, default_value_t = 1_500.0)]
     pub spread_rate: f64,

@@ -1,6 +1,6 @@
 //! Scenario `spread`: an entity type's commands and journal in one stream each against spread
 //! over as many streams as the cluster has servers (`ShardConfig::journal_streams`), on a
-//! 5-server cluster with R3 streams, in the same run.
+//! 5-server cluster (`--spread-servers`, 3 to 5) with R3 streams, in the same run.
 //!
 //! Per layout, on a fresh cluster with one shard system in this process: the streams' leaders
 //! (spread, the owner of partition 0 moves them until each server leads one journal stream and
@@ -40,8 +40,8 @@ use crate::stats::Summary;
 
 const ENTITY_TYPE: &str = "spread";
 
-/// The cluster's servers, and the journal streams of the spread layout.
-const SERVERS: usize = 5;
+/// The most servers of the cluster (`--spread-servers`), and of the spread layout's streams.
+const MAX_SERVERS: usize = 5;
 
 /// How long the leaders may take to spread before the load starts anyway.
 const SPREAD_WITHIN: Duration = Duration::from_secs(90);
@@ -84,13 +84,15 @@ struct LayoutRun {
 }
 
 /// Names for the servers' scheduler times.
-const SERVER_LABELS: [&str; SERVERS] = ["server 1", "server 2", "server 3", "server 4", "server 5"];
+const SERVER_LABELS: [&str; MAX_SERVERS] =
+    ["server 1", "server 2", "server 3", "server 4", "server 5"];
 
 /// The scenario.
 pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
+    let servers = usize::from(options.spread_servers).min(MAX_SERVERS);
     let mut runs = Vec::new();
     for round in 0..options.spread_rounds {
-        for streams in [1, SERVERS as u32] {
+        for streams in [1, servers as u32] {
             eprintln!(
                 "spread round {}/{}: the journal in {streams} stream(s), {} cmd/s for {} s",
                 round + 1,
@@ -98,14 +100,14 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
                 options.spread_rate,
                 options.spread_secs
             );
-            runs.push(measure(options, streams).await?);
+            runs.push(measure(options, servers, streams).await?);
         }
     }
     let capped = options.spread_server_cores.map_or(String::new(), |cores| {
         format!(", each capped at {cores} cores")
     });
     let shape = format!(
-        "{SERVERS} servers{capped}, R3, {} partitions, {} entities",
+        "{servers} servers{capped}, R3, {} partitions, {} entities",
         options.spread_partitions, options.entities
     );
     let of = |streams: u32, figure: fn(&LayoutRun) -> f64| -> Vec<f64> {
@@ -116,7 +118,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     };
     let rate = options.spread_rate;
     let mut baselines = Vec::new();
-    for streams in [1, SERVERS as u32] {
+    for streams in [1, servers as u32] {
         let layout = if streams == 1 {
             "one stream each".to_owned()
         } else {
@@ -176,10 +178,10 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             let (busiest_ok, idlest_ok) = (busiest.value <= 1.3, idlest.value >= 0.7);
             report.rows.extend([
                 servers_leading.target(
-                    format!("{SERVERS} (every server)"),
+                    format!("{servers} (every server)"),
                     of(streams, servers_leading_journal)
                         .iter()
-                        .all(|n| *n as usize == SERVERS),
+                        .all(|n| *n as usize == servers),
                 ),
                 busiest.target("<= 1.3 x the mean", busiest_ok),
                 idlest.target(">= 0.7 x the mean", idlest_ok),
@@ -204,8 +206,8 @@ fn servers_leading_journal(run: &LayoutRun) -> f64 {
 }
 
 /// One layout on a fresh cluster.
-async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
-    let cluster = NatsCluster::start(SERVERS)
+async fn measure(options: &Options, servers: usize, streams: u32) -> anyhow::Result<LayoutRun> {
+    let cluster = NatsCluster::start(servers)
         .await
         .context("start the cluster")?;
     let pids: Vec<(String, u32)> = cluster
@@ -272,7 +274,7 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
     .await?;
     if streams > 1 {
         let spread = wait_until(SPREAD_WITHIN, "the stream leaders spread", || async {
-            let wanted = SERVERS.min(streams as usize);
+            let wanted = servers.min(streams as usize);
             let journal = placed(names.journal_streams().to_vec()).await;
             let commands = placed(names.command_streams().to_vec()).await;
             journal.is_some_and(|(l, _)| spread_over(&l) == wanted)
@@ -299,7 +301,12 @@ async fn measure(options: &Options, streams: u32) -> anyhow::Result<LayoutRun> {
         .map(|(_, pid)| cpu_time(*pid).unwrap_or_default())
         .collect();
     let mut processes = vec![("bench", std::process::id())];
-    processes.extend(SERVER_LABELS.iter().zip(&pids).map(|(label, (_, pid))| (*label, *pid)));
+    processes.extend(
+        SERVER_LABELS
+            .iter()
+            .zip(&pids)
+            .map(|(label, (_, pid))| (*label, *pid)),
+    );
     let sched = Sampled::start(&processes);
     if options.latency_stages {
         stages::record(true);
