@@ -314,8 +314,9 @@ async fn on_five_servers_each_leads_a_command_and_a_journal_stream_again_after_a
         .expect("a server")
         .kill()
         .expect("kill");
+    // Keyed: a command stream the victim led is without a leader until the election.
     for n in 1..4 {
-        s.append_to_all(&entities, n).await;
+        s.append_to_all_keyed(&entities, n).await;
     }
     // Down until another server leads its stream (and the commands were served meanwhile).
     wait_until(
@@ -336,8 +337,9 @@ async fn on_five_servers_each_leads_a_command_and_a_journal_stream_again_after_a
         .restart()
         .await
         .expect("restart");
+    // Keyed: the leaders are moved back meanwhile, each move an election.
     for n in 4..6 {
-        s.append_to_all(&entities, n).await;
+        s.append_to_all_keyed(&entities, n).await;
     }
     let spread = wait_until(
         Duration::from_secs(120),
