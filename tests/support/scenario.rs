@@ -307,21 +307,26 @@ impl Scenario {
         }
     }
 
-    /// Sends `Append { n }` to each of `entities` under the key `append-<n>`: a send that meets
-    /// a command stream's election (a killed leader, a step-down) is published again until the
+    /// Sends `op`'s command to `entity` under the idempotency `key`: a send that meets a
+    /// command stream's election (a killed leader, a step-down) is published again until the
     /// next leader stores it (`CommandSender::send_with_key`), where an unkeyed send fails at
     /// the client's ack timeout, stored or not. For sends while servers fail.
+    pub async fn send_keyed(&mut self, entity: &str, key: &str, op: Op) -> u64 {
+        let command = op.command().expect("an op that is a command");
+        let seq = self
+            .sender
+            .send_with_key(entity, key, &command)
+            .await
+            .unwrap_or_else(|e| panic!("send {op:?} to {entity} under {key}: {e}"));
+        self.history.record(entity, op, Ack::Acked(seq));
+        seq
+    }
+
+    /// Sends `Append { n }` to each of `entities` under the key `append-<n>` ([`Self::send_keyed`]).
     pub async fn append_to_all_keyed(&mut self, entities: &[String], n: u64) {
         let key = format!("append-{n}");
         for entity in entities {
-            let op = Op::Append(n);
-            let command = op.command().expect("an op that is a command");
-            let seq = self
-                .sender
-                .send_with_key(entity, &key, &command)
-                .await
-                .unwrap_or_else(|e| panic!("send {op:?} to {entity} under {key}: {e}"));
-            self.history.record(entity, op, Ack::Acked(seq));
+            self.send_keyed(entity, &key, Op::Append(n)).await;
         }
     }
 

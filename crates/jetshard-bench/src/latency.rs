@@ -232,15 +232,7 @@ async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<Sid
         Vec::new()
     };
     for step in &stages {
-        eprintln!(
-            "latency stages: {:>9}: {:<20} p50 {:>8.2} ms  p99 {:>8.2} ms  p999 {:>8.2} ms  (n {})",
-            side.name(),
-            step.name,
-            step.summary.p50,
-            step.summary.p99,
-            step.summary.p999,
-            step.summary.count
-        );
+        eprintln!("latency stages: {:>9}: {}", side.name(), step.describe());
     }
     let measured: Vec<(u64, u64)> = recorded
         .into_iter()

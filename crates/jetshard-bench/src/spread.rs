@@ -75,10 +75,11 @@ struct LayoutRun {
     completed_rate: f64,
     /// Commands/s drained from a pre-loaded backlog.
     drain_rate: f64,
-    /// The latency split by stage, and each process's time on a CPU and waiting for one over
-    /// the offered load (`--latency-stages`; empty without it).
+    /// The latency split by stage (`--latency-stages`; empty without it).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     stages: Vec<Step>,
+    /// Each process's time on a CPU and waiting for one over the offered load
+    /// (`--latency-stages`; empty without it).
     #[serde(skip_serializing_if = "String::is_empty")]
     sched: String,
 }
@@ -89,7 +90,7 @@ const SERVER_LABELS: [&str; MAX_SERVERS] =
 
 /// The scenario.
 pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
-    let servers = usize::from(options.spread_servers).min(MAX_SERVERS);
+    let servers = usize::from(options.spread_servers);
     let mut runs = Vec::new();
     for round in 0..options.spread_rounds {
         for streams in [1, servers as u32] {
@@ -300,17 +301,17 @@ async fn measure(options: &Options, servers: usize, streams: u32) -> anyhow::Res
         .iter()
         .map(|(_, pid)| cpu_time(*pid).unwrap_or_default())
         .collect();
-    let mut processes = vec![("bench", std::process::id())];
-    processes.extend(
-        SERVER_LABELS
-            .iter()
-            .zip(&pids)
-            .map(|(label, (_, pid))| (*label, *pid)),
-    );
-    let sched = Sampled::start(&processes);
-    if options.latency_stages {
+    let sched = options.latency_stages.then(|| {
         stages::record(true);
-    }
+        let mut processes = vec![("bench", std::process::id())];
+        processes.extend(
+            SERVER_LABELS
+                .iter()
+                .zip(&pids)
+                .map(|(label, (_, pid))| (*label, *pid)),
+        );
+        Sampled::start(&processes)
+    });
     let offered = offer_stamped(
         &publisher,
         options.spread_rate,
@@ -318,11 +319,7 @@ async fn measure(options: &Options, servers: usize, streams: u32) -> anyhow::Res
         options.command_bytes,
     )
     .await?;
-    let sched = if options.latency_stages {
-        sched.report()
-    } else {
-        String::new()
-    };
+    let sched = sched.map_or(String::new(), |sched| sched.report());
     stamps.wait_for(total, Duration::from_secs(30)).await;
     let elapsed = offered.secs;
     let cpu: Vec<(String, f64)> = pids
@@ -395,10 +392,7 @@ async fn measure(options: &Options, servers: usize, streams: u32) -> anyhow::Res
         eprintln!("spread: {streams} stream(s): over the load: {}", run.sched);
     }
     for step in &run.stages {
-        eprintln!(
-            "spread stages: {streams} stream(s): {:<20} p50 {:>8.2} ms  p99 {:>8.2} ms  p999 {:>8.2} ms  (n {})",
-            step.name, step.summary.p50, step.summary.p99, step.summary.p999, step.summary.count
-        );
+        eprintln!("spread stages: {streams} stream(s): {}", step.describe());
     }
     Ok(run)
 }

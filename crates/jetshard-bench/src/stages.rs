@@ -357,6 +357,16 @@ pub struct Step {
     pub summary: Summary,
 }
 
+impl Step {
+    /// One line: the step, its p50, p99 and p999, and how many commands it has.
+    pub fn describe(&self) -> String {
+        format!(
+            "{:<20} p50 {:>8.2} ms  p99 {:>8.2} ms  p999 {:>8.2} ms  (n {})",
+            self.name, self.summary.p50, self.summary.p99, self.summary.p999, self.summary.count
+        )
+    }
+}
+
 /// The steps reported, in order: (from, to). `None` as `from` is the scheduled send.
 const STEPS: [(Option<Stage>, Stage); 9] = [
     (None, Stage::Stored),
