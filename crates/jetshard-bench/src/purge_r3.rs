@@ -147,7 +147,7 @@ pub fn cases() -> Vec<Case> {
 }
 
 /// One request.
-enum Request {
+pub enum Request {
     /// Purge `filter` below `below` (or keeping its last `keep`).
     Purge {
         filter: String,
@@ -159,7 +159,8 @@ enum Request {
 }
 
 impl Request {
-    fn purge(filter: String, below: u64) -> Self {
+    /// Purge `filter` below the sequence `below`.
+    pub fn purge(filter: String, below: u64) -> Self {
         Self::Purge {
             filter,
             below,
@@ -293,7 +294,7 @@ impl Probe {
 }
 
 /// Sends one request; the messages it removed.
-async fn send(js: &jetstream::Context, stream: &str, request: &Request) -> anyhow::Result<u64> {
+pub async fn send(js: &jetstream::Context, stream: &str, request: &Request) -> anyhow::Result<u64> {
     let answer: serde_json::Value = match request {
         Request::Purge {
             filter,

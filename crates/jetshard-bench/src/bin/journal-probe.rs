@@ -37,6 +37,7 @@ use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use jetshard_bench::cpu::CpuMeter;
+use jetshard_bench::purge_r3::{self, Request};
 use jetshard_bench::stats::Summary;
 use jetshard_testkit::NatsCluster;
 use tokio::sync::mpsc;
@@ -251,16 +252,16 @@ async fn run(args: &Args, mode: Mode, streams: u64) -> anyhow::Result<Outcome> {
                 let count = counts.entry(entity).or_default();
                 *count += 1;
                 if count.is_multiple_of(every) {
-                    let (subject, rollup) = match mode {
-                        Mode::Rollup => (format!("j.evt.{p}.e{entity}"), true),
-                        Mode::Off | Mode::Purge => (format!("j.snap.{p}.e{entity}"), true),
+                    let kind = match mode {
+                        Mode::Rollup => "evt",
+                        Mode::Off | Mode::Purge => "snap",
                     };
                     let seq = write(
                         &js_w,
-                        subject,
+                        format!("j.{kind}.{p}.e{entity}"),
                         payload.clone(),
                         (&fence_subject, fence),
-                        rollup,
+                        true,
                     )
                     .await?;
                     if mode == Mode::Purge {
@@ -295,24 +296,14 @@ async fn run(args: &Args, mode: Mode, streams: u64) -> anyhow::Result<Outcome> {
                     }
                     for (entity, below) in due {
                         purging_s.fetch_add(1, Ordering::Relaxed);
-                        let answer: anyhow::Result<serde_json::Value> =
-                            tokio::time::timeout(Duration::from_secs(10), async {
-                                Ok(js_s
-                                    .request(
-                                        format!("STREAM.PURGE.{name}"),
-                                        &serde_json::json!({
-                                            "filter": format!("j.evt.{p}.e{entity}"),
-                                            "seq": below,
-                                        }),
-                                    )
-                                    .await?)
-                            })
-                            .await
-                            .context("purge timed out")
-                            .and_then(|r| r);
+                        let purged = purge_r3::send(
+                            &js_s,
+                            &name,
+                            &Request::purge(format!("j.evt.{p}.e{entity}"), below),
+                        )
+                        .await;
                         purging_s.fetch_sub(1, Ordering::Relaxed);
-                        let answer = answer?;
-                        anyhow::ensure!(answer["success"] == true, "purge: {answer}");
+                        purged?;
                         purges_s.fetch_add(1, Ordering::Relaxed);
                     }
                 }
