@@ -233,6 +233,8 @@ pub struct Counts {
     pub resident_entities: usize,
     /// Commands delivered and not yet acknowledged.
     pub commands_in_hand: usize,
+    /// Journal writes the server did not confirm (then retried in place).
+    pub unconfirmed_writes: u64,
 }
 
 /// What the server says of stream `name` now (its config, state and cluster).
@@ -264,6 +266,7 @@ pub async fn counts(system: &ShardSystem) -> Counts {
         dead_lettered: sum.dead_lettered + p.dead_lettered,
         resident_entities: sum.resident_entities + p.resident_entities,
         commands_in_hand: sum.commands_in_hand + p.commands_in_hand,
+        unconfirmed_writes: sum.unconfirmed_writes + p.unconfirmed_writes,
     })
 }
 

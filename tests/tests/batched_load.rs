@@ -209,7 +209,7 @@ async fn an_entity_with_one_event_since_its_snapshot_needs_no_read_of_its_own() 
     let in_partition = |partition: u32, prefix: &str| {
         (0..)
             .map(|k| format!("{prefix}{k}"))
-            .find(|id| jetshard::fnv1a_32(id.as_bytes()) % PARTITIONS == partition)
+            .find(|id| jetshard::test_support::fnv1a_32(id.as_bytes()) % PARTITIONS == partition)
             .expect("an id in each partition")
     };
     // The ledger snapshots every 3 events: `one` has 1 event, `after` a snapshot and 1 event

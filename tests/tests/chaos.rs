@@ -23,8 +23,8 @@ use faults::{
     run_seeds, schedule, seeds,
 };
 use jetshard::{EntityId, FenceRecord, partition_of};
-use jetshard_testkit::TcpProxy;
 use jetshard_testkit::history::{Ack, History};
+use jetshard_testkit::{TcpProxy, wait_until};
 use jetshard_tests::model::{Op, check_journal, journal_excerpt};
 use jetshard_tests::{Scenario, init_tracing, wait_drained};
 
@@ -368,15 +368,32 @@ impl DroppedDelivery {
     }
 
     /// The server delivers command `n` into the stalled connection, which is then dropped with
-    /// the delivery in it; the node reconnects.
+    /// the delivery in it; the node reconnects. Stalled towards the node only, so that its pull
+    /// requests, made again as each expires, still reach the server and the delivery comes.
     async fn drop_the_delivery_of(&mut self, n: u64) {
-        self.proxy.stall();
+        self.proxy.stall_to_clients();
         self.send(n).await;
-        // Part of the fault: the delivery reaches the proxy and waits there.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The delivery (of the one partition's stored subject) reaches the proxy and is held.
+        let delivered = b"ledger.cmd.0.x ";
+        wait_until(
+            Duration::from_secs(10),
+            "the delivery held at the proxy",
+            || async {
+                self.proxy
+                    .held_for_clients()
+                    .windows(delivered.len())
+                    .any(|w| w == delivered)
+            },
+        )
+        .await
+        .expect("the delivery of the command reaches the stalled proxy");
         self.proxy.cut();
-        // Part of the fault: the relay closes the connection, dropping what it held.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The relay closes the connection, dropping what it held, before the node may reconnect.
+        wait_until(Duration::from_secs(10), "the connection closed", || async {
+            self.proxy.open_connections() == 0
+        })
+        .await
+        .expect("the cut closes the node's connection");
         self.proxy.heal();
     }
 

@@ -309,7 +309,7 @@ async fn a_dead_letter_of_an_over_long_id_never_wedges_its_partition_at_the_next
     system.shutdown().await.unwrap();
 
     // Its partition is the one the server computes from the 300 bytes.
-    let partition = jetshard::fnv1a_32(long.as_bytes()) % partitions;
+    let partition = jetshard::test_support::fnv1a_32(long.as_bytes()) % partitions;
     let id = id_in("same", partition, partitions);
     let system = ShardSystem::start::<Profile>(client.clone(), config.clone())
         .await

@@ -126,7 +126,8 @@ async fn an_owner_whose_watchers_die_with_it_is_still_replaced() {
     wait_even(&nodes.iter().collect::<Vec<_>>(), partitions).await;
 
     let owner = owner_of(&nodes, 0).id.clone();
-    let watchers = jetshard::crash_watchers(&owner, ids.iter().map(String::as_str), 1);
+    let watchers =
+        jetshard::test_support::crash_watchers(&owner, ids.iter().map(String::as_str), 1);
     assert_eq!(watchers.len(), 1);
     let doomed = [owner.clone(), watchers[0].to_owned()];
     let lost: Vec<u32> = nodes
@@ -163,7 +164,7 @@ async fn a_partition_whose_owner_and_standbys_all_die_is_still_taken() {
 
     let owner = owner_of(&nodes, 0).id.clone();
     let mut doomed: Vec<String> =
-        jetshard::partition_standbys(0, ids.iter().map(String::as_str), 1)
+        jetshard::test_support::partition_standbys(0, ids.iter().map(String::as_str), 1)
             .into_iter()
             .map(str::to_owned)
             .collect();

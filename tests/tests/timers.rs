@@ -149,9 +149,10 @@ async fn a_timer_decided_by_a_stale_owner_never_fires_and_each_timer_fires_once(
         s.sender.send("s", &command).await.unwrap();
     }
     // `a` freezes with them in hand; its decisions after the thaw are fenced.
+    let pins = s.pins().await;
     a.pause();
-    // Part of the fault, as in tests/tests/fencing.rs: `a`'s open pull requests expire first.
-    tokio::time::sleep(s.node_spec(&[]).pin_ttl / 2).await;
+    // The server unpins `a` first, so that the next command is not delivered to it.
+    s.wait_unpinned(&pins).await;
     s.sender
         .send("warm", &LedgerCmd::Push { n: 1 })
         .await

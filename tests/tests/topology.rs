@@ -417,7 +417,7 @@ async fn a_command_sent_before_the_streams_exist_is_stored_once_they_do() {
     assert_eq!((seq, last), (1, 1), "stored once, as the first command");
 }
 
-/// With no stream at all, a send ends in a typed error after [`jetshard::NO_STREAM_WAIT`], and
+/// With no stream at all, a send ends in a typed error after [`jetshard::test_support::NO_STREAM_WAIT`], and
 /// nothing is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_no_stream_takes_is_a_typed_error() {
@@ -426,7 +426,7 @@ async fn a_command_no_stream_takes_is_a_typed_error() {
     let config = ledger_config(2, "n1").build().unwrap();
     let sender = jetshard::CommandSender::<Ledger>::new(client.clone(), &config);
     let error = tokio::time::timeout(
-        jetshard::NO_STREAM_WAIT * 5,
+        jetshard::test_support::NO_STREAM_WAIT * 5,
         sender.send("a-1", &jetshard_tests::ledger::LedgerCmd::Append { n: 0 }),
     )
     .await
@@ -435,7 +435,10 @@ async fn a_command_no_stream_takes_is_a_typed_error() {
     match &error {
         Error::NoCommandStream { subject, waited } => {
             assert_eq!(subject, "ledger.cmd.a-1");
-            assert!(*waited >= jetshard::NO_STREAM_WAIT, "{waited:?}");
+            assert!(
+                *waited >= jetshard::test_support::NO_STREAM_WAIT,
+                "{waited:?}"
+            );
         }
         other => panic!("{other:?}"),
     }

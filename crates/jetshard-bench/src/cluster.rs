@@ -71,11 +71,9 @@ impl AsRef<DrainRun> for ClusterRun {
 }
 
 async fn start_cluster() -> anyhow::Result<(NatsCluster, async_nats::Client, Vec<u32>)> {
-    let cluster = NatsCluster::start(3)
-        .await
-        .context("start a 3-server cluster")?;
+    let cluster = crate::server::nats_cluster(3).await?;
     let control = cluster.connect().await?;
-    let pids = cluster.nodes().iter().filter_map(|n| n.pid()).collect();
+    let pids = crate::server::cluster_pids(&cluster);
     Ok((cluster, control, pids))
 }
 
@@ -194,17 +192,13 @@ fn commits_of(status: &[PartitionStatus]) -> (u64, u64) {
 /// The scenario.
 pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     let spec = DrainSpec {
-        partitions: options.partitions,
-        entities: options.entities,
-        commands: options.cluster_commands,
-        passes: 2,
-        time_box: Duration::from_secs(120),
-        pull_batch: None,
-        max_ack_pending: None,
-        passivate_after: None,
-        pin_ttl: None,
-        command_bytes: options.command_bytes,
         stages: options.pass_stages,
+        ..DrainSpec::new(
+            options,
+            options.partitions,
+            options.cluster_commands,
+            Duration::from_secs(120),
+        )
     };
     let (mut serialized, mut pipelined, mut jetshard) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..options.cluster_rounds {

@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::Options;
 use crate::allocs::{self, Allocated};
 use crate::bare::BareLoop;
 use crate::cpu::{CpuMeter, CpuSpent};
@@ -50,6 +51,27 @@ pub struct DrainSpec {
     pub command_bytes: usize,
     /// Each pass split by stage (`--pass-stages`, [`crate::pass_stages`]).
     pub stages: bool,
+}
+
+impl DrainSpec {
+    /// Two passes of `commands` over `options.entities` entities in `partitions` partitions,
+    /// each pass boxed at `time_box`, the commands `options.command_bytes` long, with
+    /// jetshard's defaults and no stage split.
+    pub fn new(options: &Options, partitions: u32, commands: usize, time_box: Duration) -> Self {
+        Self {
+            partitions,
+            entities: options.entities,
+            commands,
+            passes: 2,
+            time_box,
+            pull_batch: None,
+            max_ack_pending: None,
+            passivate_after: None,
+            pin_ttl: None,
+            command_bytes: options.command_bytes,
+            stages: false,
+        }
+    }
 }
 
 /// One timed drain.

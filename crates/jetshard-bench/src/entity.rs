@@ -48,11 +48,7 @@ impl Entity for BenchEntity {
     type Rejection = String;
 
     fn decide(_: &BenchState, command: BenchCmd) -> Result<Vec<BenchEvt>, String> {
-        Ok(match command {
-            BenchCmd::Stamp { at_ns } => vec![BenchEvt::Stamped { at_ns }],
-            BenchCmd::Padded { at_ns, pad } => vec![BenchEvt::Padded { at_ns, pad }],
-            BenchCmd::Touch => Vec::new(),
-        })
+        Ok(command.events())
     }
 
     fn apply(state: &mut BenchState, event: &BenchEvt) {
@@ -92,6 +88,15 @@ impl Entity for UnsnapshottedBenchEntity {
 }
 
 impl BenchCmd {
+    /// What the bench entity decides on it, whatever its state.
+    pub fn events(self) -> Vec<BenchEvt> {
+        match self {
+            BenchCmd::Stamp { at_ns } => vec![BenchEvt::Stamped { at_ns }],
+            BenchCmd::Padded { at_ns, pad } => vec![BenchEvt::Padded { at_ns, pad }],
+            BenchCmd::Touch => Vec::new(),
+        }
+    }
+
     /// A stamp carrying `at_ns` whose encoding (bincode) is about `bytes` long: a
     /// [`Padded`](Self::Padded) one, or the bare [`Stamp`](Self::Stamp) for 0.
     pub fn stamp_of_size(at_ns: u64, bytes: usize) -> Self {

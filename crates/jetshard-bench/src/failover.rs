@@ -30,7 +30,6 @@ use anyhow::{Context as _, bail};
 use bytes::Bytes;
 use futures::StreamExt;
 use jetshard::{Codec, ShardConfig};
-use jetshard_testkit::NatsServer;
 use serde::Serialize;
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -227,19 +226,18 @@ async fn trials(
     count: usize,
     pause: Duration,
 ) -> anyhow::Result<Vec<Sample>> {
-    let server = NatsServer::start().await.context("start nats-server")?;
+    let server = crate::server::nats_server().await?;
     write_history(server.connect().await?, ttl_ms).await?;
     let node_args = |id: usize| NodeArgs {
-        url: server.url(),
-        entity_type: ENTITY_TYPE.to_owned(),
-        node_id: format!("n{id}"),
-        partitions: PARTITIONS,
-        pin_ttl_ms: ttl_ms,
         // The owner keeps every partition: each trial moves them all at once.
         balance: false,
-        without_snapshots: false,
-        overload_entity: None,
-        compaction_interval_secs: 0,
+        ..NodeArgs::new(
+            server.url(),
+            ENTITY_TYPE,
+            format!("n{id}"),
+            PARTITIONS,
+            ttl_ms,
+        )
     };
     let mut owner = NodeProcess::start(&node_args(0)).await?;
 
@@ -383,10 +381,7 @@ pub(crate) async fn watch_generations(
     client: async_nats::Client,
     seen: FirstSeen,
 ) -> anyhow::Result<JoinHandle<()>> {
-    let mut events = client
-        .subscribe(format!("{ENTITY_TYPE}.evt.>"))
-        .await
-        .context("subscribe to the journal's events")?;
+    let mut events = load::subscribe_events(&client, ENTITY_TYPE).await?;
     Ok(tokio::spawn(async move {
         while let Some(message) = events.next().await {
             let received = FirstEvent {

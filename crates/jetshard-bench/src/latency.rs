@@ -16,7 +16,6 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures::StreamExt;
 use jetshard::{Codec, ShardConfig, ShardSystem};
-use jetshard_testkit::NatsServer;
 use serde::Serialize;
 use serde_json::json;
 
@@ -50,17 +49,14 @@ pub async fn run(
         (None, None) => {
             eprintln!("latency: measuring the warm maximum first");
             let spec = DrainSpec {
-                partitions: options.partitions,
-                entities: options.entities,
-                commands: 50_000,
-                passes: 2,
-                time_box: std::time::Duration::from_secs(60),
                 pull_batch: options.pull_batch,
                 max_ack_pending: options.max_ack_pending,
-                passivate_after: None,
-                pin_ttl: None,
-                command_bytes: options.command_bytes,
-                stages: false,
+                ..DrainSpec::new(
+                    options,
+                    options.partitions,
+                    50_000,
+                    std::time::Duration::from_secs(60),
+                )
             };
             let run = throughput::drain_jetshard(spec).await?;
             run.passes.last().map_or(1000.0, |p| p.rate) / 2.0
@@ -164,7 +160,7 @@ struct SideFigures {
 /// A fresh server, the consumer side running with every entity seeded and warmed up, then
 /// `rate` commands/s for the warm-up and the measured window.
 async fn measure(side: Side, options: &Options, rate: f64) -> anyhow::Result<SideFigures> {
-    let server = NatsServer::start().await.context("start nats-server")?;
+    let server = crate::server::nats_server().await?;
     let control = server.connect().await?;
     let config = ShardConfig::builder(ENTITY_TYPE)
         .partitions(options.partitions)
@@ -287,10 +283,7 @@ impl Stamps {
         entity_type: &str,
         codec: Codec,
     ) -> anyhow::Result<Self> {
-        let mut events = client
-            .subscribe(format!("{entity_type}.evt.>"))
-            .await
-            .context("subscribe to the journal's events")?;
+        let mut events = load::subscribe_events(client, entity_type).await?;
         let recorded = Arc::new(Mutex::new(Vec::new()));
         let sink = recorded.clone();
         let seen = Arc::new(Mutex::new(Vec::new()));

@@ -56,6 +56,7 @@ pub mod report;
 pub mod runqueue;
 pub mod scale;
 pub mod scaling;
+pub mod server;
 pub mod spread;
 pub mod stages;
 pub mod stats;
@@ -542,7 +543,7 @@ fn default_out() -> PathBuf {
 
 /// The version the testkit's server reports, from a throwaway server.
 async fn server_version() -> String {
-    let Ok(server) = jetshard_testkit::NatsServer::start().await else {
+    let Ok(server) = crate::server::nats_server().await else {
         return "unknown".to_owned();
     };
     match server.connect().await {

@@ -46,6 +46,17 @@ pub async fn provision(client: async_nats::Client, config: ShardConfig) -> anyho
         .context("stop the provisioning system")
 }
 
+/// A core subscription on `<t>.evt.>`: every event of the entity type, as the journal stores it.
+pub async fn subscribe_events(
+    client: &async_nats::Client,
+    entity_type: &str,
+) -> anyhow::Result<async_nats::Subscriber> {
+    client
+        .subscribe(format!("{entity_type}.evt.>"))
+        .await
+        .context("subscribe to the journal's events")
+}
+
 /// Publishes commands to `<t>.cmd.<id>`, keeping many acknowledgements in flight.
 pub struct CommandPublisher {
     js: Context,
@@ -96,15 +107,7 @@ impl CommandPublisher {
     /// Publishes `count` commands round-robin over the entities and waits until the stream has
     /// stored every one. All carry the same `command`.
     pub async fn preload(&self, count: usize, command: &BenchCmd) -> anyhow::Result<()> {
-        let payload = Bytes::from(self.codec.encode(command).context("encode a command")?);
-        let mut window = AckWindow::default();
-        for i in 0..count {
-            let subject = self.subjects[i % self.subjects.len()].clone();
-            window
-                .push(self.send(subject, payload.clone()).await?)
-                .await?;
-        }
-        window.drain().await
+        self.preload_range(0, count, command).await
     }
 
     /// Publishes one command to each of the entities `first..first + count` and waits until the
@@ -507,7 +510,7 @@ pub fn ids_in_partition(
 ) -> Vec<String> {
     (0..)
         .map(|i| format!("{prefix}{i}"))
-        .filter(|id| jetshard::fnv1a_32(id.as_bytes()) % partitions == partition)
+        .filter(|id| jetshard::test_support::fnv1a_32(id.as_bytes()) % partitions == partition)
         .take(count)
         .collect()
 }
@@ -531,7 +534,7 @@ pub async fn seed_entities(
     );
     let events = (0..entities).map(|i| {
         let id = entity_id(i);
-        let partition = jetshard::fnv1a_32(id.as_bytes()) % partitions;
+        let partition = jetshard::test_support::fnv1a_32(id.as_bytes()) % partitions;
         (partition, id, payload.clone())
     });
     write_records(client, entity_type, events, true).await

@@ -23,7 +23,6 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bytes::Bytes;
 use jetshard::{Codec, CommandOutcome, CommandSender, ShardConfig, ShardSystem};
-use jetshard_testkit::{NatsCluster, NatsServer};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -33,6 +32,7 @@ use crate::entity::{BenchCmd, BenchEvt};
 use crate::load;
 use crate::recovery::RecoveryEntity;
 use crate::report::{Report, Row};
+use crate::server::Servers;
 use crate::stats::Summary;
 
 const ENTITY_TYPE: &str = "loads";
@@ -171,42 +171,6 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Servers for one case: one, or a 3-server cluster.
-enum Servers {
-    One(Box<NatsServer>),
-    Cluster(NatsCluster),
-}
-
-impl Servers {
-    async fn start(replicas: usize) -> anyhow::Result<Self> {
-        Ok(if replicas > 1 {
-            Servers::Cluster(
-                NatsCluster::start(3)
-                    .await
-                    .context("start a 3-server cluster")?,
-            )
-        } else {
-            Servers::One(Box::new(
-                NatsServer::start().await.context("start nats-server")?,
-            ))
-        })
-    }
-
-    async fn connect(&self) -> anyhow::Result<async_nats::Client> {
-        Ok(match self {
-            Servers::One(server) => server.connect().await?,
-            Servers::Cluster(cluster) => cluster.connect().await?,
-        })
-    }
-
-    fn pids(&self) -> Vec<u32> {
-        match self {
-            Servers::One(server) => server.pid().into_iter().collect(),
-            Servers::Cluster(cluster) => cluster.nodes().iter().filter_map(|n| n.pid()).collect(),
-        }
-    }
-}
-
 fn config(options: &Options, node: &str) -> jetshard::ShardConfigBuilder {
     ShardConfig::builder(ENTITY_TYPE)
         .partitions(PARTITIONS)
@@ -218,7 +182,8 @@ fn config(options: &Options, node: &str) -> jetshard::ShardConfigBuilder {
 }
 
 async fn measure(options: &Options, case: Case) -> anyhow::Result<Measured> {
-    let servers = Servers::start(options.loads_replicas).await?;
+    // One server, or a 3-server cluster.
+    let servers = Servers::start(options.loads_replicas > 1).await?;
     let control = servers.connect().await?;
     load::provision(control.clone(), config(options, "provision").build()?).await?;
     let targets = load::ids_in_partition("t", PARTITION, PARTITIONS, options.loads_targets);

@@ -60,6 +60,28 @@ pub struct NodeArgs {
 }
 
 impl NodeArgs {
+    /// A node of `entity_type` (the bench entity, snapshots on) on the server at `url`,
+    /// balancing its `partitions` with the other nodes under a pin TTL of `pin_ttl_ms`.
+    pub fn new(
+        url: String,
+        entity_type: &str,
+        node_id: String,
+        partitions: u32,
+        pin_ttl_ms: u64,
+    ) -> Self {
+        Self {
+            url,
+            entity_type: entity_type.to_owned(),
+            node_id,
+            partitions,
+            pin_ttl_ms,
+            balance: true,
+            without_snapshots: false,
+            overload_entity: None,
+            compaction_interval_secs: 0,
+        }
+    }
+
     fn to_args(&self) -> Vec<String> {
         vec![
             "node".to_owned(),

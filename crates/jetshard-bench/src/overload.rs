@@ -40,7 +40,7 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::publish::PublishAck;
 use jetshard::wire::Names;
 use jetshard::{Codec, ShardConfig, ShardSystem};
-use jetshard_testkit::{NatsCluster, NatsServer};
+use jetshard_testkit::NatsServer;
 use serde::Serialize;
 use serde_json::json;
 use tokio::time::Instant;
@@ -52,6 +52,7 @@ use crate::latency::{Stamps, offer};
 use crate::load::PUBLISH_WINDOW;
 use crate::node::{NodeArgs, NodeProcess};
 use crate::report::{Report, Row};
+use crate::server::Servers;
 use crate::stats::{Summary, now_ns};
 
 const ENTITY_TYPE: &str = "ovl";
@@ -65,27 +66,6 @@ pub enum Fault {
     Kill,
     /// R3 streams on 3 servers; the journal stream's leader frozen for `--overload-stall-secs`.
     Leader,
-}
-
-/// Where the scenario runs.
-enum Servers {
-    One(Box<NatsServer>),
-    /// A 3-server cluster; the clients use node `clients`, which did not lead the journal when
-    /// its streams were made.
-    Three {
-        cluster: NatsCluster,
-        clients: usize,
-    },
-}
-
-impl Servers {
-    /// The server the scenario's clients use.
-    fn of_clients(&self) -> &NatsServer {
-        match self {
-            Servers::One(server) => server,
-            Servers::Three { cluster, clients } => cluster.node(*clients),
-        }
-    }
 }
 
 /// After a freeze of the journal's leader, the backlog is gone within this after the new
@@ -159,14 +139,12 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     };
     let config = builder.build()?;
     let names = config.names();
-    let servers = match fault {
-        Fault::Stall | Fault::Kill => Servers::One(Box::new(
-            NatsServer::start().await.context("start nats-server")?,
-        )),
-        Fault::Leader => {
-            let cluster = NatsCluster::start(3)
-                .await
-                .context("start a 3-server cluster")?;
+    // One server, or (a stalled leader) a 3-server cluster whose clients use a node that did
+    // not lead the journal when its streams were made.
+    let servers = Servers::start(fault == Fault::Leader).await?;
+    let clients = match &servers {
+        Servers::One(_) => 0,
+        Servers::Three(cluster) => {
             // The streams first, so that the clients can keep off the journal's leader.
             ShardSystem::start::<CompactionEntity>(cluster.connect().await?, config.clone())
                 .await
@@ -178,13 +156,12 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             let leader = journal_leader(&js, &names)
                 .await?
                 .context("the journal has no leader")?;
-            let clients = (0..cluster.nodes().len())
+            (0..cluster.nodes().len())
                 .find(|i| cluster.node(*i).name() != Some(leader.as_str()))
-                .context("every server leads the journal")?;
-            Servers::Three { cluster, clients }
+                .context("every server leads the journal")?
         }
     };
-    let server = servers.of_clients();
+    let server = servers.node(clients);
     let control = server.connect().await?;
     // A publish not acknowledged within `resend_after` is sent again (`Resending`). The
     // context holds one of its in-flight permits (5,000) for each acknowledgement awaited, one
@@ -323,7 +300,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
                     node.kill().await?;
                     return anyhow::Ok((nodes, None));
                 }
-                (Fault::Leader, Servers::Three { cluster, .. }) => {
+                (Fault::Leader, Servers::Three(cluster)) => {
                     let leader = journal_leader(js, names)
                         .await?
                         .context("the journal has no leader")?;
@@ -338,7 +315,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
                 }
                 (_, servers) => {
                     eprintln!("overload: SIGSTOP nats-server for {} s", length.as_secs());
-                    (servers.of_clients(), None)
+                    (servers.node(clients), None)
                 }
             };
             let (server, leader) = stalled;
@@ -527,15 +504,15 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
 /// (jetshard's balancing), once each owns some.
 async fn start_nodes(server: &NatsServer, options: &Options) -> anyhow::Result<Vec<NodeProcess>> {
     let args = |id: &str| NodeArgs {
-        url: server.url(),
-        entity_type: ENTITY_TYPE.to_owned(),
-        node_id: id.to_owned(),
-        partitions: options.partitions,
-        pin_ttl_ms: 2000,
-        balance: true,
-        without_snapshots: false,
         overload_entity: Some(options.compaction_snapshot_every),
         compaction_interval_secs: options.overload_compaction_interval_secs,
+        ..NodeArgs::new(
+            server.url(),
+            ENTITY_TYPE,
+            id.to_owned(),
+            options.partitions,
+            2000,
+        )
     };
     let mut nodes = Vec::new();
     for id in ["a", "b"] {

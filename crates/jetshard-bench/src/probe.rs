@@ -85,10 +85,10 @@ pub fn install(on_acquired: impl Fn(Acquisition) + Send + Sync + 'static) {
         tracing_subscriber::filter::Targets::new()
             .with_target("jetshard::runtime::owner", tracing::Level::INFO),
     );
-    let purges = PurgeLayer.with_filter(
-        tracing_subscriber::filter::Targets::new()
-            .with_target(jetshard::COMPACTION_PURGE_TARGET, tracing::Level::TRACE),
-    );
+    let purges = PurgeLayer.with_filter(tracing_subscriber::filter::Targets::new().with_target(
+        jetshard::test_support::COMPACTION_PURGE_TARGET,
+        tracing::Level::TRACE,
+    ));
     // A second install (the bench target calling the harness twice) keeps the first.
     let _ = tracing_subscriber::registry()
         .with(stderr)
@@ -181,7 +181,7 @@ pub fn unix_ms() -> u64 {
 }
 
 /// A purge request's start or end, as jetshard's compaction traced it
-/// (`jetshard::COMPACTION_PURGE_TARGET`): (`stats::now_ns`, partition, whether it is the start).
+/// (`jetshard::test_support::COMPACTION_PURGE_TARGET`): (`stats::now_ns`, partition, whether it is the start).
 pub type PurgeMark = (u64, u32, bool);
 
 static PURGE_MARKS: Mutex<Vec<PurgeMark>> = Mutex::new(Vec::new());

@@ -21,7 +21,6 @@ use std::time::Instant;
 use anyhow::Context as _;
 use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
-use jetshard_testkit::NatsServer;
 use serde::Serialize;
 
 use crate::cpu::CpuMeter;
@@ -159,7 +158,7 @@ enum Request {
 
 /// Runs one case on a fresh server.
 pub async fn measure(case: Case) -> anyhow::Result<Cost> {
-    let server = NatsServer::start().await.context("start nats-server")?;
+    let server = crate::server::nats_server().await?;
     let js = jetstream::new(server.connect().await?);
     let stream = js
         .create_stream(stream::Config {

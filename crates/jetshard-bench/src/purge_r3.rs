@@ -370,7 +370,7 @@ pub async fn measure(cluster: &NatsCluster, name: &str, case: Case) -> anyhow::R
     let halves = layout.entities / 2;
     let count = halves.min(ENTITIES);
     let measured: Vec<u64> = (0..count).map(|n| 2 * (n * halves / count)).collect();
-    let pids: Vec<u32> = cluster.nodes().iter().filter_map(|n| n.pid()).collect();
+    let pids = crate::server::cluster_pids(cluster);
     anyhow::ensure!(pids.len() == 3, "the cluster's pids: {pids:?}");
 
     let probe = Probe::start(js.clone());
@@ -440,9 +440,7 @@ async fn stream_delete(js: &jetstream::Context, name: &str) -> anyhow::Result<()
 
 /// Runs every case on one 3-server cluster; adds their rows to `report`.
 pub async fn run(report: &mut Report) -> anyhow::Result<Vec<Cost>> {
-    let cluster = NatsCluster::start(3)
-        .await
-        .context("start a 3-server cluster")?;
+    let cluster = crate::server::nats_cluster(3).await?;
     let mut costs = Vec::new();
     for (index, case) in cases().into_iter().enumerate() {
         eprintln!(

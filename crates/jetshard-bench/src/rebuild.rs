@@ -28,7 +28,6 @@ use async_nats::jetstream::{self, Context};
 use bytes::Bytes;
 use futures::StreamExt;
 use jetshard::{Codec, Entity, OwnershipChange, ShardConfig, ShardSystem};
-use jetshard_testkit::NatsServer;
 use serde::Serialize;
 use serde_json::json;
 use tokio::time::Instant;
@@ -96,7 +95,7 @@ pub async fn run(
     acquisitions: &AcquisitionLog,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    let server = NatsServer::start().await.context("start nats-server")?;
+    let server = crate::server::nats_server().await?;
     let control = server.connect().await?;
     let config = |node: &str| {
         ShardConfig::builder(ENTITY_TYPE)

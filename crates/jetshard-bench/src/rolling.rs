@@ -16,16 +16,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use anyhow::Context as _;
 use futures::StreamExt;
 use jetshard::Codec;
-use jetshard_testkit::NatsServer;
 use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::entity::{BenchCmd, BenchEvt};
-use crate::load::CommandPublisher;
+use crate::load::{self, CommandPublisher};
 use crate::node::{NodeArgs, NodeProcess};
 use crate::report::{Report, Row};
 use crate::stats::{Summary, now_ns};
@@ -67,17 +65,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// opted out without `snapshots`); rows go to
 /// `report`, the details are returned.
 pub async fn run(report: &mut Report, snapshots: bool) -> anyhow::Result<serde_json::Value> {
-    let server = NatsServer::start().await.context("start nats-server")?;
+    let server = crate::server::nats_server().await?;
     let node_args = |id: usize| NodeArgs {
-        url: server.url(),
-        entity_type: ENTITY_TYPE.to_owned(),
-        node_id: format!("r{id}"),
-        partitions: PARTITIONS,
-        pin_ttl_ms: PIN_TTL_MS,
-        balance: true,
         without_snapshots: !snapshots,
-        overload_entity: None,
-        compaction_interval_secs: 0,
+        ..NodeArgs::new(
+            server.url(),
+            ENTITY_TYPE,
+            format!("r{id}"),
+            PARTITIONS,
+            PIN_TTL_MS,
+        )
     };
     let mut nodes = Vec::new();
     for id in 0..NODES {
@@ -302,10 +299,7 @@ async fn watch_events(
     client: async_nats::Client,
     seen: Shared<Seen>,
 ) -> anyhow::Result<JoinHandle<()>> {
-    let mut events = client
-        .subscribe(format!("{ENTITY_TYPE}.evt.>"))
-        .await
-        .context("subscribe to the journal's events")?;
+    let mut events = load::subscribe_events(&client, ENTITY_TYPE).await?;
     Ok(tokio::spawn(async move {
         while let Some(message) = events.next().await {
             let received = now_ns();

@@ -228,17 +228,15 @@ const FAILOVER_PIN_TTL_MS: u64 = 2_000;
 /// SIGKILL trials in a fleet of `nodes` processes; per partition moved, milliseconds from the
 /// signal to the first event of the new owner.
 async fn failover_in_fleet(nodes: usize, trials: usize) -> anyhow::Result<Vec<f64>> {
-    let server = NatsServer::start().await.context("start nats-server")?;
-    let node_args = |id: usize| NodeArgs {
-        url: server.url(),
-        entity_type: failover::ENTITY_TYPE.to_owned(),
-        node_id: format!("s{id}"),
-        partitions: FAILOVER_PARTITIONS,
-        pin_ttl_ms: FAILOVER_PIN_TTL_MS,
-        balance: true,
-        without_snapshots: false,
-        overload_entity: None,
-        compaction_interval_secs: 0,
+    let server = crate::server::nats_server().await?;
+    let node_args = |id: usize| {
+        NodeArgs::new(
+            server.url(),
+            failover::ENTITY_TYPE,
+            format!("s{id}"),
+            FAILOVER_PARTITIONS,
+            FAILOVER_PIN_TTL_MS,
+        )
     };
     let mut fleet = Vec::with_capacity(nodes);
     for id in 0..nodes {

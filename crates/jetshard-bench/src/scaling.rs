@@ -10,8 +10,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::Context as _;
-use jetshard_testkit::NatsServer;
 use serde_json::json;
 
 use crate::Options;
@@ -30,19 +28,7 @@ const PROCESS_PARTITIONS: u32 = 8;
 pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     let mut details = serde_json::Map::new();
     for &partitions in &options.scaling_partitions {
-        let spec = DrainSpec {
-            partitions,
-            entities: options.entities,
-            commands: options.scaling_commands,
-            passes: 2,
-            time_box: PASS_TIME_BOX,
-            pull_batch: None,
-            max_ack_pending: None,
-            passivate_after: None,
-            pin_ttl: None,
-            command_bytes: options.command_bytes,
-            stages: false,
-        };
+        let spec = DrainSpec::new(options, partitions, options.scaling_commands, PASS_TIME_BOX);
         eprintln!("scaling: {partitions} partitions, bare loop");
         let bare = crate::bare::drain_bare(spec).await;
         eprintln!("scaling: {partitions} partitions, jetshard");
@@ -96,17 +82,13 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         eprintln!("scaling: {processes} node processes, {PROCESS_PARTITIONS} partitions");
         // A third pass: balancing moves partitions between the nodes during the first two.
         let spec = DrainSpec {
-            partitions: PROCESS_PARTITIONS,
-            entities: options.entities,
-            commands: options.scaling_commands,
             passes: 3,
-            time_box: PASS_TIME_BOX,
-            pull_batch: None,
-            max_ack_pending: None,
-            passivate_after: None,
-            pin_ttl: None,
-            command_bytes: options.command_bytes,
-            stages: false,
+            ..DrainSpec::new(
+                options,
+                PROCESS_PARTITIONS,
+                options.scaling_commands,
+                PASS_TIME_BOX,
+            )
         };
         let (passes, split, releases, acquisitions) = match drain_processes(spec, processes).await {
             Ok(done) => done,
@@ -168,21 +150,17 @@ type ProcessRun = (
 /// Runs the throughput protocol against `processes` node processes; returns the passes and
 /// how many partitions each node acquired.
 async fn drain_processes(spec: DrainSpec, processes: usize) -> anyhow::Result<ProcessRun> {
-    let server = NatsServer::start().await.context("start nats-server")?;
+    let server = crate::server::nats_server().await?;
     let control = server.connect().await?;
     let mut nodes = Vec::new();
     for i in 0..processes {
-        let args = NodeArgs {
-            url: server.url(),
-            entity_type: "bench".to_owned(),
-            node_id: format!("n{i}"),
-            partitions: spec.partitions,
-            pin_ttl_ms: 2000,
-            balance: true,
-            without_snapshots: false,
-            overload_entity: None,
-            compaction_interval_secs: 0,
-        };
+        let args = NodeArgs::new(
+            server.url(),
+            "bench",
+            format!("n{i}"),
+            spec.partitions,
+            2000,
+        );
         nodes.push(NodeProcess::start(&args).await?);
     }
     crate::load::seed_entities(control.clone(), "bench", spec.partitions, spec.entities).await?;

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use jetshard::{Codec, ShardConfig, ShardSystem};
-use jetshard_testkit::{NatsCluster, wait_until};
+use jetshard_testkit::wait_until;
 use serde::Serialize;
 use serde_json::json;
 
@@ -208,9 +208,7 @@ fn servers_leading_journal(run: &LayoutRun) -> f64 {
 
 /// One layout on a fresh cluster.
 async fn measure(options: &Options, servers: usize, streams: u32) -> anyhow::Result<LayoutRun> {
-    let cluster = NatsCluster::start(servers)
-        .await
-        .context("start the cluster")?;
+    let cluster = crate::server::nats_cluster(servers).await?;
     let pids: Vec<(String, u32)> = cluster
         .nodes()
         .iter()

@@ -1,5 +1,5 @@
 //! Where a command's latency goes, in one run (`--latency-stages`): jetshard's stage trace
-//! events (`jetshard::COMMAND_STAGE_TARGET`, field `seq`) and the bare loop's own
+//! events (`jetshard::test_support::COMMAND_STAGE_TARGET`, field `seq`) and the bare loop's own
 //! ([`BARE_STAGE_TARGET`]) are recorded with [`now_ns`] while [`record`] is on; the latency
 //! scenario joins them by partition and command sequence with the command's scheduled send
 //! time and the moment its event reached the listener, and prints each stage's p50/p99 beside
@@ -207,7 +207,7 @@ where
     // them that do not).
     let wanted = |meta: &tracing::Metadata<'_>| {
         let target = meta.target();
-        target == jetshard::COMMAND_STAGE_TARGET
+        target == jetshard::test_support::COMMAND_STAGE_TARGET
             || target == BARE_STAGE_TARGET
             || (meta.is_span()
                 && target.starts_with("jetshard::")

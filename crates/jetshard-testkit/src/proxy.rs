@@ -1,6 +1,8 @@
 //! A loopback TCP proxy that can cut or stall the connections through it.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -40,7 +42,18 @@ const CHUNK: usize = 16 * 1024;
 pub struct TcpProxy {
     addr: SocketAddr,
     state: watch::Sender<State>,
+    seen: Arc<Seen>,
     accept_task: JoinHandle<()>,
+}
+
+/// What a test can watch of the proxy's connections, so that it waits for the fault to have
+/// taken hold rather than for a time.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Connections relayed now.
+    open: AtomicUsize,
+    /// The bytes from the upstream that a stall holds, not yet forwarded to a client.
+    held_for_clients: Mutex<Vec<u8>>,
 }
 
 /// What the proxy does with traffic, and how many cuts have happened.
@@ -56,7 +69,20 @@ struct State {
 enum Mode {
     Forward,
     Stall,
+    /// Stalled from the upstream to clients only.
+    StallToClients,
     Cut,
+}
+
+impl Mode {
+    /// Whether bytes flow in a direction: to clients (`to_clients`) or to the upstream.
+    fn forwards(self, to_clients: bool) -> bool {
+        match self {
+            Mode::Forward => true,
+            Mode::StallToClients => !to_clients,
+            Mode::Stall | Mode::Cut => false,
+        }
+    }
 }
 
 impl TcpProxy {
@@ -76,10 +102,12 @@ impl TcpProxy {
             mode: Mode::Forward,
             cut_epoch: 0,
         });
-        let accept_task = tokio::spawn(accept(listener, upstream, state_rx));
+        let seen = Arc::new(Seen::default());
+        let accept_task = tokio::spawn(accept(listener, upstream, state_rx, Arc::clone(&seen)));
         Ok(TcpProxy {
             addr,
             state,
+            seen,
             accept_task,
         })
     }
@@ -111,9 +139,34 @@ impl TcpProxy {
         self.state.send_modify(|state| state.mode = Mode::Stall);
     }
 
-    /// Forwards again after a [`cut`](Self::cut) or [`stall`](Self::stall).
+    /// As [`stall`](Self::stall), but in one direction: what the upstream sends is held, what
+    /// clients send still reaches it, until [`heal`](Self::heal). A client's requests (a
+    /// consumer's pulls) then stay live at the server while its answers are held.
+    pub fn stall_to_clients(&self) {
+        self.state
+            .send_modify(|state| state.mode = Mode::StallToClients);
+    }
+
+    /// Forwards again after a [`cut`](Self::cut) or a stall.
     pub fn heal(&self) {
         self.state.send_modify(|state| state.mode = Mode::Forward);
+    }
+
+    /// How many connections the proxy relays now: after a [`cut`](Self::cut), 0 once every
+    /// connection through it is closed.
+    pub fn open_connections(&self) -> usize {
+        self.seen.open.load(Ordering::SeqCst)
+    }
+
+    /// The bytes the upstream sent that a [`stall`](Self::stall) holds, not yet forwarded to
+    /// a client (empty once forwarded or dropped by a cut): e.g. to wait until a delivery is
+    /// held before cutting the connection it was sent on.
+    pub fn held_for_clients(&self) -> Vec<u8> {
+        self.seen
+            .held_for_clients
+            .lock()
+            .expect("the proxy's held bytes")
+            .clone()
     }
 }
 
@@ -125,7 +178,12 @@ impl Drop for TcpProxy {
 }
 
 /// Accepts connections and runs one relay task each, until aborted.
-async fn accept(listener: TcpListener, upstream: SocketAddr, state: watch::Receiver<State>) {
+async fn accept(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    state: watch::Receiver<State>,
+    seen: Arc<Seen>,
+) {
     let mut relays = JoinSet::new();
     loop {
         tokio::select! {
@@ -143,7 +201,14 @@ async fn accept(listener: TcpListener, upstream: SocketAddr, state: watch::Recei
                     drop(client);
                     continue;
                 }
-                relays.spawn(relay(client, upstream, state.clone(), current.cut_epoch));
+                seen.open.fetch_add(1, Ordering::SeqCst);
+                let seen = Arc::clone(&seen);
+                let state = state.clone();
+                relays.spawn(async move {
+                    relay(client, upstream, state, current.cut_epoch, &seen).await;
+                    seen.held_for_clients.lock().expect("the proxy's held bytes").clear();
+                    seen.open.fetch_sub(1, Ordering::SeqCst);
+                });
             }
             Some(_) = relays.join_next(), if !relays.is_empty() => {}
         }
@@ -151,7 +216,13 @@ async fn accept(listener: TcpListener, upstream: SocketAddr, state: watch::Recei
 }
 
 /// Relays one connection until either side closes or the proxy is cut.
-async fn relay(client: TcpStream, upstream: SocketAddr, state: watch::Receiver<State>, epoch: u64) {
+async fn relay(
+    client: TcpStream,
+    upstream: SocketAddr,
+    state: watch::Receiver<State>,
+    epoch: u64,
+    seen: &Seen,
+) {
     let mut cut_state = state.clone();
     let cut = async {
         // An error means the proxy is gone: close as for a cut.
@@ -167,8 +238,8 @@ async fn relay(client: TcpStream, upstream: SocketAddr, state: watch::Receiver<S
         let (client_read, client_write) = client.into_split();
         let (server_read, server_write) = server.into_split();
         tokio::select! {
-            () = pump(client_read, server_write, state.clone()) => {}
-            () = pump(server_read, client_write, state) => {}
+            () = pump(client_read, server_write, state.clone(), None) => {}
+            () = pump(server_read, client_write, state, Some(&seen.held_for_clients)) => {}
         }
     };
     tokio::select! {
@@ -177,21 +248,36 @@ async fn relay(client: TcpStream, upstream: SocketAddr, state: watch::Receiver<S
     }
 }
 
-/// Copies bytes from `from` to `to`, holding them while the proxy is stalled.
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut state: watch::Receiver<State>) {
+/// Copies bytes from `from` to `to`, holding them while the proxy is stalled in this direction.
+/// `held` is given for the direction to clients: it shows what is held there meanwhile.
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut state: watch::Receiver<State>,
+    held: Option<&Mutex<Vec<u8>>>,
+) {
     let mut buffer = vec![0; CHUNK];
     loop {
         let read = match from.read(&mut buffer).await {
             Ok(0) | Err(_) => return,
             Ok(read) => read,
         };
+        let to_clients = held.is_some();
+        let holding = !state.borrow().mode.forwards(to_clients);
+        if let Some(held) = held.filter(|_| holding) {
+            let mut held = held.lock().expect("the proxy's held bytes");
+            held.extend_from_slice(&buffer[..read]);
+        }
         // On a cut this waits until the relay's cut branch drops it.
         if state
-            .wait_for(|state| state.mode == Mode::Forward)
+            .wait_for(|state| state.mode.forwards(to_clients))
             .await
             .is_err()
         {
             return;
+        }
+        if let Some(held) = held.filter(|_| holding) {
+            held.lock().expect("the proxy's held bytes").clear();
         }
         if to.write_all(&buffer[..read]).await.is_err() {
             return;

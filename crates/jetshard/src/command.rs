@@ -28,6 +28,7 @@ pub const MAX_KEY_LEN: usize = 128;
 /// server of a cluster, before it is [`Error::NoCommandStream`]. Where a stream does hold the
 /// subject, it is electing a leader (its leader's server died or froze): the send goes on
 /// publishing for up to 30 s in all.
+#[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
 pub const NO_STREAM_WAIT: Duration = Duration::from_secs(2);
 
 /// The first pause between two publishes that no stream took; it doubles up to
@@ -113,7 +114,7 @@ impl<E: Entity> CommandSender<E> {
     /// # Errors
     /// [`Error::InvalidId`], [`Error::Codec`] or [`Error::PayloadTooLarge`] before anything is
     /// published; [`Error::NoCommandStream`] if no stream took the command for
-    /// [`NO_STREAM_WAIT`] (nothing is stored: the publish is made again meanwhile);
+    /// two seconds (nothing is stored: the publish is made again meanwhile);
     /// [`Error::JetStream`] if the stream did not confirm (then the command may or may not be
     /// stored).
     pub async fn send(&self, id: &str, command: &E::Command) -> Result<u64, Error> {
@@ -177,6 +178,32 @@ impl<E: Entity> CommandSender<E> {
         command: &E::Command,
         timeout: Duration,
     ) -> Result<Reply<E>, Error> {
+        let body = self.ask_keyed(id, key, command, timeout).await?;
+        Ok(body.into_reply::<E>(self.codec)?)
+    }
+
+    /// As [`request_with_key`](Self::request_with_key), but the outcome untyped, as
+    /// [`request_outcome`](Self::request_outcome) gives it.
+    ///
+    /// # Errors
+    /// As [`request_with_key`](Self::request_with_key).
+    pub async fn request_outcome_with_key(
+        &self,
+        id: &str,
+        key: &str,
+        command: &E::Command,
+        timeout: Duration,
+    ) -> Result<CommandOutcome, Error> {
+        Ok(self.ask_keyed(id, key, command, timeout).await?.outcome)
+    }
+
+    async fn ask_keyed(
+        &self,
+        id: &str,
+        key: &str,
+        command: &E::Command,
+        timeout: Duration,
+    ) -> Result<ReplyBody, Error> {
         let msg_id = keyed_msg_id(id, key)?;
         let client = self.js.client();
         // One reply subject per (entity type, id, key), under the client's inbox prefix: a retry
@@ -195,8 +222,7 @@ impl<E: Entity> CommandSender<E> {
         );
         let mut headers = HeaderMap::new();
         headers.insert(HDR_MSG_ID, msg_id);
-        let body = self.ask_on(inbox, id, command, timeout, headers).await?;
-        Ok(body.into_reply::<E>(self.codec)?)
+        self.ask_on(inbox, id, command, timeout, headers).await
     }
 
     /// Publishes `command` and waits for its outcome in the entity's own types: the events it

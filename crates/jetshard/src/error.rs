@@ -120,7 +120,7 @@ pub enum Error {
         detail: String,
     },
     /// No stream took a command: its publishes were answered "no responders" for `waited`
-    /// ([`NO_STREAM_WAIT`](crate::NO_STREAM_WAIT)). Nothing was stored. The entity type's streams do not exist
+    /// (two seconds). Nothing was stored. The entity type's streams do not exist
     /// yet (a [`ShardSystem`](crate::ShardSystem) creates them when it starts), or the client's
     /// server has not heard of them.
     #[error(

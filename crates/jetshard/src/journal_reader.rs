@@ -50,7 +50,7 @@ use crate::wire::{
 };
 
 /// How long a read waits for the next record before it gives up.
-pub const READ_STALL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const READ_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One record of the journal, as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -294,8 +294,7 @@ impl JournalReader {
     /// Every record of the journal, in order, as it is when the read starts.
     ///
     /// # Errors
-    /// [`Error::JetStream`] if the journal cannot be read, or a read stalls for
-    /// [`READ_STALL_TIMEOUT`].
+    /// [`Error::JetStream`] if the journal cannot be read, or a read stalls for 10 s.
     pub async fn all(&self) -> Result<Vec<JournalRecord>, Error> {
         self.read_all(&[self.names.all_subjects()]).await
     }

@@ -129,31 +129,29 @@ mod test_alloc;
 mod test_entity;
 #[cfg(test)]
 mod test_events;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 mod trace;
 pub mod wire;
 
 pub use codec::Codec;
-pub use command::{CommandSender, MAX_KEY_LEN, NO_STREAM_WAIT};
+pub use command::{CommandSender, MAX_KEY_LEN};
 pub use config::{CommandRetention, ShardConfig, ShardConfigBuilder};
 pub use data::timers::MAX_TIMER_NAME_LEN;
 pub use data::{CommandOutcome, EffectError, Effects};
 pub use entity::{Entity, EntityId, MAX_ID_LEN, Snapshots};
 pub use error::{CodecError, ConfigError, Error, InvalidId};
 pub use health::{Health, PartitionHealth};
-pub use journal::fence::{FenceRecord, FenceRecordError, HeldRange, Trial};
+pub use journal::fence::{FenceRecord, FenceRecordError};
 pub use journal_reader::{JournalReader, JournalRecord, RecordKind};
 pub use query::{QueryAnswer, StateSnapshot};
 pub use reply::Reply;
-pub use runtime::balance::partition_standbys;
-pub use runtime::compaction::PURGE_TARGET as COMPACTION_PURGE_TARGET;
-pub use runtime::crash::crash_watchers;
 pub use status::{
     Loads, NodeStatus, OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity,
 };
 pub use system::ShardSystem;
-pub use telemetry::STAGE_TARGET as COMMAND_STAGE_TARGET;
 pub use trace::{SpanId, TraceId, TraceParent};
-pub use wire::partition::{fnv1a_32, partition_of};
+pub use wire::partition::partition_of;
 
 /// The README's code, compiled as a doctest so that it stays true.
 #[cfg(doctest)]

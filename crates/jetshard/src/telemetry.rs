@@ -22,6 +22,7 @@ use metrics::{Counter, Gauge, Histogram, Label, counter, gauge, histogram};
 /// `records`, `permit_us` waited for a load permit, `read_us` from request to answer).
 /// Disabled by default filters: for a tool that splits a command's latency by stage in one run
 /// (the bench's `--latency-stages` and `--pass-stages`).
+#[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
 pub const STAGE_TARGET: &str = "jetshard::command::stage";
 
 pub(crate) const COMMANDS: &str = "jetshard_commands_total";

@@ -3,9 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
 use jetshard::ShardConfig;
-use jetshard_testkit::NatsServer;
 
 use super::{BareLoop, BareSettings, Knob};
 use crate::drain::{DrainRun, DrainSpec, ENTITY_TYPE, timed_passes_with};
@@ -19,7 +17,7 @@ pub async fn drain_bare(spec: DrainSpec) -> anyhow::Result<DrainRun> {
 
 /// [`drain_bare`] with an experiment's settings.
 pub async fn drain_bare_with(spec: DrainSpec, settings: BareSettings) -> anyhow::Result<DrainRun> {
-    let server = NatsServer::start().await.context("start nats-server")?;
+    let server = crate::server::nats_server().await?;
     let control = server.connect().await?;
     let mut config = ShardConfig::builder(ENTITY_TYPE)
         .partitions(spec.partitions)

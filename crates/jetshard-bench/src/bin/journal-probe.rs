@@ -38,8 +38,8 @@ use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use jetshard_bench::cpu::CpuMeter;
 use jetshard_bench::purge_r3::{self, Request};
+use jetshard_bench::server;
 use jetshard_bench::stats::Summary;
-use jetshard_testkit::NatsCluster;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -140,7 +140,7 @@ struct Outcome {
 }
 
 async fn run(args: &Args, mode: Mode, streams: u64) -> anyhow::Result<Outcome> {
-    let cluster = NatsCluster::start(3).await.context("start 3 servers")?;
+    let cluster = server::nats_cluster(3).await?;
     let js = jetstream::new(cluster.node(0).connect().await?);
     let stream_of = |p: u64| format!("J{}", p % streams);
     for k in 0..streams {
@@ -214,7 +214,7 @@ async fn run(args: &Args, mode: Mode, streams: u64) -> anyhow::Result<Outcome> {
     }
     let purging = Arc::new(AtomicI64::new(0));
     let purges = Arc::new(AtomicI64::new(0));
-    let pids: Vec<u32> = cluster.nodes().iter().filter_map(|n| n.pid()).collect();
+    let pids = server::cluster_pids(&cluster);
     let meter = CpuMeter::start(&pids);
 
     let mut senders = Vec::new();

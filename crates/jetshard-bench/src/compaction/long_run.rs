@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use jetshard::{Codec, ShardSystem};
-use jetshard_testkit::{NatsCluster, NatsServer};
 use serde::Serialize;
 
 use crate::Options;
@@ -15,6 +14,7 @@ use crate::cpu::cpu_time;
 use crate::entity::entity_id;
 use crate::latency::{Stamps, offer};
 use crate::load::AckWindow;
+use crate::server::Servers;
 use crate::stats::Summary;
 
 use super::entity::{CompactionEntity, ENTITY_TYPE, config, work};
@@ -65,44 +65,9 @@ async fn journal_state(
     Ok((messages, bytes))
 }
 
-/// Where a long run writes: one server, or a 3-server cluster (`--compaction-replicas 3`).
-enum Servers {
-    One(Box<NatsServer>),
-    Three(NatsCluster),
-}
-
-impl Servers {
-    async fn start(replicas: usize) -> anyhow::Result<Self> {
-        Ok(match replicas {
-            1 => Self::One(Box::new(
-                NatsServer::start().await.context("start nats-server")?,
-            )),
-            _ => Self::Three(
-                NatsCluster::start(3)
-                    .await
-                    .context("start a 3-server cluster")?,
-            ),
-        })
-    }
-
-    /// The servers' process ids (for their CPU time).
-    fn pids(&self) -> Vec<u32> {
-        match self {
-            Self::One(server) => server.pid().into_iter().collect(),
-            Self::Three(cluster) => cluster.nodes().iter().filter_map(|n| n.pid()).collect(),
-        }
-    }
-
-    async fn connect(&self) -> anyhow::Result<async_nats::Client> {
-        Ok(match self {
-            Self::One(server) => server.connect().await?,
-            Self::Three(cluster) => cluster.connect().await?,
-        })
-    }
-}
-
 pub(super) async fn long_run(options: &Options, compaction: bool) -> anyhow::Result<LongRun> {
-    let server = Servers::start(options.compaction_replicas).await?;
+    // One server, or a 3-server cluster (`--compaction-replicas 3`).
+    let server = Servers::start(options.compaction_replicas != 1).await?;
     let control = server.connect().await?;
     let js = async_nats::jetstream::new(control.clone());
     let config = config(

@@ -32,7 +32,7 @@ async fn timer_journal(
     churned: bool,
     compacted: bool,
 ) -> anyhow::Result<(NatsServer, async_nats::jetstream::stream::Stream<()>)> {
-    let server = NatsServer::start().await.context("start nats-server")?;
+    let server = crate::server::nats_server().await?;
     let control = server.connect().await?;
     let js = async_nats::jetstream::new(control.clone());
     let system = ShardSystem::start::<CompactionEntity>(

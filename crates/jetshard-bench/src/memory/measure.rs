@@ -6,7 +6,6 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use bytes::Bytes;
 use jetshard::{Codec, ShardConfig};
-use jetshard_testkit::NatsServer;
 
 use super::child::{ChildStatus, MemoryChild};
 use super::{
@@ -19,7 +18,7 @@ use crate::load::{self, AckWindow, CommandPublisher};
 /// Runs one variant: a fresh server, the journal written, the child driven through its
 /// three measuring points.
 pub(super) async fn measure(variant: Variant, n: usize) -> anyhow::Result<Figures> {
-    let server = NatsServer::start().await.context("start nats-server")?;
+    let server = crate::server::nats_server().await?;
     let control = server.connect().await?;
     let config = ShardConfig::builder(ENTITY_TYPE)
         .partitions(PARTITIONS)
@@ -37,7 +36,7 @@ pub(super) async fn measure(variant: Variant, n: usize) -> anyhow::Result<Figure
     };
     let payload = Bytes::from(codec.encode(&event).context("encode an event")?);
     let events = ids.iter().map(|id| {
-        let partition = jetshard::fnv1a_32(id.as_bytes()) % PARTITIONS;
+        let partition = jetshard::test_support::fnv1a_32(id.as_bytes()) % PARTITIONS;
         (partition, id.clone(), payload.clone())
     });
     load::write_events(control.clone(), ENTITY_TYPE, events).await?;
@@ -68,7 +67,9 @@ pub(super) async fn measure(variant: Variant, n: usize) -> anyhow::Result<Figure
     for partition in 0..PARTITIONS {
         let index = ids
             .iter()
-            .position(|id| jetshard::fnv1a_32(id.as_bytes()) % PARTITIONS == partition)
+            .position(|id| {
+                jetshard::test_support::fnv1a_32(id.as_bytes()) % PARTITIONS == partition
+            })
             .context("an entity in every partition")?;
         window
             .push(publisher.send_to(index, &BenchCmd::Touch).await?)

@@ -28,11 +28,7 @@ impl Entity for RecoveryEntity {
     type Rejection = String;
 
     fn decide(_: &RecoveryState, command: BenchCmd) -> Result<Vec<BenchEvt>, String> {
-        Ok(match command {
-            BenchCmd::Stamp { at_ns } => vec![BenchEvt::Stamped { at_ns }],
-            BenchCmd::Padded { at_ns, pad } => vec![BenchEvt::Padded { at_ns, pad }],
-            BenchCmd::Touch => Vec::new(),
-        })
+        Ok(command.events())
     }
 
     fn apply(state: &mut RecoveryState, event: &BenchEvt) {

@@ -48,7 +48,7 @@ pub(super) async fn memory_passes(
             .passivate_after(Duration::from_millis(200));
         builder = match budget {
             Some(budget) => builder.max_dormant_entities(budget),
-            None => builder.unbounded_dormant_entities(),
+            None => builder.dormant_entity_budget(false),
         };
         let system = ShardSystem::start::<RecoveryEntity>(client.clone(), builder.build()?).await?;
         let before = rss_kb();

@@ -33,7 +33,6 @@ use async_nats::jetstream::{self, Context};
 use bytes::Bytes;
 use futures::StreamExt;
 use jetshard::{Codec, CommandOutcome, CommandSender, Entity, ShardSystem};
-use jetshard_testkit::NatsServer;
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -63,7 +62,7 @@ pub async fn run(
     acquisitions: &AcquisitionLog,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    let server = NatsServer::start().await.context("start nats-server")?;
+    let server = crate::server::nats_server().await?;
     let control = server.connect().await?;
     let js = jetstream::new(control.clone());
     load::provision(control.clone(), config("provision").build()?).await?;

@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use jetshard::{ShardConfig, ShardSystem};
-use jetshard_testkit::NatsServer;
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -35,7 +34,7 @@ pub async fn fresh_entities(
     command_bytes: usize,
 ) -> anyhow::Result<FreshRun> {
     const TIMEOUT: Duration = Duration::from_secs(90);
-    let server = NatsServer::start().await.context("start nats-server")?;
+    let server = crate::server::nats_server().await?;
     let control = server.connect().await?;
     let config = ShardConfig::builder(ENTITY_TYPE)
         .partitions(partitions)

@@ -30,7 +30,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use jetshard::{ShardConfig, ShardSystem};
-use jetshard_testkit::NatsServer;
 use serde_json::json;
 
 use crate::Options;
@@ -42,7 +41,7 @@ use crate::report::Report;
 
 /// Drains through a jetshard system in this process.
 pub async fn drain_jetshard(spec: DrainSpec) -> anyhow::Result<DrainRun> {
-    let server = NatsServer::start().await.context("start nats-server")?;
+    let server = crate::server::nats_server().await?;
     let control = server.connect().await?;
     let mut config = ShardConfig::builder(ENTITY_TYPE)
         .partitions(spec.partitions)
@@ -91,17 +90,17 @@ pub struct Measured {
 /// Scenario 1.
 pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measured> {
     let spec = DrainSpec {
-        partitions: options.partitions,
-        entities: options.entities,
-        commands: options.commands,
-        passes: 2,
-        time_box: Duration::from_secs(options.time_box_secs),
         pull_batch: options.pull_batch,
         max_ack_pending: options.max_ack_pending,
         passivate_after: options.passivate_after_secs.map(Duration::from_secs),
         pin_ttl: options.pin_ttl_secs.map(Duration::from_secs),
-        command_bytes: options.command_bytes,
         stages: options.pass_stages,
+        ..DrainSpec::new(
+            options,
+            options.partitions,
+            options.commands,
+            Duration::from_secs(options.time_box_secs),
+        )
     };
     if !options.bare_knob.is_empty() {
         crate::bare::experiment::knob_experiment(

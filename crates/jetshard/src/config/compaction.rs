@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use super::{DEFAULT_COMPACTION_INTERVAL, ShardConfigBuilder, switched};
+use super::{
+    DEFAULT_COMPACTION_INTERVAL, DEFAULT_DEAD_LETTER_RETENTION, ShardConfigBuilder, switched,
+};
 
 impl ShardConfigBuilder {
     /// How often each owner compacts its partition in the background (default 30 s): it
@@ -58,10 +60,16 @@ impl ShardConfigBuilder {
         self
     }
 
-    /// Keeps dead letters until an operator purges them
+    /// Whether the background compaction purges dead letters past their
+    /// [`dead_letter_retention`](Self::dead_letter_retention) (default on). Off: dead letters
+    /// are kept until an operator purges them
     /// ([`Admin::purge_dead_letters`](crate::admin::Admin::purge_dead_letters)).
-    pub fn keep_dead_letters(mut self) -> Self {
-        self.config.dead_letter_retention = None;
+    pub fn dead_letter_expiry(mut self, on: bool) -> Self {
+        self.config.dead_letter_retention = switched(
+            self.config.dead_letter_retention,
+            on,
+            DEFAULT_DEAD_LETTER_RETENTION,
+        );
         self
     }
 }

@@ -64,7 +64,7 @@ impl ShardConfigBuilder {
 
     /// Retention of the command stream (default work-queue).
     pub fn command_retention(mut self, retention: CommandRetention) -> Self {
-        self.config.retention = retention;
+        self.config.command_retention = retention;
         self
     }
 

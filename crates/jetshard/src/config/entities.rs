@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::ShardConfigBuilder;
+use super::{DEFAULT_MAX_DORMANT_ENTITIES, ShardConfigBuilder, switched};
 
 impl ShardConfigBuilder {
     /// An entity with no command for this long is passivated (default 30 s): its actor stops
@@ -33,8 +33,7 @@ impl ShardConfigBuilder {
     /// least recently used dormant states (down to 90 % of the budget); a dropped entity is
     /// loaded again from the journal (its latest snapshot and the records after it) on its next
     /// command. So memory is set by the entities in use, not by every entity the partitions have
-    /// seen. `None` ([`unbounded_dormant_entities`](Self::unbounded_dormant_entities)): keep them
-    /// all.
+    /// seen. [`dormant_entity_budget(false)`](Self::dormant_entity_budget): keep them all.
     pub fn max_dormant_entities(mut self, budget: usize) -> Self {
         self.config.max_dormant_entities = Some(budget);
         self
@@ -53,9 +52,15 @@ impl ShardConfigBuilder {
         self
     }
 
-    /// Keeps every dormant state in memory (no [`max_dormant_entities`](Self::max_dormant_entities)).
-    pub fn unbounded_dormant_entities(mut self) -> Self {
-        self.config.max_dormant_entities = None;
+    /// Whether [`max_dormant_entities`](Self::max_dormant_entities) bounds the dormant states
+    /// (default on). Off: every dormant state is kept in memory (only
+    /// [`max_dormant_bytes`](Self::max_dormant_bytes), if set, bounds them).
+    pub fn dormant_entity_budget(mut self, on: bool) -> Self {
+        self.config.max_dormant_entities = switched(
+            self.config.max_dormant_entities,
+            on,
+            DEFAULT_MAX_DORMANT_ENTITIES,
+        );
         self
     }
 

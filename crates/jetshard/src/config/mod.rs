@@ -50,7 +50,7 @@ pub struct ShardConfig {
     pub(crate) max_ack_pending: u32,
     pub(crate) pull_batch: u32,
     pub(crate) codec: Codec,
-    pub(crate) retention: CommandRetention,
+    pub(crate) command_retention: CommandRetention,
     pub(crate) replicas: usize,
     pub(crate) journal_streams: u32,
     pub(crate) spread_leaders: bool,
@@ -91,14 +91,14 @@ impl ShardConfig {
                 max_ack_pending: 1024,
                 pull_batch: 256,
                 codec: Codec::default(),
-                retention: CommandRetention::default(),
+                command_retention: CommandRetention::default(),
                 replicas: 1,
                 journal_streams: 1,
                 spread_leaders: true,
                 duplicate_window: Duration::from_secs(10 * 60),
                 passivate_after: Duration::from_secs(30),
                 max_resident_entities: None,
-                max_dormant_entities: Some(100_000),
+                max_dormant_entities: Some(DEFAULT_MAX_DORMANT_ENTITIES),
                 max_dormant_bytes: None,
                 snapshot_every: Some(100),
                 snapshot_on_passivation: true,
@@ -114,7 +114,7 @@ impl ShardConfig {
                 standbys: 2,
                 compaction_interval: Some(DEFAULT_COMPACTION_INTERVAL),
                 compaction_budget: 8,
-                dead_letter_retention: Some(Duration::from_secs(7 * 24 * 3600)),
+                dead_letter_retention: Some(DEFAULT_DEAD_LETTER_RETENTION),
             },
         }
     }
@@ -156,7 +156,7 @@ impl ShardConfig {
 
     /// The command stream's retention.
     pub fn command_retention(&self) -> CommandRetention {
-        self.retention
+        self.command_retention
     }
 
     /// The number of streams the journal is spread over.
@@ -189,10 +189,17 @@ const DEFAULT_CRASH_PROBE_INTERVAL: Duration = Duration::from_millis(20);
 /// How often background compaction sweeps, unless set (`compaction_interval`).
 const DEFAULT_COMPACTION_INTERVAL: Duration = Duration::from_secs(30);
 
-/// An optional interval switched on (the one set, else `default`) or off (none): what the
-/// builder's `compaction(on)` and `crash_detection(on)` do.
-fn switched(interval: Option<Duration>, on: bool, default: Duration) -> Option<Duration> {
-    on.then(|| interval.unwrap_or(default))
+/// How long background compaction keeps a dead letter, unless set (`dead_letter_retention`).
+const DEFAULT_DEAD_LETTER_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How many dormant states a process keeps, unless set (`max_dormant_entities`).
+const DEFAULT_MAX_DORMANT_ENTITIES: usize = 100_000;
+
+/// An optional setting switched on (the one set, else `default`) or off (none): what the
+/// builder's `compaction(on)`, `crash_detection(on)`, `dead_letter_expiry(on)` and
+/// `dormant_entity_budget(on)` do.
+fn switched<T>(value: Option<T>, on: bool, default: T) -> Option<T> {
+    on.then(|| value.unwrap_or(default))
 }
 
 fn default_node_id() -> String {

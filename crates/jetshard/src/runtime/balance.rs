@@ -55,6 +55,7 @@ fn weight(member: &str, key: &str) -> u64 {
 /// The processes that stand by for `partition` among `members` (node names), `standbys + 1`
 /// of them (or all, in a smaller fleet): whichever of them does not own it keeps a pull waiting
 /// on its consumer. Operators and tests use it to tell who stands by for what.
+#[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
 pub fn partition_standbys<'a>(
     partition: u32,
     members: impl IntoIterator<Item = &'a str>,

@@ -44,6 +44,7 @@ use crate::wire::Names;
 
 /// The target of the `purge sent` / `purge done` trace events around each purge request
 /// (field `partition`): what a subscriber needs to tell when a purge was in flight.
+#[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
 pub const PURGE_TARGET: &str = "jetshard::compaction::purge";
 
 /// The unit of `compaction_budget` (purges per tick).

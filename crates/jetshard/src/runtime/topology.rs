@@ -128,7 +128,7 @@ fn command_stream_config(names: &Names, config: &ShardConfig, index: usize) -> s
             source: names.command_subjects(0).remove(0),
             destination: names.command_transform_dest(config.partitions),
         }),
-        retention: match config.retention {
+        retention: match config.command_retention {
             CommandRetention::WorkQueue => RetentionPolicy::WorkQueue,
             CommandRetention::Limits => RetentionPolicy::Limits,
         },
@@ -378,7 +378,7 @@ fn check_command_stream(
             configured: config.partitions,
         });
     }
-    let wanted_retention = match config.retention {
+    let wanted_retention = match config.command_retention {
         CommandRetention::WorkQueue => RetentionPolicy::WorkQueue,
         CommandRetention::Limits => RetentionPolicy::Limits,
     };

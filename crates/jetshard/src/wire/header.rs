@@ -23,27 +23,27 @@ pub const HDR_REPLY_TO: &str = "Jetshard-Reply-To";
 /// the command's events and its outcome reply carry it with the command's own span as parent.
 pub const HDR_TRACEPARENT: &str = "traceparent";
 /// Server header naming the pin of a delivered message.
-pub const HDR_PIN_ID: &str = "Nats-Pin-Id";
+pub(crate) const HDR_PIN_ID: &str = "Nats-Pin-Id";
 /// Server header of a status that ends a pull request (`408`, `409`, `423`): how many of the
 /// messages it asked for it had not been given.
-pub const HDR_PENDING_MESSAGES: &str = "Nats-Pending-Messages";
+pub(crate) const HDR_PENDING_MESSAGES: &str = "Nats-Pending-Messages";
 /// Server header of the status that ends a batched direct get (`204 EOB`): the last sequence of
 /// the answering replica's stream when the request named no `up_to_seq`, so the answer is
 /// complete for every record at or below it.
-pub const HDR_UPTO_SEQUENCE: &str = "Nats-UpTo-Sequence";
+pub(crate) const HDR_UPTO_SEQUENCE: &str = "Nats-UpTo-Sequence";
 /// Server header of the status that ends a batched direct get: how many matching messages the
 /// answer left out (its `batch` was too small).
-pub const HDR_NUM_PENDING: &str = "Nats-Num-Pending";
+pub(crate) const HDR_NUM_PENDING: &str = "Nats-Num-Pending";
 /// Server header of the compare-and-set: the expected last sequence of a subject.
 pub const HDR_EXPECTED_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 /// Server header of the compare-and-set: the subject whose last sequence is checked.
 pub const HDR_EXPECTED_SUBJECT: &str = "Nats-Expected-Last-Subject-Sequence-Subject";
 /// Server header of an atomic batch (a command's several events): the batch id.
-pub const HDR_BATCH_ID: &str = "Nats-Batch-Id";
+pub(crate) const HDR_BATCH_ID: &str = "Nats-Batch-Id";
 /// Server header of an atomic batch: the message's place in it, from 1.
-pub const HDR_BATCH_SEQUENCE: &str = "Nats-Batch-Sequence";
+pub(crate) const HDR_BATCH_SEQUENCE: &str = "Nats-Batch-Sequence";
 /// Server header of an atomic batch: set to `1` on its last message.
-pub const HDR_BATCH_COMMIT: &str = "Nats-Batch-Commit";
+pub(crate) const HDR_BATCH_COMMIT: &str = "Nats-Batch-Commit";
 /// Server header for de-duplication.
 pub const HDR_MSG_ID: &str = "Nats-Msg-Id";
 /// Server header of a roll-up: `sub` keeps only the message just stored on its subject (a

@@ -19,7 +19,8 @@ use crate::wire::{HDR_GENERATION, Names};
 
 pub(crate) use in_hand::{InHand, claims_holding};
 use in_hand::{hold, may_isolate, trial};
-pub use record::{FenceRecord, FenceRecordError, HeldRange, Trial};
+pub use record::{FenceRecord, FenceRecordError};
+pub(crate) use record::{HeldRange, Trial};
 
 /// The fence an owner holds: its generation and the journal sequence of its fence record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -30,33 +30,33 @@ pub struct FenceRecord {
     /// how many claims in a row found it in hand after the previous owner died: a command that
     /// kills every process that runs it is counted here, since its process cannot count it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub held: Vec<HeldRange>,
+    pub(crate) held: Vec<HeldRange>,
     /// Set when the claimant suspects a command that kills its owners (a command was in hand at
     /// two claims in a row): it runs the commands in hand one at a time, in order, so that the
     /// first one still in hand at the next claim is the one that was running at its death.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trial: Option<Trial>,
+    pub(crate) trial: Option<Trial>,
 }
 
 /// The first command in hand at a claim made in isolation (see [`FenceRecord::trial`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Trial {
+pub(crate) struct Trial {
     /// Its command-stream sequence.
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// How many owners in a row, each running the commands in hand one at a time, stopped with
     /// it first in hand: the owners it most likely killed.
-    pub runs: u32,
+    pub(crate) runs: u32,
 }
 
 /// Commands `first..=last` of the command stream, found in hand by `claims` claims in a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HeldRange {
+pub(crate) struct HeldRange {
     /// The first command-stream sequence.
-    pub first: u64,
+    pub(crate) first: u64,
     /// The last command-stream sequence.
-    pub last: u64,
+    pub(crate) last: u64,
     /// Claims in a row that found these commands in hand.
-    pub claims: u32,
+    pub(crate) claims: u32,
 }
 
 /// A fence record that cannot be read.

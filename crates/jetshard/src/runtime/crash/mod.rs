@@ -64,6 +64,7 @@ use crate::wire::{Names, PRIORITY_GROUP};
 
 pub(crate) use deaths::{Deaths, is_gone};
 use deaths::{Verdict, ask};
+#[cfg(feature = "test-support")]
 pub use owners::crash_watchers;
 use owners::{Owners, watches};
 use unpin::first_to_unpin;

@@ -90,6 +90,7 @@ impl Owners {
 /// ranked by rendezvous hashing. Every process that knows the same members computes the same
 /// watchers; a member that comes or goes changes the watchers of the nodes it ranks high for,
 /// and no others. Operators and tests use it to tell who watches whom.
+#[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
 pub fn crash_watchers<'a>(
     watched: &str,
     members: impl IntoIterator<Item = &'a str>,
