@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_nats::ConnectOptions;
 use async_nats::jetstream::{self, consumer::pull};
 use jetshard::{CommandSender, ShardSystem};
-use jetshard_testkit::{NatsServer, wait_until};
+use jetshard_testkit::{NatsServer, TcpProxy, wait_until};
 use jetshard_tests::init_tracing;
 use jetshard_tests::ledger::{Ledger, LedgerCmd};
 use jetshard_tests::node::{Node, NodeOptions, NodeSpec};
@@ -52,6 +52,8 @@ fn node_permissions(entity_type: &str, provision: bool, inbox: &str, replies: &s
         format!("{t}.fence.*"),
         format!("{t}.dlq.>"),
         format!("{t}.snap.>"),
+        // The crash watch's record of the unpin it makes of a dead owner's partition.
+        format!("{t}.unpin.*"),
         // Heartbeats between the entity type's processes (partition balance).
         format!("{t}.nodes"),
         // Asking whether an owner's process is still there (the crash watch, and a takeover),
@@ -218,6 +220,65 @@ async fn a_node_with_only_the_documented_permissions_answers_a_request() {
     );
     system.shutdown().await.unwrap();
     assert_eq!(violations(&server), Vec::<String>::new());
+}
+
+/// An owner that dies (here: its connection cut, so that its `<t>.alive.<incarnation>` has no
+/// responders) is found dead by a standby holding only the documented permissions: the standby's
+/// crash watch records the unpin in the journal and makes it, and owns the partition long before
+/// the 30-s pin TTL, with no permission violation logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_watch_with_only_the_documented_permissions_moves_a_dead_owner_s_partition() {
+    init_tracing();
+    let server = permissions_server().await;
+    let config = |node: &str| {
+        jetshard_tests::config("ledger", 1, node)
+            .codec(jetshard::Codec::Json)
+            .pin_ttl(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let proxy = TcpProxy::start(server.addr()).await.unwrap();
+    let a_client = user("ledger").connect(proxy.url()).await.unwrap();
+    let a = ShardSystem::start::<Ledger>(a_client, config("a"))
+        .await
+        .unwrap();
+    let client = user("ledger_client").connect(server.url()).await.unwrap();
+    let sender = CommandSender::<Ledger>::new(client, &config("a"));
+    let timeout = Duration::from_secs(10);
+    sender
+        .request_outcome("r", &LedgerCmd::Append { n: 0 }, timeout)
+        .await
+        .unwrap();
+    let b_client = user("ledger").connect(server.url()).await.unwrap();
+    let b = ShardSystem::start::<Ledger>(b_client, config("b"))
+        .await
+        .unwrap();
+
+    proxy.cut();
+    sender.send("r", &LedgerCmd::Append { n: 1 }).await.unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "the standby owns the dead owner's partition",
+        || async {
+            b.status()
+                .await
+                .is_ok_and(|s| s.iter().all(|p| p.generation.is_some()))
+        },
+    )
+    .await
+    .unwrap();
+    let applied = sender
+        .request_outcome("r", &LedgerCmd::Append { n: 2 }, timeout)
+        .await
+        .unwrap();
+    assert!(
+        matches!(applied, jetshard::CommandOutcome::Applied { .. }),
+        "{applied:?}"
+    );
+    assert_eq!(violations(&server), Vec::<String>::new());
+    b.shutdown().await.unwrap();
+    proxy.heal();
+    let _ = a.shutdown().await;
 }
 
 /// Runs `jetshard --json <args>` as the user `ledger_operator`, and parses its output.
