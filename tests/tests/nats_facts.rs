@@ -1,5 +1,5 @@
 //! Facts about the server that jetshard's design leans on, checked against the real
-//! `nats-server` (docs/ARCHITECTURE.md and ../shared/nats-facts.md say where each is used).
+//! `nats-server` (docs/ARCHITECTURE.md says where each is used).
 
 use jetshard_tests::init_tracing;
 

@@ -1,5 +1,5 @@
-//! The independent baseline, `bareloop` (`/work/shared/tools/bareloop`, not part of this
-//! project), run as a child process beside the bench's own bare loop so that both are measured
+//! The independent baseline, `bareloop` (a hand-written async-nats command loop, not part of
+//! this project), run as a child process beside the bench's own bare loop so that both are measured
 //! in the same minutes: its `B-loop-pinned` figure (pinned pull consumers, one fenced event
 //! with `Nats-Msg-Id` per command, 1,024 writes in flight per partition, the command acked
 //! after its event) is what the bench's bare loop is checked against (within 10%).

@@ -13,12 +13,14 @@ use crate::Options;
 use crate::allocs::{self, Allocated};
 use crate::bare::BareLoop;
 use crate::cpu::{CpuMeter, CpuSpent};
+#[cfg(feature = "profiling")]
 use crate::instructions::{self, Counted};
 use crate::load::{self, CommandPublisher, Gate};
 use crate::report::{Row, Worse};
 
 /// jetshard's default `max_ack_pending` (what `--pass-stages` weighs commands in hand against
 /// when `--max-ack-pending` is not given).
+#[cfg(feature = "profiling")]
 const DEFAULT_MAX_ACK_PENDING: u32 = 1024;
 
 /// The entity type the throughput runs use.
@@ -93,12 +95,15 @@ pub struct Pass {
     pub allocated: Allocated,
     /// User-space instructions and cycles of this process meanwhile, from its hardware
     /// counters; `None` where the kernel refused them ([`instructions`]).
+    #[cfg(feature = "profiling")]
     pub counted: Option<Counted>,
     /// What the kernel did for this process meanwhile: context switches, system calls by
     /// kind, wake-ups ([`crate::kernel`]).
+    #[cfg(feature = "profiling")]
     pub kernel: crate::kernel::Kernel,
     /// This process's instructions meanwhile as callgrind counted them, when the harness runs
     /// under it ([`instructions::callgrind`]).
+    #[cfg(feature = "profiling")]
     pub callgrind_instructions: Option<u64>,
 }
 
@@ -124,7 +129,15 @@ impl Pass {
     }
 
     /// Client user-space instructions per command: the hardware's count, else callgrind's;
+    /// `None` when neither counted (always without the `profiling` feature).
+    #[cfg(not(feature = "profiling"))]
+    pub fn instructions_per_command(&self, _commands: usize) -> Option<f64> {
+        None
+    }
+
+    /// Client user-space instructions per command: the hardware's count, else callgrind's;
     /// `None` when neither counted.
+    #[cfg(feature = "profiling")]
     pub fn instructions_per_command(&self, commands: usize) -> Option<f64> {
         let instructions = match self.counted {
             Some(counted) => counted.instructions,
@@ -133,9 +146,16 @@ impl Pass {
         Some(instructions as f64 / commands as f64)
     }
 
-    /// Client user-space cycles per command; `None` when not counted.
+    /// Client user-space cycles per command; `None` when not counted (always without the
+    /// `profiling` feature).
     pub fn cycles_per_command(&self, commands: usize) -> Option<f64> {
-        Some(self.counted?.cycles? as f64 / commands as f64)
+        #[cfg(feature = "profiling")]
+        return Some(self.counted?.cycles? as f64 / commands as f64);
+        #[cfg(not(feature = "profiling"))]
+        {
+            let _ = commands;
+            None
+        }
     }
 }
 
@@ -305,13 +325,17 @@ pub async fn timed_passes_with(
         let delivered_before = deliveries(control, spec.partitions).await?;
         let cpu = CpuMeter::start(server_pids);
         let allocated = allocs::now();
-        let counted = instructions::now();
-        let kernel = crate::kernel::now();
-        if instructions::callgrind::running() {
-            instructions::callgrind::pass_started();
-        }
+        #[cfg(feature = "profiling")]
+        let (counted, kernel, recording) = {
+            let counted = instructions::now();
+            let kernel = crate::kernel::now();
+            if instructions::callgrind::running() {
+                instructions::callgrind::pass_started();
+            }
+            let recording = spec.stages.then(crate::pass_stages::PassStages::start);
+            (counted, kernel, recording)
+        };
         let messages = crate::messages::now();
-        let recording = spec.stages.then(crate::pass_stages::PassStages::start);
         let started = Instant::now();
         match hold {
             Some(bare) => bare.hold(true).await?,
@@ -339,7 +363,9 @@ pub async fn timed_passes_with(
         }
         let acknowledged = (spec.commands as u64).saturating_sub(drained.remaining);
         let cpu = cpu.spent();
+        #[cfg(feature = "profiling")]
         let kernel = crate::kernel::now().since(kernel);
+        #[cfg(feature = "profiling")]
         if let Some(recording) = recording {
             recording.finish(
                 pass,
@@ -347,9 +373,11 @@ pub async fn timed_passes_with(
             );
         }
         let allocated = allocs::now().since(allocated);
+        #[cfg(feature = "profiling")]
         let counted = instructions::now()
             .zip(counted)
             .map(|(now, then)| now.since(then));
+        #[cfg(feature = "profiling")]
         let callgrind_instructions = instructions::callgrind::running()
             .then(|| instructions::callgrind::pass_ended(&format!("pass {pass}")))
             .flatten();
@@ -370,8 +398,11 @@ pub async fn timed_passes_with(
             redeliveries,
             cpu,
             allocated,
+            #[cfg(feature = "profiling")]
             counted,
+            #[cfg(feature = "profiling")]
             kernel,
+            #[cfg(feature = "profiling")]
             callgrind_instructions,
         };
         let per_command = |n: u64| n as f64 / spec.commands as f64;
@@ -404,14 +435,17 @@ pub async fn timed_passes_with(
             cpu.client_secs / secs,
             cpu.server_secs / secs,
         );
-        eprintln!(
-            "  pass {pass}: client user-space instructions per cmd: {}",
-            instructions_line(&done, spec.commands)
-        );
-        eprintln!(
-            "  pass {pass}: the client's kernel: {}",
-            kernel.line(spec.commands)
-        );
+        #[cfg(feature = "profiling")]
+        {
+            eprintln!(
+                "  pass {pass}: client user-space instructions per cmd: {}",
+                instructions_line(&done, spec.commands)
+            );
+            eprintln!(
+                "  pass {pass}: the client's kernel: {}",
+                kernel.line(spec.commands)
+            );
+        }
         if let Some(messages) = messages {
             eprintln!(
                 "  pass {pass}: the system's connection: {:.2} messages sent, {:.2} received per cmd",
@@ -473,6 +507,7 @@ async fn deliveries(control: &async_nats::Client, partitions: u32) -> anyhow::Re
     Ok(total)
 }
 
+#[cfg(feature = "profiling")]
 /// A pass's instructions and cycles per command as printed: the hardware's, callgrind's, or
 /// "n/a" and why.
 fn instructions_line(pass: &Pass, commands: usize) -> String {

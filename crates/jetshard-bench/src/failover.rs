@@ -36,8 +36,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::Options;
-use crate::entity::{BenchCmd, BenchEvt};
-use crate::load::{self, AckWindow, CommandPublisher};
+use crate::entity::BenchEvt;
+use crate::load::{self, OfferedLoad, Stamp};
 use crate::node::{NodeArgs, NodeProcess};
 use crate::probe::unix_ms;
 use crate::report::{Report, Row};
@@ -439,22 +439,15 @@ pub(crate) fn taken_over(seen: &FirstSeen, before: &HashMap<u32, u64>) -> HashMa
         .collect()
 }
 
-/// Publishes `OFFERED_RATE` commands/s round-robin over `ENTITIES` entities until aborted.
-pub(crate) fn offer_load(client: async_nats::Client) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let publisher = CommandPublisher::new(client, ENTITY_TYPE, ENTITIES);
-        let mut tick = tokio::time::interval(Duration::from_nanos(1_000_000_000 / OFFERED_RATE));
-        let mut window = AckWindow::default();
-        for i in 0.. {
-            tick.tick().await;
-            let command = BenchCmd::Stamp { at_ns: now_ns() };
-            let sent = match publisher.send_to(i, &command).await {
-                Ok(ack) => window.push(ack).await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = sent {
-                tracing::warn!(error = %e, "failover load: a command was not published");
-            }
-        }
-    })
+/// Offers `OFFERED_RATE` commands/s round-robin over `ENTITIES` entities, each stamped with
+/// its send time, until aborted.
+pub(crate) fn offer_load(client: async_nats::Client) -> OfferedLoad {
+    OfferedLoad::start(
+        client,
+        ENTITY_TYPE,
+        ENTITIES,
+        OFFERED_RATE,
+        Stamp::Sent,
+        "failover load",
+    )
 }

@@ -14,7 +14,7 @@
 //! | `memory` | RSS per resident entity, idle and with state, with and without passivation | - |
 //! | `scaling` | throughput at 1..256 partitions and 1..3 processes | the bare loop (partitions) |
 //! | `cluster` | commands/s on 3 servers with R3 streams, cold and warm; 10164 refusals | the serialized bare loop ([`cluster`]) |
-//! | `scale` | idle messages and CPU per process and per partition as the fleet grows; time to an even spread | the same figure at the smallest fleet |
+//! | `fleet` (was `scale`) | idle messages and CPU per process and per partition as the fleet grows; time to an even spread; SIGKILL failover in a fleet | the same figure at the smallest fleet |
 //! | `recovery` | acquisition -> first command with a long history; first-command latency; dormant memory; snapshot cost | the full replay of the partition; loaded entities; snapshots off |
 //! | `compaction` | journal messages and bytes over a long run; command p99; the acquisition's timer read after 100k timers | compaction off; 1k timers ever set |
 //! | `overload` | a SIGSTOP of the server (or of the journal's leader on R3, or a SIGKILL of a node) at a sustainable rate: seconds until the backlog drains, the completed rate after the fault | the offered rate; the latency before the fault |
@@ -37,7 +37,10 @@ pub mod cpu_cap;
 pub mod drain;
 pub mod entity;
 pub mod failover;
+pub mod fleet;
+#[cfg(feature = "profiling")]
 pub mod instructions;
+#[cfg(feature = "profiling")]
 pub mod kernel;
 pub mod latency;
 pub mod load;
@@ -46,6 +49,7 @@ pub mod memory;
 pub mod messages;
 pub mod node;
 pub mod overload;
+#[cfg(feature = "profiling")]
 pub mod pass_stages;
 pub mod probe;
 pub mod purge;
@@ -54,7 +58,6 @@ pub mod rebuild;
 pub mod recovery;
 pub mod report;
 pub mod runqueue;
-pub mod scale;
 pub mod scaling;
 pub mod server;
 pub mod spread;
@@ -92,8 +95,10 @@ pub enum Scenario {
     Cluster,
     /// Bounded recovery: lazy loading, snapshots, the dormant budget.
     Recovery,
-    /// Idle cost of a fleet per process and per partition as it grows.
-    Scale,
+    /// Idle cost of a fleet per process and per partition as it grows, and a SIGKILL
+    /// failover in a fleet (formerly `scale`, still accepted).
+    #[value(alias = "scale")]
+    Fleet,
     /// The journal bounded by background compaction: size over a long run, command latency
     /// with compaction on and off, the acquisition's timer read after many timers.
     Compaction,
@@ -132,8 +137,8 @@ pub struct Options {
     /// profiling the baseline, or comparing it with another loop).
     #[arg(long)]
     pub bare_only: bool,
-    /// Throughput: the independent `bareloop` binary (built in its own directory,
-    /// `/work/shared/tools/bareloop`), run every round beside the bench's bare loop; the bench's
+    /// Throughput: the independent `bareloop` binary (a hand-written async-nats command loop,
+    /// built apart from this project), run every round beside the bench's bare loop; the bench's
     /// loop is checked against its `B-loop-pinned` figure (within 10%).
     #[arg(long, env = "BARELOOP_BIN")]
     pub bareloop: Option<PathBuf>,
@@ -149,7 +154,7 @@ pub struct Options {
     /// Throughput, cluster, scaling and latency: the encoded size of each command and of its
     /// event, in bytes. The default, 128, is `bareloop`'s payload, so that both loops do the
     /// same work; 0 sends the bare stamp (about 10 bytes). The size matters to the server: see
-    /// docs/performance/throughput.md "What the server's consumer lookup costs".
+    /// docs/PERFORMANCE.md "What the server's consumer lookup costs".
     #[arg(long, default_value_t = 128)]
     pub command_bytes: usize,
     /// Throughput: jetshard's `pull_batch` (default: jetshard's default, 256).
@@ -306,6 +311,7 @@ pub struct Options {
     /// commands that loaded their entity beside the others, commands in hand per partition
     /// against `max_ack_pending`, pull requests, batched reads and loads at once
     /// (`pass_stages.rs`). Recording costs CPU: the rates of such a run are not figures.
+    /// Needs a build with `--features profiling`.
     #[arg(long)]
     pub pass_stages: bool,
     /// Events in the rebuilt partition.
@@ -354,22 +360,32 @@ pub struct Options {
     /// Process counts of the scaling scenario.
     #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
     pub scaling_processes: Vec<usize>,
-    /// Process counts of the scale scenario (shard systems in this process, each on its own
+    /// Process counts of the fleet scenario (shard systems in this process, each on its own
     /// connection).
-    #[arg(long, value_delimiter = ',', default_value = "4,16,64")]
-    pub scale_nodes: Vec<usize>,
-    /// Partition counts of the scale scenario.
-    #[arg(long, value_delimiter = ',', default_value = "64,256")]
-    pub scale_partitions: Vec<u32>,
-    /// Seconds of idle measured per fleet in the scale scenario.
-    #[arg(long, default_value_t = 10)]
-    pub scale_idle_secs: u64,
-    /// Node processes of the scale scenario's SIGKILL failover (0: none).
-    #[arg(long, default_value_t = 16)]
-    pub scale_failover_nodes: usize,
-    /// SIGKILL trials of the scale scenario's failover (each kills the owner of some partitions).
-    #[arg(long, default_value_t = 5)]
-    pub scale_failover_trials: usize,
+    #[arg(
+        long,
+        alias = "scale-nodes",
+        value_delimiter = ',',
+        default_value = "4,16,64"
+    )]
+    pub fleet_nodes: Vec<usize>,
+    /// Partition counts of the fleet scenario.
+    #[arg(
+        long,
+        alias = "scale-partitions",
+        value_delimiter = ',',
+        default_value = "64,256"
+    )]
+    pub fleet_partitions: Vec<u32>,
+    /// Seconds of idle measured per fleet in the fleet scenario.
+    #[arg(long, alias = "scale-idle-secs", default_value_t = 10)]
+    pub fleet_idle_secs: u64,
+    /// Node processes of the fleet scenario's SIGKILL failover (0: none).
+    #[arg(long, alias = "scale-failover-nodes", default_value_t = 16)]
+    pub fleet_failover_nodes: usize,
+    /// SIGKILL trials of the fleet scenario's failover (each kills the owner of some partitions).
+    #[arg(long, alias = "scale-failover-trials", default_value_t = 5)]
+    pub fleet_failover_trials: usize,
     /// The big sizes of the issue: rebuild 1M events over 100k entities, memory at 1M
     /// entities (overrides those settings; takes far longer than 10 minutes).
     #[arg(long)]
@@ -407,10 +423,33 @@ enum ChildRole {
     MemoryChild(memory::ChildArgs),
 }
 
-/// Opens the calling thread's counters: instructions and cycles, system calls and wake-ups.
+/// Opens the calling thread's counters: instructions and cycles, system calls and wake-ups
+/// (with the `profiling` feature; nothing without it).
 fn count_this_thread() {
-    instructions::count_this_thread();
-    kernel::count_this_thread();
+    #[cfg(feature = "profiling")]
+    {
+        instructions::count_this_thread();
+        kernel::count_this_thread();
+    }
+}
+
+/// Refuses the options that need the profiling instruments in a build without them.
+fn check_profiling(options: &Options) -> anyhow::Result<()> {
+    if cfg!(feature = "profiling") {
+        return Ok(());
+    }
+    if options.pass_stages {
+        anyhow::bail!(
+            "--pass-stages needs the profiling instruments: build with `--features profiling` \
+             (cargo run --release -p jetshard-bench --features profiling -- ...)"
+        );
+    }
+    if std::env::var_os("BENCH_SYSCALLS").is_some() {
+        eprintln!(
+            "BENCH_SYSCALLS is ignored: the kernel's counts need a build with `--features profiling`"
+        );
+    }
+    Ok(())
 }
 
 /// Runs the harness with `args` (the first is the program name); blocks until done.
@@ -449,6 +488,7 @@ async fn run(
     mut options: Options,
     args: Vec<String>,
 ) -> anyhow::Result<()> {
+    check_profiling(&options)?;
     if options.big {
         options.rebuild_events = 1_000_000;
         options.rebuild_entities = 100_000;
@@ -497,7 +537,7 @@ async fn run(
             Scenario::Scaling => scaling::run(&options, &mut report).await,
             Scenario::Cluster => cluster::run(&options, &mut report).await,
             Scenario::Recovery => recovery::run(&options, &acquisitions, &mut report).await,
-            Scenario::Scale => scale::run(&options, &mut report).await,
+            Scenario::Fleet => fleet::run(&options, &mut report).await,
             Scenario::Compaction => compaction::run(&options, &mut report).await,
             Scenario::Overload => overload::run(&options, &mut report).await,
             Scenario::Loads => loads::run(&options, &mut report).await,

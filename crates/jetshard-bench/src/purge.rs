@@ -11,7 +11,7 @@
 //! literal events subject. Of the last two cases, one purges the same share of every entity with one request
 //! on the partition's filter (`pc.evt.0.*`), what a purge by partition would do where it is
 //! safe; the others delete the same records as the entity cases one by one by sequence, with
-//! `no_erase` (what a compaction by carried sequences would send: branch `seqdel`) at three journal
+//! `no_erase` (what a compaction deleting records by their carried sequences would send) at three journal
 //! sizes, and once with the server's default secure erase. Figures:
 //! requests/s (one at a time) and the server's CPU per request and per record removed,
 //! from `/proc` (the server's own CPU time over the requests).

@@ -20,10 +20,9 @@ use futures::StreamExt;
 use jetshard::Codec;
 use serde_json::json;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
-use crate::entity::{BenchCmd, BenchEvt};
-use crate::load::{self, CommandPublisher};
+use crate::entity::BenchEvt;
+use crate::load::{self, OfferedLoad, Stamp};
 use crate::node::{NodeArgs, NodeProcess};
 use crate::report::{Report, Row};
 use crate::stats::{Summary, now_ns};
@@ -82,14 +81,15 @@ pub async fn run(report: &mut Report, snapshots: bool) -> anyhow::Result<serde_j
     }
     let seen: Shared<Seen> = Arc::default();
     let watcher = watch_events(server.connect().await?, seen.clone()).await?;
-    let acked: Shared<Vec<u64>> = Arc::default();
-    let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let stop_load = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let load = offer_load(
+    // [`RATE`] commands/s round-robin over [`ENTITIES`] entities, each stamped with its
+    // scheduled send time.
+    let mut load = OfferedLoad::start(
         server.connect().await?,
-        acked.clone(),
-        refused.clone(),
-        stop_load.clone(),
+        ENTITY_TYPE,
+        ENTITIES,
+        RATE,
+        Stamp::Scheduled,
+        "rolling load",
     );
 
     let result = async {
@@ -139,14 +139,7 @@ pub async fn run(report: &mut Report, snapshots: bool) -> anyhow::Result<serde_j
     .await;
     // Stopped, not aborted: the acknowledgements of the last publishes are still on their way,
     // and an aborted publisher loses them (they showed as refused publishes, "broken pipe").
-    stop_load.store(true, std::sync::atomic::Ordering::Relaxed);
-    let abort = load.abort_handle();
-    if tokio::time::timeout(Duration::from_secs(10), load)
-        .await
-        .is_err()
-    {
-        abort.abort();
-    }
+    load.stop(Duration::from_secs(10)).await;
     let (steady_from, steady_unix_ms, rollout_from, rollout_to, restarts, mut retired) =
         match result {
             Ok(r) => r,
@@ -156,7 +149,7 @@ pub async fn run(report: &mut Report, snapshots: bool) -> anyhow::Result<serde_j
             }
         };
     // Every command published must show one event.
-    let acked_seqs = lock(&acked).clone();
+    let acked_seqs = load.acked();
     let drained =
         jetshard_testkit::wait_until(Duration::from_secs(30), "every command's event", || async {
             let seen = lock(&seen);
@@ -173,7 +166,7 @@ pub async fn run(report: &mut Report, snapshots: bool) -> anyhow::Result<serde_j
         .filter(|s| !seen.events.contains_key(s))
         .count();
     let doubled = seen.events.values().filter(|n| **n > 1).count();
-    let refused = refused.load(std::sync::atomic::Ordering::Relaxed);
+    let refused = load.refused();
     let failed = lost as u64 + doubled as u64 + refused;
     if drained.is_err() {
         eprintln!("rolling: {lost} commands without an event after 30 s");
@@ -319,72 +312,4 @@ async fn watch_events(
             seen.latencies.push((at_ns, latency));
         }
     }))
-}
-
-/// Publishes [`RATE`] commands/s round-robin over [`ENTITIES`] entities until `stop`, each
-/// stamped with its scheduled send time; records the sequences stored and counts refusals, and
-/// ends once every publish is acknowledged or refused.
-fn offer_load(
-    client: async_nats::Client,
-    acked: Shared<Vec<u64>>,
-    refused: Arc<std::sync::atomic::AtomicU64>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let publisher = CommandPublisher::new(client, ENTITY_TYPE, ENTITIES);
-        let period = Duration::from_nanos(1_000_000_000 / RATE);
-        let started = Instant::now();
-        let started_ns = now_ns();
-        let (acks, mut pending) = tokio::sync::mpsc::channel(8192);
-        let collector = {
-            let refused = refused.clone();
-            tokio::spawn(async move {
-                while let Some(ack) = pending.recv().await {
-                    let ack: async_nats::jetstream::context::PublishAckFuture = ack;
-                    match ack.await {
-                        Ok(ack) => lock(&acked).push(ack.sequence),
-                        Err(e) => {
-                            refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            tracing::warn!(error = %e, kind = ?e.kind(), "rolling load: a command's publish was not acknowledged");
-                        }
-                    }
-                }
-            })
-        };
-        let mut collector = AbortOnDrop(collector);
-        for i in 0u32.. {
-            if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                break;
-            }
-            let offset = period * i;
-            tokio::time::sleep_until(started + offset).await;
-            let at_ns = started_ns + offset.as_nanos() as u64;
-            match publisher
-                .send_to(i as usize, &BenchCmd::Stamp { at_ns })
-                .await
-            {
-                Ok(ack) => {
-                    if acks.send(ack).await.is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    tracing::warn!(error = %e, "rolling load: a command was not published");
-                }
-            }
-        }
-        // The collector ends once it has every acknowledgement still on its way.
-        drop(acks);
-        let _ = (&mut collector.0).await;
-    })
-}
-
-/// Aborts a task when dropped (the load is aborted as a whole).
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

@@ -1,6 +1,6 @@
 //! Time on a CPU and time runnable but waiting for one, summed over a process's threads
 //! (`/proc/<pid>/task/*/schedstat`, Linux; no PMU needed): whether a latency stage that crosses
-//! processes waits for the machine's cores (docs/performance/latency.md). `latency
+//! processes waits for the machine's cores (docs/PERFORMANCE.md, "What we learned"). `latency
 //! --latency-stages` prints it for the bench's process and its `nats-server` per side.
 
 use std::time::Instant;

@@ -97,6 +97,8 @@ pub(crate) const UNKNOWN: u32 = u32::MAX;
 
 /// A batched load's one read (`batch read` events).
 #[derive(Debug, Clone, Copy)]
+// Read by `pass_stages` only (the `profiling` feature).
+#[cfg_attr(not(feature = "profiling"), allow(dead_code))]
 pub(crate) struct BatchRead {
     /// When its answer came (`now_ns`).
     pub(crate) at: u64,

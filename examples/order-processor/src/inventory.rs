@@ -48,9 +48,6 @@ pub fn shard_config() -> ShardConfigBuilder {
     ShardConfig::builder(ENTITY_TYPE)
         .codec(Codec::Json)
         .command_retention(CommandRetention::Limits)
-        // `verify` holds the whole journal (timer and outbox records included) against every
-        // command: nothing may be compacted away.
-        .compaction(false)
 }
 
 /// The stock of one product; its id is the sku.

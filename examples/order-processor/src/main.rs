@@ -85,6 +85,10 @@ enum Command {
         /// Stream replicas (3 on a clustered JetStream); every node must agree.
         #[arg(long, default_value_t = 1)]
         replicas: usize,
+        /// How often the owners compact their partitions, in milliseconds [default: jetshard's,
+        /// 30 s].
+        #[arg(long)]
+        compaction_interval_ms: Option<u64>,
         /// How often the node logs its status, in milliseconds.
         #[arg(long, default_value_t = 5000)]
         report_every_ms: u64,
@@ -211,6 +215,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             pin_ttl_ms,
             ack_wait_ms,
             replicas,
+            compaction_interval_ms,
             report_every_ms,
             metrics_addr,
             features,
@@ -229,6 +234,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 pin_ttl: Duration::from_millis(pin_ttl_ms),
                 ack_wait: Duration::from_millis(ack_wait_ms),
                 replicas,
+                compaction_interval: compaction_interval_ms.map(Duration::from_millis),
                 report_every: Duration::from_millis(report_every_ms.max(100)),
                 metrics_addr,
                 features: features.into(),

@@ -54,7 +54,7 @@ pub struct BareSettings {
 impl BareSettings {
     /// The loop a user writes by hand, driven as `bareloop` is: [`Knob::OwnStreams`],
     /// [`Knob::NoJetshardHeaders`], [`Knob::NoPause`]. Measured against the loop without them
-    /// (docs/performance/throughput.md), only the pause gate moved the server's CPU per command.
+    /// (docs/PERFORMANCE.md, "throughput"), only the pause gate moved the server's CPU per command.
     pub fn careful() -> Self {
         Self::with(&[Knob::OwnStreams, Knob::NoJetshardHeaders, Knob::NoPause])
     }

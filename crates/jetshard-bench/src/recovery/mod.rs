@@ -43,8 +43,8 @@ use crate::probe::AcquisitionLog;
 use crate::report::{Report, Row};
 use crate::stats::{Summary, median};
 
+pub use crate::entity::{CountState as RecoveryState, RecoveryEntity};
 use entity::{ENTITY_TYPE, PARTITIONS, config};
-pub use entity::{RecoveryEntity, RecoveryState};
 use memory::{DORMANT_BUDGET, MEMORY_ENTITIES, memory_passes};
 use snapshot_cost::{COST_COMMANDS, COST_ENTITIES, snapshot_cost};
 

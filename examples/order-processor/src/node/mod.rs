@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use async_nats::Client;
-use jetshard::{Health, PartitionStatus, ShardConfig, ShardSystem};
+use jetshard::{Health, PartitionStatus, ShardConfig, ShardConfigBuilder, ShardSystem};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::oneshot;
@@ -42,6 +42,7 @@ use crate::nodes::NodeLine;
 use crate::order::{self, Order};
 use crate::probe;
 use crate::rules::{self, Features};
+use crate::verify::keep_journal_copy;
 
 /// How often the shard system may fail within [`SYSTEM_RESTART_WINDOW`] and be restarted.
 pub const MAX_SYSTEM_RESTARTS: usize = 3;
@@ -65,6 +66,8 @@ pub struct NodeOptions {
     pub ack_wait: Duration,
     /// Stream replicas (every node must agree).
     pub replicas: usize,
+    /// How often the owners compact their partitions; `None`: the library's default.
+    pub compaction_interval: Option<Duration>,
     /// How often the reporter logs the status.
     pub report_every: Duration,
     /// Where to serve `/metrics`, `/healthz` and `/readyz` (see [`crate::probe`]), if anywhere.
@@ -79,13 +82,7 @@ impl NodeOptions {
     /// # Errors
     /// If a setting is out of range.
     pub fn shard_config(&self) -> anyhow::Result<ShardConfig> {
-        Ok(order::shard_config()
-            .node_id(&self.node_id)
-            .partitions(self.partitions)
-            .pin_ttl(self.pin_ttl)
-            .ack_wait(self.ack_wait)
-            .replicas(self.replicas)
-            .build()?)
+        Ok(self.settings(order::shard_config()).build()?)
     }
 
     /// The shard configuration of the inventory's system, if `--inventory`: the same settings.
@@ -96,15 +93,21 @@ impl NodeOptions {
         if !self.features.inventory {
             return Ok(None);
         }
-        Ok(Some(
-            inventory::shard_config()
-                .node_id(&self.node_id)
-                .partitions(self.partitions)
-                .pin_ttl(self.pin_ttl)
-                .ack_wait(self.ack_wait)
-                .replicas(self.replicas)
-                .build()?,
-        ))
+        Ok(Some(self.settings(inventory::shard_config()).build()?))
+    }
+
+    /// This node's settings on an entity type's shared ones.
+    fn settings(&self, shared: ShardConfigBuilder) -> ShardConfigBuilder {
+        let config = shared
+            .node_id(&self.node_id)
+            .partitions(self.partitions)
+            .pin_ttl(self.pin_ttl)
+            .ack_wait(self.ack_wait)
+            .replicas(self.replicas);
+        match self.compaction_interval {
+            Some(interval) => config.compaction_interval(interval),
+            None => config,
+        }
     }
 }
 
@@ -412,12 +415,14 @@ fn system_failed(myself: &ActorRef<RootMsg>, state: &mut RootState, reason: Stri
     myself.send_after(SYSTEM_RESTART_DELAY, || RootMsg::RestartSystem);
 }
 
-/// Starts the shard systems that do not run. The inventory's first: an order's reservation is
-/// published to `inventory.cmd.<sku>`, and must find the inventory's command stream there.
+/// Starts the shard systems that do not run, and the copies of their journals that `verify`
+/// reads ([`keep_journal_copy`]). The inventory's first: an order's reservation is published
+/// to `inventory.cmd.<sku>`, and must find the inventory's command stream there.
 async fn start_system(
     myself: &ActorRef<RootMsg>,
     state: &mut RootState,
 ) -> Result<(), ActorProcessingErr> {
+    let js = async_nats::jetstream::new(state.client.clone());
     if let (Some(config), None) = (&state.inventory_config, &state.inventory) {
         let system = ShardSystem::start_linked::<Inventory>(
             state.client.clone(),
@@ -425,6 +430,7 @@ async fn start_system(
             myself.get_cell(),
         )
         .await?;
+        keep_journal_copy(&js, inventory::JOURNAL_STREAM).await?;
         state.inventory = Some(system);
     }
     if state.system.is_some() {
@@ -436,6 +442,7 @@ async fn start_system(
         myself.get_cell(),
     )
     .await?;
+    keep_journal_copy(&js, order::JOURNAL_STREAM).await?;
     state.forwarder = Some(Forwarder::start(&system, state.reporter.clone()));
     state.system = Some(system);
     Ok(())

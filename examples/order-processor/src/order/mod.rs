@@ -61,7 +61,9 @@ pub const JOURNAL_STREAM: &str = "ORDER_JOURNAL";
 
 /// The settings every process of the example shares: the entity type, the JSON codec, and
 /// commands kept after acknowledgement (limits retention), so that `verify` can read every
-/// command ever sent back from `ORDER_CMD` and hold the journal against it.
+/// command ever sent back from `ORDER_CMD` and hold the journal against it. Everything else is
+/// the library's default: the owners compact the journal, and `verify` reads a copy of it that
+/// keeps what compaction purges ([`crate::verify::keep_journal_copy`]).
 ///
 /// Nodes add their node id and timings. Every node must use the same partitions, pin TTL and
 /// ack wait: the consumers are created with them, and a node with other values is refused at
@@ -70,9 +72,6 @@ pub fn shard_config() -> ShardConfigBuilder {
     ShardConfig::builder(ENTITY_TYPE)
         .codec(Codec::Json)
         .command_retention(CommandRetention::Limits)
-        // `verify` holds the whole journal (timer and outbox records included) against every
-        // command: nothing may be compacted away.
-        .compaction(false)
 }
 
 /// Checks that both streams exist: a node creates them when it first starts.

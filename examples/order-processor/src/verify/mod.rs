@@ -1,9 +1,13 @@
 //! `verify`: holds the journal against every command ever sent.
 //!
 //! The example keeps its commands after acknowledgement (limits retention), so `ORDER_CMD` is a
-//! complete record of what clients asked, and `ORDER_JOURNAL` of what the system did (and with
-//! `--inventory`, `INVENTORY_CMD` and `INVENTORY_JOURNAL` the same for the inventory). `verify`
-//! reads them (ordered consumers, from the start) and checks, for each entity type:
+//! complete record of what clients asked. Its owners compact `ORDER_JOURNAL` as the library
+//! does by default (what a snapshot covers, confirmed outbox records and spent timer records
+//! are purged), so each node also keeps `ORDER_JOURNAL_COPY`, a mirror of the journal that
+//! keeps what is purged: a complete record of what the system did ([`keep_journal_copy`]; with
+//! `--inventory`, `INVENTORY_CMD` and `INVENTORY_JOURNAL_COPY` the same for the inventory).
+//! `verify` waits until each copy holds its journal's last record, reads them (ordered
+//! consumers, from the start) and checks, for each entity type:
 //!
 //! 1. **Placement**: every command is stored in the partition `jetshard::partition_of` gives
 //!    its entity id.
@@ -336,8 +340,12 @@ pub async fn run(client: Client, options: &VerifyOptions) -> anyhow::Result<Repo
         ));
     }
     for (_, commands, journal) in &types {
-        for stream in [commands, journal] {
-            js.get_stream(*stream).await.map_err(|e| {
+        for stream in [
+            commands.to_string(),
+            journal.to_string(),
+            journal_copy(journal),
+        ] {
+            js.get_stream(&stream).await.map_err(|e| {
                 anyhow::anyhow!(
                     "stream {stream}: {e} (start a node with these features first: it creates the streams)"
                 )
@@ -360,9 +368,9 @@ pub async fn run(client: Client, options: &VerifyOptions) -> anyhow::Result<Repo
                 journal: Vec::new(),
             });
         }
-        for ((t, _, _), recorded) in types.iter().zip(&mut recorded) {
-            recorded.journal = JournalReader::open(&js, t)
-                .await?
+        for ((t, _, journal), recorded) in types.iter().zip(&mut recorded) {
+            let copy = caught_up_copy(&js, journal).await?;
+            recorded.journal = JournalReader::new(copy, t)
                 .all()
                 .await?
                 .into_iter()
@@ -399,6 +407,59 @@ pub async fn run(client: Client, options: &VerifyOptions) -> anyhow::Result<Repo
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// The copy of `journal` that `verify` reads: `<journal>_COPY`.
+pub fn journal_copy(journal: &str) -> String {
+    format!("{journal}_COPY")
+}
+
+/// Creates the copy of the journal stream `journal` unless it is there: a mirror, which keeps
+/// what the owners' compaction purges from the journal (`Nats-Rollup` allowed: a snapshot rolls
+/// up the older snapshots of its entity, there as in the journal). A node of the example calls
+/// it once its shard system has started the journal, before the owners' first compaction.
+///
+/// # Errors
+/// If the server refuses the stream.
+pub async fn keep_journal_copy(
+    js: &async_nats::jetstream::Context,
+    journal: &str,
+) -> anyhow::Result<()> {
+    let config = async_nats::jetstream::stream::Config {
+        name: journal_copy(journal),
+        mirror: Some(async_nats::jetstream::stream::Source {
+            name: journal.to_owned(),
+            ..Default::default()
+        }),
+        allow_rollup: true,
+        storage: async_nats::jetstream::stream::StorageType::File,
+        ..Default::default()
+    };
+    js.get_or_create_stream(config)
+        .await
+        .with_context(|| format!("create {}", journal_copy(journal)))?;
+    Ok(())
+}
+
+/// The copy of `journal`, once it holds the journal's last record (within 20 s).
+async fn caught_up_copy(
+    js: &async_nats::jetstream::Context,
+    journal: &str,
+) -> anyhow::Result<async_nats::jetstream::stream::Stream<()>> {
+    let last = |name: String| async move {
+        let mut stream = js.get_stream(&name).await?;
+        anyhow::Ok(stream.info().await?.state.last_sequence)
+    };
+    let target = last(journal.to_owned()).await?;
+    let copy = journal_copy(journal);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while last(copy.clone()).await? < target {
+        if Instant::now() >= deadline {
+            anyhow::bail!("{copy} did not catch up with {journal}'s record {target} within 20 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(js.get_stream_no_info(copy).await?)
 }
 
 fn unix_ms_now() -> u64 {

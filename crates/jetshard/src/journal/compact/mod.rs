@@ -223,7 +223,7 @@ pub(crate) async fn purge(journal: &Stream<()>, purge: &Purge) -> Result<u64, Er
 /// filtered purge steps over every journal message between the first and the last record it
 /// matches (nats-server's `PurgeEx`), comparing each one's subject with the filter, so its
 /// cost is the span of the records, not their number; a literal subject is compared as a
-/// string, a wildcard token by token (docs/performance/compaction.md). So:
+/// string, a wildcard token by token (docs/PERFORMANCE.md, "Why compaction costs the p99 on R3"). So:
 /// - the partition's timer records below the first one any of its entities still needs go in
 ///   one request on `<t>.tmr.<p>.*` (one walk over the partition's timer records, where one
 ///   request per entity walked each entity's span);

@@ -467,7 +467,7 @@ fn take_record(
 /// entity), `None` if there is none. By direct get when `direct` (the journal has a single
 /// replica: the server that answers is the stream's only one, so it is as fresh as the leader's
 /// API); a direct get costs the server a quarter of an API get (measured with nats-server 2.15:
-/// ~6.5 against ~28 us of CPU per read; docs/performance/throughput.md). A journal without
+/// ~6.5 against ~28 us of CPU per read; docs/PERFORMANCE.md, "Loading an entity"). A journal without
 /// `allow_direct` (or any other failure of the direct get) is asked through the API, which
 /// the stream leader answers.
 pub(crate) async fn last_record(

@@ -217,8 +217,8 @@ pub(crate) const MAX_LOADS: usize = 32;
 /// Batched loads' reads one process runs side by side (`batch.rs`: one `multi_last` direct get
 /// each, for up to 64 entities, so up to 4,096 entities' loads at once). A cold burst of 8
 /// partitions at `max_ack_pending` 1024 plans ~160 of them at once; under [`MAX_LOADS`] they
-/// waited for each other's permits as long as for their reads (docs/performance/cluster.md, "Cold
-/// commands on R1"). Bounded all the same: a takeover of many partitions plans as many.
+/// waited for each other's permits as long as for their reads (docs/PERFORMANCE.md, "Loading
+/// an entity"). Bounded all the same: a takeover of many partitions plans as many.
 pub(crate) const MAX_BATCH_READS: usize = 64;
 
 /// When an entity writes a snapshot of its state ([`Entity::snapshots`] says whether it can).

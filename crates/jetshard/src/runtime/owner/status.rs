@@ -31,7 +31,7 @@ impl<E: Entity> OwnerState<E> {
     /// hand (0 when not owning).
     ///
     /// One walk of the entities' slots for both counts: each walk of 10,000 slots misses the
-    /// cache on nearly every one (docs/performance/throughput.md, "Entity actors").
+    /// cache on nearly every one (docs/PERFORMANCE.md, "Where a warm command's client CPU goes").
     pub(super) fn post_load(&self) -> usize {
         let load = self.phase.owning_ref().map(|o| {
             let (resident, ack_pending) =

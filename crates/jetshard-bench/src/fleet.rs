@@ -1,11 +1,12 @@
-//! Scenario `scale`: what a fleet costs while it does nothing, as the fleet grows.
+//! Scenario `fleet` (formerly `scale`): what a fleet costs while it does nothing, as the fleet
+//! grows, and a SIGKILL failover in a fleet.
 //!
 //! For each process count N and partition count P: a fresh server (with its monitoring port),
 //! N shard systems in this process, each on its own connection (so the server sees N clients,
 //! as it would N processes), P partitions. One command goes to an entity of every partition so
 //! that every partition is owned; then the scenario waits until every partition has exactly one
 //! owner and the spread is even (the most and the fewest owned differ by one at most), and
-//! measures for `--scale-idle-secs` with no load:
+//! measures for `--fleet-idle-secs` with no load:
 //! - messages the server received per second (`in_msgs` of its `/varz`), in all, per process
 //!   and per partition;
 //! - CPU of the server, and of this process divided by N (the shard systems' share: there is
@@ -16,7 +17,7 @@
 //! The target: idle messages per process at the largest N within 1.5x of the
 //! smallest N at the same P; per partition independent of N. Measured, never asserted.
 //!
-//! Then a SIGKILL failover in a fleet of `--scale-failover-nodes` node processes (balancing on,
+//! Then a SIGKILL failover in a fleet of `--fleet-failover-nodes` node processes (balancing on,
 //! so the crash watches and standbys are the bounded ones), 8 partitions, a load of 200
 //! commands/s: each trial waits for an even spread, kills a process that owns partitions, and
 //! measures per partition it owned the time to the first event written under a newer
@@ -48,21 +49,21 @@ const MAX_OWNERS: usize = 16_384;
 /// How long the fleet may take to own every partition evenly.
 const SETTLE_TIME_BOX: Duration = Duration::from_secs(180);
 
-/// Scenario `scale`.
+/// Scenario `fleet`.
 pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     let mut details = serde_json::Map::new();
     let mut fleets: BTreeMap<(usize, u32), Idle> = BTreeMap::new();
-    for &partitions in &options.scale_partitions {
-        for &nodes in &options.scale_nodes {
+    for &partitions in &options.fleet_partitions {
+        for &nodes in &options.fleet_nodes {
             let case = format!("{nodes} processes, {partitions} partitions");
             if nodes * partitions as usize > MAX_OWNERS {
                 eprintln!(
-                    "scale: {case} skipped: more than {MAX_OWNERS} partition owners in one process"
+                    "fleet: {case} skipped: more than {MAX_OWNERS} partition owners in one process"
                 );
                 continue;
             }
-            eprintln!("scale: {case}");
-            match idle_fleet(nodes, partitions, options.scale_idle_secs).await {
+            eprintln!("fleet: {case}");
+            match idle_fleet(nodes, partitions, options.fleet_idle_secs).await {
                 Ok(idle) => {
                     let per = |v: f64| v / nodes as f64;
                     let rows = [
@@ -96,7 +97,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
                     for (what, value, unit) in rows {
                         report
                             .rows
-                            .push(Row::new("scale", format!("{what}, {case}"), value, unit));
+                            .push(Row::new("fleet", format!("{what}, {case}"), value, unit));
                     }
                     details.insert(
                         format!("n{nodes}_p{partitions}"),
@@ -106,7 +107,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
                 }
                 Err(e) => {
                     // One failed fleet does not cost the figures of the others.
-                    eprintln!("scale: {case} failed: {e:#}");
+                    eprintln!("fleet: {case} failed: {e:#}");
                     details.insert(
                         format!("n{nodes}_p{partitions}_error"),
                         json!(format!("{e:#}")),
@@ -117,7 +118,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     }
     // Per process, at each P: the largest fleet against the smallest.
     let within = |value: f64, base: f64| value <= 1.5 * base;
-    for &partitions in &options.scale_partitions {
+    for &partitions in &options.fleet_partitions {
         let measured: Vec<(usize, f64)> = fleets
             .iter()
             .filter(|((_, p), _)| *p == partitions)
@@ -129,7 +130,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         {
             report.rows.push(
                 Row::new(
-                    "scale",
+                    "fleet",
                     format!("idle in-msgs/s per process, {many} against {few} processes, {partitions} partitions"),
                     value,
                     "msg/s",
@@ -142,7 +143,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     // Per partition, at each N: what one more partition costs (the slope between the two
     // smallest partition counts measured), the largest fleet against the smallest.
     let mut slopes: Vec<(usize, f64)> = Vec::new();
-    for &nodes in &options.scale_nodes {
+    for &nodes in &options.fleet_nodes {
         let measured: Vec<(u32, f64)> = fleets
             .iter()
             .filter(|((n, _), _)| *n == nodes)
@@ -151,7 +152,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         if let [(p1, m1), (p2, m2), ..] = measured[..] {
             let slope = (m2 - m1) / f64::from(p2 - p1);
             report.rows.push(Row::new(
-                "scale",
+                "fleet",
                 format!(
                     "idle in-msgs/s per partition (slope {p1}..{p2} partitions), {nodes} processes"
                 ),
@@ -167,7 +168,7 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     {
         report.rows.push(
             Row::new(
-                "scale",
+                "fleet",
                 format!("idle in-msgs/s per partition, {many} against {few} processes"),
                 value,
                 "msg/s",
@@ -176,19 +177,19 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
             .target("<= 1.5x", within(value, base)),
         );
     }
-    if options.scale_failover_nodes > 2 && options.scale_failover_trials > 0 {
+    if options.fleet_failover_nodes > 2 && options.fleet_failover_trials > 0 {
         // The same trials with 2 processes, in the same run: the baseline.
         let mut p99 = Vec::new();
-        for nodes in [2, options.scale_failover_nodes] {
-            eprintln!("scale: SIGKILL failover among {nodes} processes");
-            match failover_in_fleet(nodes, options.scale_failover_trials).await {
+        for nodes in [2, options.fleet_failover_nodes] {
+            eprintln!("fleet: SIGKILL failover among {nodes} processes");
+            match failover_in_fleet(nodes, options.fleet_failover_trials).await {
                 Ok(samples) => {
                     let summary = Summary::of(&samples);
                     let case = |what: &str| {
                         format!("SIGKILL -> first command of new owner, {nodes} processes, {what}")
                     };
                     let row = |what: &str, value: f64| {
-                        Row::new("scale", case(what), value, "ms")
+                        Row::new("fleet", case(what), value, "ms")
                             .worst_of(summary.max, summary.count)
                     };
                     report.rows.push(row("p50", summary.p50));
@@ -208,13 +209,13 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
                     );
                 }
                 Err(e) => {
-                    eprintln!("scale: failover among {nodes} failed: {e:#}");
+                    eprintln!("fleet: failover among {nodes} failed: {e:#}");
                     details.insert(format!("failover_n{nodes}_error"), json!(format!("{e:#}")));
                 }
             }
         }
     }
-    report.details.insert("scale".to_owned(), details.into());
+    report.details.insert("fleet".to_owned(), details.into());
     Ok(())
 }
 
@@ -415,7 +416,7 @@ pub async fn idle_fleet(nodes: usize, partitions: u32, idle_secs: u64) -> anyhow
         even_after,
         spread,
     };
-    eprintln!("scale: {nodes} x {partitions}: {idle:?}");
+    eprintln!("fleet: {nodes} x {partitions}: {idle:?}");
     futures::future::join_all(systems.into_iter().map(ShardSystem::shutdown)).await;
     drop(server);
     Ok(idle)
