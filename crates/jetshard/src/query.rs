@@ -104,7 +104,7 @@ pub(crate) struct Query {
 }
 
 /// What an owner knows of the entity when it answers.
-pub(crate) struct Known {
+pub(crate) struct EntityView {
     pub(crate) partition: u32,
     pub(crate) generation: u64,
     pub(crate) last_command_seq: u64,
@@ -138,41 +138,41 @@ pub(crate) async fn listen(
 }
 
 /// Answers `query` with what the owner knows, if the partition's last fence record still names
-/// `known.generation`; otherwise stays silent (a newer owner answers). Returns the newer
+/// `view.generation`; otherwise stays silent (a newer owner answers). Returns the newer
 /// generation the fence names, if it names one: the answerer's owner is superseded.
 pub(crate) async fn answer(
     client: &Client,
     journal: &Stream<()>,
     names: &Names,
     query: Query,
-    known: Known,
+    view: EntityView,
 ) -> Option<u64> {
     let current = tokio::time::timeout(
         FENCE_CHECK_TIMEOUT,
-        fence::latest(journal, names, known.partition),
+        fence::latest(journal, names, view.partition),
     )
     .await;
     let generation = match current {
         Ok(Ok(Some((_, record)))) => record.generation,
         _ => return None,
     };
-    if generation != known.generation {
+    if generation != view.generation {
         tracing::debug!(
-            partition = known.partition,
+            partition = view.partition,
             entity = %query.entity,
-            generation = known.generation,
+            generation = view.generation,
             current = generation,
             "query not answered: a newer generation owns the partition"
         );
         // Only a newer record supersedes this owner.
-        return (generation > known.generation).then_some(generation);
+        return (generation > view.generation).then_some(generation);
     }
-    let body = match known.state {
+    let body = match view.state {
         Ok(state) => AnswerBody::Answer(QueryAnswer {
             entity: query.entity.to_string(),
-            partition: known.partition,
-            generation: known.generation,
-            last_command_seq: known.last_command_seq,
+            partition: view.partition,
+            generation: view.generation,
+            last_command_seq: view.last_command_seq,
             state,
         }),
         Err(e) => AnswerBody::Refused {

@@ -38,7 +38,7 @@ pub(crate) enum Ended {
 
 /// A direct get's answer.
 #[derive(Debug)]
-pub(crate) struct Answer {
+pub(crate) struct DirectAnswer {
     /// Its messages, as they came.
     pub(crate) messages: Vec<StreamMessage>,
     pub(crate) ended: Ended,
@@ -53,7 +53,7 @@ pub(crate) async fn ask(
     stream: &str,
     body: Bytes,
     silence: Option<Duration>,
-) -> Result<Answer, String> {
+) -> Result<DirectAnswer, String> {
     let inbox = client.new_inbox();
     let mut answers = client
         .subscribe(inbox.clone())
@@ -97,6 +97,6 @@ pub(crate) async fn ask(
                 return Err(format!("{status} {description}"));
             }
         };
-        return Ok(Answer { messages, ended });
+        return Ok(DirectAnswer { messages, ended });
     }
 }

@@ -107,12 +107,12 @@ pub(crate) struct Claimant<'a> {
     /// side by side with the claim (the in-flight window): asked, and awaited, only by an
     /// attempt that may isolate (`may_isolate`: the head names the trial). `None`:
     /// `InHand::head` is known already.
-    pub(crate) head: Option<&'a dyn Head>,
+    pub(crate) head: Option<&'a dyn PendingHead>,
 }
 
 /// The first command in hand, read by the claimant while it claims: a claim that may isolate
 /// waits for it, any other claim does not need it.
-pub(crate) trait Head: Sync {
+pub(crate) trait PendingHead: Sync {
     /// The first command in hand of the partition that earlier owners held (`None`: none).
     fn head(&self) -> futures::future::BoxFuture<'_, Option<u64>>;
 }

@@ -69,7 +69,7 @@ pub(super) async fn elected(elections: &mut Option<Elections>) {
 
 /// What the server answered one publish.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Answer {
+pub(super) enum PublishAnswer {
     /// Stored at this journal sequence (or stored before, as a duplicate of its message id: the
     /// sequence it was stored at then).
     Stored(u64),
@@ -87,7 +87,7 @@ pub(super) enum Answer {
 struct Inner {
     /// Keyed by this writer's own publish numbers (no sender chooses them): foldhash, not
     /// SipHash, for the insert and the removal of every write.
-    waiting: HashMap<u64, oneshot::Sender<Answer>, foldhash::fast::RandomState>,
+    waiting: HashMap<u64, oneshot::Sender<PublishAnswer>, foldhash::fast::RandomState>,
     /// Reply subjects are written here and split off, so that each is a share of one
     /// allocation: async-nats clones a publish's reply subject (to validate it), and the first
     /// clone of a subject that owns its bytes allocates.
@@ -179,7 +179,7 @@ impl Acks {
         subject: Subject,
         headers: HeaderMap,
         payload: Bytes,
-    ) -> impl Future<Output = Answer> + Send + use<'_> {
+    ) -> impl Future<Output = PublishAnswer> + Send + use<'_> {
         let number = self.next.fetch_add(1, Ordering::Relaxed);
         let (sender, answer) = oneshot::channel();
         let reply = {
@@ -211,7 +211,9 @@ impl Acks {
             .publish_message(message)
             .then(move |sent| answered(sent, wait, answer));
         tokio::time::timeout(timeout, publish).map(move |done| {
-            done.unwrap_or_else(|_| Answer::Unconfirmed(format!("no answer within {timeout:?}")))
+            done.unwrap_or_else(|_| {
+                PublishAnswer::Unconfirmed(format!("no answer within {timeout:?}"))
+            })
         })
     }
 }
@@ -220,19 +222,19 @@ impl Acks {
 async fn answered(
     sent: Result<(), async_nats::client::PublishError>,
     _wait: Wait<'_>,
-    answer: oneshot::Receiver<Answer>,
-) -> Answer {
+    answer: oneshot::Receiver<PublishAnswer>,
+) -> PublishAnswer {
     if let Err(e) = sent {
         return match e.kind() {
             async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
-                Answer::TooLarge(e.to_string())
+                PublishAnswer::TooLarge(e.to_string())
             }
-            _ => Answer::Unconfirmed(e.to_string()),
+            _ => PublishAnswer::Unconfirmed(e.to_string()),
         };
     }
-    answer
-        .await
-        .unwrap_or_else(|_| Answer::Unconfirmed("the reader of write answers stopped".to_owned()))
+    answer.await.unwrap_or_else(|_| {
+        PublishAnswer::Unconfirmed("the reader of write answers stopped".to_owned())
+    })
 }
 
 /// `<prefix><number>`, split off `buffer` (a new buffer when it has no room left).
@@ -266,7 +268,7 @@ async fn read(
             () = elected(&mut leader_elections) => {
                 let waiting: Vec<_> = lock(&waiting).waiting.drain().collect();
                 for (_, sender) in waiting {
-                    let _ = sender.send(Answer::Unconfirmed(
+                    let _ = sender.send(PublishAnswer::Unconfirmed(
                         "the journal stream elected a new leader".to_owned(),
                     ));
                 }
@@ -292,16 +294,20 @@ async fn read(
 
 /// What an answer says: a status (no stream listens: "no responders"), or the JetStream
 /// publish acknowledgement (its sequence) or error, read without copying the stream's name.
-fn answer_of(status: Option<StatusCode>, payload: &[u8]) -> Answer {
+fn answer_of(status: Option<StatusCode>, payload: &[u8]) -> PublishAnswer {
     match status {
         None | Some(StatusCode::OK) => {}
         Some(StatusCode::NO_RESPONDERS) => {
-            return Answer::Unconfirmed("no responders: no stream stores the subject".to_owned());
+            return PublishAnswer::Unconfirmed(
+                "no responders: no stream stores the subject".to_owned(),
+            );
         }
-        Some(status) => return Answer::Unconfirmed(format!("answered with status {status}")),
+        Some(status) => {
+            return PublishAnswer::Unconfirmed(format!("answered with status {status}"));
+        }
     }
     if let Some(seq) = plain_ack(payload) {
-        return Answer::Stored(seq);
+        return PublishAnswer::Stored(seq);
     }
     #[derive(serde::Deserialize)]
     struct PublishAck {
@@ -318,19 +324,19 @@ fn answer_of(status: Option<StatusCode>, payload: &[u8]) -> Answer {
     match serde_json::from_slice::<PublishAck>(payload) {
         Ok(PublishAck {
             error: Some(error), ..
-        }) => Answer::Refused {
+        }) => PublishAnswer::Refused {
             code: error.err_code,
             description: format!("{} (error code {})", error.description, error.err_code),
         },
         Ok(PublishAck {
             seq: Some(seq),
             error: None,
-        }) => Answer::Stored(seq),
+        }) => PublishAnswer::Stored(seq),
         Ok(PublishAck {
             seq: None,
             error: None,
-        }) => Answer::Unconfirmed("an answer without a sequence".to_owned()),
-        Err(e) => Answer::Unconfirmed(format!("an unreadable answer: {e}")),
+        }) => PublishAnswer::Unconfirmed("an answer without a sequence".to_owned()),
+        Err(e) => PublishAnswer::Unconfirmed(format!("an unreadable answer: {e}")),
     }
 }
 
@@ -376,30 +382,33 @@ mod tests {
     fn answers_are_read_as_the_server_writes_them() {
         assert_eq!(
             answer_of(None, br#"{"stream":"J","seq":42}"#),
-            Answer::Stored(42)
+            PublishAnswer::Stored(42)
         );
         assert_eq!(
             answer_of(None, br#"{"stream":"J","seq":7,"duplicate":true}"#),
-            Answer::Stored(7)
+            PublishAnswer::Stored(7)
         );
         assert_eq!(
             answer_of(
                 None,
                 br#"{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 5"}}"#
             ),
-            Answer::Refused {
+            PublishAnswer::Refused {
                 code: 10071,
                 description: "wrong last sequence: 5 (error code 10071)".to_owned()
             }
         );
         assert!(matches!(
             answer_of(Some(StatusCode::NO_RESPONDERS), b""),
-            Answer::Unconfirmed(_)
+            PublishAnswer::Unconfirmed(_)
         ));
-        assert!(matches!(answer_of(None, b"{}"), Answer::Unconfirmed(_)));
+        assert!(matches!(
+            answer_of(None, b"{}"),
+            PublishAnswer::Unconfirmed(_)
+        ));
         assert!(matches!(
             answer_of(None, b"not json"),
-            Answer::Unconfirmed(_)
+            PublishAnswer::Unconfirmed(_)
         ));
     }
 
@@ -424,7 +433,7 @@ mod tests {
         // Every form still reads as before (serde_json where the plain read declines).
         assert_eq!(
             answer_of(None, br#"{"stream":"J","domain":"hub","seq":7}"#),
-            Answer::Stored(7)
+            PublishAnswer::Stored(7)
         );
     }
 

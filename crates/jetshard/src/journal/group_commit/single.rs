@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use futures::FutureExt;
 use futures::future::Either;
 
-use super::acks::{Acks, Answer};
+use super::acks::{Acks, PublishAnswer};
 use super::committer::{
     Committer, Outgoing, Refusal, Unit, WRONG_LAST_SEQUENCE, WRONG_LAST_SEQUENCE_IN_FLIGHT,
 };
@@ -105,21 +105,21 @@ impl Committer {
     }
 
     /// What the server's answer to a single publish means.
-    pub(super) fn refusal_of(&self, answer: Answer) -> Result<u64, Refusal> {
+    pub(super) fn refusal_of(&self, answer: PublishAnswer) -> Result<u64, Refusal> {
         match answer {
-            Answer::Stored(seq) => Ok(seq),
-            Answer::Refused {
+            PublishAnswer::Stored(seq) => Ok(seq),
+            PublishAnswer::Refused {
                 code: WRONG_LAST_SEQUENCE,
                 ..
             } => Err(Refusal::Fenced),
-            Answer::Refused { code, description } => {
+            PublishAnswer::Refused { code, description } => {
                 if code == WRONG_LAST_SEQUENCE_IN_FLIGHT {
                     self.conflict();
                 }
                 Err(Refusal::Unconfirmed(description))
             }
-            Answer::TooLarge(e) => Err(Refusal::Refused(e)),
-            Answer::Unconfirmed(e) => Err(Refusal::Unconfirmed(e)),
+            PublishAnswer::TooLarge(e) => Err(Refusal::Refused(e)),
+            PublishAnswer::Unconfirmed(e) => Err(Refusal::Unconfirmed(e)),
         }
     }
 

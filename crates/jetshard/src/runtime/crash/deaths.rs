@@ -1,4 +1,4 @@
-//! What this process knows of other processes' deaths: the probe, the verdicts, and the
+//! What this process knows of other processes' deaths: the probe, the diagnoses, and the
 //! claim's question "is the previous owner gone?" (see the [crash watch](super)).
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -16,7 +16,7 @@ use crate::wire::Names;
 pub(super) const CONFIRM_GAP: Duration = Duration::from_millis(20);
 
 /// How long a claim's probe waits for an answer before it counts for nothing. Only "no
-/// responders" changes a claim's verdict (an answer and a timeout both mean "not known dead"),
+/// responders" changes a claim's diagnosis (an answer and a timeout both mean "not known dead"),
 /// and the server gives it within a millisecond or two: a longer wait would only delay the
 /// takeover from a stalled owner, whose probe is never answered.
 const CLAIM_PROBE_TIMEOUT: Duration = Duration::from_millis(50);
@@ -26,7 +26,7 @@ const REMEMBERED_DEATHS: usize = 1024;
 
 /// What one ask on `<t>.alive.<incarnation>` got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Answer {
+pub(super) enum ProbeResult {
     /// The process answered.
     Alive,
     /// The server knows no subscriber: the connection is gone (for now, or for good).
@@ -41,14 +41,14 @@ pub(super) async fn ask(
     names: &Names,
     incarnation: &str,
     timeout: Duration,
-) -> Answer {
+) -> ProbeResult {
     let request = client.request(names.alive_subject(incarnation), Default::default());
     match tokio::time::timeout(timeout, request).await {
-        Ok(Ok(_)) => Answer::Alive,
+        Ok(Ok(_)) => ProbeResult::Alive,
         Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
-            Answer::NoResponders
+            ProbeResult::NoResponders
         }
-        _ => Answer::Silent,
+        _ => ProbeResult::Silent,
     }
 }
 
@@ -56,22 +56,24 @@ pub(super) async fn ask(
 /// (a claim whose previous owner is known dead does not probe it again).
 #[derive(Default)]
 pub(crate) struct Deaths {
-    inner: Mutex<Known>,
-    /// Bumped at every death recorded, to wake claims waiting on a verdict.
+    inner: Mutex<DeathLog>,
+    /// Bumped at every death recorded, to wake claims waiting on a diagnosis.
     changed: watch::Sender<u64>,
 }
 
+/// The deaths heard of: the incarnations suspected (since when), those declared dead, and the
+/// order they were declared in (the oldest are forgotten first).
 #[derive(Default)]
-struct Known {
+struct DeathLog {
     /// When the first "no responders" of a run was seen, per incarnation.
     suspected: HashMap<String, Instant>,
     dead: HashSet<String>,
     order: VecDeque<String>,
 }
 
-/// A verdict on an incarnation after an answer.
+/// A diagnosis of an incarnation after a probe's result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Verdict {
+pub(super) enum Diagnosis {
     Alive,
     /// One "no responders" (or several, less than [`CONFIRM_GAP`] apart) so far.
     Suspect,
@@ -83,7 +85,7 @@ pub(super) enum Verdict {
 }
 
 impl Deaths {
-    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
+    fn known(&self) -> std::sync::MutexGuard<'_, DeathLog> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -93,24 +95,24 @@ impl Deaths {
     }
 
     /// Takes an answer of `incarnation` at `now` into account.
-    pub(super) fn heard(&self, incarnation: &str, answer: Answer, now: Instant) -> Verdict {
+    pub(super) fn heard(&self, incarnation: &str, answer: ProbeResult, now: Instant) -> Diagnosis {
         let mut known = self.known();
         match answer {
-            Answer::Alive => {
+            ProbeResult::Alive => {
                 known.suspected.remove(incarnation);
                 if known.dead.remove(incarnation) {
                     known.order.retain(|i| i != incarnation);
                 }
-                Verdict::Alive
+                Diagnosis::Alive
             }
-            Answer::Silent => Verdict::Unknown,
-            Answer::NoResponders => {
+            ProbeResult::Silent => Diagnosis::Unknown,
+            ProbeResult::NoResponders => {
                 if known.dead.contains(incarnation) {
-                    return Verdict::Dead;
+                    return Diagnosis::Dead;
                 }
                 let since = *known.suspected.entry(incarnation.to_owned()).or_insert(now);
                 if now.duration_since(since) < CONFIRM_GAP {
-                    return Verdict::Suspect;
+                    return Diagnosis::Suspect;
                 }
                 known.suspected.remove(incarnation);
                 known.dead.insert(incarnation.to_owned());
@@ -122,7 +124,7 @@ impl Deaths {
                 }
                 drop(known);
                 self.changed.send_modify(|n| *n += 1);
-                Verdict::Died
+                Diagnosis::Died
             }
         }
     }
@@ -168,9 +170,9 @@ pub(crate) async fn is_gone(
     loop {
         let answer = ask(client, names, incarnation, CLAIM_PROBE_TIMEOUT).await;
         match deaths.heard(incarnation, answer, Instant::now()) {
-            Verdict::Died | Verdict::Dead => return true,
-            Verdict::Alive | Verdict::Unknown => return false,
-            Verdict::Suspect => {
+            Diagnosis::Died | Diagnosis::Dead => return true,
+            Diagnosis::Alive | Diagnosis::Unknown => return false,
+            Diagnosis::Suspect => {
                 let since = deaths
                     .suspected_since(incarnation)
                     .unwrap_or_else(Instant::now);
@@ -189,40 +191,43 @@ mod tests {
         let deaths = Deaths::default();
         let t0 = Instant::now();
         assert_eq!(
-            deaths.heard("a", Answer::NoResponders, t0),
-            Verdict::Suspect
+            deaths.heard("a", ProbeResult::NoResponders, t0),
+            Diagnosis::Suspect
         );
         // Too soon after the first: still a suspect.
         let soon = t0 + CONFIRM_GAP / 2;
         assert_eq!(
-            deaths.heard("a", Answer::NoResponders, soon),
-            Verdict::Suspect
+            deaths.heard("a", ProbeResult::NoResponders, soon),
+            Diagnosis::Suspect
         );
         assert!(!deaths.is_dead("a"));
         let later = t0 + CONFIRM_GAP;
         assert_eq!(
-            deaths.heard("a", Answer::NoResponders, later),
-            Verdict::Died
+            deaths.heard("a", ProbeResult::NoResponders, later),
+            Diagnosis::Died
         );
         assert!(deaths.is_dead("a"));
         // Once: later answers of the dead do not declare it again.
         assert_eq!(
-            deaths.heard("a", Answer::NoResponders, later),
-            Verdict::Dead
+            deaths.heard("a", ProbeResult::NoResponders, later),
+            Diagnosis::Dead
         );
         // It answered after all (its connection came back): alive, and the count restarts.
-        assert_eq!(deaths.heard("a", Answer::Alive, later), Verdict::Alive);
+        assert_eq!(
+            deaths.heard("a", ProbeResult::Alive, later),
+            Diagnosis::Alive
+        );
         assert!(!deaths.is_dead("a"));
         assert_eq!(
-            deaths.heard("a", Answer::NoResponders, later + CONFIRM_GAP * 2),
-            Verdict::Suspect
+            deaths.heard("a", ProbeResult::NoResponders, later + CONFIRM_GAP * 2),
+            Diagnosis::Suspect
         );
         // A new claim of it is a sign of life too.
-        deaths.heard("a", Answer::NoResponders, later + CONFIRM_GAP * 4);
+        deaths.heard("a", ProbeResult::NoResponders, later + CONFIRM_GAP * 4);
         deaths.revived("a");
         assert_eq!(
-            deaths.heard("a", Answer::NoResponders, later + CONFIRM_GAP * 5),
-            Verdict::Suspect
+            deaths.heard("a", ProbeResult::NoResponders, later + CONFIRM_GAP * 5),
+            Diagnosis::Suspect
         );
     }
 
@@ -232,18 +237,18 @@ mod tests {
         let t0 = Instant::now();
         for k in 0..10 {
             assert_eq!(
-                deaths.heard("slow", Answer::Silent, t0 + CONFIRM_GAP * k),
-                Verdict::Unknown
+                deaths.heard("slow", ProbeResult::Silent, t0 + CONFIRM_GAP * k),
+                Diagnosis::Unknown
             );
         }
         assert!(!deaths.is_dead("slow"));
         assert_eq!(
-            deaths.heard("b", Answer::NoResponders, t0),
-            Verdict::Suspect
+            deaths.heard("b", ProbeResult::NoResponders, t0),
+            Diagnosis::Suspect
         );
         assert_eq!(
-            deaths.heard("b", Answer::Silent, t0 + CONFIRM_GAP),
-            Verdict::Unknown
+            deaths.heard("b", ProbeResult::Silent, t0 + CONFIRM_GAP),
+            Diagnosis::Unknown
         );
         assert!(!deaths.is_dead("b"));
     }

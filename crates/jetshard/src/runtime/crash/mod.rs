@@ -37,7 +37,7 @@
 //! Only "no responders" counts: it is the server saying that nobody subscribes, which is what a
 //! closed connection leaves. A probe that times out (a stalled, swapped or busy process, or a
 //! slow network) counts for nothing: such an owner keeps its pin until the pin TTL, as before.
-//! A wrong verdict (a process whose connection dropped and comes back) costs one takeover: the
+//! A wrong diagnosis (a process whose connection dropped and comes back) costs one takeover: the
 //! new owner claims a new generation, and every write of the old one is fenced.
 //!
 //! Architecture Invariant: this module unpins only a partition whose latest fence record names
@@ -63,7 +63,7 @@ use crate::runtime::balance::Heartbeat;
 use crate::wire::{Names, PRIORITY_GROUP};
 
 pub(crate) use deaths::{Deaths, is_gone};
-use deaths::{Verdict, ask};
+use deaths::{Diagnosis, ask};
 #[cfg(feature = "test-support")]
 pub use owners::crash_watchers;
 use owners::{Owners, watches};
@@ -171,7 +171,7 @@ async fn run(args: WatchArgs, mut claims: async_nats::Subscriber) {
             }
             Some(()) = wakes.next(), if !wakes.is_empty() => {}
             Some((incarnation, answer, at)) = answers.next(), if !answers.is_empty() => {
-                if args.deaths.heard(&incarnation, answer, at) == Verdict::Died {
+                if args.deaths.heard(&incarnation, answer, at) == Diagnosis::Died {
                     let member = args.peers.borrow().get(&incarnation).cloned();
                     if let Some(node) = &member {
                         // Before the unpins: the others stop holding their standbys back for it.

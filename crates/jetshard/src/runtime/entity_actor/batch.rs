@@ -35,12 +35,12 @@ const _: () = assert!(MAX_ENTITIES * 4 < MAX_MESSAGES);
 type Found = Vec<Vec<StreamMessage>>;
 
 /// An entity's last records, as a batch read them: a share of the batch's answer.
-pub(crate) struct Known {
+pub(crate) struct BatchedRecords {
     found: Arc<Found>,
     place: usize,
 }
 
-impl Known {
+impl BatchedRecords {
     /// The last record of each of the entity's subjects (empty: it has no history).
     pub(crate) fn records(&self) -> &[StreamMessage] {
         self.found.get(self.place).map(Vec::as_slice).unwrap_or(&[])
@@ -159,9 +159,9 @@ impl InBatch {
     /// The last record of each of the entity's subjects (none: it has no history), as of a
     /// sequence past every record it had when the batch was planned; `None` if the batch was
     /// not read (then the entity is read on its own).
-    pub(crate) async fn records(&self) -> Option<Known> {
+    pub(crate) async fn records(&self) -> Option<BatchedRecords> {
         let found = self.batch.read.clone().await?;
-        Some(Known {
+        Some(BatchedRecords {
             found,
             place: self.place,
         })
@@ -227,7 +227,7 @@ mod tests {
             .map(|records| records.iter().map(|m| m.sequence).collect())
             .collect();
         assert_eq!(sequences, [vec![], vec![2, 4], vec![3]]);
-        let known = |place| Known {
+        let known = |place| BatchedRecords {
             found: Arc::new(by_entity(
                 &entities,
                 vec![message("t.evt.0.c", 9)],

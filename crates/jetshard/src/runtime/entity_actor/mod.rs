@@ -47,8 +47,8 @@ use crate::entity::{Entity, EntityId};
 pub(crate) use batch::{BatchLoad, InBatch, MAX_ENTITIES as MAX_BATCH_LOAD};
 use process::process;
 pub(crate) use protocol::{
-    EntityContext, EntityMsg, EntityReport, Failure, LoadStats, MAX_BATCH_READS, MAX_LOADS,
-    Outcome, Passivated, Quarantine, Reporter, SnapshotPolicy, Verdict, Work, panic_message,
+    CommandReport, EntityContext, EntityMsg, EntityReport, Failure, LoadStats, MAX_BATCH_READS,
+    MAX_LOADS, Passivated, Quarantine, Reporter, SnapshotPolicy, Verdict, Work, panic_message,
 };
 use queries::answer_query;
 pub(crate) use replay::Seed;
@@ -152,7 +152,7 @@ impl<E: Entity> Actor for EntityActor<E> {
             state.broken = true;
             myself.stop(Some("failed".to_owned()));
         }
-        let outcome = Outcome {
+        let outcome = CommandReport {
             entity: state.id.clone(),
             seq,
             generation: state.context.journal.generation(),
@@ -161,7 +161,7 @@ impl<E: Entity> Actor for EntityActor<E> {
             detail,
             timers,
         };
-        (state.context.report)(EntityReport::Outcome(outcome));
+        (state.context.report)(EntityReport::Command(outcome));
         // After the report, so the command's acknowledgement does not wait for it.
         if let (Loaded::Yes(seed), false, Some(every)) =
             (&mut state.seed, state.broken, state.context.snapshots.every)

@@ -68,7 +68,7 @@ pub(crate) enum EntityMsg {
 /// What an entity actor tells its supervisor.
 pub(crate) enum EntityReport {
     /// What became of a command.
-    Outcome(Outcome),
+    Command(CommandReport),
     /// The actor stopped on passivation, handing its state back.
     Passivated(Passivated),
     /// A read or write outside any command (a query's fence check, a snapshot, a compaction
@@ -147,7 +147,7 @@ pub(crate) enum Failure {
 }
 
 /// The report of one command.
-pub(crate) struct Outcome {
+pub(crate) struct CommandReport {
     pub(crate) entity: EntityId,
     pub(crate) seq: u64,
     pub(crate) generation: u64,

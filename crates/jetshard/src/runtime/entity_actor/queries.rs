@@ -10,7 +10,7 @@ use super::protocol::{EntityContext, EntityReport, panic_message};
 use super::replay::Seed;
 use super::state::{EntityState, Loaded};
 use crate::entity::Entity;
-use crate::query::{self, Known, Query};
+use crate::query::{self, EntityView, Query};
 
 /// Answers a state query from the entity's state (revived first if need be), under the
 /// generation of this actor's partition.
@@ -52,14 +52,14 @@ pub(super) async fn answer_query<E: Entity>(state: &mut EntityState<E>, query: Q
             }
             Loaded::No => return,
         };
-        let known = known::<E>(seed, &context);
-        let generation = known.generation;
+        let view = view::<E>(seed, &context);
+        let generation = view.generation;
         let superseded = query::answer(
             &context.client,
             &context.journal_stream,
             &context.names,
             query,
-            known,
+            view,
         )
         .await;
         if superseded.is_some() {
@@ -71,7 +71,7 @@ pub(super) async fn answer_query<E: Entity>(state: &mut EntityState<E>, query: Q
 }
 
 /// What a query is told of an entity's state (its encoding guarded like `decide`).
-pub(crate) fn known<E: Entity>(seed: &Seed<E>, context: &EntityContext) -> Known {
+pub(crate) fn view<E: Entity>(seed: &Seed<E>, context: &EntityContext) -> EntityView {
     let codec = context.codec;
     let state = catch_unwind(AssertUnwindSafe(|| E::encode_state(&seed.state, codec)))
         .unwrap_or_else(|panic| {
@@ -80,7 +80,7 @@ pub(crate) fn known<E: Entity>(seed: &Seed<E>, context: &EntityContext) -> Known
                 panic_message(&*panic)
             )))
         });
-    Known {
+    EntityView {
         partition: context.partition,
         generation: context.journal.generation(),
         last_command_seq: seed.last_command_seq,

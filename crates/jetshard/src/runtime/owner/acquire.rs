@@ -238,13 +238,13 @@ async fn in_hand(shared: &Shared, partition: u32) -> Result<(Option<(u64, u64)>,
 }
 
 /// The first command in hand as the window read finds it (`head`), for a claim that may isolate
-/// (`fence::Head`): `None` in `window` until the read is done; `asked` once a claim waited.
+/// (`fence::PendingHead`): `None` in `window` until the read is done; `asked` once a claim waited.
 struct WindowHead {
     window: tokio::sync::watch::Receiver<Option<Option<u64>>>,
     asked: AtomicBool,
 }
 
-impl fence::Head for WindowHead {
+impl fence::PendingHead for WindowHead {
     fn head(&self) -> futures::future::BoxFuture<'_, Option<u64>> {
         self.asked.store(true, Ordering::Relaxed);
         let mut window = self.window.clone();

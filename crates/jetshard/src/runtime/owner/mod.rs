@@ -12,7 +12,7 @@
 //! - [`acquire`] (claim, recovery of the in-flight window) and [`takeover`] (the actor's side:
 //!   fenced writer, timer scan, outbox recovery);
 //! - [`slot`] and [`route`]: each entity's commands in hand, handed to its actor in order;
-//! - [`settle`]: the failure policy, a pure function from an entity's verdict to effects (ack,
+//! - [`settle`]: the failure policy, a pure function from an entity's verdict to steps (ack,
 //!   nak, give up, retry, step down), unit-tested without a server; [`outcome`] carries them out;
 //! - [`passivate`], [`upkeep`] (the tick, timers), [`release`] (release, hand-off, step-down),
 //!   [`status`], [`ack`] (acks, unpin, replies), [`dormant`], [`isolate`], [`query`].
@@ -219,7 +219,7 @@ impl<E: Entity> Actor for OwnerActor<E> {
                 state.post_health();
                 return ended;
             }
-            OwnerMsg::Entity(EntityReport::Outcome(outcome)) => {
+            OwnerMsg::Entity(EntityReport::Command(outcome)) => {
                 let settled = state.on_outcome(outcome).await;
                 // The entity may be idle now: under a burst every resident entity can be busy
                 // at each dispatch, and done at once (one group commit).

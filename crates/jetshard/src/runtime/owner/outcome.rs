@@ -1,4 +1,4 @@
-//! An entity's outcome accounted for: the effects [`settle`] decides, carried out (ack, nak,
+//! An entity's outcome accounted for: the steps [`settle`] decides, carried out (ack, nak,
 //! terminate, dead-letter, retry, step down), and replies.
 
 use async_nats::jetstream::message::AckKind;
@@ -7,19 +7,19 @@ use tokio::time::Instant;
 
 use super::ack::{acknowledge, acknowledge_confirmed, respond};
 use super::settle;
-use super::settle::{Effect, Head, Settled, StepDown};
+use super::settle::{Head, SettleStep, Settled, StepDown};
 use super::slot::{Blocked, Pending};
 use super::state::OwnerState;
 use crate::data::CommandOutcome;
 use crate::entity::{Entity, EntityId};
 use crate::reply::Detail;
-use crate::runtime::entity_actor::Outcome;
+use crate::runtime::entity_actor::CommandReport;
 use crate::wire::ack_subject;
 
 impl<E: Entity> OwnerState<E> {
     pub(super) async fn on_outcome(
         &mut self,
-        mut outcome: Outcome,
+        mut outcome: CommandReport,
     ) -> Result<(), ActorProcessingErr> {
         let partition = self.partition;
         let policy = self.policy;
@@ -117,11 +117,11 @@ impl<E: Entity> OwnerState<E> {
             }
             crate::runtime::entity_actor::Verdict::Fenced => {}
         }
-        let mut effects = settle::settle(&head, outcome.verdict, &policy, Instant::now());
+        let mut steps = settle::settle(&head, outcome.verdict, &policy, Instant::now());
         if let Some(q) = outcome.quarantine {
-            effects = Settled::after(Effect::Quarantine(q), effects);
+            steps = Settled::after(SettleStep::Quarantine(q), steps);
         }
-        self.carry_out(&entity, outcome.seq, effects, outcome.detail)
+        self.carry_out(&entity, outcome.seq, steps, outcome.detail)
             .await?;
         // The actor stopped: commands queued behind the settled one (cast to it while it was
         // stopping) go to a new actor, unless the entity waits.
@@ -143,11 +143,11 @@ impl<E: Entity> OwnerState<E> {
         &mut self,
         entity: &EntityId,
         seq: u64,
-        mut effects: Settled,
+        mut steps: Settled,
         detail: Option<Detail>,
     ) -> Result<(), ActorProcessingErr> {
         let partition = self.partition;
-        while let Some(effect) = effects.take_next() {
+        while let Some(step) = steps.take_next() {
             let Some(o) = self.phase.owning() else {
                 break;
             };
@@ -155,8 +155,8 @@ impl<E: Entity> OwnerState<E> {
                 break;
             };
             let position = slot.queue.iter().position(|p| p.seq == seq);
-            match effect {
-                Effect::Finish { terminate, answer } => {
+            match step {
+                SettleStep::Finish { terminate, answer } => {
                     // Only what the answers need is kept across their awaits (the rest of the
                     // command is dropped here): the smaller the owner's `handle` future, the
                     // cheaper ractor's two moves of it per message.
@@ -209,20 +209,20 @@ impl<E: Entity> OwnerState<E> {
                         Box::pin(respond(client, to, answer, detail.as_ref(), trace)).await;
                     }
                 }
-                Effect::GiveUp { reason } => {
+                SettleStep::GiveUp { reason } => {
                     if let Some(pending) = position.and_then(|at| slot.queue.get_mut(at)) {
                         pending.give_up = Some(reason.into());
                     }
                     slot.blocked = None;
                     self.dispatch(entity);
                 }
-                Effect::RetryAt(at) => {
+                SettleStep::RetryAt(at) => {
                     if let Some(pending) = position.and_then(|at| slot.queue.get_mut(at)) {
                         pending.attempts += 1;
                     }
                     slot.blocked = Some(Blocked::Retry { at });
                 }
-                Effect::Nak(delay) => {
+                SettleStep::Nak(delay) => {
                     let reply = position
                         .and_then(|at| slot.queue.get_mut(at))
                         .and_then(|p| p.reply.take());
@@ -240,13 +240,13 @@ impl<E: Entity> OwnerState<E> {
                         .await;
                     }
                 }
-                Effect::AwaitRedelivery => {
+                SettleStep::AwaitRedelivery => {
                     slot.blocked = Some(Blocked::Redelivery {
                         seq,
                         since: Instant::now(),
                     });
                 }
-                Effect::CountCrash => {
+                SettleStep::CountCrash => {
                     if o.crashes.exceeded(Instant::now()) {
                         let (generation, crashes) = (o.generation, o.crashes.count());
                         // Give the partition up at once: another process may fare better.
@@ -254,12 +254,12 @@ impl<E: Entity> OwnerState<E> {
                         return Err(format!("partition {partition} generation {generation}: {crashes} entity crashes within the restart window").into());
                     }
                 }
-                Effect::Quarantine(quarantine) => {
+                SettleStep::Quarantine(quarantine) => {
                     tracing::error!(partition, %entity, journal_seq = quarantine.journal_seq, reason = %quarantine.reason, "entity quarantined");
                     o.dormant.forget(entity.as_str());
                     o.quarantined.insert(entity.clone(), quarantine);
                 }
-                Effect::StepDown(reason) => Box::pin(self.step_down(reason)).await,
+                SettleStep::StepDown(reason) => Box::pin(self.step_down(reason)).await,
             }
         }
         // Isolation is rare: its steps are boxed apart (this future is moved twice per message

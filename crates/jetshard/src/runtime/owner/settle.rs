@@ -110,7 +110,7 @@ impl fmt::Display for StepDown {
 
 /// One thing the owner does about a command.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Effect {
+pub(crate) enum SettleStep {
     /// Done: out of the queue; acknowledged (`terminate`: for good, no redelivery) if this
     /// process holds its delivery; the outcome told to the client who asked.
     Finish {
@@ -134,47 +134,47 @@ pub(crate) enum Effect {
     StepDown(StepDown),
 }
 
-/// What a verdict comes to: up to three effects, carried out in order. Kept inline: the owner
+/// What a verdict comes to: up to three steps, carried out in order. Kept inline: the owner
 /// settles every command, and a `Vec` was an allocation each.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Settled([Option<Effect>; 3]);
+pub(crate) struct Settled([Option<SettleStep>; 3]);
 
 impl Settled {
-    /// One effect.
-    pub(crate) fn one(effect: Effect) -> Self {
-        Self([Some(effect), None, None])
+    /// One step.
+    pub(crate) fn one(step: SettleStep) -> Self {
+        Self([Some(step), None, None])
     }
 
-    /// Two effects, `first` first.
-    fn two(first: Effect, second: Effect) -> Self {
+    /// Two steps, `first` first.
+    fn two(first: SettleStep, second: SettleStep) -> Self {
         Self([Some(first), Some(second), None])
     }
 
-    /// Takes the next effect out, in order. In place: an iterator beside the effects would
+    /// Takes the next step out, in order. In place: an iterator beside the steps would
     /// double their room in the owner's `handle` future, which awaits between them.
-    pub(crate) fn take_next(&mut self) -> Option<Effect> {
+    pub(crate) fn take_next(&mut self) -> Option<SettleStep> {
         self.0.iter_mut().find_map(Option::take)
     }
 
-    /// `effect` first, then these (`settle` gives at most two: none is lost).
-    pub(crate) fn after(effect: Effect, then: Self) -> Self {
+    /// `step` first, then these (`settle` gives at most two: none is lost).
+    pub(crate) fn after(step: SettleStep, then: Self) -> Self {
         let [a, b, dropped] = then.0;
-        debug_assert!(dropped.is_none(), "settle gives at most two effects");
-        Self([Some(effect), a, b])
+        debug_assert!(dropped.is_none(), "settle gives at most two steps");
+        Self([Some(step), a, b])
     }
 }
 
 impl IntoIterator for Settled {
-    type Item = Effect;
-    type IntoIter = std::iter::Flatten<std::array::IntoIter<Option<Effect>, 3>>;
+    type Item = SettleStep;
+    type IntoIter = std::iter::Flatten<std::array::IntoIter<Option<SettleStep>, 3>>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.0.into_iter().flatten()
     }
 }
 
-impl PartialEq<Vec<Effect>> for Settled {
-    fn eq(&self, other: &Vec<Effect>) -> bool {
+impl PartialEq<Vec<SettleStep>> for Settled {
+    fn eq(&self, other: &Vec<SettleStep>) -> bool {
         self.0.iter().flatten().eq(other.iter())
     }
 }
@@ -205,7 +205,7 @@ pub(crate) fn suspect(runs: u32, deliveries: u64, policy: &Policy) -> Option<Str
 /// Decides what becomes of the command `head` given its entity's `verdict`.
 pub(crate) fn settle(head: &Head, verdict: Verdict, policy: &Policy, now: Instant) -> Settled {
     let seq = head.seq;
-    let finish = |terminate, answer| Settled::one(Effect::Finish { terminate, answer });
+    let finish = |terminate, answer| Settled::one(SettleStep::Finish { terminate, answer });
     match verdict {
         Verdict::Applied { events } => finish(
             false,
@@ -234,40 +234,43 @@ pub(crate) fn settle(head: &Head, verdict: Verdict, policy: &Policy, now: Instan
                 reason,
             },
         ),
-        Verdict::Fenced => Settled::one(Effect::StepDown(StepDown::Fenced)),
+        Verdict::Fenced => Settled::one(SettleStep::StepDown(StepDown::Fenced)),
         Verdict::Failed(Failure::Unconfirmed(_)) => {
             let delay = backoff(
                 policy.retry_delay,
                 u64::from(head.attempts) + 1,
                 MAX_RETRY_DELAY,
             );
-            Settled::one(Effect::RetryAt(now + delay))
+            Settled::one(SettleStep::RetryAt(now + delay))
         }
-        Verdict::Failed(Failure::Refused(reason)) => Settled::one(Effect::GiveUp {
+        Verdict::Failed(Failure::Refused(reason)) => Settled::one(SettleStep::GiveUp {
             reason: format!("can never be written: {reason}"),
         }),
         Verdict::Failed(Failure::Quarantined(quarantine)) => {
             let reason = quarantine.dead_letter_reason();
-            Settled::two(Effect::Quarantine(quarantine), Effect::GiveUp { reason })
+            Settled::two(
+                SettleStep::Quarantine(quarantine),
+                SettleStep::GiveUp { reason },
+            )
         }
         Verdict::Failed(Failure::Crashed(reason)) => {
             let next = if head.deliveries >= policy.max_deliver {
-                Effect::GiveUp {
+                SettleStep::GiveUp {
                     reason: format!(
                         "failed at each of {} deliveries; last: {reason}",
                         head.deliveries
                     ),
                 }
             } else if head.delivered {
-                Effect::Nak(backoff(
+                SettleStep::Nak(backoff(
                     policy.retry_delay,
                     head.deliveries,
                     policy.ack_wait,
                 ))
             } else {
-                Effect::AwaitRedelivery
+                SettleStep::AwaitRedelivery
             };
-            Settled::two(Effect::CountCrash, next)
+            Settled::two(SettleStep::CountCrash, next)
         }
     }
 }
@@ -297,7 +300,7 @@ mod tests {
         let now = Instant::now();
         assert_eq!(
             settle(&head(1, true), Verdict::Applied { events: 2 }, &POLICY, now),
-            vec![Effect::Finish {
+            vec![SettleStep::Finish {
                 terminate: false,
                 answer: CommandOutcome::Applied {
                     command_seq: 7,
@@ -312,7 +315,7 @@ mod tests {
                 &POLICY,
                 now
             ),
-            vec![Effect::Finish {
+            vec![SettleStep::Finish {
                 terminate: true,
                 answer: CommandOutcome::DeadLettered {
                     command_seq: 7,
@@ -328,7 +331,7 @@ mod tests {
         let earlier = Some(LastOutcome::Rejected("no funds".into()));
         assert_eq!(
             settle(&head(2, true), Verdict::Duplicate { earlier }, &POLICY, now),
-            vec![Effect::Finish {
+            vec![SettleStep::Finish {
                 terminate: false,
                 answer: CommandOutcome::Rejected {
                     command_seq: 7,
@@ -343,7 +346,7 @@ mod tests {
                 &POLICY,
                 now
             ),
-            vec![Effect::Finish {
+            vec![SettleStep::Finish {
                 terminate: false,
                 answer: CommandOutcome::Duplicate { command_seq: 7 }
             }]
@@ -357,17 +360,17 @@ mod tests {
         let mut h = head(1, true);
         assert_eq!(
             settle(&h, failed(), &POLICY, now),
-            vec![Effect::RetryAt(now + Duration::from_millis(100))]
+            vec![SettleStep::RetryAt(now + Duration::from_millis(100))]
         );
         h.attempts = 3;
         assert_eq!(
             settle(&h, failed(), &POLICY, now),
-            vec![Effect::RetryAt(now + Duration::from_millis(800))]
+            vec![SettleStep::RetryAt(now + Duration::from_millis(800))]
         );
         h.attempts = 30;
         assert_eq!(
             settle(&h, failed(), &POLICY, now),
-            vec![Effect::RetryAt(now + MAX_RETRY_DELAY)]
+            vec![SettleStep::RetryAt(now + MAX_RETRY_DELAY)]
         );
     }
 
@@ -377,17 +380,20 @@ mod tests {
         let crashed = || Verdict::Failed(Failure::Crashed("boom".into()));
         assert_eq!(
             settle(&head(1, true), crashed(), &POLICY, now),
-            vec![Effect::CountCrash, Effect::Nak(Duration::from_millis(100))]
+            vec![
+                SettleStep::CountCrash,
+                SettleStep::Nak(Duration::from_millis(100))
+            ]
         );
         assert_eq!(
             settle(&head(2, false), crashed(), &POLICY, now),
-            vec![Effect::CountCrash, Effect::AwaitRedelivery]
+            vec![SettleStep::CountCrash, SettleStep::AwaitRedelivery]
         );
-        let last: Vec<Effect> = settle(&head(3, true), crashed(), &POLICY, now)
+        let last: Vec<SettleStep> = settle(&head(3, true), crashed(), &POLICY, now)
             .into_iter()
             .collect();
         assert!(
-            matches!(&last[..], [Effect::CountCrash, Effect::GiveUp { reason }] if reason.contains("3 deliveries") && reason.contains("boom")),
+            matches!(&last[..], [SettleStep::CountCrash, SettleStep::GiveUp { reason }] if reason.contains("3 deliveries") && reason.contains("boom")),
             "{last:?}"
         );
     }
@@ -395,7 +401,7 @@ mod tests {
     #[test]
     fn writes_that_can_never_succeed_and_quarantined_entities_give_up_at_once() {
         let now = Instant::now();
-        let refused: Vec<Effect> = settle(
+        let refused: Vec<SettleStep> = settle(
             &head(1, true),
             Verdict::Failed(Failure::Refused("too big".into())),
             &POLICY,
@@ -404,7 +410,7 @@ mod tests {
         .into_iter()
         .collect();
         assert!(
-            matches!(&refused[..], [Effect::GiveUp { .. }]),
+            matches!(&refused[..], [SettleStep::GiveUp { .. }]),
             "{refused:?}"
         );
         let q = Quarantine {
@@ -412,7 +418,7 @@ mod tests {
             reason: "event at journal seq 42 does not decode".into(),
             last_command_seq: 5,
         };
-        let effects: Vec<Effect> = settle(
+        let steps: Vec<SettleStep> = settle(
             &head(1, true),
             Verdict::Failed(Failure::Quarantined(q.clone())),
             &POLICY,
@@ -420,9 +426,9 @@ mod tests {
         )
         .into_iter()
         .collect();
-        assert_eq!(effects[0], Effect::Quarantine(q));
+        assert_eq!(steps[0], SettleStep::Quarantine(q));
         assert!(
-            matches!(&effects[1], Effect::GiveUp { reason } if reason.contains("quarantined") && reason.contains("42"))
+            matches!(&steps[1], SettleStep::GiveUp { reason } if reason.contains("quarantined") && reason.contains("42"))
         );
     }
 
@@ -430,7 +436,7 @@ mod tests {
     fn a_fenced_write_steps_down() {
         assert_eq!(
             settle(&head(1, true), Verdict::Fenced, &POLICY, Instant::now()),
-            vec![Effect::StepDown(StepDown::Fenced)]
+            vec![SettleStep::StepDown(StepDown::Fenced)]
         );
     }
 

@@ -131,8 +131,8 @@ fn owner_future_sizes() {
             std::mem::size_of::<crate::runtime::pin::Delivery>(),
         ),
         (
-            "Outcome",
-            std::mem::size_of::<crate::runtime::entity_actor::Outcome>(),
+            "CommandReport",
+            std::mem::size_of::<crate::runtime::entity_actor::CommandReport>(),
         ),
         ("OwnerMsg", std::mem::size_of::<super::OwnerMsg>()),
         ("Settled", std::mem::size_of::<super::settle::Settled>()),

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::ack::{acknowledge, unpin};
 use super::phase::Phase;
 use super::route;
-use super::settle::{Effect, Settled, StepDown};
+use super::settle::{SettleStep, Settled, StepDown};
 use super::slot::Blocked;
 use super::state::{OwnerMsg, OwnerState};
 use crate::entity::Entity;
@@ -231,7 +231,7 @@ impl<E: Entity> OwnerState<E> {
         for (entity, seq) in stuck {
             // The failed command was never delivered again: give it up so the entity can go on.
             tracing::warn!(partition, %entity, cmd_seq = seq, "a failed command was not redelivered; giving it up");
-            let give_up = Effect::GiveUp {
+            let give_up = SettleStep::GiveUp {
                 reason: "failed, and not redelivered".to_owned(),
             };
             let _ = self

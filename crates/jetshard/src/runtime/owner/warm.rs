@@ -29,7 +29,7 @@ use super::dormant::Dormant;
 use super::phase::Owning;
 use super::slot::Slot;
 use crate::entity::{Entity, EntityId};
-use crate::runtime::entity_actor::{EntityMsg, Outcome, Passivated, Seed, Verdict};
+use crate::runtime::entity_actor::{CommandReport, EntityMsg, Passivated, Seed, Verdict};
 
 /// How long states are kept for a claim that does not come: past it, another process has most
 /// likely taken the partition (a re-claim follows a lost pin within a pull or two).
@@ -147,7 +147,7 @@ impl<E: Entity> Warm<E> {
 
     /// A command's outcome under the kept generation: an actor that stopped on it keeps
     /// nothing, and a write it left in doubt rules its entity out.
-    pub(super) fn outcome(&mut self, outcome: &Outcome) {
+    pub(super) fn outcome(&mut self, outcome: &CommandReport) {
         if outcome.generation == self.generation && stops(outcome) {
             self.dormant.forget(outcome.entity.as_str());
             // It stops without taking the surrender: nothing more comes from it.
@@ -185,6 +185,6 @@ impl<E: Entity> Kept<E> {
 
 /// Whether the actor stopped on this outcome (its state is gone, and with a failed write, what
 /// the journal holds of its entity is not known).
-pub(super) fn stops(outcome: &Outcome) -> bool {
+pub(super) fn stops(outcome: &CommandReport) -> bool {
     matches!(outcome.verdict, Verdict::Fenced | Verdict::Failed(_)) || outcome.quarantine.is_some()
 }

@@ -359,8 +359,8 @@ async fn run(
                 () = tokio::time::sleep_until(wake_at) => continue,
                 answer = async { tail.asked().expect("polled only while asked").await }, if tail.asked().is_some() => {
                     let received = last_consumer_seq.filter(|_| last_pin == pin);
-                    let verdict = tail.answered(answer.ok().flatten(), pin.as_deref(), received, Instant::now());
-                    if verdict == tail::Verdict::Lost
+                    let finding = tail.answered(answer.ok().flatten(), pin.as_deref(), received, Instant::now());
+                    if finding == tail::TailFinding::Lost
                         && let Some(pin) = &pin
                         && !sink(PinSignal::TailLost { pin: pin.clone() })
                     {

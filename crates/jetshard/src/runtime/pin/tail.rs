@@ -33,14 +33,14 @@ const MAX_ASKS: u32 = 20;
 
 /// What the consumer answered: the consumer sequence it delivered last, and the pin it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Answer {
+pub(super) struct ConsumerView {
     pub(super) delivered: u64,
     pub(super) pinned: Option<String>,
 }
 
 /// What an answer means for the loop.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Verdict {
+pub(super) enum TailFinding {
     /// Nothing lost, or nothing to judge (the pin is not this loop's any more).
     Clear,
     /// Delivered past what arrived: ask again after [`SETTLE`].
@@ -58,7 +58,7 @@ pub(super) struct TailCheck {
     asks: u32,
     /// The delivered sequence of the last answer that was past what had arrived.
     beyond: Option<u64>,
-    asked: Option<JoinHandle<Option<Answer>>>,
+    asked: Option<JoinHandle<Option<ConsumerView>>>,
 }
 
 impl TailCheck {
@@ -100,7 +100,7 @@ impl TailCheck {
         self.asked = Some(tokio::spawn(async move {
             let info = tokio::time::timeout(SETTLE * 2, stream.consumer_info(&consumer)).await;
             match info {
-                Ok(Ok(info)) => Some(Answer {
+                Ok(Ok(info)) => Some(ConsumerView {
                     delivered: info.delivered.consumer_sequence,
                     pinned: info
                         .priority_groups
@@ -118,7 +118,7 @@ impl TailCheck {
     }
 
     /// The question under way, if any: the loop polls it beside its deliveries.
-    pub(super) fn asked(&mut self) -> Option<&mut JoinHandle<Option<Answer>>> {
+    pub(super) fn asked(&mut self) -> Option<&mut JoinHandle<Option<ConsumerView>>> {
         self.asked.as_mut()
     }
 
@@ -126,28 +126,28 @@ impl TailCheck {
     /// `received` the last consumer sequence delivered to this loop under it.
     pub(super) fn answered(
         &mut self,
-        answer: Option<Answer>,
+        answer: Option<ConsumerView>,
         pin: Option<&str>,
         received: Option<u64>,
         now: Instant,
-    ) -> Verdict {
+    ) -> TailFinding {
         self.asked = None;
-        let verdict = judge(self.beyond, answer.as_ref(), pin, received);
+        let finding = judge(self.beyond, answer.as_ref(), pin, received);
         self.beyond = answer.as_ref().map(|a| a.delivered);
-        if verdict == Verdict::AskAgain && self.asks < MAX_ASKS {
+        if finding == TailFinding::AskAgain && self.asks < MAX_ASKS {
             self.next_ask = Some(now + SETTLE);
         } else {
             self.next_ask = None;
             self.beyond = None;
         }
-        if verdict == Verdict::Lost {
+        if finding == TailFinding::Lost {
             tracing::warn!(
                 received = ?received,
                 delivered = ?answer.map(|a| a.delivered),
                 "deliveries lost at the tail"
             );
         }
-        verdict
+        finding
     }
 }
 
@@ -155,22 +155,22 @@ impl TailCheck {
 /// what had arrived), the pin held and the last consumer sequence received under it.
 fn judge(
     beyond: Option<u64>,
-    answer: Option<&Answer>,
+    answer: Option<&ConsumerView>,
     pin: Option<&str>,
     received: Option<u64>,
-) -> Verdict {
+) -> TailFinding {
     match (answer, pin, received) {
-        (None, _, _) => Verdict::AskAgain,
+        (None, _, _) => TailFinding::AskAgain,
         (Some(answer), Some(pin), Some(received))
             if answer.pinned.as_deref() == Some(pin) && answer.delivered > received =>
         {
             if beyond == Some(answer.delivered) {
-                Verdict::Lost
+                TailFinding::Lost
             } else {
-                Verdict::AskAgain
+                TailFinding::AskAgain
             }
         }
-        _ => Verdict::Clear,
+        _ => TailFinding::Clear,
     }
 }
 
@@ -186,8 +186,8 @@ impl Drop for TailCheck {
 mod tests {
     use super::*;
 
-    fn answer(delivered: u64, pinned: &str) -> Answer {
-        Answer {
+    fn answer(delivered: u64, pinned: &str) -> ConsumerView {
+        ConsumerView {
             delivered,
             pinned: Some(pinned.to_owned()),
         }
@@ -199,23 +199,23 @@ mod tests {
         // Delivered 6 and 7, received 5: perhaps still on their way.
         assert_eq!(
             judge(None, Some(&first), Some("p"), Some(5)),
-            Verdict::AskAgain
+            TailFinding::AskAgain
         );
         // The same a second later, nothing more received: lost.
         assert_eq!(
             judge(Some(7), Some(&first), Some("p"), Some(5)),
-            Verdict::Lost
+            TailFinding::Lost
         );
         // Or 6 arrived meanwhile, 7 did not: still lost.
         assert_eq!(
             judge(Some(7), Some(&first), Some("p"), Some(6)),
-            Verdict::Lost
+            TailFinding::Lost
         );
         // The consumer delivered more since: on its way, perhaps.
         let later = answer(9, "p");
         assert_eq!(
             judge(Some(7), Some(&later), Some("p"), Some(6)),
-            Verdict::AskAgain
+            TailFinding::AskAgain
         );
     }
 
@@ -223,33 +223,36 @@ mod tests {
     fn nothing_is_lost_when_everything_arrived_or_the_pin_is_not_ours() {
         assert_eq!(
             judge(None, Some(&answer(7, "p")), Some("p"), Some(7)),
-            Verdict::Clear
+            TailFinding::Clear
         );
         assert_eq!(
             judge(Some(9), Some(&answer(9, "q")), Some("p"), Some(7)),
-            Verdict::Clear
+            TailFinding::Clear
         );
-        let unpinned = Answer {
+        let unpinned = ConsumerView {
             delivered: 9,
             pinned: None,
         };
         assert_eq!(
             judge(Some(9), Some(&unpinned), Some("p"), Some(7)),
-            Verdict::Clear
+            TailFinding::Clear
         );
         // Nothing received under the pin, or no pin: nothing to judge.
         assert_eq!(
             judge(Some(9), Some(&answer(9, "p")), Some("p"), None),
-            Verdict::Clear
+            TailFinding::Clear
         );
         assert_eq!(
             judge(Some(9), Some(&answer(9, "p")), None, Some(3)),
-            Verdict::Clear
+            TailFinding::Clear
         );
     }
 
     #[test]
     fn an_unanswered_question_is_asked_again() {
-        assert_eq!(judge(Some(9), None, Some("p"), Some(3)), Verdict::AskAgain);
+        assert_eq!(
+            judge(Some(9), None, Some("p"), Some(3)),
+            TailFinding::AskAgain
+        );
     }
 }
