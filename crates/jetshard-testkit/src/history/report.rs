@@ -190,11 +190,11 @@ pub struct Summary {
     /// Fence records.
     pub fences: usize,
     /// Acknowledged commands that left no outcome, as the model expects of them
-    /// ([`Model::expects_outcome`]).
+    /// ([`Model::expects_outcome`](super::Model::expects_outcome)).
     pub silent: usize,
 }
 
-/// What [`check`] found.
+/// What [`check`](super::check) found.
 #[derive(Clone, Debug, Default)]
 pub struct Report {
     pub(super) violations: Vec<Violation>,

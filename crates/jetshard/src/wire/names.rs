@@ -435,7 +435,7 @@ impl Names {
     }
 
     /// The entity id at the end of a stored command or event subject (after its last `.`; the
-    /// whole subject if it has none). Scans bytes, as [`Self::is_snapshot_subject`].
+    /// whole subject if it has none). Scans bytes, as `is_snapshot_subject` does.
     pub fn entity_of_subject(subject: &str) -> Option<&str> {
         let start = subject
             .as_bytes()
