@@ -349,23 +349,9 @@ async fn a_burst_through_a_journal_leader_kill_loses_nothing() {
     let server = cluster.node_by_name(&leader).expect("a cluster node");
     server.kill().expect("kill");
     let at_kill = applied().await;
-    // The leader stays down until another server leads the journal.
-    let journal = jetshard_tests::ledger_journal_of(js, 0).await;
-    wait_until(Duration::from_secs(30), "a new journal leader", || async {
-        // Unanswered while the servers elect one.
-        let Ok(mut stream) = js.get_stream(&journal).await else {
-            return false;
-        };
-        stream
-            .info()
-            .await
-            .ok()
-            .and_then(|info| info.cluster.clone())
-            .and_then(|c| c.leader)
-            .is_some_and(|now| now != leader)
-    })
-    .await
-    .unwrap();
+    // Part of the fault, not a wait for a condition: the leader's server stays down this long
+    // (the writes in flight meet the election), then comes back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     server.restart().await.expect("restart");
     wait_until(Duration::from_secs(60), "the cluster to heal", || {
         faults::healthy(js, BURST_PARTITIONS)
