@@ -54,6 +54,8 @@ fn node_permissions(entity_type: &str, provision: bool, inbox: &str, replies: &s
         format!("{t}.snap.>"),
         // The crash watch's record of the unpin it makes of a dead owner's partition.
         format!("{t}.unpin.*"),
+        // Wake-ups of a partition whose owner died or was handed off.
+        format!("{t}.cmd.*"),
         // Heartbeats between the entity type's processes (partition balance).
         format!("{t}.nodes"),
         // Asking whether an owner's process is still there (the crash watch, and a takeover),
