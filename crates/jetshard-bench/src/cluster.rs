@@ -22,7 +22,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::Options;
-use crate::bare::{BareLoop, BareSettings, IN_FLIGHT, Knob, MAX_ACK_PENDING};
+use crate::bare::{BareLoop, BareSettings, IN_FLIGHT, MAX_ACK_PENDING};
 use crate::drain::{DrainRun, DrainSpec, Figure, PassRows, timed_passes, timed_passes_with};
 use crate::entity::BenchEntity;
 use crate::load;
@@ -92,8 +92,11 @@ pub async fn drain_bare(spec: DrainSpec, in_flight: usize) -> anyhow::Result<Clu
     // a pull left open across a consumer's pause is not served when the consumer is resumed
     // by API (`tests/tests/nats_facts.rs`), so behind the gate each partition's loop would
     // start only when its pull expired.
-    let mut settings = BareSettings::with(&[Knob::NoPause]);
-    settings.in_flight = in_flight;
+    let settings = BareSettings {
+        in_flight,
+        held: true,
+        ..BareSettings::default()
+    };
     let bare = BareLoop::start_with_settings(
         cluster.connect().await?,
         ENTITY_TYPE,

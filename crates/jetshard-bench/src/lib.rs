@@ -1,7 +1,7 @@
 //! # jetshard-bench
 //!
 //! What jetshard costs over writing the JetStream loop by hand, how fast it recovers, and how
-//! much memory an entity takes. Ten scenarios, each against a fresh `nats-server` from
+//! much memory an entity takes. Twelve scenarios, each against a fresh `nats-server` from
 //! `jetshard-testkit`, each against a baseline measured in the same run, because the machines
 //! are shared and noisy: ratios are steadier than absolute figures.
 //!
@@ -9,13 +9,12 @@
 //! |---|---|---|
 //! | `throughput` | commands/s drained end to end, cold and warm | the bare async-nats loop ([`bare`]) |
 //! | `latency` | publish -> durable event, p50/p99/p999 at 50% of the warm maximum | - |
-//! | `rebuild` | events/s replayed into state on acquisition | a bare ordered-consumer read |
-//! | `failover` | SIGKILL / SIGSTOP of the owner -> first event of the new owner | pin TTL + 300 ms + rebuild |
+//! | `failover` | SIGKILL / SIGSTOP of the owner -> first event of the new owner | pin TTL + 300 ms |
 //! | `memory` | RSS per resident entity, idle and with state, with and without passivation | - |
 //! | `scaling` | throughput at 1..256 partitions and 1..3 processes | the bare loop (partitions) |
 //! | `cluster` | commands/s on 3 servers with R3 streams, cold and warm; 10164 refusals | the serialized bare loop ([`cluster`]) |
 //! | `fleet` (was `scale`) | idle messages and CPU per process and per partition as the fleet grows; time to an even spread; SIGKILL failover in a fleet | the same figure at the smallest fleet |
-//! | `recovery` | acquisition -> first command with a long history; first-command latency; dormant memory; snapshot cost | the full replay of the partition; loaded entities; snapshots off |
+//! | `recovery` (also `rebuild`) | events an acquisition replays (none); acquisition -> first command with a long history; first-command latency; dormant memory; snapshot cost | the full replay of the partition; loaded entities; snapshots off |
 //! | `compaction` | journal messages and bytes over a long run; command p99; the acquisition's timer read after 100k timers | compaction off; 1k timers ever set |
 //! | `overload` | a SIGSTOP of the server (or of the journal's leader on R3, or a SIGKILL of a node) at a sustainable rate: seconds until the backlog drains, the completed rate after the fault | the offered rate; the latency before the fault |
 //! | `spread` | on 5 servers with R3 streams, the journal in one stream against spread over five: each server's CPU at a fixed rate, latency, maximum rate | one journal stream |
@@ -52,9 +51,6 @@ pub mod overload;
 #[cfg(feature = "profiling")]
 pub mod pass_stages;
 pub mod probe;
-pub mod purge;
-pub mod purge_r3;
-pub mod rebuild;
 pub mod recovery;
 pub mod report;
 pub mod runqueue;
@@ -82,8 +78,6 @@ pub enum Scenario {
     Throughput,
     /// Publish -> durable event latency at a fixed offered rate.
     Latency,
-    /// Events/s replayed on acquisition against an ordered-consumer read.
-    Rebuild,
     /// Owner SIGKILL / SIGSTOP -> first command processed by the new owner.
     Failover,
     /// RSS per resident entity.
@@ -93,7 +87,9 @@ pub enum Scenario {
     /// Throughput on a 3-server cluster with R3 streams, against serialized and pipelined bare
     /// loops.
     Cluster,
-    /// Bounded recovery: lazy loading, snapshots, the dormant budget.
+    /// Bounded recovery: what an acquisition reads (nothing of the journal), lazy loading,
+    /// snapshots, the dormant budget (formerly also `rebuild`, still accepted).
+    #[value(alias = "rebuild")]
     Recovery,
     /// Idle cost of a fleet per process and per partition as it grows, and a SIGKILL
     /// failover in a fleet (formerly `scale`, still accepted).
@@ -142,15 +138,6 @@ pub struct Options {
     /// loop is checked against its `B-loop-pinned` figure (within 10%).
     #[arg(long, env = "BARELOOP_BIN")]
     pub bareloop: Option<PathBuf>,
-    /// Throughput: instead of the scenario, an experiment on the bare loop alone: rounds
-    /// alternate it without and with these differences from the independent `bareloop`
-    /// (comma-separated).
-    #[arg(long, value_enum, value_delimiter = ',')]
-    pub bare_knob: Vec<bare::Knob>,
-    /// Throughput: with `--bare-knob`, differences switched on in both sides of the experiment
-    /// (comma-separated), to bisect a set of them.
-    #[arg(long, value_enum, value_delimiter = ',')]
-    pub bare_knob_base: Vec<bare::Knob>,
     /// Throughput, cluster, scaling and latency: the encoded size of each command and of its
     /// event, in bytes. The default, 128, is `bareloop`'s payload, so that both loops do the
     /// same work; 0 sends the bare stamp (about 10 bytes). The size matters to the server: see
@@ -207,7 +194,7 @@ pub struct Options {
     /// library's default is 30; 2 compresses a long run in time).
     #[arg(long, default_value_t = 2)]
     pub compaction_interval_secs: u64,
-    /// Stream replicas of the compaction scenario's long runs and purge cost: 1 (one server)
+    /// Stream replicas of the compaction scenario's long runs: 1 (one server)
     /// or 3 (a 3-server cluster with R3 streams).
     #[arg(long, default_value_t = 1)]
     pub compaction_replicas: usize,
@@ -215,12 +202,6 @@ pub struct Options {
     /// (`ShardConfig::journal_streams`).
     #[arg(long, default_value_t = 1)]
     pub journal_streams: u32,
-    /// Whether the compaction scenario measures what one purge costs the server against the
-    /// span of an entity's records and by filter ([`purge`]; about a minute); with
-    /// `--compaction-replicas 3`, on a cluster beside a probe writer, by request form and
-    /// journal state ([`purge_r3`]; a few minutes).
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
-    pub compaction_purge_cost: bool,
     /// Offered rate of the overload scenario, commands/s (one that the machine sustains).
     #[arg(long, default_value_t = 800.0)]
     pub overload_rate: f64,
@@ -314,12 +295,6 @@ pub struct Options {
     /// Needs a build with `--features profiling`.
     #[arg(long)]
     pub pass_stages: bool,
-    /// Events in the rebuilt partition.
-    #[arg(long, default_value_t = 200_000)]
-    pub rebuild_events: usize,
-    /// Entities those events belong to.
-    #[arg(long, default_value_t = 20_000)]
-    pub rebuild_entities: usize,
     /// Events in the partition of the recovery scenario.
     #[arg(long, default_value_t = 200_000)]
     pub recovery_events: usize,
@@ -386,8 +361,8 @@ pub struct Options {
     /// SIGKILL trials of the fleet scenario's failover (each kills the owner of some partitions).
     #[arg(long, alias = "scale-failover-trials", default_value_t = 5)]
     pub fleet_failover_trials: usize,
-    /// The big sizes of the issue: rebuild 1M events over 100k entities, memory at 1M
-    /// entities (overrides those settings; takes far longer than 10 minutes).
+    /// The big sizes: recovery 10M events over 100k entities, memory at 1M entities
+    /// (overrides those settings; takes far longer than 10 minutes).
     #[arg(long)]
     pub big: bool,
     /// Where the JSON results go (default: `<target dir>/jetshard-bench/results.json`).
@@ -490,8 +465,6 @@ async fn run(
 ) -> anyhow::Result<()> {
     check_profiling(&options)?;
     if options.big {
-        options.rebuild_events = 1_000_000;
-        options.rebuild_entities = 100_000;
         options.memory_entities = 1_000_000;
         options.recovery_events = 10_000_000;
         options.recovery_entities = 100_000;
@@ -531,7 +504,6 @@ async fn run(
                 .await
                 .map(|m| measured = Some(m)),
             Scenario::Latency => latency::run(&options, measured, &mut report).await,
-            Scenario::Rebuild => rebuild::run(&options, &acquisitions, &mut report).await,
             Scenario::Failover => failover::run(&options, &mut report).await,
             Scenario::Memory => memory::run(&options, &mut report).await,
             Scenario::Scaling => scaling::run(&options, &mut report).await,

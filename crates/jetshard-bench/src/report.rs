@@ -9,7 +9,7 @@ use serde::Serialize;
 /// One measured figure.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
-    /// `throughput`, `latency`, `rebuild`, `failover`, `memory` or `scaling`.
+    /// The scenario's name, e.g. `throughput`.
     pub scenario: &'static str,
     /// What was measured, e.g. `jetshard warm, 8 partitions`.
     pub case: String,

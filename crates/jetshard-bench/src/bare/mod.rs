@@ -4,7 +4,7 @@
 //! Per partition: a pull stream on the partition's consumer in the `owners` priority group
 //! (`pinned_client`, as jetshard provisions it), and for every command one event published to
 //! `<t>.evt.<p>.<id>` fenced (`Nats-Expected-Last-Subject-Sequence` and `-Subject` against the
-//! partition's fence record) with a `Nats-Msg-Id` (and, unless [`Knob::NoJetshardHeaders`],
+//! partition's fence record) with a `Nats-Msg-Id` (and, unless [`BareSettings::server_headers_only`],
 //! `Jetshard-Generation` and `Jetshard-Command-Seq`); the command is acknowledged once the event's publish is
 //! acknowledged. Writes are pipelined: up to [`IN_FLIGHT`] per partition, whose
 //! acknowledgements come back in publish order.
@@ -22,8 +22,7 @@
 //! that allows every partition's window in flight at once ([`ACKS_IN_FLIGHT`]; async-nats
 //! allows 5,000 by default).
 //!
-//! Its settings are `knobs.rs`'s, its drains by the throughput protocol `drain.rs`'s, and the
-//! experiments that alternate it without and with a set of knobs `experiment.rs`'s.
+//! Its settings are `settings.rs`'s, its drains by the throughput protocol `drain.rs`'s.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,11 +46,10 @@ use tokio::task::JoinHandle;
 use crate::entity::{BenchCmd, BenchEntity, BenchState};
 
 mod drain;
-pub mod experiment;
-mod knobs;
+mod settings;
 
-pub use drain::{drain_bare, drain_bare_with};
-pub use knobs::{BareSettings, Knob};
+pub use drain::drain_bare;
+pub use settings::BareSettings;
 
 /// Event writes in flight per partition (jetshard's default `max_ack_pending` is 1024 too).
 pub const IN_FLIGHT: usize = 1024;
@@ -104,7 +102,7 @@ impl BareLoop {
         Self::start_with(client, entity_type, partitions, IN_FLIGHT).await
     }
 
-    /// [`BareLoop::start`] with `settings` (an experiment's knob).
+    /// [`BareLoop::start`] with `settings`.
     pub async fn start_with_settings(
         client: async_nats::Client,
         entity_type: &str,
@@ -126,8 +124,10 @@ impl BareLoop {
         partitions: u32,
         in_flight: usize,
     ) -> anyhow::Result<Self> {
-        let mut settings = BareSettings::default();
-        settings.in_flight = in_flight;
+        let settings = BareSettings {
+            in_flight,
+            ..BareSettings::default()
+        };
         Self::start_inner(client, entity_type, partitions, settings).await
     }
 
@@ -184,7 +184,7 @@ impl BareLoop {
         })
     }
 
-    /// With [`Knob::NoPause`], stops pulling (`pulling == false`: every partition drops its
+    /// With [`BareSettings::held`], stops pulling (`pulling == false`: every partition drops its
     /// pull stream and the pins are moved off, so that the next stream is pinned at its first
     /// delivery) or starts it again.
     pub async fn hold(&self, pulling: bool) -> anyhow::Result<()> {
@@ -343,18 +343,14 @@ impl PartitionWriter {
             }
             Ok(())
         });
-        let held = self.settings.has(Knob::NoPause);
+        let held = self.settings.held;
         'pulls: loop {
             if pulling.wait_for(|on| *on).await.is_err() {
                 break;
             }
             let mut messages = consumer
                 .stream()
-                .max_messages_per_batch(if self.settings.has(Knob::PullBatch1000) {
-                    1000
-                } else {
-                    PULL_BATCH
-                })
+                .max_messages_per_batch(PULL_BATCH)
                 .expires(PULL_EXPIRES)
                 .heartbeat(PULL_HEARTBEAT)
                 .group(PRIORITY_GROUP)
@@ -434,34 +430,26 @@ impl PartitionWriter {
         let id = Names::entity_of_subject(&message.subject)
             .and_then(|id| EntityId::new(id).ok())
             .context("a command subject without a valid entity id")?;
-        let payload = if self.settings.has(Knob::PassPayload) {
-            message.payload.clone()
-        } else {
-            let command: BenchCmd = self
-                .codec
-                .decode(&message.payload)
-                .context("decode a command")?;
-            let events = BenchEntity::decide(&BenchState::default(), command)
-                .map_err(|rejection| anyhow!("rejected: {rejection}"))?;
-            let event = events
-                .first()
-                .context("the bench command decided no event")?;
-            self.codec.encode(event).context("encode an event")?.into()
-        };
+        let command: BenchCmd = self
+            .codec
+            .decode(&message.payload)
+            .context("decode a command")?;
+        let events = BenchEntity::decide(&BenchState::default(), command)
+            .map_err(|rejection| anyhow!("rejected: {rejection}"))?;
+        let event = events
+            .first()
+            .context("the bench command decided no event")?;
+        let payload: bytes::Bytes = self.codec.encode(event).context("encode an event")?.into();
         let mut headers = HeaderMap::new();
-        if !self.settings.has(Knob::NoJetshardHeaders) {
+        if !self.settings.server_headers_only {
             headers.insert(HDR_GENERATION, "1");
         }
         headers.insert(HDR_EXPECTED_SUBJECT_SEQ, self.fence_seq.as_str());
         headers.insert(HDR_EXPECTED_SUBJECT, self.fence_subject.as_str());
-        if !self.settings.has(Knob::NoJetshardHeaders) {
+        if !self.settings.server_headers_only {
             headers.insert(HDR_COMMAND_SEQ, command_seq.to_string());
         }
-        if self.settings.has(Knob::ShortMsgId) {
-            headers.insert(HDR_MSG_ID, format!("e{command_seq}"));
-        } else if !self.settings.has(Knob::NoMsgId) {
-            headers.insert(HDR_MSG_ID, self.names.event_msg_id(command_seq, 0));
-        }
+        headers.insert(HDR_MSG_ID, self.names.event_msg_id(command_seq, 0));
         let subject = self.names.event_subject(self.partition, &id);
         tracing::trace!(target: crate::stages::BARE_STAGE_TARGET, seq = command_seq, "writing");
         self.js

@@ -13,10 +13,6 @@
 //! compacted; the three journals side by side, read in alternated rounds. Figures: the timer
 //! records left and the time to read them with a new owner's filter (`<t>.tmr.<p>.*`, one
 //! ordered consumer per partition, the 8 in turn) and with one consumer over `<t>.tmr.>`.
-//!
-//! (c) With `--compaction-purge-cost true`, what one purge costs the server ([`crate::purge`];
-//! with `--compaction-replicas 3`, on a 3-server cluster and beside a writer:
-//! [`crate::purge_r3`]).
 
 mod entity;
 mod long_run;
@@ -45,13 +41,6 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<()> {
         Vec::new()
     };
     details.insert("timer_reads".to_owned(), json!(reads));
-    if options.compaction_purge_cost && options.compaction_replicas == 3 {
-        let costs = crate::purge_r3::run(report).await?;
-        details.insert("purge_cost".to_owned(), json!(costs));
-    } else if options.compaction_purge_cost {
-        let costs = crate::purge::run(report).await?;
-        details.insert("purge_cost".to_owned(), json!(costs));
-    }
     report
         .details
         .insert("compaction".to_owned(), serde_json::Value::Object(details));

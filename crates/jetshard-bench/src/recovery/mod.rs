@@ -9,7 +9,8 @@
 //!   per-entity map: what an acquisition did before lazy loading (its replay alone);
 //! - **acquisition -> first command served**: a shard system starts, and one request to the hot
 //!   entity is timed from its publish to its outcome (the partition is acquired on that
-//!   delivery: claim, in-flight window, then the hot entity loaded). Round 1 loads the hot
+//!   delivery: claim, in-flight window, then the hot entity loaded; its log line says how many
+//!   events it replayed, which must be none). Round 1 loads the hot
 //!   entity from its events; later rounds from the snapshot the first round wrote;
 //! - **first command of a known entity after acquisition**: requests, one after another, to
 //!   [`FIRST_TOUCHES`] entities with history, each its first since the acquisition (p50/p99),
@@ -97,6 +98,7 @@ pub async fn run(
     let stamp = BenchCmd::Stamp { at_ns: 2 };
     let mut to_first = Vec::new();
     let mut acquired_at: Vec<f64> = Vec::new();
+    let mut replayed: Vec<u64> = Vec::new();
     let mut first_touch: Vec<Summary> = Vec::new();
     let mut warm_touch: Vec<Summary> = Vec::new();
     for round in 0..3usize {
@@ -112,6 +114,7 @@ pub async fn run(
         // The acquisition alone (in-hand read, claim, in-flight window): its log line.
         if let Some(line) = acquisitions.latest(PARTITION) {
             acquired_at.push(line.elapsed_ms as f64);
+            replayed.push(line.rebuilt_events);
         }
         anyhow::ensure!(
             matches!(outcome, CommandOutcome::Applied { .. }),
@@ -188,6 +191,19 @@ pub async fn run(
         .target("<= 1000 ms", later <= 1000.0),
     );
     if !acquired_at.is_empty() {
+        let most = replayed.iter().copied().max().unwrap_or(0);
+        report.rows.push(
+            Row::new(
+                "recovery",
+                format!(
+                    "events an acquisition replayed, most of {} rounds, {shape}",
+                    replayed.len()
+                ),
+                most as f64,
+                "events",
+            )
+            .target("0: entities load on demand", most == 0),
+        );
         report.rows.push(
             Row::new(
                 "recovery",
@@ -257,6 +273,7 @@ pub async fn run(
             "full_replay": {"events": replay.0, "ms": replay_ms},
             "to_first_served_ms": to_first,
             "acquisition_ms": acquired_at,
+            "acquisition_replayed_events": replayed,
             "first_touch": first_touch,
             "warm_touch": warm_touch,
             "first_touch_from_snapshot": from_snapshot,

@@ -102,17 +102,6 @@ pub async fn run(options: &Options, report: &mut Report) -> anyhow::Result<Measu
             Duration::from_secs(options.time_box_secs),
         )
     };
-    if !options.bare_knob.is_empty() {
-        crate::bare::experiment::knob_experiment(
-            options,
-            spec,
-            &options.bare_knob_base,
-            &options.bare_knob,
-            report,
-        )
-        .await?;
-        return Ok(Measured { jetshard_warm: 0.0 });
-    }
     let mut bare_runs = Vec::new();
     let mut jetshard_runs = Vec::new();
     let mut bareloop_runs = Vec::new();
