@@ -26,10 +26,10 @@ async fn a_query_returns_the_state_after_the_acknowledged_commands() {
         matches!(reply, Reply::<Ledger>::Applied { .. }),
         "{reply:?}"
     );
-    let snapshot = sender.get("r", WITHIN).await.unwrap();
-    assert_eq!(snapshot.state, vec![0, 1, 2]);
-    assert_eq!(snapshot.last_command_seq, reply.command_seq());
-    assert!(snapshot.generation >= 1);
+    let current = sender.get("r", WITHIN).await.unwrap();
+    assert_eq!(current.state, vec![0, 1, 2]);
+    assert_eq!(current.last_command_seq, reply.command_seq());
+    assert!(current.generation >= 1);
 
     // An entity without history reads as the default state (in an owned partition: a
     // partition that never had a command has no owner to answer).
@@ -56,9 +56,9 @@ async fn a_query_returns_the_state_after_the_acknowledged_commands() {
         .request(&neighbour, &LedgerCmd::Push { n: 0 }, WITHIN)
         .await
         .unwrap();
-    let snapshot = sender.get("r", WITHIN).await.unwrap();
-    assert_eq!(snapshot.state, vec![0, 1, 2]);
-    assert_eq!(snapshot.last_command_seq, reply.command_seq());
+    let current = sender.get("r", WITHIN).await.unwrap();
+    assert_eq!(current.state, vec![0, 1, 2]);
+    assert_eq!(current.last_command_seq, reply.command_seq());
     system.shutdown().await.unwrap();
     // Nobody owns the partition: no answer.
     let error = sender
@@ -100,9 +100,9 @@ async fn queries_during_a_hand_off_never_see_a_stale_state() {
         assert!(matches!(reply, Reply::Applied { .. }), "{n}: {reply:?}");
         // Every answer holds every acknowledged command: a stale owner never answers.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        let snapshot = loop {
+        let current = loop {
             match sender.get("h", Duration::from_millis(500)).await {
-                Ok(snapshot) => break snapshot,
+                Ok(current) => break current,
                 // Nobody answers while the partition changes hands; a refusal asks again.
                 Err(Error::NoAnswer { .. } | Error::QueryRefused { .. })
                     if tokio::time::Instant::now() < deadline =>
@@ -112,10 +112,10 @@ async fn queries_during_a_hand_off_never_see_a_stale_state() {
                 Err(e) => panic!("no answer after command {n}: {e}"),
             }
         };
-        assert_eq!(snapshot.state, (0..=n).collect::<Vec<_>>(), "after {n}");
-        assert_eq!(snapshot.last_command_seq, reply.command_seq());
-        assert!(snapshot.generation >= *generations.last().unwrap());
-        generations.push(snapshot.generation);
+        assert_eq!(current.state, (0..=n).collect::<Vec<_>>(), "after {n}");
+        assert_eq!(current.last_command_seq, reply.command_seq());
+        assert!(current.generation >= *generations.last().unwrap());
+        generations.push(current.generation);
     }
     handing_off.await.unwrap().unwrap();
     assert!(
@@ -143,9 +143,9 @@ async fn a_query_during_a_hand_off_is_answered_or_told_the_partition_is_moving()
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         while !*stopping.borrow_and_update() && tokio::time::Instant::now() < deadline {
             match sender.get("h", Duration::from_secs(10)).await {
-                Ok(snapshot) => {
-                    assert_eq!(snapshot.state, vec![0]);
-                    generations.push(snapshot.generation);
+                Ok(current) => {
+                    assert_eq!(current.state, vec![0]);
+                    generations.push(current.generation);
                     answered += 1;
                 }
                 Err(Error::Moving { .. }) => moving += 1,
@@ -161,7 +161,7 @@ async fn a_query_during_a_hand_off_is_answered_or_told_the_partition_is_moving()
         probe
             .get("h", Duration::from_secs(1))
             .await
-            .is_ok_and(|snapshot| snapshot.generation > before)
+            .is_ok_and(|current| current.generation > before)
     })
     .await
     .unwrap();
@@ -195,12 +195,12 @@ async fn a_query_reaching_an_owner_superseded_by_a_late_claim_brings_the_partiti
     let (late, _) = jetshard_tests::fence::claim_elsewhere(&s.js, &names, 0).await;
     assert_eq!(late, before + 1);
 
-    let snapshot = s.sender.get("h", Duration::from_secs(20)).await.unwrap();
-    assert_eq!(snapshot.state, vec![0]);
+    let current = s.sender.get("h", Duration::from_secs(20)).await.unwrap();
+    assert_eq!(current.state, vec![0]);
     assert!(
-        snapshot.generation > late,
+        current.generation > late,
         "answered under generation {} after the late claim of {late}",
-        snapshot.generation
+        current.generation
     );
     // And it serves commands again.
     let reply = s

@@ -144,7 +144,7 @@ pub use error::{CodecError, ConfigError, Error, InvalidId};
 pub use health::{Health, PartitionHealth};
 pub use journal::fence::{FenceRecord, FenceRecordError};
 pub use journal_reader::{JournalReader, JournalRecord, RecordKind};
-pub use query::{QueryAnswer, StateSnapshot};
+pub use query::{CurrentState, QueryAnswer};
 pub use reply::Reply;
 pub use status::{
     Loads, NodeStatus, OwnershipChange, OwnershipEvent, PartitionStatus, QuarantinedEntity,

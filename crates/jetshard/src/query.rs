@@ -59,10 +59,10 @@ pub struct QueryAnswer {
     pub state: Vec<u8>,
 }
 
-/// A query's state, decoded.
+/// An entity's current state as its owner answered a query ([`CommandSender::get`]), decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct StateSnapshot<S> {
+pub struct CurrentState<S> {
     /// Its partition.
     pub partition: u32,
     /// The generation of the owner that answered.
@@ -304,8 +304,8 @@ impl<E: Entity> CommandSender<E> {
     /// # use jetshard::{CommandSender, Entity};
     /// # async fn run<E: Entity>(sender: CommandSender<E>) -> Result<(), jetshard::Error>
     /// # where E::State: serde::de::DeserializeOwned {
-    /// let snapshot = sender.get("acc-17", Duration::from_secs(2)).await?;
-    /// let _state: E::State = snapshot.state;
+    /// let current = sender.get("acc-17", Duration::from_secs(2)).await?;
+    /// let _state: E::State = current.state;
     /// # Ok(()) }
     /// ```
     ///
@@ -318,12 +318,12 @@ impl<E: Entity> CommandSender<E> {
     /// answered within `timeout` (nobody owns the partition); [`Error::QueryRefused`] if the owner cannot
     /// answer (the entity type does not answer queries, the entity is quarantined);
     /// [`Error::Codec`] if the state does not decode.
-    pub async fn get(&self, id: &str, timeout: Duration) -> Result<StateSnapshot<E::State>, Error>
+    pub async fn get(&self, id: &str, timeout: Duration) -> Result<CurrentState<E::State>, Error>
     where
         E::State: DeserializeOwned,
     {
         let answer = ask(&self.js.client(), &self.names, self.partitions, id, timeout).await?;
-        Ok(StateSnapshot {
+        Ok(CurrentState {
             partition: answer.partition,
             generation: answer.generation,
             last_command_seq: answer.last_command_seq,

@@ -1,10 +1,11 @@
 //! The shard-owner actor of one partition in one process.
 //!
 //! Every process runs one owner per partition. All of them pull; the server pins one, and that
-//! one owns the partition: it claims a new generation, rebuilds the partition's state, recovers
-//! what earlier owners held, and hands commands to one actor per entity.
+//! one owns the partition: it claims a new generation, recovers what earlier owners held, and
+//! hands commands to one actor per entity, loading each entity on its first command.
 //!
-//! One file per responsibility (the model is raft-rs's `raft.rs` + `tracker/`):
+//! One `OwnerState`, its methods in one file per responsibility (the model is raft-rs's
+//! `raft.rs` + `tracker/`):
 //! - this file: the actor and its dispatch (`handle`, `on_delivery`, `route_delivery`), so that
 //!   a delivery reads top to bottom until it reaches its entity's actor;
 //! - [`state`]: the owner's messages and fields; [`shared`]: what all owners of a type share;
