@@ -47,6 +47,7 @@
 //! | [`ledger`] | the `Ledger` test entity: numbers appended in order, with injectable faults |
 //! | [`model`] | `Op` (a command and what it must leave), `LedgerModel`, `check_journal` |
 //! | [`node`] | `ledger-node` child processes: SIGKILL, SIGSTOP, SIGTERM, ownership lines |
+//! | [`pin`] | `Scenario::pins` and `Scenario::wait_unpinned`: the consumers' pins |
 //! | [`scenario`] | `Scenario`, `provision`, `wait_drained` |
 //! | [`stock`] | the `Stock` entity: the saga's second entity type, answering ledgers' orders |
 //! | [`tally`] | the `Tally` entity of the recovery, snapshot and dormant tests, and its full replay |
@@ -69,6 +70,7 @@ pub mod fragile;
 pub mod ledger;
 pub mod model;
 pub mod node;
+pub mod pin;
 pub mod scenario;
 pub mod secure;
 pub mod stock;

@@ -20,8 +20,8 @@ use crate::node::{Node, NodeOptions, NodeSpec};
 
 /// How long [`Scenario::check`] waits for the command stream to drain.
 const DRAIN_WITHIN: Duration = Duration::from_secs(60);
-/// How long [`Scenario::wait_owns_all`] waits.
-const OWN_WITHIN: Duration = Duration::from_secs(20);
+/// How long [`Scenario::wait_owns_all`] and [`Scenario::wait_unpinned`] wait.
+pub(crate) const OWN_WITHIN: Duration = Duration::from_secs(20);
 
 /// The servers of a scenario.
 enum Servers {
@@ -41,7 +41,8 @@ pub struct Scenario {
     pub sender: CommandSender<Ledger>,
     /// What the test sent, for [`Scenario::check`].
     pub history: History<Op>,
-    partitions: u32,
+    /// The ledger's partition count.
+    pub(crate) partitions: u32,
     pin_ttl: Duration,
     ack_wait: Duration,
     replicas: usize,
@@ -243,45 +244,6 @@ impl Scenario {
         })
         .await
         .unwrap_or_else(|e| panic!("{e}: it owns {:?}", node.owned()));
-    }
-
-    /// The pin each partition's consumer holds now (`None`: nobody is pinned).
-    pub async fn pins(&self) -> Vec<Option<String>> {
-        let names = crate::ledger_names(&self.js).await;
-        let mut pins = Vec::new();
-        for partition in 0..self.partitions {
-            let stream = self
-                .js
-                .get_stream_no_info(names.command_stream(partition))
-                .await
-                .expect("the partition's command stream");
-            let info = stream
-                .consumer_info(names.consumer(partition))
-                .await
-                .expect("the partition's consumer");
-            let pin = info
-                .priority_groups
-                .iter()
-                .find_map(|group| group.pinned_client_id.clone())
-                .filter(|pin| !pin.is_empty());
-            pins.push(pin);
-        }
-        pins
-    }
-
-    /// Waits (bounded) until no partition's consumer is pinned to a pin of `before` any more:
-    /// after its holder stopped pulling, the server unpins it within the pin TTL.
-    pub async fn wait_unpinned(&self, before: &[Option<String>]) {
-        let moved = wait_until(OWN_WITHIN, "the pins held before moved", || async {
-            let now = self.pins().await;
-            now.iter()
-                .zip(before)
-                .all(|(now, before)| before.is_none() || now != before)
-        })
-        .await;
-        if let Err(e) = moved {
-            panic!("{e}: pinned {:?}, before {before:?}", self.pins().await);
-        }
     }
 
     /// Sends `op`'s command to `entity` and records it in the history; returns its sequence.
