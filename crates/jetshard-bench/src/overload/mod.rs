@@ -28,32 +28,28 @@
 //! from which every backlog is under a second of commands), or that it never did within the
 //! run.
 
-use std::collections::VecDeque;
-use std::future::IntoFuture as _;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use async_nats::jetstream::context::{PublishError, PublishErrorKind};
-use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::publish::PublishAck;
 use jetshard::wire::Names;
 use jetshard::{Codec, ShardConfig, ShardSystem};
 use jetshard_testkit::NatsServer;
 use serde::Serialize;
 use serde_json::json;
-use tokio::time::Instant;
+
+mod resending;
 
 use crate::Options;
 use crate::compaction::{CompactionEntity, work};
 use crate::entity::entity_id;
 use crate::latency::{Stamps, offer};
-use crate::load::PUBLISH_WINDOW;
 use crate::node::{NodeArgs, NodeProcess};
 use crate::report::{Report, Row};
 use crate::server::Servers;
 use crate::stats::{Summary, now_ns};
+
+use resending::Resending;
 
 const ENTITY_TYPE: &str = "ovl";
 
@@ -86,12 +82,6 @@ const DRAIN_WITHIN_SECS: f64 = 10.0;
 
 /// The p99 of the commands sent in the run's last 30 s, against those sent before the stall.
 const P99_WITHIN: f64 = 2.0;
-
-/// How long a publish answered "no stream" (a leader being elected) waits to be sent again.
-const NO_STREAM_PAUSE: Duration = Duration::from_millis(100);
-
-/// How many times a command is published before the run gives up.
-const PUBLISH_ATTEMPTS: usize = 300;
 
 /// How often the run is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_secs(2);
@@ -519,138 +509,6 @@ async fn start_nodes(server: &NatsServer, options: &Options) -> anyhow::Result<V
         nodes.push(NodeProcess::start(&args(id)).await?);
     }
     Ok(nodes)
-}
-
-/// Commands published and not yet acknowledged, in publish order, each with what it takes to
-/// publish it again: a publish forwarded to a frozen stream leader is lost with it, and one made
-/// while a leader is elected is answered "no stream"; a producer sends it again, after its
-/// acknowledgement's timeout (the client's default) or a pause, under the same message id so
-/// that the command stream stores it once. On one server a frozen
-/// server answers every publish after it resumes: the first attempt is acknowledged.
-struct Resending {
-    in_flight: VecDeque<InFlight>,
-    /// How long a publish waits for its acknowledgement before it is sent again.
-    resend_after: Duration,
-}
-
-/// A command published and not yet acknowledged.
-struct InFlight {
-    ack: Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>,
-    /// When it is sent again if not acknowledged by then.
-    resend_at: Instant,
-    attempts: usize,
-    subject: String,
-    payload: bytes::Bytes,
-    id: String,
-}
-
-impl InFlight {
-    async fn publish(
-        &mut self,
-        js: &async_nats::jetstream::Context,
-        resend_after: Duration,
-    ) -> anyhow::Result<()> {
-        let publish = PublishMessage::build()
-            .payload(self.payload.clone())
-            .message_id(self.id.as_str());
-        let ack = js
-            .send_publish(self.subject.clone(), publish)
-            .await
-            .context("publish a command")?;
-        self.ack = Box::pin(ack.into_future());
-        self.resend_at = Instant::now() + resend_after;
-        self.attempts += 1;
-        Ok(())
-    }
-}
-
-impl Resending {
-    fn new(resend_after: Duration) -> Self {
-        Self {
-            in_flight: VecDeque::new(),
-            resend_after,
-        }
-    }
-
-    /// Publishes the `i`-th command; waits for the oldest while more than [`PUBLISH_WINDOW`]
-    /// are in flight.
-    async fn push(
-        &mut self,
-        js: &async_nats::jetstream::Context,
-        subject: String,
-        payload: bytes::Bytes,
-        i: usize,
-    ) -> anyhow::Result<()> {
-        let mut command = InFlight {
-            ack: Box::pin(std::future::pending()),
-            resend_at: Instant::now(),
-            attempts: 0,
-            subject,
-            payload,
-            id: format!("{ENTITY_TYPE}-{i}"),
-        };
-        command.publish(js, self.resend_after).await?;
-        self.in_flight.push_back(command);
-        while self.in_flight.len() > PUBLISH_WINDOW {
-            self.settle_oldest(js).await?;
-        }
-        Ok(())
-    }
-
-    /// Waits until every command is acknowledged.
-    async fn drain(&mut self, js: &async_nats::jetstream::Context) -> anyhow::Result<()> {
-        while !self.in_flight.is_empty() {
-            self.settle_oldest(js).await?;
-        }
-        Ok(())
-    }
-
-    /// Waits for the oldest's acknowledgement; at its deadline, sends again every command
-    /// past its own (all lost with the same leader, found out at once, not one by one).
-    async fn settle_oldest(&mut self, js: &async_nats::jetstream::Context) -> anyhow::Result<()> {
-        loop {
-            let Some(oldest) = self.in_flight.front_mut() else {
-                return Ok(());
-            };
-            match tokio::time::timeout_at(oldest.resend_at, &mut oldest.ack).await {
-                Ok(Ok(_)) => {
-                    self.in_flight.pop_front();
-                    return Ok(());
-                }
-                // No stream leader to take it yet (one is being elected): every command in
-                // flight is sent again, after a pause; those stored already are acknowledged
-                // as duplicates.
-                Ok(Err(error)) if error.kind() == PublishErrorKind::StreamNotFound => {
-                    tokio::time::sleep(NO_STREAM_PAUSE).await;
-                    self.send_again(js, |_| true).await?;
-                }
-                Ok(Err(error)) if error.kind() != PublishErrorKind::TimedOut => {
-                    return Err(error).context("a publish was refused");
-                }
-                Ok(Err(_)) | Err(_) => {
-                    let now = Instant::now();
-                    self.send_again(js, |command| command.resend_at <= now)
-                        .await?;
-                }
-            }
-        }
-    }
-
-    /// Sends again every command in flight that `due` picks.
-    async fn send_again(
-        &mut self,
-        js: &async_nats::jetstream::Context,
-        due: impl Fn(&InFlight) -> bool,
-    ) -> anyhow::Result<()> {
-        for command in self.in_flight.iter_mut().filter(|c| due(c)) {
-            anyhow::ensure!(
-                command.attempts < PUBLISH_ATTEMPTS,
-                "a publish was not acknowledged in {PUBLISH_ATTEMPTS} attempts"
-            );
-            command.publish(js, self.resend_after).await?;
-        }
-        Ok(())
-    }
 }
 
 /// The server leading the journal stream, as its info names it.
