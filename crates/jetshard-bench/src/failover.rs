@@ -37,8 +37,9 @@ use tokio::time::Instant;
 
 use crate::Options;
 use crate::entity::BenchEvt;
-use crate::load::{self, OfferedLoad, Stamp};
+use crate::load;
 use crate::node::{NodeArgs, NodeProcess};
+use crate::offered::{OfferedLoad, Stamp};
 use crate::probe::unix_ms;
 use crate::report::{Report, Row};
 use crate::stats::{Summary, now_ns};

@@ -47,6 +47,7 @@ pub mod loads;
 pub mod memory;
 pub mod messages;
 pub mod node;
+pub mod offered;
 pub mod overload;
 #[cfg(feature = "profiling")]
 pub mod pass_stages;

@@ -22,8 +22,9 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 
 use crate::entity::BenchEvt;
-use crate::load::{self, OfferedLoad, Stamp};
+use crate::load;
 use crate::node::{NodeArgs, NodeProcess};
+use crate::offered::{OfferedLoad, Stamp};
 use crate::report::{Report, Row};
 use crate::stats::{Summary, now_ns};
 
