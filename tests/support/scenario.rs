@@ -253,7 +253,7 @@ impl Scenario {
             .sender
             .send(entity, &command)
             .await
-            .unwrap_or_else(|e| panic!("send {op:?} to {entity}: {e}"));
+            .unwrap_or_else(|e| panic!("send {op:?} to {entity}: {e}: {e:?}"));
         self.history.record(entity, op, Ack::Acked(seq));
         seq
     }
