@@ -23,7 +23,7 @@
 //! Figures are printed as a table and written as JSON; targets are reported, never asserted.
 //! A figure measured over rounds is their median, with the worst round beside it (`worst`,
 //! `n` rounds); a single measurement is its own worst.
-//! Run everything at default sizes (under 10 minutes on 2 cores) with
+//! Run everything at default sizes (about 35 minutes on 2 cores) with
 //! `cargo run --release -p jetshard-bench` or `cargo bench -p jetshard-bench`.
 
 pub mod allocs;
@@ -363,7 +363,7 @@ pub struct Options {
     #[arg(long, alias = "scale-failover-trials", default_value_t = 5)]
     pub fleet_failover_trials: usize,
     /// The big sizes: recovery 10M events over 100k entities, memory at 1M entities
-    /// (overrides those settings; takes far longer than 10 minutes).
+    /// (overrides those settings; takes far longer than the default sizes).
     #[arg(long)]
     pub big: bool,
     /// Where the JSON results go (default: `<target dir>/jetshard-bench/results.json`).
